@@ -16,6 +16,7 @@ from cyback.config import (  # noqa: E402,F401
     get_uid, reset_uids, name_scope, get_num_threads, set_num_threads,
 )
 from cyback.graph.tensor import Tensor, Variable, Placeholder  # noqa: E402,F401
+from cyback.graph.optimize import set_graph_optimizer, graph_optimizer  # noqa: E402,F401
 from cyback.ops import operators as _operators  # noqa: E402,F401
 from cyback.api.core import *  # noqa: E402,F401,F403
 from cyback.api.math import *  # noqa: E402,F401,F403

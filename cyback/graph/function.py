@@ -22,6 +22,9 @@ import threading
 import numpy as np
 
 from cyback import config
+from cyback.graph import optimize
+from cyback.graph import tensor as tensor_mod
+from cyback.graph.frozen import Frozen
 from cyback.graph.tensor import (Constant, Placeholder, Tensor, Variable, as_tensor,
                                  assign_all)
 
@@ -153,6 +156,13 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
     variable or constant through them) and a tuple of the remaining targets.
     """
     steps, targets = rewritten_steps(targets, givens)
+    frozen = None
+    if n_outputs is not None and optimize.graph_optimizer():
+        inference = not any(isinstance(op, Assign) for op, _, _ in steps)
+        steps, targets = optimize.optimize(steps, targets, inference,
+                                           lambda t: rewritten_steps(t, {}))
+        if inference:
+            steps, frozen = _freeze(steps, targets)
 
     names, ns = {}, {"__builtins__": __builtins__, "ndarray": np.ndarray}
 
@@ -169,11 +179,13 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
 
     feed_index = {ph: i for i, ph in enumerate(inputs)}
     args, feed_slots, variables, prologue = [], [], [], []
+    frozen_set = set(frozen.wanted) if frozen is not None else set()
     for leaf in leaves_of(targets):
-        if isinstance(leaf, Constant):
+        if isinstance(leaf, Constant) or leaf in frozen_set:
             continue
         if isinstance(leaf, Variable):
-            variables.append(leaf)
+            if frozen is None:
+                variables.append(leaf)
             continue
         if leaf in givens:
             continue
@@ -188,6 +200,12 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
         args.append(arg)
         if n_outputs is not None:
             prologue.extend(_feed_check_src(leaf, arg, ns, name).split("\n"))
+    if frozen is not None and frozen.wanted:
+        # The weight-only values, refolded first if any variable changed.
+        ns.update(_EP=tensor_mod._epoch, _FE=frozen.epoch, _FZ=frozen.box,
+                  _refresh=frozen.refresh)
+        prologue.append("    if _EP[0] != _FE[0]:\n        _refresh()")
+        prologue.append("    %s, = _FZ[0]" % ", ".join(name_of(t) for t in frozen.wanted))
     # Variables are read once, at the start of the run: every step and every
     # update sees the same (pre-update) values.
     for v in variables:
@@ -221,7 +239,7 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
         outs_src = []
         for t in targets[:n_outputs]:
             src = name_of(t)
-            if t.node is None:
+            if t.node is None or t in frozen_set:
                 src = "_copy(%s)" % src
             if t.ndim == 0:
                 src = "_out(%s)" % src
@@ -232,6 +250,30 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
     code = compile(src, "<cyback function %s>" % (name or ""), "exec")
     exec(code, ns)
     return _Plan(ns["run"], feed_slots, variables, step_lines, steps)
+
+
+def _freeze(steps, targets):
+    """Split an inference plan's steps into the per-call steps and the
+    ``Frozen`` prelude of its weight-only steps."""
+    weight, per_call = set(), []
+    frozen_steps = []
+    for step in steps:
+        op, ins, outs = step
+        if op.pure and all(type(x) is Constant or isinstance(x, Variable) or x in weight
+                           for x in ins):
+            frozen_steps.append(step)
+            weight.update(outs)
+        else:
+            per_call.append(step)
+    wanted = []
+    seen = set()
+    for x in [x for _, ins, _ in per_call for x in ins] + list(targets):
+        if (x in weight or isinstance(x, Variable)) and x not in seen:
+            seen.add(x)
+            wanted.append(x)
+    if not wanted:
+        return per_call, None
+    return per_call, Frozen(frozen_steps, wanted)
 
 
 def _missing_placeholder(fname, leaf):
@@ -347,6 +389,7 @@ class Function(object):
         self._only_plan = None
         if not any(x is self._lp for x in leaves):
             self._only_plan = self._plan(0)
+            self._only_optimized = optimize.graph_optimizer()
 
     @staticmethod
     def _normalize_updates(updates):
@@ -376,10 +419,11 @@ class Function(object):
         return found
 
     def _plan(self, lp_value):
-        plan = self._plans.get(lp_value)
+        key = (lp_value, optimize.graph_optimizer())
+        plan = self._plans.get(key)
         if plan is None:
             with self._lock:
-                plan = self._plans.get(lp_value)
+                plan = self._plans.get(key)
                 if plan is None:
                     # Specializing on the learning phase lets constant folding
                     # drop the branch of every in_train_phase that is not taken.
@@ -387,7 +431,7 @@ class Function(object):
                     givens[self._lp] = lp_value
                     plan = _build_plan(self.inputs, self._targets, givens, self.name,
                                        n_outputs=self._n_out)
-                    self._plans[lp_value] = plan
+                    self._plans[key] = plan
         return plan
 
     def __call__(self, inputs=None, *more):
@@ -407,7 +451,7 @@ class Function(object):
                              % (_fn_label(self.name), len(self.inputs),
                                 [x.name for x in self.inputs], len(inputs)))
         plan = self._only_plan
-        if plan is None:
+        if plan is None or self._only_optimized is not optimize._state["enabled"]:
             if self._lp_index is not None:
                 lp_value = int(np.asarray(inputs[self._lp_index]).item() != 0)
             else:

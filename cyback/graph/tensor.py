@@ -12,6 +12,16 @@ import numpy as np
 from cyback import config
 
 _counter = itertools.count()
+# Versions of variable values and the epoch of the last assignment come from
+# one counter: next() on it is atomic under the GIL, so no two assignments
+# share a number and a plan that saw one epoch can tell any later one.
+_assignments = itertools.count(1)
+_epoch = [0]
+
+
+def weights_epoch():
+    """A number that changes whenever any variable is assigned."""
+    return _epoch[0]
 
 
 def dtype_name(dtype):
@@ -168,6 +178,7 @@ class Variable(Tensor):
         value = np.array(value, dtype=dtype, copy=True)
         super().__init__(None, 0, value.shape, dtype, name)
         self._value = value
+        self._version = next(_assignments)
         self.constraint = constraint
         self._lock = threading.Lock()
         self._keras_initialized = False
@@ -196,6 +207,8 @@ def assign_all(pairs, what):
         # A copy: the value may alias another array of the graph or the
         # caller's, and a variable must own its storage.
         var._value = np.array(value, dtype=var.dtype, copy=True)
+        var._version = next(_assignments)
+    _epoch[0] = next(_assignments)
 
 
 def as_tensor(value, dtype=None):

@@ -240,6 +240,11 @@ def _static_or_tensor(t):
 class Conv(Op):
     """y = conv(x, kernel)."""
 
+    # compute returns a new array, so an element-wise epilogue may run on it
+    # in place (graph/fusion.py)
+    fresh_output = True
+    epilogue_host = True
+
     def __init__(self, geom):
         self.geom = geom
         self.api = geom.api
@@ -249,6 +254,23 @@ class Conv(Op):
 
     def compute(self, x, k):
         return (self.geom.forward(x, k),)
+
+    def scale_output(self, inputs, out, v, ctx):
+        """conv(x, k) * v for a vector v along the output channels: the
+        kernel's output channels scaled (BatchNorm folding)."""
+        x, k = inputs
+        g = self.geom
+        if g.family not in ("conv", "depthwise") or not ctx.is_weight(k) or \
+                None in k.shape:
+            return None
+        axis = out.ndim - 1 if g.channels_last else 1
+        if ctx.channel_vector(v, out, axis) is None:
+            return None
+        if g.family == "conv":
+            scale = shp.reshape(v, (k.shape[-1],))
+        else:
+            scale = shp.reshape(v, (k.shape[-2], k.shape[-1]))
+        return Conv(g)(x, k * scale)
 
     def grad(self, inputs, outputs, grads):
         x, k = inputs

@@ -175,6 +175,10 @@ UNARY = {
 }
 
 
+_EWISE_UNARY = {"negative", "abs", "square", "sqrt", "exp", "expm1", "log", "log1p", "tanh",
+                "sigmoid", "softplus", "softsign", "reciprocal"}
+
+
 class Unary(Op):
     def __init__(self, name):
         self.name = name
@@ -187,6 +191,11 @@ class Unary(Op):
     def compute(self, x):
         y = UNARY[self.name][0](x)
         return (y if y.dtype == x.dtype or self.name == "logical_not" else y.astype(x.dtype),)
+
+    def ewise(self, b, x):
+        if self.name not in _EWISE_UNARY:
+            return None
+        return b.emit(self.name, x)
 
     def grad(self, inputs, outputs, grads):
         rule = UNARY[self.name][1]
@@ -268,6 +277,8 @@ BINARY = {
     "logical_or": (np.logical_or, None, None),
 }
 
+_EWISE_BINARY = {"add", "subtract", "multiply", "divide", "maximum", "minimum"}
+
 _BOOL_RESULT = {"equal", "not_equal", "greater", "greater_equal", "less", "less_equal",
                 "logical_and", "logical_or"}
 
@@ -289,6 +300,34 @@ class Binary(Op):
     def compute(self, x, y):
         z = BINARY[self.name][0](x, y)
         return (np.asarray(z),)
+
+    def ewise(self, b, x, y):
+        if self.name not in _EWISE_BINARY:
+            return None
+        return b.emit(self.name, x, y)
+
+    def rewrite(self, inputs, ctx):
+        # At inference, a product with a per-channel weight vector (a
+        # BatchNorm's scale) goes into the weights of the op before it.
+        if self.name != "multiply" or not ctx.inference:
+            return None
+        for t, v in (inputs, inputs[::-1]):
+            if ctx.is_weight(v) and not ctx.is_weight(t):
+                scaled = ctx.scale(t, v)
+                if scaled is not None:
+                    return [scaled]
+        return None
+
+    def scale_output(self, inputs, out, v, ctx):
+        # (t + w) * v = t * v + w * v, for a weight w and a t that can absorb v
+        if self.name != "add":
+            return None
+        for t, w in (inputs, inputs[::-1]):
+            if ctx.is_weight(w) and not ctx.is_weight(t):
+                scaled = ctx.scale(t, v)
+                if scaled is not None:
+                    return add(scaled, multiply(w, v))
+        return None
 
     def grad(self, inputs, outputs, grads):
         _, gx, gy = BINARY[self.name]
@@ -416,6 +455,9 @@ class Clip(Op):
 
     def compute(self, x, lo, hi):
         return (np.clip(x, lo, hi).astype(x.dtype, copy=False),)
+
+    def ewise(self, b, x, lo, hi):
+        return b.emit("minimum", b.emit("maximum", x, lo), hi)
 
     def grad(self, inputs, outputs, grads):
         x, lo, hi = inputs

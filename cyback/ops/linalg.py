@@ -40,6 +40,10 @@ def _grad_perm(free_axes, contracted_axes):
 
 class TensorDot(Op):
     api = "dot"
+    # compute returns a new array, so an element-wise epilogue may run on it
+    # in place (graph/fusion.py)
+    fresh_output = True
+    epilogue_host = True
 
     def __init__(self, ax, ay):
         self.ax = ax
@@ -53,6 +57,18 @@ class TensorDot(Op):
 
     def compute(self, x, y):
         return (contract(x, y, self.ax, self.ay),)
+
+    def scale_output(self, inputs, out, v, ctx):
+        """(x @ w) * v for a vector v along the last axis: w's columns scaled
+        (BatchNorm after a Dense layer)."""
+        x, w = inputs
+        if self.ay != (0,) or w.ndim != 2 or self.ax != (x.ndim - 1,) or \
+                not ctx.is_weight(w) or w.shape[1] is None:
+            return None
+        if ctx.channel_vector(v, out, out.ndim - 1) is None:
+            return None
+        from cyback.ops.shape import reshape
+        return TensorDot(self.ax, self.ay)(x, w * reshape(v, (w.shape[1],)))
 
     def grad(self, inputs, outputs, grads):
         x, y = inputs
@@ -74,6 +90,9 @@ def contract(x, y, ax, ay):
     OpenMP GEMM. The operands are laid out as (free, contracted) and
     (contracted, free) matrices; a transposed layout stays a transposed view,
     which the kernel reads without copying."""
+    if x.ndim == 2 and y.ndim == 2 and ax == (1,) and ay == (0,) and \
+            2.0 * x.shape[0] * x.shape[1] * y.shape[1] < _PARALLEL_MIN_WORK:
+        return np.dot(x, y)     # small dense products: no reshape bookkeeping
     if len(ax) == 1 and ax[0] == x.ndim - 1 and ay == (0,) and y.ndim == 2:
         # Dense layers: (..., k) @ (k, n).
         a, b = x.reshape(-1, x.shape[-1]), y

@@ -62,6 +62,18 @@ class Relu(Op):
             y = y - a * np.maximum(t - x, 0)
         return (np.asarray(y, dtype=x.dtype),)
 
+    def ewise(self, b, x):
+        # the same steps as compute, so the results are identical
+        t, a, m = self.threshold, self.alpha, self.max_value
+        zero = b.const(0)
+        y = b.emit("select_gt", x, b.const(t), x, zero) if t != 0 else b.emit("maximum", x, zero)
+        if m is not None:
+            y = b.emit("minimum", b.emit("maximum", y, zero), b.const(m))
+        if a != 0:
+            below = b.emit("maximum", b.emit("subtract", b.const(t), x), zero)
+            y = b.emit("subtract", y, b.emit("multiply", b.const(a), below))
+        return y
+
     def grad(self, inputs, outputs, grads):
         return [grads[0] * ReluSlope(self.alpha, self.max_value, self.threshold)(inputs[0])]
 
@@ -112,6 +124,13 @@ class Elu(Op):
         if self.alpha != 1:
             neg *= self.alpha
         return (np.where(x > 0, x, neg).astype(x.dtype, copy=False),)
+
+    def ewise(self, b, x):
+        zero = b.const(0)
+        neg = b.emit("expm1", b.emit("minimum", x, zero))
+        if self.alpha != 1:
+            neg = b.emit("multiply", neg, b.const(self.alpha))
+        return b.emit("select_gt", x, zero, x, neg)
 
     def grad(self, inputs, outputs, grads):
         x, y = inputs[0], outputs[0]

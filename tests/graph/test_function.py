@@ -13,7 +13,12 @@ from cyback.ops.shape import reshape
 
 
 def _step_names(f, lp=0):
-    return [getattr(op, "name", type(op).__name__) for op, _, _ in f._plan(lp).steps]
+    """The ops of f's plan as written (the optimizer fuses them otherwise)."""
+    K.set_graph_optimizer(False)
+    try:
+        return [getattr(op, "name", type(op).__name__) for op, _, _ in f._plan(lp).steps]
+    finally:
+        K.set_graph_optimizer(True)
 
 
 # ------------------------------------------------------------------ feeds

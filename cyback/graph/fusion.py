@@ -1,0 +1,327 @@
+"""Element-wise fusion: chains of element-wise ops become one pass over memory.
+
+Ops say what they compute element by element through their ``ewise`` hook
+(see ``graph/op.py``): it emits instructions into a ``ProgramBuilder`` and
+returns the register holding the result. The fusion pass groups connected
+element-wise steps whose intermediate results have no other reader and
+replaces each group with one ``Fused`` step that runs the program through the
+``ewise`` kernel, block by block, OpenMP across blocks.
+
+A group may also take the op that produces one of its full-size inputs (a
+conv or a dense product, ops that declare ``fresh_output``): the fused step
+then runs that op and applies the program in place on its output while the
+plan still holds it — the epilogue of the producer. Without such a producer,
+a group writes into a full-size input whose buffer dies at that step.
+
+Operands of a group are full-size arrays, vectors along one channel axis, or
+scalars; any other broadcast ends the group. Sizes unknown while building are
+checked when the step runs: on a mismatch the step computes its ops one by one
+as written, so fusion never changes what a plan accepts.
+"""
+import numpy as np
+
+from cyback.graph.op import Op
+from cyback.graph.tensor import Constant
+from cyback.kernels import ewise as _kernel
+
+FULL, CHAN, SCALAR = _kernel.KIND_FULL, _kernel.KIND_CHAN, _kernel.KIND_SCALAR
+_FLOATS = ("float32", "float64")
+
+
+class Unfusable(Exception):
+    """Raised by a ProgramBuilder when an op cannot be expressed."""
+
+
+def classify(shape, out_shape):
+    """(kind, channel axis) of an operand of static ``shape`` in a group whose
+    result has static ``out_shape``; axis counts from the end (-1 = last).
+    Raises Unfusable for other broadcasts."""
+    shape, out_shape = tuple(shape), tuple(out_shape)
+    if shape == out_shape:
+        return FULL, None
+    if len(shape) > len(out_shape):
+        raise Unfusable()
+    if all(d == 1 for d in shape):
+        return SCALAR, None
+    axis = None
+    for i in range(1, len(shape) + 1):
+        d, o = shape[-i], out_shape[-i]
+        if d == 1:
+            continue
+        if d is None or o is None or d != o or axis is not None:
+            raise Unfusable()
+        axis = -i
+    return CHAN, axis
+
+
+class ProgramBuilder(object):
+    """Collects a program's operands and instructions.
+
+    ``operand(t)`` registers a tensor input; ``const(v)`` a scalar baked into
+    the program; ``emit(name, *srcs)`` appends an instruction (names from
+    ``cyback.kernels.ewise.OPCODES``) and returns its result register.
+    """
+
+    def __init__(self, out_shape, dtype, exact):
+        self.out_shape = tuple(out_shape)
+        self.dtype = dtype
+        self.exact = exact
+        self.operands = []      # tensors (inputs of the fused step)
+        self.kinds = []
+        self.axis = None        # the channel axis of CHAN operands
+        self.consts = []        # baked scalars, as operands after the tensors
+        self.code = []          # (name, dst, srcs)
+        self._tmp = 0
+
+    def operand(self, t):
+        for i, x in enumerate(self.operands):
+            if x is t:
+                return ("in", i)
+        if t.dtype != self.dtype:
+            raise Unfusable()
+        if type(t) is Constant and t.value.size == 1:
+            return self.const(t.value.reshape(()).item())
+        kind, axis = classify(t.shape, self.out_shape)
+        if kind == CHAN:
+            if self.axis is not None and self.axis != axis:
+                raise Unfusable()
+            self.axis = axis
+        self.operands.append(t)
+        self.kinds.append(kind)
+        return ("in", len(self.operands) - 1)
+
+    def const(self, value):
+        value = np.asarray(value, dtype=self.dtype)
+        for i, v in enumerate(self.consts):
+            if v.tobytes() == value.tobytes():
+                return ("const", i)
+        self.consts.append(value)
+        return ("const", len(self.consts) - 1)
+
+    def emit(self, name, *srcs):
+        n_src = _kernel.OPCODES[name][1]
+        if len(srcs) != n_src:
+            raise ValueError("ewise %s takes %d sources, got %d" % (name, n_src, len(srcs)))
+        if self.exact and name not in _kernel.EXACT:
+            raise Unfusable()
+        dst = ("tmp", self._tmp)
+        self._tmp += 1
+        self.code.append((name, dst, srcs))
+        return dst
+
+    def assemble(self, result):
+        """(code array, n_regs): registers numbered operands, consts, then
+        scratch reused once dead; ``result`` goes to the output (-1)."""
+        n_in = len(self.operands) + len(self.consts)
+        last = {}
+        for k, (_, _, srcs) in enumerate(self.code):
+            for s in srcs:
+                last[s] = k
+        free, where, rows, n_regs = [], {}, [], n_in
+
+        def reg(s):
+            if s[0] == "in":
+                return s[1]
+            if s[0] == "const":
+                return len(self.operands) + s[1]
+            return where[s]
+
+        for k, (name, dst, srcs) in enumerate(self.code):
+            src_regs = [reg(s) for s in srcs]
+            for s in srcs:
+                if s[0] == "tmp" and last.get(s) == k and s != result:
+                    free.append(where[s])
+            if dst == result and k == len(self.code) - 1:
+                d = -1
+            else:
+                if free:
+                    d = free.pop()
+                else:
+                    d, n_regs = n_regs, n_regs + 1
+                where[dst] = d
+            rows.append([_kernel.OPCODES[name][0], d] + (src_regs + [0, 0, 0, 0])[:4])
+        if n_regs > _kernel.MAX_REGISTERS:
+            raise Unfusable()
+        return np.array(rows, dtype=np.int32).reshape(-1, 6), max(n_regs, 1)
+
+
+class Fused(Op):
+    """One step for a group of element-wise ops, and optionally ``base``, the
+    op that produces their full-size operand ``inplace``: the step's inputs
+    are the base op's inputs, then the other operands.
+
+    ``members``: the group's ops in order as ``(op, refs)``, refs naming
+    operands (``("in", i)``) or earlier members (``("m", j)``), used when the
+    run-time shapes do not fit the program and for reading the plan.
+    """
+
+    api = "fused"
+    pure = True
+    fresh_output = True
+
+    def __init__(self, base, n_base, code, n_regs, kinds, consts, axis, inplace, members,
+                 out_spec):
+        self.base = base
+        self.n_base = n_base
+        self.code = code
+        self.n_regs = n_regs
+        self.kinds = np.asarray(kinds + [SCALAR] * len(consts), dtype=np.int32)
+        self.program = _kernel.Program(code, n_regs, self.kinds, consts, axis, inplace,
+                                       out_spec[1])
+        self.n_tensor = len(kinds)
+        self.consts = tuple(consts)
+        self.dtype = np.dtype(out_spec[1])
+        self.axis = axis
+        self.inplace = inplace      # operand index whose buffer may take the result
+        self.members = members
+        self.out_spec = out_spec
+
+    def key(self):
+        return None
+
+    def infer(self, *inputs):
+        return [self.out_spec]
+
+    def compute(self, *arrays):
+        if self.base is not None:
+            # the base op's output is operand ``inplace``
+            y = self.base.compute(*arrays[:self.n_base])[0]
+            arrays = list(arrays[self.n_base:])
+            arrays.insert(self.inplace, y)
+        else:
+            arrays = list(arrays)
+        out = self.program(arrays)
+        if out is None:
+            out = self._run_members(arrays)
+        return (out,)
+
+    def _run_members(self, arrays):
+        results = []
+        for op, refs in self.members:
+            args = [arrays[i] if kind == "in" else results[i] if kind == "m" else i
+                    for kind, i in refs]
+            results.append(op.compute(*args)[0])
+        return results[-1]
+
+    def __repr__(self):
+        names = [type(op).__name__ + ("(%s)" % op.name if hasattr(op, "name") else "")
+                 for op, _ in self.members]
+        base = "%s + " % type(self.base).__name__ if self.base is not None else ""
+        return "Fused(%s%s)" % (base, ", ".join(names))
+
+
+# ------------------------------------------------------------------ the pass
+
+def _ewise_ok(op, ins, outs):
+    return (hasattr(op, "ewise") and len(outs) == 1 and outs[0].dtype in _FLOATS
+            and all(x.dtype == outs[0].dtype for x in ins))
+
+
+def _probe(op, ins, out, exact):
+    """Whether ``op`` can join a group whose result has ``out``'s shape."""
+    b = ProgramBuilder(out.shape, out.dtype, exact)
+    try:
+        return op.ewise(b, *[b.operand(x) for x in ins]) is not None
+    except Unfusable:
+        return False
+
+
+def fuse(steps, targets, exact, skip=()):
+    """The steps with element-wise groups fused. ``exact``: only opcodes whose
+    results are identical to NumPy's (training plans). ``skip``: tensors
+    whose producing steps stay as they are (weights folded once per plan)."""
+    producer, users = {}, {}
+    for i, (op, ins, outs) in enumerate(steps):
+        for o in outs:
+            producer[o] = i
+        for x in ins:
+            users[x] = users.get(x, 0) + 1
+    keep = set(targets)
+    taken = {}
+    replaced = {}
+    for i in range(len(steps) - 1, -1, -1):
+        op, ins, outs = steps[i]
+        if i in taken or outs[0] in skip or not _ewise_ok(op, ins, outs):
+            continue
+        root = outs[0]
+        if not _probe(op, ins, root, exact):
+            continue
+        members, stack = [i], [i]
+        while stack:
+            j = stack.pop()
+            for x in steps[j][1]:
+                k = producer.get(x)
+                if k is None or k in taken or k in members or users.get(x) != 1 or x in keep:
+                    continue
+                kop, kins, kouts = steps[k]
+                if x.shape != root.shape or not _ewise_ok(kop, kins, kouts) or \
+                        not _probe(kop, kins, root, exact):
+                    continue
+                members.append(k)
+                stack.append(k)
+        members.sort()
+        group = _build(steps, members, root, exact, producer, users, keep, taken)
+        if group is None:
+            continue
+        fused_step, absorbed = group
+        for k in absorbed:
+            taken[k] = i
+        replaced[i] = fused_step
+    return [replaced.get(i, s) for i, s in enumerate(steps) if i not in taken or i in replaced]
+
+
+def _build(steps, members, root, exact, producer, users, keep, taken):
+    b = ProgramBuilder(root.shape, root.dtype, exact)
+    reg_of, refs_of = {}, []
+    member_out = {}
+    try:
+        for k in members:
+            op, ins, outs = steps[k]
+            srcs = [reg_of[x] if x in reg_of else b.operand(x) for x in ins]
+            r = op.ewise(b, *srcs)
+            if r is None:
+                return None
+            reg_of[outs[0]] = r
+            member_out[outs[0]] = len(refs_of)
+            refs_of.append((op, ins))
+        code, n_regs = b.assemble(reg_of[root])
+    except Unfusable:
+        return None
+    # The producer of a full-size operand that dies here: its op runs inside
+    # the fused step (an epilogue), or its buffer takes the result.
+    base, base_k, inplace = None, None, None
+    for j, (t, kind) in enumerate(zip(b.operands, b.kinds)):
+        k = producer.get(t)
+        if kind != FULL or k is None or k in taken or users.get(t) != 1 or t in keep:
+            continue
+        if not getattr(steps[k][0], "fresh_output", False) or steps[k][2][0] is not t:
+            continue
+        if len(steps[k][2]) == 1 and getattr(steps[k][0], "epilogue_host", False):
+            base, base_k, inplace = steps[k][0], k, j
+            break
+        if inplace is None:
+            inplace = j
+    n_instr = len(code)
+    if base is None and len(members) == 1 and n_instr == 1 and inplace is None:
+        return None
+    operands = list(b.operands)
+    members_refs = []
+    for op, ins in refs_of:
+        members_refs.append((op, [_ref(x, member_out, operands) for x in ins]))
+    n_base, ins = 0, operands
+    if base is not None:
+        n_base = len(steps[base_k][1])
+        ins = list(steps[base_k][1]) + [t for j, t in enumerate(operands) if j != inplace]
+    op = Fused(base, n_base, code, n_regs, list(b.kinds), list(b.consts), b.axis, inplace,
+               members_refs, (root.shape, root.dtype))
+    absorbed = list(members) + ([base_k] if base is not None else [])
+    return (op, ins, [root]), absorbed
+
+
+def _ref(x, member_out, operands):
+    if x in member_out:
+        return ("m", member_out[x])
+    for i, y in enumerate(operands):
+        if y is x:
+            return ("in", i)
+    return ("v", x.value)       # a scalar Constant baked into the program

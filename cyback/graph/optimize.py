@@ -1,0 +1,156 @@
+"""The plan optimizer: rewrites between the generic clean-up of a plan (fold,
+simplify, CSE in ``function.rewritten_steps``) and its code generation.
+
+What an op can do in a plan is declared on the op, as hooks (see
+``graph/op.py``); the passes here only walk the graph and ask:
+
+1. local rewrites, in topological order: ``op.rewrite(inputs, ctx)`` may
+   return replacement outputs. ``Binary('multiply').rewrite`` folds a product
+   with a per-channel weight vector into the weights of the op before it,
+   through that op's ``scale_output`` hook: BatchNormalization at inference
+   becomes the conv / dense before it with scaled weights and a bias;
+2. element-wise fusion (``graph/fusion.py``): element-wise chains, with the
+   conv or dense product that feeds them, become one step.
+
+An inference plan (one that assigns no variable) gets every pass, and its
+weight-only sub-graphs are computed once and refolded only when a variable
+changes (``graph/frozen.py``). A training plan keeps values bit-identical to
+the graph as written: no local rewrites, fusion restricted to the exact
+opcodes.
+
+``CYBACK_OPTIMIZE=0`` in the environment or ``set_graph_optimizer(False)``
+turns the optimizer off (plans built afterwards run the graph as written).
+"""
+import os
+
+from cyback.graph import fusion
+from cyback.graph.tensor import Constant, Placeholder, Variable
+
+
+def _env_flag():
+    value = os.environ.get("CYBACK_OPTIMIZE", "1").strip()
+    if value not in ("0", "1", ""):
+        raise ValueError("CYBACK_OPTIMIZE must be 0 or 1, got %r" % (value,))
+    return value != "0"
+
+
+_state = {"enabled": _env_flag()}
+
+
+def set_graph_optimizer(enabled):
+    """Turn the plan optimizer on or off for plans built from now on."""
+    if not isinstance(enabled, bool):
+        raise TypeError("set_graph_optimizer: expected True or False, got %r" % (enabled,))
+    _state["enabled"] = enabled
+
+
+def graph_optimizer():
+    """Whether plans built now are optimized."""
+    return _state["enabled"]
+
+
+class Context(object):
+    """What rewrite hooks may ask about the plan being optimized."""
+
+    def __init__(self, steps, targets, inference):
+        self.inference = inference
+        self._users = {}
+        for _, ins, _ in steps:
+            for x in ins:
+                self._users[x] = self._users.get(x, 0) + 1
+        for t in targets:
+            self._users[t] = self._users.get(t, 0) + 1
+        self._weight = {}
+
+    def users(self, t):
+        """Readers of ``t`` in the plan as written (a tensor made by a rewrite
+        has its one reader)."""
+        return self._users.get(t, 1)
+
+    def is_weight(self, t):
+        """Whether ``t`` depends on no placeholder and no impure op: a value
+        an inference plan computes once."""
+        known = self._weight.get(t)
+        if known is not None:
+            return known
+        stack = [t]
+        while stack:
+            x = stack[-1]
+            if x in self._weight:
+                stack.pop()
+                continue
+            if isinstance(x, (Constant, Variable)):
+                self._weight[x] = True
+            elif isinstance(x, Placeholder) or x.node is None or not x.node.op.pure:
+                self._weight[x] = False
+            else:
+                pending = [y for y in x.node.inputs if y not in self._weight]
+                if pending:
+                    stack.extend(pending)
+                    continue
+                self._weight[x] = all(self._weight[y] for y in x.node.inputs)
+            stack.pop()
+        return self._weight[t]
+
+    def scale(self, t, v):
+        """``t * v`` computed by the op that makes ``t`` with scaled weights
+        (its ``scale_output`` hook), or None. ``t`` must have no other reader."""
+        node = t.node
+        if node is None or self.users(t) != 1 or not self.is_weight(v):
+            return None
+        hook = getattr(node.op, "scale_output", None)
+        if hook is None:
+            return None
+        return hook(node.inputs, t, v, self)
+
+    @staticmethod
+    def channel_vector(v, out, axis):
+        """``v`` flattened to the size of ``out``'s ``axis`` when it broadcasts
+        along that axis only, else None."""
+        from cyback.graph.fusion import classify, Unfusable
+        try:
+            kind, ax = classify(v.shape, out.shape)
+        except Unfusable:
+            return None
+        if kind != fusion.CHAN or len(out.shape) + ax != axis % len(out.shape):
+            return None
+        return v
+
+
+def optimize(steps, targets, inference, resteps):
+    """The steps and targets of an optimized plan. ``resteps(targets)``
+    re-walks a rewritten graph into steps (fold, CSE)."""
+    if inference:
+        targets, changed = _local_rewrites(steps, targets)
+        if changed:
+            steps, targets = resteps(targets)
+    skip = set()
+    if inference:
+        ctx = Context(steps, targets, inference)
+        skip = {o for _, _, outs in steps for o in outs if ctx.is_weight(o)}
+    steps = fusion.fuse(steps, targets, exact=not inference, skip=skip)
+    return steps, targets
+
+
+def _local_rewrites(steps, targets):
+    ctx = Context(steps, targets, inference=True)
+    repl = {}
+
+    def resolve(t):
+        return repl.get(t, t)
+
+    changed = False
+    for op, ins, outs in steps:
+        new_ins = [resolve(x) for x in ins]
+        hook = getattr(op, "rewrite", None)
+        new = hook(new_ins, ctx) if hook is not None else None
+        if new is None and any(a is not b for a, b in zip(new_ins, ins)):
+            new = op(*new_ins)
+            new = list(new) if isinstance(new, tuple) else [new]
+        if new is not None:
+            changed = True
+            for o, n in zip(outs, new):
+                if n is not o:
+                    n.name = o.name
+                    repl[o] = n
+    return [resolve(t) for t in targets], changed
