@@ -1,19 +1,48 @@
 """The Op interface.
 
 An op subclass keeps its parameters as attributes (set in ``__init__``) and
-defines three rules side by side:
+defines its rules side by side:
 
 - ``infer(*inputs)``: the static shape and dtype of each output, as a list of
   ``(shape, dtype)``; validates arguments and raises ValueError naming the
   Keras function (``self.api``), the argument and the shapes.
 - ``compute(*arrays)``: NumPy arrays in, a tuple of arrays out (one per
   output). Must not modify its inputs.
-- ``compute_for(needed)`` (optional): the compute to use in a plan that reads
-  only the outputs flagged in ``needed``, for ops with outputs that are costly
-  to produce and often unread (a Scan's records for its gradient).
 - ``grad(inputs, outputs, output_grads)``: one symbolic gradient (or None) per
   input, written with ops so that gradients of gradients work.
   ``output_grads`` has None for outputs that got no gradient.
+
+Optional hooks tell the compiler what it may do with the op; a pass never
+tests for op classes, it asks the op (JAX registers rules per primitive the
+same way). Plans (``graph/function.py``, ``graph/optimize.py``):
+
+- ``simplify(inputs)``: replacement outputs when the inputs make the op
+  trivial (a switch on a known condition), or None.
+- ``key()``: the op's identity for common-subexpression elimination.
+- ``compute_for(needed)``: the compute to use in a plan that reads only the
+  outputs flagged in ``needed`` (a Scan's records for its gradient).
+- ``rewrite(inputs, ctx)``: replacement outputs in an inference plan, or None
+  (``Binary('multiply')`` folds a per-channel weight scale into the op
+  before it).
+- ``scale_output(inputs, out, v, ctx)``: ``out * v`` for a per-channel weight
+  vector ``v``, computed by this op with scaled weights, or None (conv,
+  depthwise, dense: BatchNorm folding).
+- ``ewise(builder, *registers)``: the op's element-wise computation emitted
+  into a ``graph.fusion.ProgramBuilder`` (returns the result register), or
+  None: the op may join a fused element-wise step.
+- ``fresh_output`` / ``epilogue_host`` (class flags): compute returns a new
+  array, so a fused step may write into it / run the op and its element-wise
+  tail as one step.
+
+Loops (``graph/scan.py``):
+
+- ``time_mapped(inputs, variant)``: the op computing this one for all steps
+  at once on time-major stacks of its ``variant`` inputs, or None (hoisting
+  ``x_t @ W`` out of an RNN loop).
+- ``inline_src(inputs, outputs, ns, args)``: ``(source, multiply-adds, takes
+  out=)`` for a direct NumPy call inside a generated loop, or None.
+- ``shape_only_inputs`` (class tuple): inputs read only for their shape, so
+  a reverse loop needs no per-step record of them.
 
 Applying an op (``op(x, y)``) builds a Node; when every input is a Constant the
 op is computed at once and its outputs are Constants (eager folding).

@@ -53,24 +53,9 @@ def clone(outputs, replace):
 
 def _time_mapped(op, ins, variant):
     """The op that computes ``op`` for all steps at once on time-major stacks
-    of its variant inputs, or None when there is no such op."""
-    from cyback.ops import elementwise as ew
-    from cyback.ops.linalg import TensorDot
-    from cyback.ops.shape import GetItem
-    out_rank = len(op.infer(*ins)[0][0])
-    if isinstance(op, (ew.Unary, ew.Binary, ew.Cast)):
-        # Right-aligned broadcasting survives a new leading time axis as long
-        # as every per-step operand already has the full output rank.
-        if all(x.ndim == out_rank for x, v in zip(ins, variant) if v):
-            return op
-        return None
-    if type(op) is GetItem and len(ins) == 1:
-        # Static slicing of a slice is slicing of the stack past its time axis.
-        return GetItem((("slice", None, None, None),) + tuple(op.spec))
-    if isinstance(op, TensorDot) and variant == [True, False] and \
-            op.ax == (ins[0].ndim - 1,):
-        return TensorDot((op.ax[0] + 1,), op.ay)
-    return None
+    of its variant inputs (the op's ``time_mapped`` hook), or None."""
+    hook = getattr(op, "time_mapped", None)
+    return hook(ins, variant) if hook is not None else None
 
 
 def _regroup_sums(targets, state_in):
@@ -234,66 +219,14 @@ _set_local_threads = numpy_local_threads()
 SINGLE_THREAD_MACS = 1 << 24
 
 
-def _sigmoid_tanh(x, out=None):
-    """sigmoid(x) = (1 + tanh(x / 2)) / 2: NumPy's vectorised tanh makes this
-    about 3x faster than scipy's expit on float32 gates, within one unit in
-    the last place of 0.5 (absolute), and it cannot overflow."""
-    y = np.multiply(x, 0.5, out=out)
-    np.tanh(y, out=y)
-    y *= 0.5
-    y += 0.5
-    return y
-
-
 def _fast_call(op, ins, outs, ns, name_of):
     """``(source, multiply-adds, takes out=)`` calling ``op`` without its
-    generic ``compute`` wrapper, or None.
-
-    Only used where the wrapper does nothing for these inputs: float
-    element-wise ops (NumPy keeps the dtype), static slicing, 2-D products of
-    equal dtypes, transposes; never for 0-d results (NumPy scalars)."""
-    from cyback.ops import elementwise as ew
-    from cyback.ops.linalg import TensorDot
-    from cyback.ops.shape import GetItem, Transpose
-    out = outs[0]
-    if len(outs) != 1 or out.ndim == 0:
+    generic ``compute`` wrapper (the op's ``inline_src`` hook), or None.
+    Never for 0-d results, which NumPy returns as scalars."""
+    hook = getattr(op, "inline_src", None)
+    if hook is None or len(outs) != 1 or outs[0].ndim == 0:
         return None
-    args = [name_of(x) for x in ins]
-    t = type(op)
-    if t is ew.Unary and op.name == "sigmoid" and ins[0].dtype in ("float32", "float64"):
-        ns["u_sigmoid_tanh"] = _sigmoid_tanh
-        return "u_sigmoid_tanh(%s)" % args[0], None, True
-    if t is ew.Unary and ins[0].dtype in ("float32", "float64") and op.name != "logical_not":
-        fn = "u_" + op.name
-        ns[fn] = ew.UNARY[op.name][0]
-        return "%s(%s)" % (fn, args[0]), None, isinstance(ns[fn], np.ufunc)
-    if t is ew.Binary:
-        fn = "b_" + op.name
-        ns[fn] = ew.BINARY[op.name][0]
-        return "%s(%s, %s)" % (fn, args[0], args[1]), None, isinstance(ns[fn], np.ufunc)
-    if t is ew.Where and ins[1].dtype == ins[2].dtype == out.dtype:
-        ns["np_where"] = np.where
-        return "np_where(%s, %s, %s)" % tuple(args), None, False
-    if t is GetItem and len(ins) == 1:
-        idx = "ix%d" % len(ns)
-        ns[idx] = op._index(())
-        return "%s[%s]" % (args[0], idx), None, False
-    if t is Transpose:
-        ns["np_transpose"] = np.transpose
-        return "np_transpose(%s, %r)" % (args[0], tuple(op.perm)), None, False
-    if t is TensorDot and ins[0].ndim == 2 and ins[1].ndim == 2 and \
-            ins[0].dtype == ins[1].dtype == out.dtype and is_float_dtype(out.dtype):
-        ns["np_dot"] = np.dot
-        a0 = args[0] if op.ax == (1,) else args[0] + ".T"
-        a1 = args[1] if op.ay == (0,) else args[1] + ".T"
-        macs = "%s.shape[0] * %s.shape[1] * %s.shape[1]" % (a0, a0, a1)
-        return "np_dot(%s, %s)" % (a0, a1), macs, False
-    if t is ew.SumToShape:
-        # Inside a step the shapes mostly agree already: test before calling.
-        ns["sum_to"] = ew.sum_to
-        return "(%s if %s.shape == %s.shape else sum_to(%s, %s.shape))" % (
-            args[0], args[0], args[1], args[0], args[1]), None, False
-    return None
+    return hook(ins, outs, ns, [name_of(x) for x in ins])
 
 
 def _scatter_groups(steps, targets):
@@ -405,7 +338,7 @@ def compile_loop(name, slices, carries, consts, emits, accums, reverse, lasts=()
             body.append("%s = _zeros(%s.shape, %r)" % (v, name_of(like), out.dtype))
             for g, sop in entries:
                 idx = "ix%d" % len(ns)
-                ns[idx] = GetItem(sop.spec)._index(())
+                ns[idx] = GetItem(sop.spec).index(())
                 body.append("%s[%s] += %s" % (v, idx, name_of(g)))
             continue
         fast = _fast_call(op, ins, outs, ns, name_of)
@@ -480,16 +413,6 @@ def compile_loop(name, slices, carries, consts, emits, accums, reverse, lasts=()
     return loop, steps
 
 
-def _shape_only_inputs():
-    from cyback.ops import elementwise as ew
-    from cyback.ops import shape as shp
-    return {ew.SumToShape: (1,), ew.BroadcastLike: (1,), ew.Fill: (0,),
-            shp.ReshapeLike: (1,), shp.ScatterAdd: (1,), shp.ShapeOf: (0,)}
-
-
-_SHAPE_ONLY = _shape_only_inputs()
-
-
 def _dtype_of(v, dtype):
     return getattr(v, "dtype", None) or np.dtype(dtype)
 
@@ -560,7 +483,7 @@ class _Backward(object):
         for node in topo_nodes(live):
             if id(node) in fwd_nodes:
                 continue
-            only = _SHAPE_ONLY.get(type(node.op), ())
+            only = getattr(node.op, "shape_only_inputs", ())
             for i, x in enumerate(node.inputs):
                 need(x, i in only)
         for g in live:

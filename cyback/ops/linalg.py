@@ -58,6 +58,23 @@ class TensorDot(Op):
     def compute(self, x, y):
         return (contract(x, y, self.ax, self.ay),)
 
+    def time_mapped(self, ins, variant):
+        # x_t @ W over all steps is one product of the (T, ...) stack
+        if variant == [True, False] and self.ax == (ins[0].ndim - 1,):
+            return TensorDot((self.ax[0] + 1,), self.ay)
+        return None
+
+    def inline_src(self, ins, outs, ns, args):
+        x, y = ins
+        if x.ndim != 2 or y.ndim != 2 or not x.dtype == y.dtype == outs[0].dtype or \
+                x.dtype not in ("float32", "float64"):
+            return None
+        ns["np_dot"] = np.dot
+        a0 = args[0] if self.ax == (1,) else args[0] + ".T"
+        a1 = args[1] if self.ay == (0,) else args[1] + ".T"
+        macs = "%s.shape[0] * %s.shape[1] * %s.shape[1]" % (a0, a0, a1)
+        return "np_dot(%s, %s)" % (a0, a1), macs, False
+
     def scale_output(self, inputs, out, v, ctx):
         """(x @ w) * v for a vector v along the last axis: w's columns scaled
         (BatchNorm after a Dense layer)."""

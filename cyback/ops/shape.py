@@ -27,6 +27,8 @@ def _fmt(shape):
 class ShapeOf(Op):
     api = "shape"
 
+    shape_only_inputs = (0,)
+
     def infer(self, x):
         return [((x.ndim,), "int32")]
 
@@ -290,6 +292,8 @@ class Reshape(Op):
 class ReshapeLike(Op):
     api = "reshape"
 
+    shape_only_inputs = (1,)
+
     def infer(self, x, like):
         return [(like.shape, x.dtype)]
 
@@ -375,6 +379,10 @@ class Transpose(Op):
 
     def compute(self, x):
         return (np.transpose(x, self.perm),)
+
+    def inline_src(self, ins, outs, ns, args):
+        ns["np_transpose"] = np.transpose
+        return "np_transpose(%s, %r)" % (args[0], tuple(self.perm)), None, False
 
     def grad(self, inputs, outputs, grads):
         return [Transpose(tuple(np.argsort(self.perm).tolist()))(grads[0])]
@@ -516,7 +524,21 @@ class GetItem(Op):
             shape[at:at] = list(adv)
         return [(tuple(shape), x.dtype)]
 
-    def _index(self, tensors):
+    def time_mapped(self, ins, variant):
+        # static slicing of one step is slicing of the stack past its time axis
+        if len(ins) != 1:
+            return None
+        return GetItem((("slice", None, None, None),) + tuple(self.spec))
+
+    def inline_src(self, ins, outs, ns, args):
+        if len(ins) != 1:
+            return None
+        idx = "ix%d" % len(ns)
+        ns[idx] = self.index(())
+        return "%s[%s]" % (args[0], idx), None, False
+
+    def index(self, tensors):
+        """The Python index for this spec, given the values of its tensors."""
         def val(v):
             return int(tensors[v[1]]) if isinstance(v, tuple) else v
         out = []
@@ -535,7 +557,7 @@ class GetItem(Op):
         return tuple(out)
 
     def compute(self, x, *tensors):
-        return (np.asarray(x[self._index(tensors)]),)
+        return (np.asarray(x[self.index(tensors)]),)
 
     def grad(self, inputs, outputs, grads):
         return [ScatterAdd(self.spec)(grads[0], inputs[0], *inputs[1:])] + \
@@ -547,6 +569,8 @@ class ScatterAdd(Op):
 
     api = "__getitem__"
 
+    shape_only_inputs = (1,)
+
     def __init__(self, spec):
         self.spec = spec
 
@@ -554,7 +578,7 @@ class ScatterAdd(Op):
         return [(x.shape, g.dtype)]
 
     def compute(self, g, x, *tensors):
-        index = GetItem(self.spec)._index(tensors)
+        index = GetItem(self.spec).index(tensors)
         out = np.zeros(np.shape(x), dtype=g.dtype)
         if any(isinstance(i, np.ndarray) for i in index):
             np.add.at(out, index, g)
