@@ -50,14 +50,14 @@ cdef void _rows(const floating* x, floating* y, Py_ssize_t rows, Py_ssize_t n,
 
 def softmax_last(x):
     """Softmax of a float32/float64 array along its last axis (a new array)."""
-    cdef cnp.ndarray a = np.ascontiguousarray(x)
-    cdef cnp.ndarray out
+    cdef cnp.ndarray a, out
     cdef Py_ssize_t n, rows
     cdef int threads
+    if np.ndim(x) == 0:
+        raise ValueError("softmax: expected an array of rank >= 1, got a scalar")
+    a = np.ascontiguousarray(x)
     if a.dtype != np.float32 and a.dtype != np.float64:
         raise TypeError("softmax: float32 or float64 only, got %s" % a.dtype)
-    if a.ndim == 0:
-        raise ValueError("softmax: expected an array of rank >= 1, got a scalar")
     out = np.empty_like(a)
     n = a.shape[a.ndim - 1]
     if n == 0 or a.size == 0:
