@@ -13,7 +13,10 @@ Calling checks each feed against its placeholder, runs the plan with a
 snapshot of the variables' values, then assigns every update at once (Theano
 semantics: all updates see pre-update values; nothing is assigned if any
 update is invalid). A Function keeps no per-call state, so threads may call it
-at once.
+at once. A Function with updates holds its variables' lock group (see
+graph/tensor.py) from the read to the assignment, so concurrent calls of
+updating functions that share a variable run one after the other and lose no
+update; a Function without updates takes no lock.
 """
 import collections
 import sys
@@ -22,8 +25,8 @@ import threading
 import numpy as np
 
 from cyback import config
-from cyback.graph.tensor import (Constant, Placeholder, Tensor, Variable, as_tensor,
-                                 assign_all)
+from cyback.graph.tensor import (Constant, Placeholder, Tensor, Variable, acquire_group,
+                                 as_tensor, assign_all, join_groups)
 
 
 class Assign(object):
@@ -344,6 +347,11 @@ class Function(object):
         # A graph that does not read the learning phase needs one plan only:
         # build it now, so that a missing input is reported here.
         leaves = leaves_of(self._targets)
+        # Every variable an updating function reads or writes joins one lock
+        # group; calls hold it from the variables' read to the assignment.
+        self._group = None
+        if assigns:
+            self._group = join_groups([x for x in leaves if isinstance(x, Variable)])
         self._only_plan = None
         if not any(x is self._lp for x in leaves):
             self._only_plan = self._plan(0)
@@ -413,12 +421,24 @@ class Function(object):
             else:
                 lp_value = config.fixed_learning_phase() or 0
             plan = self._plan(lp_value)
-        try:
-            outs, rest = plan.run(*[inputs[i] for i in plan.feed_slots])
-        except Exception as e:
-            raise _annotate(e, plan) from None
-        if self._assigns:
-            self._apply(rest[self._n_fetch:])
+        feeds = [inputs[i] for i in plan.feed_slots]
+        if self._group is None:
+            try:
+                outs, rest = plan.run(*feeds)
+            except Exception as e:
+                raise _annotate(e, plan) from None
+            if self._assigns:   # only with the lock disabled (benchmarks)
+                self._apply(rest[self._n_fetch:])
+        else:
+            group = acquire_group(self._group)
+            try:
+                try:
+                    outs, rest = plan.run(*feeds)
+                except Exception as e:
+                    raise _annotate(e, plan) from None
+                self._apply(rest[self._n_fetch:])
+            finally:
+                group.lock.release()
         return outs[0] if self._single else outs
 
     def _dict_feed(self, feeds, ph):
@@ -430,7 +450,8 @@ class Function(object):
                          % (_fn_label(self.name), ph.name, _shape_str(ph.shape)))
 
     def _apply(self, values):
-        assign_all([(t.node.inputs[0], v) for t, v in zip(self._assigns, values)], "update")
+        assign_all([(t.node.inputs[0], v) for t, v in zip(self._assigns, values)], "update",
+                   lock=False)
 
 
 def _to_output(x):
