@@ -328,13 +328,13 @@ def _converted(var, value, what):
         arr = np.asarray(value)
     except Exception as e:
         raise TypeError("%s: cannot convert the new value to an array: %s" % (where, e)) from None
-    if arr.shape != var.shape:
-        raise ValueError("%s has shape %s, the new value has shape %s"
-                         % (where, var.shape, arr.shape))
     kind = arr.dtype.kind
     if kind not in "biufc" or (kind == "c" and want.kind != "c"):
         raise TypeError("%s has dtype %s; cannot assign a value of dtype %s"
                         % (where, var.dtype, arr.dtype))
+    if arr.shape != var.shape:
+        raise ValueError("%s has shape %s, the new value has shape %s"
+                         % (where, var.shape, arr.shape))
     if want.kind in "biu" and kind not in "b" and arr.size:
         if want.kind == "b" and not np.all((arr == 0) | (arr == 1)):
             raise ValueError("%s has dtype bool; the new value holds numbers other than 0 and 1"
