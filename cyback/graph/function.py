@@ -26,7 +26,8 @@ import numpy as np
 
 from cyback import config
 from cyback.graph.tensor import (Constant, Placeholder, Tensor, Variable, acquire_group,
-                                 as_tensor, assign_all, join_groups)
+                                 as_tensor, assign_all, integer_problem,
+                                 join_groups)
 
 
 class Assign(object):
@@ -294,6 +295,11 @@ def _check_feed(ph, value, fname):
             if not ok:
                 raise TypeError("%s: placeholder '%s' has dtype %s; cannot feed a value of dtype "
                                 "%s" % (where, ph.name, ph.dtype, arr.dtype))
+            problem = integer_problem(arr, want)
+            if problem:
+                # A cast would wrap around (2**40 + 7 → 7) or truncate.
+                raise ValueError("%s: placeholder '%s' has dtype %s; the value fed holds %s"
+                                 % (where, ph.name, ph.dtype, problem))
             arr = arr.astype(want)
         value, arr_shape = arr, arr.shape
     shape = ph.shape

@@ -335,20 +335,40 @@ def _converted(var, value, what):
     if arr.shape != var.shape:
         raise ValueError("%s has shape %s, the new value has shape %s"
                          % (where, var.shape, arr.shape))
-    if want.kind in "biu" and kind not in "b" and arr.size:
-        if want.kind == "b" and not np.all((arr == 0) | (arr == 1)):
-            raise ValueError("%s has dtype bool; the new value holds numbers other than 0 and 1"
-                             % where)
-        if want.kind in "iu":
-            if kind == "f" and not (np.all(np.isfinite(arr)) and np.all(np.mod(arr, 1) == 0)):
-                raise ValueError("%s has dtype %s; the new value holds non-integral numbers"
-                                 % (where, var.dtype))
-            info = np.iinfo(want)
-            if (kind in "iuf" and not can_hold(want, arr.dtype)
-                    and (arr.min() < info.min or arr.max() > info.max)):
-                raise ValueError("%s has dtype %s; the new value holds numbers outside [%d, %d]"
-                                 % (where, var.dtype, info.min, info.max))
+    if want.kind == "b" and kind != "b" and arr.size and not np.all((arr == 0) | (arr == 1)):
+        raise ValueError("%s has dtype bool; the new value holds numbers other than 0 and 1"
+                         % where)
+    problem = integer_problem(arr, want)
+    if problem:
+        raise ValueError("%s has dtype %s; the new value holds %s" % (where, var.dtype, problem))
     return np.array(arr, dtype=want, copy=True)
+
+
+def integer_problem(arr, want):
+    """Why the array ``arr`` cannot become integer dtype ``want`` without
+    changing a value (wrapping around, truncating), or None."""
+    if want.kind not in "iu" or arr.dtype.kind == "b" or not arr.size:
+        return None
+    kind = arr.dtype.kind
+    if kind == "f":
+        if not np.all(np.isfinite(arr)):
+            return "infinite or NaN numbers"
+        if not np.all(np.mod(arr, 1) == 0):
+            return "non-integral numbers"
+    elif kind not in "iu" or can_hold(want, arr.dtype):
+        return None
+    info = np.iinfo(want)
+    low, high = arr.min(), arr.max()
+    if low < info.min or high > info.max:
+        bad = low if low < info.min else high
+        return "%s, outside [%d, %d]" % (_number_str(bad), info.min, info.max)
+    return None
+
+
+def _number_str(x):
+    x = x.item()
+    return "%d" % x if isinstance(x, int) or float(x).is_integer() and abs(x) < 1e18 \
+        else repr(x)
 
 
 def can_hold(want, have):
@@ -375,7 +395,9 @@ def as_tensor(value, dtype=None):
                 and not isinstance(value, np.generic):
             # Python floats and lists of them take floatx, as in Keras.
             arr = arr.astype(config.floatx())
-        elif arr.dtype == np.int64 and not isinstance(value, (np.ndarray, np.generic)):
+        elif arr.dtype == np.int64 and not isinstance(value, (np.ndarray, np.generic)) \
+                and (not arr.size or -2 ** 31 <= arr.min() and arr.max() < 2 ** 31):
+            # Python ints take int32 when they fit (as TensorFlow converts them).
             arr = arr.astype("int32")
         return Constant(arr)
     return Constant(np.asarray(value, dtype=dtype))
