@@ -282,27 +282,43 @@ def set_num_threads(n):
     and SciPy's OpenBLAS) stays at one thread, because two pools on the same
     cores slow each other down (see cyback/kernels/linalg.pyx).
     """
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
-        raise ValueError("set_num_threads: expected a positive integer, got %r" % (n,))
     from cyback.kernels import runtime
-    runtime.set_num_threads(int(n))
+    runtime.set_num_threads(n)
 
 
 def _positive_env(name):
     value = os.environ.get(name)
     if not value:
         return None
+    from cyback.kernels.runtime import MAX_THREADS
     try:
         n = int(value)
     except ValueError:
         n = 0
-    if n < 1:
-        raise ValueError("%s must be a positive integer, got %r" % (name, value))
+    if not 1 <= n <= MAX_THREADS:
+        raise ValueError("%s must be an integer from 1 to %d, got %r" % (name, MAX_THREADS, value))
     return n
+
+
+def _check_min_work_env():
+    # The kernels read it themselves (include/cyback_omp.h, with atof, which
+    # takes 'abc' for 0): check it here, once, so that a typo is an error.
+    name = "CYBACK_PARALLEL_MIN_WORK"
+    value = os.environ.get(name)
+    if value is None:
+        return
+    try:
+        work = float(value)
+    except ValueError:
+        work = float("nan")
+    if not (np.isfinite(work) and work >= 0):
+        raise ValueError("%s must be a finite non-negative number of flops (default 1e6), "
+                         "got %r" % (name, value))
 
 
 def _init_threads():
     from cyback.kernels.blas_threads import set_blas_threads
+    _check_min_work_env()
     n = _positive_env("CYBACK_NUM_THREADS")
     if n is not None:
         set_num_threads(n)

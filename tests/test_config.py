@@ -337,10 +337,52 @@ def test_num_threads_roundtrip():
     assert K.get_num_threads() == n0
 
 
-@pytest.mark.parametrize("bad", [0, -2, 1.5, "4", True, None])
+@pytest.mark.parametrize("bad", [0, -2, 1.5, "4", True, None, 10 ** 10, -10 ** 10, 2 ** 31,
+                                 4097])
 def test_set_num_threads_bad(bad):
-    with pytest.raises(ValueError, match="set_num_threads"):
+    n0 = K.get_num_threads()
+    with pytest.raises(ValueError, match="^set_num_threads: expected an integer"):
         K.set_num_threads(bad)
+    from cyback.kernels import runtime
+    with pytest.raises(ValueError, match="^set_num_threads"):
+        runtime.set_num_threads(bad)
+    assert K.get_num_threads() == n0
+
+
+def test_set_num_threads_numpy_integer():
+    n0 = K.get_num_threads()
+    try:
+        K.set_num_threads(np.int64(1))
+        assert K.get_num_threads() == 1
+    finally:
+        K.set_num_threads(n0)
+
+
+def _import_with_env(**env):
+    import subprocess
+    full = dict(os.environ, **env)
+    return subprocess.run([sys.executable, "-c", "import cyback"], env=full,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("var,value,msg", [
+    ("CYBACK_PARALLEL_MIN_WORK", "abc", "CYBACK_PARALLEL_MIN_WORK must be a finite non-negative"),
+    ("CYBACK_PARALLEL_MIN_WORK", "-1", "CYBACK_PARALLEL_MIN_WORK must be"),
+    ("CYBACK_PARALLEL_MIN_WORK", "nan", "CYBACK_PARALLEL_MIN_WORK must be"),
+    ("CYBACK_PARALLEL_MIN_WORK", "", "CYBACK_PARALLEL_MIN_WORK must be"),
+    ("CYBACK_NUM_THREADS", "10000000000", "CYBACK_NUM_THREADS must be an integer from 1 to"),
+    ("CYBACK_NUM_THREADS", "two", "CYBACK_NUM_THREADS must be an integer"),
+    ("CYBACK_BLAS_THREADS", "-3", "CYBACK_BLAS_THREADS must be an integer"),
+])
+def test_bad_thread_settings_in_the_environment(var, value, msg):
+    out = _import_with_env(**{var: value})
+    assert out.returncode != 0
+    assert "ValueError: " + msg in out.stderr, out.stderr
+
+
+def test_good_min_work_setting():
+    out = _import_with_env(CYBACK_PARALLEL_MIN_WORK="2.5e5")
+    assert out.returncode == 0, out.stderr
 
 
 def test_keras_with_bad_epsilon_in_keras_json_uses_the_default(tmp_path):
