@@ -19,6 +19,8 @@ updating functions that share a variable run one after the other and lose no
 update; a Function without updates takes no lock.
 """
 import collections
+import itertools
+import linecache
 import sys
 import threading
 
@@ -76,8 +78,9 @@ def leaves_of(targets):
 class _Plan(object):
     """One compiled program: ``run(*feeds, *variable_values)`` → target values."""
 
-    def __init__(self, run, feed_slots, variables, step_lines, steps):
+    def __init__(self, run, feed_slots, variables, step_lines, steps, src):
         self.run = run
+        self.src = src                    # the generated source of run
         self.feed_slots = feed_slots      # index in Function.inputs, in run's arg order
         self.variables = variables        # Variables read, in run's arg order
         self.step_lines = step_lines      # source line → op, for error messages
@@ -213,7 +216,9 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
         ns[fname] = op.compute_for(needed) if hasattr(op, "compute_for") else op.compute
         outs_src = ", ".join(name_of(o) if n else "_" for o, n in zip(outs, needed))
         step_lines[len(lines) + 1] = op
-        lines.append("    %s, = %s(%s)" % (outs_src, fname, ", ".join(name_of(x) for x in ins)))
+        # The comment names the op in tracebacks (see _annotate).
+        lines.append("    %s, = %s(%s)  # %s" % (outs_src, fname, ", ".join(name_of(x) for x in ins),
+                                                 _op_label(op)))
         dead = [name_of(x) for x in dict.fromkeys(ins)
                 if last_use.get(x) == i and x not in keep and type(x) is not Constant]
         if dead:
@@ -232,10 +237,10 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
             outs_src.append(src)
         lines.append("    return [%s], (%s)" % (", ".join(outs_src), "".join(
             name_of(t) + ", " for t in targets[n_outputs:])))
-    src = "\n".join(lines)
-    code = compile(src, "<cyback function %s>" % (name or ""), "exec")
-    exec(code, ns)
-    return _Plan(ns["run"], feed_slots, variables, step_lines, steps)
+    src = "\n".join(lines) + "\n"
+    filename = "<cyback function %s #%d>" % (name or "", next(_plan_ids))
+    exec(compile(src, filename, "exec"), ns)
+    return _Plan(ns["run"], feed_slots, variables, step_lines, steps, src)
 
 
 def _missing_placeholder(fname, leaf):
@@ -432,7 +437,10 @@ class Function(object):
             try:
                 outs, rest = plan.run(*feeds)
             except Exception as e:
-                raise _annotate(e, plan) from None
+                new = _annotate(e, plan)
+                if new is e:
+                    raise
+                raise new from e    # the chain keeps the traceback into the op
             if self._assigns:   # only with the lock disabled (benchmarks)
                 self._apply(rest[self._n_fetch:])
         else:
@@ -441,7 +449,10 @@ class Function(object):
                 try:
                     outs, rest = plan.run(*feeds)
                 except Exception as e:
-                    raise _annotate(e, plan) from None
+                    new = _annotate(e, plan)
+                    if new is e:
+                        raise
+                    raise new from e
                 self._apply(rest[self._n_fetch:])
             finally:
                 group.lock.release()
@@ -466,21 +477,41 @@ def _to_output(x):
     return x
 
 
+_plan_ids = itertools.count()
+
+
+def _op_label(op):
+    api = getattr(op, "api", None)
+    name = type(op).__name__
+    return name if not api or api == name else "%s (%s)" % (api, name)
+
+
 def _annotate(e, plan):
+    """An exception raised while running ``plan``, for re-raising ``from e``:
+    the same type with the op's name added to the message (``e`` itself when
+    the type cannot be rebuilt). The plan's source goes into linecache, so the
+    chained traceback shows the plan line that called the op, and below it the
+    op's compute and the kernel."""
     tb = e.__traceback__
-    op = None
+    op, filename = None, None
     while tb is not None:
-        if tb.tb_frame.f_code.co_name == "run" and tb.tb_frame.f_code.co_filename.startswith(
-                "<cyback function"):
-            op = plan.step_lines.get(tb.tb_lineno)
+        code = tb.tb_frame.f_code
+        if code.co_name == "run" and code.co_filename.startswith("<cyback function"):
+            op, filename = plan.step_lines.get(tb.tb_lineno), code.co_filename
         tb = tb.tb_next
+    if filename is not None and filename not in linecache.cache:
+        # Only failing plans are registered: linecache never drops such
+        # entries, and most plans never fail.
+        linecache.cache[filename] = (len(plan.src), None, plan.src.splitlines(True), filename)
     if op is None:
         return e
-    where = op.api or type(op).__name__
     try:
-        return type(e)("%s (while running %s)" % (e, where))
+        new = type(e)("%s (while running %s)" % (e, op.api or type(op).__name__))
     except Exception:
         return e
+    if str(new) == str(e):      # a type whose message is not its first argument
+        return e
+    return new
 
 
 # ------------------------------------------------------------------- eval
