@@ -5,6 +5,11 @@ checking, argument marshalling, the generated plan's calls and output
 conversion. Each row also times the same NumPy calls written by hand, so
 ``overhead_us`` is what cyback adds on top of the arithmetic.
 
+The training step is also timed A/B against the same function with its
+update lock disabled (blocks alternated in one run): ``lock_us`` is what
+serialising updating calls (graph/tensor.py, lock groups) costs a
+single-threaded step, for a 2-variable and a 60-variable model.
+
     python benchmarks/bench_overhead.py [--calls N]
 
 Prints a table and writes benchmarks/results/overhead.json.
@@ -81,6 +86,45 @@ def case_train():
     return "MLP 32-64-10 train step", (lambda: f([xv, tv])), None
 
 
+def ab_per_call_us(fa, fb, calls, blocks=15):
+    """Medians of alternated blocks of ``calls`` calls of ``fa`` and ``fb``, in µs."""
+    for _ in range(max(calls // 10, 10)):
+        fa()
+        fb()
+    ta, tb = [], []
+    for _ in range(blocks):
+        for fn, out in ((fa, ta), (fb, tb)):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            out.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(ta), statistics.median(tb)
+
+
+def lock_ab(n_layers):
+    """One SGD training step over ``2 * n_layers`` variables, with and without the lock."""
+    rs = np.random.RandomState(0)
+    x = K.placeholder((None, 16))
+    t = K.placeholder((None, 16))
+    ws = [K.variable(rs.randn(16, 16) * 0.1) for _ in range(n_layers)]
+    bs = [K.variable(np.zeros(16)) for _ in range(n_layers)]
+    h = x
+    for w, b in zip(ws, bs):
+        h = K.tanh(K.dot(h, w) + b)
+    loss = K.mean(K.square(h - t))
+    params = ws + bs
+    grads = K.gradients(loss, params)
+    updates = [K.update_sub(p, 0.01 * g) for p, g in zip(params, grads)]
+    locked = K.function([x, t], [loss], updates=updates)
+    unlocked = K.function([x, t], [loss], updates=updates)
+    assert locked._group is not None
+    unlocked._group = None       # the same plan, applied without the lock
+    xv = rs.randn(1, 16).astype(np.float32)
+    tv = rs.randn(1, 16).astype(np.float32)
+    return locked, unlocked, (xv, tv), len(params)
+
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=2000)
@@ -95,7 +139,27 @@ def main():
     print_table(rows, ["graph", "cyback_us", "numpy_us", "overhead_us"],
                 title="Function.__call__ per-call time (batch 1, median of 9 blocks of %d calls)"
                 % args.calls)
-    path = write_json("overhead", rows, calls=args.calls, python=sys.version.split()[0])
+    lock_rows = []
+    for n_layers in (1, 30):
+        locked, unlocked, (xv, tv), n_vars = lock_ab(n_layers)
+        # Same updates from the same start: outputs agree before times count.
+        params = [u.node.inputs[0] for u in locked._assigns]
+        start = K.batch_get_value(params)
+        out_a, after_a = locked([xv, tv])[0], K.batch_get_value(params)
+        K.batch_set_value(list(zip(params, start)))
+        out_b, after_b = unlocked([xv, tv])[0], K.batch_get_value(params)
+        assert out_a == out_b and all(np.array_equal(p, q) for p, q in zip(after_a, after_b))
+        a, b = ab_per_call_us(lambda: locked([xv, tv]), lambda: unlocked([xv, tv]), args.calls)
+        lock_rows.append({"train step": "%d-layer tanh MLP, %d variables" % (n_layers, n_vars),
+                          "locked_us": a, "unlocked_us": b, "lock_us": a - b,
+                          "ratio": a / b})
+    print()
+    print_table(lock_rows, ["train step", "locked_us", "unlocked_us", "lock_us", "ratio"],
+                title="Update lock A/B (single thread, alternated blocks, median of 15)")
+    load = os.getloadavg()[0]
+    print("load average (1 min): %.2f" % load)
+    path = write_json("overhead", rows, lock_ab=lock_rows, calls=args.calls, load=load,
+                      python=sys.version.split()[0])
     print("wrote", path)
 
 

@@ -30,32 +30,104 @@ def keras_home():
     return os.path.join(base, ".keras")
 
 
+class ConfigWarning(UserWarning):
+    """A keras.json setting cyback could not use (the warning says which value it uses)."""
+
+
+_DEFAULTS = dict(_settings)
+
+
 def _load_keras_json():
+    """Apply keras.json's floatx, epsilon and image_data_format.
+
+    A bad file or value is a ConfigWarning naming the file, the key, the value
+    and the value used instead (the default), not an error: keras.json is
+    shared by every Keras program and backend on the machine, a broken one must
+    not stop ``import cyback`` (nor ``import keras``, which imports cyback),
+    and a warning still says exactly what to fix. No value is dropped silently.
+    """
     path = os.path.join(keras_home(), "keras.json")
     try:
         with open(path) as f:
-            cfg = json.load(f)
-    except (OSError, ValueError):
+            text = f.read()
+    except FileNotFoundError:
+        return
+    except (OSError, UnicodeDecodeError) as e:
+        _config_warning("%s: cannot read it (%s); using the defaults %s"
+                        % (path, e, _defaults_str()))
+        return
+    try:
+        cfg = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as e:
+        _config_warning("%s is not valid JSON (%s); using the defaults %s"
+                        % (path, e, _defaults_str()))
         return
     if not isinstance(cfg, dict):
+        _config_warning("%s must hold a JSON object, got %s; using the defaults %s"
+                        % (path, type(cfg).__name__, _defaults_str()))
         return
-    if cfg.get("floatx") in _VALID_FLOATX:
-        _settings["floatx"] = cfg["floatx"]
-        _sources["floatx"] = path
-    if isinstance(cfg.get("epsilon"), (int, float)):
-        _settings["epsilon"] = float(cfg["epsilon"])
-        _sources["epsilon"] = path
-    if cfg.get("image_data_format") in _VALID_FORMATS:
-        _settings["image_data_format"] = cfg["image_data_format"]
-        _sources["image_data_format"] = path
+    for key, check in (("floatx", _check_floatx), ("epsilon", _check_epsilon),
+                       ("image_data_format", _check_format)):
+        if key not in cfg:
+            continue
+        problem = check(cfg[key])
+        if problem is None:
+            _settings[key] = float(cfg[key]) if key == "epsilon" else cfg[key]
+            _sources[key] = path
+            continue
+        _config_warning("%s: %r is %s, %s; using %r"
+                        % (path, key, json.dumps(cfg[key]), problem, _DEFAULTS[key]))
+        _settings[key] = _DEFAULTS[key]
+        _sources[key] = "default"
+        # Keras (when it is loading cyback) applied the same file already; it
+        # rejects bad floatx and data formats itself but takes any float as
+        # epsilon, so put the value used into its copy as well.
+        common = _keras_common()
+        if common is not None and key == "epsilon" and hasattr(common, "set_epsilon"):
+            if _check_epsilon(common.epsilon()) is not None:
+                common.set_epsilon(_DEFAULTS[key])
 
 
-_load_keras_json()
+def _reject_constant(name):
+    # json accepts NaN, Infinity and -Infinity, which are not JSON; keep them
+    # as floats so the epsilon check names them.
+    return float(name.replace("Infinity", "inf"))
+
+
+def _check_floatx(value):
+    if value not in _VALID_FLOATX:
+        return "expected one of %s" % ", ".join(repr(v) for v in _VALID_FLOATX)
+    return None
+
+
+def _check_epsilon(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not np.isfinite(value) or value < 0:
+        return "expected a finite non-negative number"
+    return None
+
+
+def _check_format(value):
+    if value not in _VALID_FORMATS:
+        return "expected 'channels_last' or 'channels_first'"
+    return None
+
+
+def _defaults_str():
+    return ", ".join("%s=%r" % kv for kv in _DEFAULTS.items())
+
+
+def _config_warning(message):
+    import warnings
+    warnings.warn("cyback: " + message, ConfigWarning, stacklevel=3)
 
 
 def _keras_common():
     # Only when Keras itself is loading or has loaded us; never import Keras.
     return sys.modules.get("keras.backend.common")
+
+
+_load_keras_json()
 
 
 def settings_sources():
@@ -210,27 +282,43 @@ def set_num_threads(n):
     and SciPy's OpenBLAS) stays at one thread, because two pools on the same
     cores slow each other down (see cyback/kernels/linalg.pyx).
     """
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
-        raise ValueError("set_num_threads: expected a positive integer, got %r" % (n,))
     from cyback.kernels import runtime
-    runtime.set_num_threads(int(n))
+    runtime.set_num_threads(n)
 
 
 def _positive_env(name):
     value = os.environ.get(name)
     if not value:
         return None
+    from cyback.kernels.runtime import MAX_THREADS
     try:
         n = int(value)
     except ValueError:
         n = 0
-    if n < 1:
-        raise ValueError("%s must be a positive integer, got %r" % (name, value))
+    if not 1 <= n <= MAX_THREADS:
+        raise ValueError("%s must be an integer from 1 to %d, got %r" % (name, MAX_THREADS, value))
     return n
+
+
+def _check_min_work_env():
+    # The kernels read it themselves (include/cyback_omp.h, with atof, which
+    # takes 'abc' for 0): check it here, once, so that a typo is an error.
+    name = "CYBACK_PARALLEL_MIN_WORK"
+    value = os.environ.get(name)
+    if value is None:
+        return
+    try:
+        work = float(value)
+    except ValueError:
+        work = float("nan")
+    if not (np.isfinite(work) and work >= 0):
+        raise ValueError("%s must be a finite non-negative number of flops (default 1e6), "
+                         "got %r" % (name, value))
 
 
 def _init_threads():
     from cyback.kernels.blas_threads import set_blas_threads
+    _check_min_work_env()
     n = _positive_env("CYBACK_NUM_THREADS")
     if n is not None:
         set_num_threads(n)

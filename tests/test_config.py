@@ -64,22 +64,77 @@ def test_load_keras_json(monkeypatch, tmp_path, fresh_settings):
     assert K.normalize_data_format(None) == "channels_first"
 
 
-def test_load_keras_json_ignores_bad_values(monkeypatch, tmp_path, fresh_settings):
+@pytest.mark.parametrize("key,value,shown", [
+    ("floatx", "float8", '"float8"'),
+    ("floatx", None, "null"),
+    ("epsilon", -1.0, "-1.0"),
+    ("epsilon", "small", '"small"'),
+    ("epsilon", True, "true"),
+    ("epsilon", [1e-7], r"\[1e-07\]"),
+    ("image_data_format", "channels_middle", '"channels_middle"'),
+])
+def test_load_keras_json_warns_about_bad_values(monkeypatch, tmp_path, fresh_settings,
+                                                key, value, shown):
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
-    before = dict(fresh_settings)
-    _write_json(tmp_path, {"floatx": "float8", "epsilon": "small",
-                           "image_data_format": "channels_middle"})
+    good = {"floatx": "float64", "epsilon": 1e-4, "image_data_format": "channels_first"}
+    cfg = dict(good)
+    cfg[key] = value
+    _write_json(tmp_path, cfg)
+    path = os.path.join(str(tmp_path), "keras.json")
+    default = {"floatx": "float32", "epsilon": 1e-7, "image_data_format": "channels_last"}[key]
+    with pytest.warns(config.ConfigWarning) as record:
+        config._load_keras_json()
+    assert len(record) == 1
+    msg = str(record[0].message)
+    assert msg.startswith("cyback: " + path)
+    assert "'%s'" % key in msg
+    assert __import__("re").search(shown, msg), msg
+    assert msg.endswith("using %r" % default)
+    good[key] = default
+    assert fresh_settings == good                 # the other keys still apply
+    assert config.settings_sources()[key] == "default"
+
+
+@pytest.mark.parametrize("text,shown", [("NaN", "NaN"), ("Infinity", "Infinity"),
+                                        ("-1e-3", "-0.001")])
+def test_load_keras_json_epsilon_not_finite(monkeypatch, tmp_path, fresh_settings, text, shown):
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    _write_json(tmp_path, '{"epsilon": %s}' % text)
+    with pytest.warns(config.ConfigWarning, match=r"'epsilon' is %s, expected a finite "
+                      r"non-negative number; using 1e-07" % shown):
+        config._load_keras_json()
+    assert fresh_settings["epsilon"] == 1e-7
+
+
+def test_load_keras_json_int_epsilon_is_taken(monkeypatch, tmp_path, fresh_settings):
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    _write_json(tmp_path, {"epsilon": 0})
     config._load_keras_json()
-    assert fresh_settings == before
+    assert fresh_settings["epsilon"] == 0.0 and isinstance(fresh_settings["epsilon"], float)
 
 
-@pytest.mark.parametrize("text", ["{not json", "[1, 2]", ""])
-def test_load_keras_json_ignores_broken_file(monkeypatch, tmp_path, fresh_settings, text):
+@pytest.mark.parametrize("text,msg", [("{not json", "is not valid JSON"),
+                                      ("[1, 2]", "must hold a JSON object, got list"),
+                                      ("", "is not valid JSON")])
+def test_load_keras_json_warns_about_broken_file(monkeypatch, tmp_path, fresh_settings,
+                                                 text, msg):
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
     before = dict(fresh_settings)
     _write_json(tmp_path, text)
-    config._load_keras_json()
+    with pytest.warns(config.ConfigWarning, match=msg + ".*using the defaults floatx='float32'"):
+        config._load_keras_json()
     assert fresh_settings == before
+
+
+def test_bad_keras_json_does_not_stop_import(tmp_path):
+    import subprocess
+    _write_json(tmp_path, '{"epsilon": NaN, "floatx": "float8"')
+    env = dict(os.environ, KERAS_HOME=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", "import cyback; print(cyback.epsilon())"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "1e-07"
+    assert "ConfigWarning" in out.stderr and "keras.json is not valid JSON" in out.stderr
 
 
 def test_load_keras_json_missing_file(monkeypatch, tmp_path, fresh_settings):
@@ -282,7 +337,67 @@ def test_num_threads_roundtrip():
     assert K.get_num_threads() == n0
 
 
-@pytest.mark.parametrize("bad", [0, -2, 1.5, "4", True, None])
+@pytest.mark.parametrize("bad", [0, -2, 1.5, "4", True, None, 10 ** 10, -10 ** 10, 2 ** 31,
+                                 4097])
 def test_set_num_threads_bad(bad):
-    with pytest.raises(ValueError, match="set_num_threads"):
+    n0 = K.get_num_threads()
+    with pytest.raises(ValueError, match="^set_num_threads: expected an integer"):
         K.set_num_threads(bad)
+    from cyback.kernels import runtime
+    with pytest.raises(ValueError, match="^set_num_threads"):
+        runtime.set_num_threads(bad)
+    assert K.get_num_threads() == n0
+
+
+def test_set_num_threads_numpy_integer():
+    n0 = K.get_num_threads()
+    try:
+        K.set_num_threads(np.int64(1))
+        assert K.get_num_threads() == 1
+    finally:
+        K.set_num_threads(n0)
+
+
+def _import_with_env(**env):
+    import subprocess
+    full = dict(os.environ, **env)
+    return subprocess.run([sys.executable, "-c", "import cyback"], env=full,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("var,value,msg", [
+    ("CYBACK_PARALLEL_MIN_WORK", "abc", "CYBACK_PARALLEL_MIN_WORK must be a finite non-negative"),
+    ("CYBACK_PARALLEL_MIN_WORK", "-1", "CYBACK_PARALLEL_MIN_WORK must be"),
+    ("CYBACK_PARALLEL_MIN_WORK", "nan", "CYBACK_PARALLEL_MIN_WORK must be"),
+    ("CYBACK_PARALLEL_MIN_WORK", "", "CYBACK_PARALLEL_MIN_WORK must be"),
+    ("CYBACK_NUM_THREADS", "10000000000", "CYBACK_NUM_THREADS must be an integer from 1 to"),
+    ("CYBACK_NUM_THREADS", "two", "CYBACK_NUM_THREADS must be an integer"),
+    ("CYBACK_BLAS_THREADS", "-3", "CYBACK_BLAS_THREADS must be an integer"),
+])
+def test_bad_thread_settings_in_the_environment(var, value, msg):
+    out = _import_with_env(**{var: value})
+    assert out.returncode != 0
+    assert "ValueError: " + msg in out.stderr, out.stderr
+
+
+def test_good_min_work_setting():
+    out = _import_with_env(CYBACK_PARALLEL_MIN_WORK="2.5e5")
+    assert out.returncode == 0, out.stderr
+
+
+def test_keras_with_bad_epsilon_in_keras_json_uses_the_default(tmp_path):
+    pytest.importorskip("h5py")
+    import importlib.util
+    spec = importlib.util.find_spec("keras")
+    if spec is None or spec.origin is None:
+        pytest.skip("multi-backend keras is not installed")
+    import subprocess
+    _write_json(tmp_path, {"epsilon": -1.0, "backend": "cyback"})
+    env = dict(os.environ, KERAS_HOME=str(tmp_path), KERAS_BACKEND="cyback",
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    code = "import keras; print(keras.backend.epsilon())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "1e-07"
+    assert "'epsilon' is -1.0" in out.stderr

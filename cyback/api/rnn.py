@@ -78,6 +78,9 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
         raise ValueError("rnn: the inputs have different numbers of time steps %s (shapes %s)"
                          % (known, [t.shape for t in flat_inputs]))
     n_steps = known[0] if known else None
+    if n_steps == 0:
+        raise ValueError("rnn: the inputs have 0 time steps (shape %s), so there is no last "
+                         "output" % (flat_inputs[0].shape,))
     m = None
     if mask is not None:
         m = as_tensor(mask)

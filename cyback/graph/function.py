@@ -13,9 +13,14 @@ Calling checks each feed against its placeholder, runs the plan with a
 snapshot of the variables' values, then assigns every update at once (Theano
 semantics: all updates see pre-update values; nothing is assigned if any
 update is invalid). A Function keeps no per-call state, so threads may call it
-at once.
+at once. A Function with updates holds its variables' lock group (see
+graph/tensor.py) from the read to the assignment, so concurrent calls of
+updating functions that share a variable run one after the other and lose no
+update; a Function without updates takes no lock.
 """
 import collections
+import itertools
+import linecache
 import sys
 import threading
 
@@ -25,8 +30,9 @@ from cyback import config
 from cyback.graph import optimize
 from cyback.graph import tensor as tensor_mod
 from cyback.graph.frozen import Frozen
-from cyback.graph.tensor import (Constant, Placeholder, Tensor, Variable, as_tensor,
-                                 assign_all)
+from cyback.graph.tensor import (Constant, Placeholder, Tensor, Variable, acquire_group,
+                                 as_tensor, assign_all, integer_problem,
+                                 join_groups)
 
 
 class Assign(object):
@@ -75,8 +81,9 @@ def leaves_of(targets):
 class _Plan(object):
     """One compiled program: ``run(*feeds, *variable_values)`` → target values."""
 
-    def __init__(self, run, feed_slots, variables, step_lines, steps):
+    def __init__(self, run, feed_slots, variables, step_lines, steps, src):
         self.run = run
+        self.src = src                    # the generated source of run
         self.feed_slots = feed_slots      # index in Function.inputs, in run's arg order
         self.variables = variables        # Variables read, in run's arg order
         self.step_lines = step_lines      # source line → op, for error messages
@@ -204,7 +211,8 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
         # The weight-only values, refolded first if any variable changed.
         ns.update(_EP=tensor_mod._epoch, _FE=frozen.epoch, _FZ=frozen.box,
                   _refresh=frozen.refresh)
-        prologue.append("    if _EP[0] != _FE[0]:\n        _refresh()")
+        prologue.append("    if _EP[0] != _FE[0]:")
+        prologue.append("        _refresh()")
         prologue.append("    %s, = _FZ[0]" % ", ".join(name_of(t) for t in frozen.wanted))
     # Variables are read once, at the start of the run: every step and every
     # update sees the same (pre-update) values.
@@ -227,7 +235,9 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
         ns[fname] = op.compute_for(needed) if hasattr(op, "compute_for") else op.compute
         outs_src = ", ".join(name_of(o) if n else "_" for o, n in zip(outs, needed))
         step_lines[len(lines) + 1] = op
-        lines.append("    %s, = %s(%s)" % (outs_src, fname, ", ".join(name_of(x) for x in ins)))
+        # The comment names the op in tracebacks (see _annotate).
+        lines.append("    %s, = %s(%s)  # %s" % (outs_src, fname, ", ".join(name_of(x) for x in ins),
+                                                 _op_label(op)))
         dead = [name_of(x) for x in dict.fromkeys(ins)
                 if last_use.get(x) == i and x not in keep and type(x) is not Constant]
         if dead:
@@ -246,10 +256,10 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
             outs_src.append(src)
         lines.append("    return [%s], (%s)" % (", ".join(outs_src), "".join(
             name_of(t) + ", " for t in targets[n_outputs:])))
-    src = "\n".join(lines)
-    code = compile(src, "<cyback function %s>" % (name or ""), "exec")
-    exec(code, ns)
-    return _Plan(ns["run"], feed_slots, variables, step_lines, steps)
+    src = "\n".join(lines) + "\n"
+    filename = "<cyback function %s #%d>" % (name or "", next(_plan_ids))
+    exec(compile(src, filename, "exec"), ns)
+    return _Plan(ns["run"], feed_slots, variables, step_lines, steps, src)
 
 
 def _freeze(steps, targets):
@@ -333,6 +343,11 @@ def _check_feed(ph, value, fname):
             if not ok:
                 raise TypeError("%s: placeholder '%s' has dtype %s; cannot feed a value of dtype "
                                 "%s" % (where, ph.name, ph.dtype, arr.dtype))
+            problem = integer_problem(arr, want)
+            if problem:
+                # A cast would wrap around (2**40 + 7 → 7) or truncate.
+                raise ValueError("%s: placeholder '%s' has dtype %s; the value fed holds %s"
+                                 % (where, ph.name, ph.dtype, problem))
             arr = arr.astype(want)
         value, arr_shape = arr, arr.shape
     shape = ph.shape
@@ -386,6 +401,11 @@ class Function(object):
         # A graph that does not read the learning phase needs one plan only:
         # build it now, so that a missing input is reported here.
         leaves = leaves_of(self._targets)
+        # Every variable an updating function reads or writes joins one lock
+        # group; calls hold it from the variables' read to the assignment.
+        self._group = None
+        if assigns:
+            self._group = join_groups([x for x in leaves if isinstance(x, Variable)])
         self._only_plan = None
         if not any(x is self._lp for x in leaves):
             self._only_plan = self._plan(0)
@@ -457,12 +477,30 @@ class Function(object):
             else:
                 lp_value = config.fixed_learning_phase() or 0
             plan = self._plan(lp_value)
-        try:
-            outs, rest = plan.run(*[inputs[i] for i in plan.feed_slots])
-        except Exception as e:
-            raise _annotate(e, plan) from None
-        if self._assigns:
-            self._apply(rest[self._n_fetch:])
+        feeds = [inputs[i] for i in plan.feed_slots]
+        if self._group is None:
+            try:
+                outs, rest = plan.run(*feeds)
+            except Exception as e:
+                new = _annotate(e, plan)
+                if new is e:
+                    raise
+                raise new from e    # the chain keeps the traceback into the op
+            if self._assigns:   # only with the lock disabled (benchmarks)
+                self._apply(rest[self._n_fetch:])
+        else:
+            group = acquire_group(self._group)
+            try:
+                try:
+                    outs, rest = plan.run(*feeds)
+                except Exception as e:
+                    new = _annotate(e, plan)
+                    if new is e:
+                        raise
+                    raise new from e
+                self._apply(rest[self._n_fetch:])
+            finally:
+                group.lock.release()
         return outs[0] if self._single else outs
 
     def _dict_feed(self, feeds, ph):
@@ -474,7 +512,8 @@ class Function(object):
                          % (_fn_label(self.name), ph.name, _shape_str(ph.shape)))
 
     def _apply(self, values):
-        assign_all([(t.node.inputs[0], v) for t, v in zip(self._assigns, values)], "update")
+        assign_all([(t.node.inputs[0], v) for t, v in zip(self._assigns, values)], "update",
+                   lock=False)
 
 
 def _to_output(x):
@@ -483,21 +522,41 @@ def _to_output(x):
     return x
 
 
+_plan_ids = itertools.count()
+
+
+def _op_label(op):
+    api = getattr(op, "api", None)
+    name = type(op).__name__
+    return name if not api or api == name else "%s (%s)" % (api, name)
+
+
 def _annotate(e, plan):
+    """An exception raised while running ``plan``, for re-raising ``from e``:
+    the same type with the op's name added to the message (``e`` itself when
+    the type cannot be rebuilt). The plan's source goes into linecache, so the
+    chained traceback shows the plan line that called the op, and below it the
+    op's compute and the kernel."""
     tb = e.__traceback__
-    op = None
+    op, filename = None, None
     while tb is not None:
-        if tb.tb_frame.f_code.co_name == "run" and tb.tb_frame.f_code.co_filename.startswith(
-                "<cyback function"):
-            op = plan.step_lines.get(tb.tb_lineno)
+        code = tb.tb_frame.f_code
+        if code.co_name == "run" and code.co_filename.startswith("<cyback function"):
+            op, filename = plan.step_lines.get(tb.tb_lineno), code.co_filename
         tb = tb.tb_next
+    if filename is not None and filename not in linecache.cache:
+        # Only failing plans are registered: linecache never drops such
+        # entries, and most plans never fail.
+        linecache.cache[filename] = (len(plan.src), None, plan.src.splitlines(True), filename)
     if op is None:
         return e
-    where = op.api or type(op).__name__
     try:
-        return type(e)("%s (while running %s)" % (e, where))
+        new = type(e)("%s (while running %s)" % (e, op.api or type(op).__name__))
     except Exception:
         return e
+    if str(new) == str(e):      # a type whose message is not its first argument
+        return e
+    return new
 
 
 # ------------------------------------------------------------------- eval

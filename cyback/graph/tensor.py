@@ -170,7 +170,14 @@ class Placeholder(Tensor):
 
 
 class Variable(Tensor):
-    """A mutable value held between calls; updated by set_value and updates."""
+    """A mutable value held between calls; updated by set_value and updates.
+
+    ``_version`` changes with every assignment (a number from one global
+    counter, so it never repeats); the value is stored before the version, so
+    a reader that takes the version first and the value second never pairs a
+    new version with an old value. ``_group`` is the variable's lock group
+    (see ``LockGroup``).
+    """
 
     is_leaf = True
 
@@ -180,7 +187,7 @@ class Variable(Tensor):
         self._value = value
         self._version = next(_assignments)
         self.constraint = constraint
-        self._lock = threading.Lock()
+        self._group = LockGroup()
         self._keras_initialized = False
 
     @property
@@ -191,24 +198,194 @@ class Variable(Tensor):
         # print(K.variable(..., name='example_var')) shows the name, as in the seeds.
         return self.name
 
-def assign_all(pairs, what):
-    """Assign ``(variable, value)`` pairs all or nothing: every shape is checked
-    before any variable changes. ``what`` names the caller in errors."""
+
+# ------------------------------------------------------------------ locking
+#
+# A Function with updates reads its variables at the start of a call and
+# assigns them at the end; two such calls touching a common variable must not
+# overlap, or one of them loses the other's update. Rather than one lock per
+# variable (a Keras training step would take and release a hundred of them),
+# variables live in lock groups, merged (union-find) whenever a function with
+# updates is built over variables of several groups. Any two updating
+# functions that share a variable then share a group, and a call holds exactly
+# one lock, the group's root's, so there is no lock order and no deadlock. The
+# price: functions whose variable sets are linked only through a third
+# updating function also serialise. Inference-only functions take no lock.
+
+class LockGroup(object):
+    __slots__ = ("parent", "lock")
+
+    def __init__(self):
+        self.parent = None
+        self.lock = threading.Lock()
+
+
+def acquire_group(group):
+    """Lock the root of ``group``'s tree and return it (release its ``lock``)."""
+    while True:
+        while group.parent is not None:
+            group = group.parent
+        group.lock.acquire()
+        if group.parent is None:
+            return group
+        # Merged into another group while this thread waited: lock the new root.
+        group.lock.release()
+
+
+def join_groups(variables):
+    """Merge the lock groups of ``variables`` into one; returns it (or None
+    when there are no variables)."""
+    root = None
+    for var in variables:
+        if root is None:
+            root = var._group
+            continue
+        while True:
+            a, b = _root(root), _root(var._group)
+            if a is b:
+                break
+            # Merging waits for calls running under either root to finish.
+            first, second = (a, b) if id(a) < id(b) else (b, a)
+            with first.lock, second.lock:
+                if a.parent is None and b.parent is None:
+                    b.parent = a
+                    break
+        root = a
+    return root
+
+
+def _root(group):
+    while group.parent is not None:
+        group = group.parent
+    return group
+
+
+class locked_variables(object):
+    """``with locked_variables(vars):`` holds the roots of their lock groups
+    (several roots are taken in one fixed order, and re-taken if a merge moved
+    one while waiting)."""
+
+    __slots__ = ("variables", "held")
+
+    def __init__(self, variables):
+        self.variables = variables
+        self.held = ()
+
+    def __enter__(self):
+        while True:
+            roots = sorted({id(r): r for r in (_root(v._group) for v in self.variables)}.items())
+            held = []
+            for _, r in roots:
+                r.lock.acquire()
+                held.append(r)
+            if all(r.parent is None for r in held):
+                self.held = held
+                return self
+            for r in reversed(held):
+                r.lock.release()
+
+    def __exit__(self, *exc):
+        for r in reversed(self.held):
+            r.lock.release()
+        self.held = ()
+
+
+def assign_all(pairs, what, lock=True):
+    """Assign ``(variable, value)`` pairs all or nothing: every value is
+    converted and checked before any variable changes. ``what`` names the
+    caller in errors. ``lock=False`` when the caller already holds the
+    variables' lock groups (a Function applying its updates)."""
     checked = []
-    for var, value in pairs:
+    for pair in pairs:
+        try:
+            var, value = pair
+        except (TypeError, ValueError):
+            raise TypeError("%s: expected (variable, value) pairs, got %r" % (what, pair)) from None
         if not isinstance(var, Variable):
             raise TypeError("%s: expected variables, got %r" % (what, var))
-        value = np.asarray(value)
-        if value.shape != var.shape:
-            raise ValueError("%s: variable '%s' has shape %s, the new value has shape %s"
-                             % (what, var.name, var.shape, value.shape))
-        checked.append((var, value))
+        checked.append((var, _converted(var, value, what)))
+    if lock:
+        with locked_variables([var for var, _ in checked]):
+            _store(checked)
+    else:
+        _store(checked)
+
+
+def _store(checked):
     for var, value in checked:
-        # A copy: the value may alias another array of the graph or the
-        # caller's, and a variable must own its storage.
-        var._value = np.array(value, dtype=var.dtype, copy=True)
+        var._value = value
         var._version = next(_assignments)
     _epoch[0] = next(_assignments)
+
+
+def _converted(var, value, what):
+    """``value`` as a new array of ``var``'s dtype and shape, or an error
+    naming the variable."""
+    want = np.dtype(var.dtype)
+    if type(value) is np.ndarray and value.dtype is want and value.shape == var.shape:
+        # A copy: the value may alias another array of the graph or the
+        # caller's, and a variable must own its storage.
+        return value.copy()
+    where = "%s: variable '%s'" % (what, var.name)
+    if value is None:
+        raise TypeError("%s: the new value is None" % where)
+    if isinstance(value, Tensor):
+        raise TypeError("%s: the new value must be a NumPy array or number, got the symbolic "
+                        "tensor %r (evaluate it first)" % (where, value))
+    try:
+        arr = np.asarray(value)
+    except Exception as e:
+        raise TypeError("%s: cannot convert the new value to an array: %s" % (where, e)) from None
+    kind = arr.dtype.kind
+    if kind not in "biufc" or (kind == "c" and want.kind != "c"):
+        raise TypeError("%s has dtype %s; cannot assign a value of dtype %s"
+                        % (where, var.dtype, arr.dtype))
+    if arr.shape != var.shape:
+        raise ValueError("%s has shape %s, the new value has shape %s"
+                         % (where, var.shape, arr.shape))
+    if want.kind == "b" and kind != "b" and arr.size and not np.all((arr == 0) | (arr == 1)):
+        raise ValueError("%s has dtype bool; the new value holds numbers other than 0 and 1"
+                         % where)
+    problem = integer_problem(arr, want)
+    if problem:
+        raise ValueError("%s has dtype %s; the new value holds %s" % (where, var.dtype, problem))
+    return np.array(arr, dtype=want, copy=True)
+
+
+def integer_problem(arr, want):
+    """Why the array ``arr`` cannot become integer dtype ``want`` without
+    changing a value (wrapping around, truncating), or None."""
+    if want.kind not in "iu" or arr.dtype.kind == "b" or not arr.size:
+        return None
+    kind = arr.dtype.kind
+    if kind == "f":
+        if not np.all(np.isfinite(arr)):
+            return "infinite or NaN numbers"
+        if not np.all(np.mod(arr, 1) == 0):
+            return "non-integral numbers"
+    elif kind not in "iu" or can_hold(want, arr.dtype):
+        return None
+    info = np.iinfo(want)
+    low, high = arr.min(), arr.max()
+    if low < info.min or high > info.max:
+        bad = low if low < info.min else high
+        return "%s, outside [%d, %d]" % (_number_str(bad), info.min, info.max)
+    return None
+
+
+def _number_str(x):
+    x = x.item()
+    return "%d" % x if isinstance(x, int) or float(x).is_integer() and abs(x) < 1e18 \
+        else repr(x)
+
+
+def can_hold(want, have):
+    """Whether every value of dtype ``have`` fits in the integer dtype ``want``."""
+    if have.kind == "b":
+        return True
+    if have.kind not in "iu":
+        return False
+    return np.can_cast(have, want, casting="safe")
 
 
 def as_tensor(value, dtype=None):
@@ -226,7 +403,9 @@ def as_tensor(value, dtype=None):
                 and not isinstance(value, np.generic):
             # Python floats and lists of them take floatx, as in Keras.
             arr = arr.astype(config.floatx())
-        elif arr.dtype == np.int64 and not isinstance(value, (np.ndarray, np.generic)):
+        elif arr.dtype == np.int64 and not isinstance(value, (np.ndarray, np.generic)) \
+                and (not arr.size or -2 ** 31 <= arr.min() and arr.max() < 2 ** 31):
+            # Python ints take int32 when they fit (as TensorFlow converts them).
             arr = arr.astype("int32")
         return Constant(arr)
     return Constant(np.asarray(value, dtype=dtype))
