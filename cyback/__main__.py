@@ -32,6 +32,7 @@ def build_report():
         ("epsilon", "%g (%s)" % (K.epsilon(), src["epsilon"])),
         ("image_data_format", "%s (%s)" % (K.image_data_format(), src["image_data_format"])),
     ]
+    rows.append(("keras backend", keras_backend_hint()))
     width = max(len(k) for k, _ in rows)
     print("cyback build report")
     for k, v in rows:
@@ -117,6 +118,41 @@ def train_demo(epochs=60, batch=64, hidden=64, lr=0.05, verbose=True):
         print("  inference: batch 1 median %.1f us/call; batch %d %.0f samples/s"
               % (lat * 1e6, len(big), thr))
     return history, float(test_acc), lat, thr
+
+
+def keras_json_path(environ=None):
+    """Where multi-backend Keras reads keras.json: $KERAS_HOME, else ~/.keras
+    (/tmp/.keras when the home directory is not writable)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("KERAS_HOME"):
+        return os.path.join(environ["KERAS_HOME"], "keras.json")
+    base = os.path.expanduser("~")
+    if not os.access(base, os.W_OK):
+        base = "/tmp"
+    return os.path.join(base, ".keras", "keras.json")
+
+
+def keras_backend_hint(environ=None):
+    """Which backend ``import keras`` would load, and how to make it cyback.
+
+    Keras writes keras.json with "backend": "tensorflow" the first time it is
+    imported; afterwards a plain ``import keras`` wants TensorFlow."""
+    import json
+    environ = os.environ if environ is None else environ
+    if environ.get("KERAS_BACKEND"):
+        name, source = environ["KERAS_BACKEND"], "KERAS_BACKEND"
+    else:
+        path = keras_json_path(environ)
+        try:
+            with open(path) as f:
+                name = json.load(f).get("backend", "tensorflow")
+            source = path
+        except (OSError, ValueError):
+            name, source = "tensorflow", "Keras's default: no readable %s" % path
+    if name == "cyback":
+        return "cyback (%s)" % source
+    return ('%s (%s); to use cyback: export KERAS_BACKEND=cyback, or set "backend": '
+            '"cyback" in %s' % (name, source, keras_json_path(environ)))
 
 
 def main(argv=None):

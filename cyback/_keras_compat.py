@@ -26,6 +26,9 @@ Names (restored only when missing, so an older Python/NumPy is left as is):
                            ReduceLROnPlateau (all three versions).
 ``numpy.string_``          utils/io_utils.py ``H5Dict.__getitem__`` (all
                            three): used by ``load_model``.
+``numpy.unicode_``         keras_preprocessing/sequence.py
+                           ``pad_sequences`` (1.1.x, which all three
+                           re-export as keras.preprocessing.sequence).
 =========================  =================================================
 
 h5py 3 reads variable-length string attributes as ``str`` (h5py 2 gave
@@ -35,11 +38,15 @@ files fail to load, as do files written by tf.keras. A hook on
 ``sys.meta_path`` patches, as soon as Keras imports them:
 
 - ``keras.utils.io_utils.H5Dict.__getitem__`` (load_model): string
-  attributes read from HDF5 are returned as ``bytes`` again;
+  attributes read from HDF5 are returned as h5py 2 returned them: ``bytes``
+  for strings stored as ASCII (Python bytes), and for UTF-8 ones (Python
+  str) a ``str`` that also has the ``decode`` Keras calls;
 - ``keras.engine.saving.load_attributes_from_hdf5_group``,
   ``load_weights_from_hdf5_group`` and
   ``load_weights_from_hdf5_group_by_name`` (load_weights, load_model): they
-  see the HDF5 group through a view whose ``attrs`` give ``bytes``.
+  see the HDF5 group through a view whose ``attrs`` give strings the same way;
+- ``keras.utils.io_utils.save_to_binary_h5py`` (``model.save(io.BytesIO())``)
+  opened its in-memory file without a mode, which h5py 3 takes as read-only.
 
 Nothing outside those Keras functions sees a change: h5py itself is not
 patched. ``install()`` is idempotent and cheap; cyback calls it on import,
@@ -87,6 +94,7 @@ def _missing_names():
         (inspect, 'ArgSpec', _ArgSpec),
         (np, 'Inf', np.inf),
         (np, 'string_', np.bytes_),
+        (np, 'unicode_', np.str_),
     ]
 
 
@@ -108,23 +116,54 @@ def _restore_names():
 
 # -- h5py 3 strings -----------------------------------------------------------
 
-def _as_bytes(value):
-    """Turn the str that h5py 3 gives for string attributes back into bytes."""
+class _DecodableStr(str):
+    """A string that h5py 3 read from a UTF-8 attribute. Keras 2.x calls
+    ``.decode()`` on what h5py 2 returned as bytes; this str still compares
+    equal to the str that was written and decodes to itself."""
+
+    __slots__ = ()
+
+    def decode(self, encoding='utf-8', errors='strict'):
+        return str(self)
+
+
+def _attr_encoding(attrs, name):
+    """'ascii' or 'utf-8' for a string attribute, else None."""
+    h5py = _h5py()
+    try:
+        info = h5py.check_string_dtype(attrs.get_id(name).dtype)
+    except Exception:
+        return None
+    return info.encoding if info is not None else None
+
+
+def _as_bytes(value, encoding=None):
+    """The str that h5py 3 gives for string attributes, as h5py 2 gave it.
+
+    h5py stores Python bytes as ASCII strings and str as UTF-8 ones: ASCII
+    strings come back as bytes, UTF-8 ones as a str that has ``decode``.
+    Without a known encoding, strings become bytes (what Keras decodes).
+    """
+    if encoding == 'utf-8':
+        def convert(item):
+            return _DecodableStr(item) if isinstance(item, str) else item
+    else:
+        def convert(item):
+            return item.encode('utf8') if isinstance(item, str) else item
     if isinstance(value, str):
-        return value.encode('utf8')
+        return convert(value)
     if isinstance(value, np.ndarray):
         if value.dtype.kind == 'U':
-            return np.char.encode(value, 'utf8')
+            value = value.astype(object)
         if value.dtype == object:
             out = np.empty(value.shape, dtype=object)
             flat_in, flat_out = value.reshape(-1), out.reshape(-1)
             for i in range(flat_in.size):
-                item = flat_in[i]
-                flat_out[i] = item.encode('utf8') if isinstance(item, str) else item
+                flat_out[i] = convert(flat_in[i])
             return out
         return value
     if isinstance(value, list):
-        return [v.encode('utf8') if isinstance(v, str) else v for v in value]
+        return [convert(v) for v in value]
     return value
 
 
@@ -137,7 +176,7 @@ class _BytesAttrs(object):
         self._attrs = attrs
 
     def __getitem__(self, name):
-        return _as_bytes(self._attrs[name])
+        return _as_bytes(self._attrs[name], _attr_encoding(self._attrs, name))
 
     def get(self, name, default=None):
         if name in self._attrs:
@@ -217,6 +256,8 @@ def _wrap_group_arg(func):
 
 def _patch_saving(module):
     """keras/engine/saving.py (2.2.4, 2.2.5, 2.3.1)."""
+    if callable(getattr(module, 'save_to_binary_h5py', None)):
+        module.save_to_binary_h5py = _save_to_binary_h5py
     for name in ('load_attributes_from_hdf5_group',
                  'load_weights_from_hdf5_group',
                  'load_weights_from_hdf5_group_by_name'):
@@ -225,8 +266,29 @@ def _patch_saving(module):
             setattr(module, name, _wrap_group_arg(func))
 
 
+def _save_to_binary_h5py(save_function, stream):
+    """``save_function`` writes into an HDF5 file held in memory, whose bytes
+    then go to ``stream``."""
+    import h5py
+    # h5py 3 opens read-only unless told otherwise (h5py 2 defaulted to 'a').
+    with h5py.File('cyback-in-memory.h5', mode='w', driver='core',
+                   backing_store=False) as h5file:
+        result = save_function(h5file)
+        h5file.flush()
+        image = h5file.id.get_file_image()
+    stream.write(image)
+    return result
+
+
+setattr(_save_to_binary_h5py, _MARK, True)
+
+
 def _patch_io_utils(module):
-    """keras/utils/io_utils.py H5Dict (2.2.4, 2.2.5, 2.3.1)."""
+    """keras/utils/io_utils.py H5Dict (2.2.4, 2.2.5, 2.3.1) and
+    save_to_binary_h5py (2.3.1: ``model.save(io.BytesIO())``), which opened its
+    in-memory file with h5py 2's default mode."""
+    if callable(getattr(module, 'save_to_binary_h5py', None)):
+        module.save_to_binary_h5py = _save_to_binary_h5py
     h5dict = getattr(module, 'H5Dict', None)
     if h5dict is None:
         return
@@ -246,12 +308,14 @@ def _patch_io_utils(module):
             # unsplit case, which is what the callers decode.
             values, chunk = [], 0
             while ('%s%d' % (attr, chunk)) in data.attrs:
-                part = _as_bytes(data.attrs['%s%d' % (attr, chunk)])
+                name = '%s%d' % (attr, chunk)
+                part = _as_bytes(data.attrs[name], _attr_encoding(data.attrs, name))
                 values.extend(part.tolist() if isinstance(part, np.ndarray)
                               else part)
                 chunk += 1
             return values
         value = getitem(self, attr)
+        encoding = _attr_encoding(data.attrs, attr) if attr in data.attrs else None
         if isinstance(value, np.ndarray) and value.size == 0:
             # An empty list attribute (a layer without weights): NumPy 2
             # refuses the truth value of an empty array, which 2.2.4 tests.
@@ -260,8 +324,8 @@ def _patch_io_utils(module):
                 all(isinstance(v, (str, bytes)) for v in value.reshape(-1)):
             # h5py 2 gave string arrays as dtype S, which H5Dict turned into
             # a list of bytes; Keras 2.2.4 tests `if weight_names:` on it.
-            return _as_bytes(value).tolist()
-        return _as_bytes(value)
+            return _as_bytes(value, encoding).tolist()
+        return _as_bytes(value, encoding)
 
     __getitem__.__doc__ = getitem.__doc__
     __getitem__.__wrapped__ = getitem
@@ -306,6 +370,36 @@ def _patch_core_layers(module):
     lam.compute_output_shape = compute_output_shape
 
 
+def _python_int_shape(method):
+    """Wrap a ``compute_output_shape`` so NumPy integers in the shape become ints."""
+    if getattr(method, _MARK, False):
+        return method
+
+    def compute_output_shape(self, input_shape):
+        shape = method(self, input_shape)
+        if isinstance(shape, tuple):
+            shape = tuple(int(d) if isinstance(d, np.integer) else d for d in shape)
+        return shape
+
+    compute_output_shape.__doc__ = method.__doc__
+    compute_output_shape.__wrapped__ = method
+    setattr(compute_output_shape, _MARK, True)
+    return compute_output_shape
+
+
+def _patch_shape_arithmetic(module):
+    """keras/layers/core.py Flatten and Reshape (2.2.4, 2.2.5, 2.3.1) compute
+    sizes with ``np.prod``, so their output shapes hold NumPy integers, which
+    NumPy 2 prints as ``np.int64(512)``: model.summary() showed
+    ``(None, np.int64(512))``, and the shape reached configs and error messages
+    that way. Shapes become plain ints, as on NumPy 1 they printed."""
+    for name in ('Flatten', 'Reshape'):
+        layer = getattr(module, name, None)
+        method = getattr(layer, '__dict__', {}).get('compute_output_shape')
+        if method is not None:
+            layer.compute_output_shape = _python_int_shape(method)
+
+
 def _cyback_is_backend():
     # 2.3.1 keeps the name in keras/backend/load_backend.py, 2.2.x in
     # keras/backend/__init__.py.
@@ -336,13 +430,31 @@ def _patch_backend_namespace(_module=None):
             setattr(kb, name, getattr(cyback, name))
 
 
+def _patch_wrappers(module):
+    """keras/layers/wrappers.py TimeDistributed (2.2.5, 2.3.1): with a fixed batch
+    size, ``call`` runs the wrapped layer in a ``K.rnn`` step that declares
+    ``global uses_learning_phase`` and reads it, but the module never defines
+    that global. On TensorFlow the read is skipped (its tensors carry no
+    ``_uses_learning_phase``); every cyback tensor does, so the step raised
+    NameError. The global only needs to exist: ``K.rnn`` itself marks its
+    outputs when the step uses the learning phase."""
+    if not hasattr(module, 'uses_learning_phase'):
+        module.uses_learning_phase = False
+
+
+def _patch_core_layers_all(module):
+    _patch_core_layers(module)
+    _patch_shape_arithmetic(module)
+
+
 _POST_IMPORT = {
     'keras.engine.saving': _patch_saving,
     'keras.utils.io_utils': _patch_io_utils,
     'keras.activations': _patch_backend_namespace,
     'keras.engine': _patch_backend_namespace,
     'keras.layers': _patch_backend_namespace,
-    'keras.layers.core': _patch_core_layers,
+    'keras.layers.core': _patch_core_layers_all,
+    'keras.layers.wrappers': _patch_wrappers,
 }
 
 

@@ -16,7 +16,8 @@ from cyback.ops import state
 
 __all__ = [
     "variable", "constant", "placeholder", "is_variable", "is_tensor", "is_keras_tensor",
-    "is_placeholder", "is_sparse", "to_dense", "shape", "int_shape", "ndim", "size", "dtype",
+    "is_placeholder", "is_sparse", "to_dense", "shape", "int_shape", "get_variable_shape",
+    "ndim", "size", "dtype",
     "eval", "zeros", "ones", "eye", "zeros_like", "ones_like", "identity", "count_params",
     "cast", "get_value", "batch_get_value", "set_value", "batch_set_value", "print_tensor",
     "update", "update_add", "update_sub", "moving_average_update", "function", "gradients",
@@ -153,6 +154,12 @@ def int_shape(x):
         return tuple(np.shape(x))
     except Exception:
         return None
+
+
+def get_variable_shape(x):
+    """The static shape of a variable (Keras 2.3.1 keeps this older name of
+    ``int_shape`` in every backend)."""
+    return int_shape(x)
 
 
 def ndim(x):

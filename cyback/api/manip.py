@@ -246,19 +246,31 @@ def repeat_elements(x, rep, axis):
     axis = _axis("repeat_elements", axis, x.ndim)
     if rep == 1:
         return x
-    return mp.RepeatElements(rep, axis)(x)
+    out = mp.RepeatElements(rep, axis)(x)
+    # Keras's backend tests read the static shape from here, as TF's and
+    # Theano's repeat_elements set it.
+    out._keras_shape = out.shape
+    return out
 
 
 def tile(x, n):
-    """Tile ``x`` ``n[i]`` times along axis i (one count per axis; an int for
-    a 1-D tensor). Counts may be symbolic scalars."""
+    """Tile ``x`` ``n[i]`` times along axis i. Like ``np.tile`` (and Theano), fewer
+    counts than axes apply to the last axes (an int tiles the last axis).
+    Counts may be symbolic scalars."""
     x = _tensor("tile", x)
     if isinstance(n, (numbers.Integral, np.integer)) or (isinstance(n, Tensor) and n.ndim == 0):
         n = [n]
+    if isinstance(n, np.ndarray):
+        n = n.tolist()
+    if isinstance(n, (list, tuple)) and len(n) < x.ndim:
+        n = [1] * (x.ndim - len(n)) + list(n)
+    elif (isinstance(n, Tensor) and n.ndim == 1 and n.shape[0] is not None
+          and n.shape[0] < x.ndim and is_int_dtype(n.dtype)):
+        n = shp.concatenate([Constant(np.ones(x.ndim - n.shape[0], n.dtype)), n], 0)
     reps, reps_t = shp.shape_arg("tile", n)
     if len(reps) != x.ndim:
-        raise ValueError("tile: n has %d entries but x has rank %d (shape %s); give one "
-                         "count per axis" % (len(reps), x.ndim, _fmt(x.shape)))
+        raise ValueError("tile: n has %d entries but x has rank %d (shape %s); give at "
+                         "most one count per axis" % (len(reps), x.ndim, _fmt(x.shape)))
     if any(r is not None and r < 0 for r in reps):
         raise ValueError("tile: negative count in n=%s" % _fmt(reps))
     if reps_t is None and all(r == 1 for r in reps):

@@ -1,4 +1,6 @@
 """Symbolic loops of the Keras backend API: rnn, map_fn, foldl, foldr."""
+from cyback import config
+from cyback.graph.function import leaves_of
 from cyback.graph.scan import build_scan
 from cyback.graph.tensor import Tensor, as_tensor
 from cyback.ops import elementwise as ew
@@ -40,6 +42,13 @@ def _expand_to(m, ndim):
 
 def _stack_steps(steps):
     return shp.concatenate([shp.reshape_static_dims(s, (0,), s.ndim + 1) for s in steps], 0)
+
+
+def _reads_learning_phase(tensors):
+    """Whether the symbolic learning phase is among the leaves of ``tensors``
+    (the step may read it without marking its outputs, as TF's rnn allows)."""
+    phase = config.learning_phase_placeholder()
+    return any(x is phase for x in leaves_of([t for t in tensors if isinstance(t, Tensor)]))
 
 
 def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, constants=None,
@@ -102,12 +111,16 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
         if m is not None:
             m = shp.getitem(m, slice(None, None, -1))
 
+    traced_learning_phase = []
+
     def call_step(x_slices, states):
         x_t = _pack(inputs, x_slices) if nested_inputs else x_slices[0]
         packed = _pack(structure, states)
         packed = list(packed) if isinstance(structure, (list, tuple)) else [packed]
         out, new = step_function(x_t, packed + constants)
         new = [as_tensor(s) for s in _flatten(new if new is not None else [])]
+        if any(getattr(t, "_uses_learning_phase", False) for t in [out] + new):
+            traced_learning_phase.append(True)
         if len(new) != n_states:
             raise ValueError("rnn: step_function returned %d states, expected %d"
                              % (len(new), n_states))
@@ -169,10 +182,15 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
         last = shp.getitem(outputs_tm, -1)
     outputs = outputs_tm if time_major else _time_first(outputs_tm)
     new_states = _pack(structure, final) if isinstance(structure, (list, tuple)) else final
-    for t in [last, outputs] + list(_flatten(new_states)):
-        if isinstance(t, Tensor) and any(getattr(x, "_uses_learning_phase", False)
-                                         for x in flat_inputs):
-            t._uses_learning_phase = True
+    results = [last, outputs] + list(_flatten(new_states))
+    if (traced_learning_phase or any(getattr(x, "_uses_learning_phase", False)
+                                     for x in flat_inputs + flat_init + constants)
+            or _reads_learning_phase(results)):
+        # Keras feeds the learning phase only to models whose outputs say they
+        # use it; a step with dropout must say so or fit runs it in test mode.
+        for t in results:
+            if isinstance(t, Tensor):
+                t._uses_learning_phase = True
     return last, outputs, list(new_states) if isinstance(new_states, tuple) else new_states
 
 

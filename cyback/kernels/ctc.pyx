@@ -120,7 +120,9 @@ cdef void _ctc_one(const floating* x, int T, int Tmax, int K, const i64* lab, in
         skip[s] = 0
     for s in range(L):
         ext[2 * s + 1] = <int>lab[s]
-        if s > 0 and lab[s] != lab[s - 1]:
+        # TensorFlow's rule: a label state is entered from two states back only
+        # when it is no repeat and no blank (a label may equal the blank index).
+        if s > 0 and lab[s] != lab[s - 1] and lab[s] != blank:
             skip[2 * s + 1] = 1
 
     for t in range(T):
@@ -273,7 +275,9 @@ def ctc_loss(logits, labels, input_lengths, label_lengths, blank=-1):
     logits: (B, T, K) float32/float64, unnormalised scores; a log-softmax over K
         is applied here (so log-probabilities pass through unchanged).
     labels: (B, Lmax) integers, padded; only labels[b, :label_lengths[b]] are read
-        and they must lie in [0, K) and differ from the blank.
+        and they must lie in [0, K). A label equal to the blank is accepted, as
+        TensorFlow accepts it (Keras's OCR example labels blank images so): it is
+        an ordinary state of the extended label that emits the blank class.
     input_lengths: (B,) or (B, 1) integers in [0, T]; label_lengths likewise in [0, Lmax].
 
     Returns ``(loss, grad)``: loss (B,) = -log p(labels[b] | logits[b]), grad
@@ -308,10 +312,9 @@ def ctc_loss(logits, labels, input_lengths, label_lengths, blank=-1):
     lab = np.ascontiguousarray(lab, dtype=np.int64)
     if nb and Lmax:
         vals = lab[used]
-        if vals.size and (vals.min() < 0 or vals.max() >= K or np.any(vals == blank)):
-            raise ValueError("%s: label values must lie in [0, %d) and differ from the blank "
-                             "(%d); got values in [%d, %d]"
-                             % (name, K, blank, vals.min(), vals.max()))
+        if vals.size and (vals.min() < 0 or vals.max() >= K):
+            raise ValueError("%s: label values must lie in [0, %d); got values in [%d, %d]"
+                             % (name, K, vals.min(), vals.max()))
     if lab.shape[1] == 0:
         lab = np.zeros((nb, 1), dtype=np.int64)   # keeps &labels[b, 0] addressable
     loss = np.empty(nb, dtype=x.dtype)

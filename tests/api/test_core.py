@@ -118,6 +118,7 @@ def test_shape_int_shape_ndim_size_dtype():
     np.testing.assert_array_equal(K.eval(K.shape(v)), [2, 3])
     assert int(K.eval(K.size(v))) == 6
     assert K.int_shape(v) == (2, 3) and K.int_shape(np.zeros((4, 1))) == (4, 1)
+    assert K.get_variable_shape(v) == (2, 3)
     assert K.ndim(v) == 2 and K.ndim(np.zeros(3)) == 1
     assert K.dtype(v) == "float32" and K.dtype(np.zeros(2, "int8")) == "int8"
 

@@ -123,6 +123,30 @@ def test_impossible_alignment_inf_loss_zero_gradient():
     assert np.all(grad[0] == 0)
 
 
+def test_batch_cost_label_equal_to_blank_is_finite():
+    """TF gives a finite loss for a label equal to the blank (the last class);
+    Keras's OCR example labels blank images [blank]. The extended label is then
+    three blank states that are never skipped, so every alignment emits the
+    blank each frame and the loss is -sum log p(blank) - log(#state paths)."""
+    def n_paths(T):
+        # Paths over states 0..2 that start in 0 or 1, stay or move by one
+        # each frame, and end in 1 or 2 (TF's recursion without the skip).
+        count = np.array([1, 1, 0])
+        for _ in range(T - 1):
+            count = count + np.concatenate([[0], count[:-1]])
+        return count[1] + count[2]
+    f, _, _, _ = _cost_fn("float64")
+    y = softmax_rows(np.random.RandomState(7), (2, 4, 3), "float64")
+    labels = np.array([[2, 0], [2, 0]], "int32")
+    loss = f([labels, y, np.array([[4], [3]], "int32"), np.array([[1], [1]], "int32")])[0]
+    assert np.all(np.isfinite(loss))
+    eps = K.epsilon()
+    p = (y + eps) / (y + eps).sum(-1, keepdims=True)
+    want = [-np.log(p[0, :4, 2]).sum() - np.log(n_paths(4)),
+            -np.log(p[1, :3, 2]).sum() - np.log(n_paths(3))]
+    np.testing.assert_allclose(loss[:, 0], want, rtol=1e-10)
+
+
 def test_greedy_decode():
     # frames: a, a, blank, a, b, b (classes a=0, b=1, blank=2) -> [0, 0, 1]
     y = np.full((2, 6, 3), 0.05, "float32")
@@ -201,7 +225,7 @@ def test_bad_arguments():
     f, _, _, _ = _cost_fn()
     y = softmax_rows(np.random.RandomState(6), (1, 3, 3), "float32")
     with pytest.raises(ValueError, match="label"):
-        f([np.array([[2]], "int32"), y, np.array([[3]], "int32"), np.array([[1]], "int32")])
+        f([np.array([[3]], "int32"), y, np.array([[3]], "int32"), np.array([[1]], "int32")])
     with pytest.raises(ValueError, match="input_length"):
         f([np.array([[0]], "int32"), y, np.array([[4]], "int32"), np.array([[1]], "int32")])
     with pytest.raises(ValueError):

@@ -278,10 +278,31 @@ def test_tile(rng):
                                   [[0, 4, 8]])
     check_grads(lambda v: K.tile(v, [3, 2]), a)
     check_grads(lambda v: K.tile(v, (1, 0)), a)
-    with pytest.raises(ValueError, match="tile.*2 entries.*rank 3"):
-        K.tile(K.placeholder((2, 3, 4)), [2, 2])
+    with pytest.raises(ValueError, match="tile.*3 entries.*rank 2"):
+        K.tile(K.placeholder((3, 4)), [2, 2, 2])
     with pytest.raises(ValueError, match="tile.*negative"):
         K.tile(K.placeholder((2, 3)), [2, -1])
+
+
+@pytest.mark.parametrize("shape,n", [((3, 4), 2), ((3, 4), (2, 1)), ((3, 4, 5), 2),
+                                     ((3, 4, 5), (1, 2)), ((3, 4, 5), (3, 1, 2)),
+                                     ((2, 1, 3), np.array([2, 3]))])
+def test_tile_fewer_counts_than_axes_tile_the_last_axes(rng, shape, n):
+    """NumPy's (and Theano's) rule, which Keras's backend tests check."""
+    a = rand(rng, *shape)
+    a = a.astype("float32")
+    np.testing.assert_array_equal(K.eval(K.tile(K.constant(a), n)), np.tile(a, n))
+    # The same with the counts in a tensor known only at run time.
+    counts = K.placeholder((np.size(n),), dtype="int32")
+    t = K.tile(K.constant(a), counts)
+    assert t.ndim == a.ndim
+    got = K.function([counts], [t])([np.atleast_1d(n).astype("int32")])[0]
+    np.testing.assert_array_equal(got, np.tile(a, n))
+
+
+def test_repeat_elements_sets_keras_shape():
+    y = K.repeat_elements(K.placeholder((2, None, 4)), 3, axis=0)
+    assert y._keras_shape == (6, None, 4) == K.int_shape(y)
 
 
 def test_arange():

@@ -408,6 +408,47 @@ def test_learning_phase_inside_step():
     np.testing.assert_allclose(f([xv, hv, 0])[0], 3)
 
 
+@pytest.mark.parametrize("unroll", [False, True])
+@pytest.mark.parametrize("how", ["marked", "unmarked", "state_only"])
+def test_outputs_say_the_step_uses_the_learning_phase(unroll, how):
+    """Keras feeds the learning phase to a model only when its outputs carry
+    ``_uses_learning_phase``: a step that reads it (dropout masks from
+    in_train_phase) must mark every result of rnn, looped or unrolled, whether
+    the step marked its output (Keras cells do), read the phase without marking
+    (TF's rnn checks reachability) or only a state depends on it."""
+    x = K.placeholder((None, 3, 2))
+    h0 = K.placeholder((None, 2))
+
+    def step(x_t, states):
+        if how == "unmarked":
+            scale = K.switch(K.learning_phase(), 10.0, 1.0)
+            h = states[0] + x_t * K.cast(scale, "float32")
+            return h, [h]
+        noisy = K.in_train_phase(x_t * 10, x_t)
+        h = states[0] + noisy
+        if how == "state_only":
+            return states[0] + x_t, [h]
+        return h, [h]
+    last, outs, states = K.rnn(step, x, [h0], unroll=unroll, input_length=3)
+    for t in [last, outs] + list(states):
+        assert t._uses_learning_phase
+    f = K.function([x, h0, K.learning_phase()], [states[0]])
+    xv, hv = np.ones((1, 3, 2), "float32"), np.zeros((1, 2), "float32")
+    np.testing.assert_allclose(f([xv, hv, 1])[0], 30)
+    np.testing.assert_allclose(f([xv, hv, 0])[0], 3)
+
+
+def test_outputs_without_learning_phase_are_not_marked():
+    x = K.placeholder((None, 3, 2))
+    h0 = K.placeholder((None, 2))
+
+    def step(x_t, states):
+        h = states[0] + x_t
+        return h, [h]
+    last, outs, states = K.rnn(step, x, [h0])
+    assert not any(t._uses_learning_phase for t in [last, outs] + list(states))
+
+
 def test_bad_arguments():
     x = K.placeholder((None, None, 3))
     h0 = K.placeholder((None, 2))
