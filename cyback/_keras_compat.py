@@ -41,6 +41,9 @@ files fail to load, as do files written by tf.keras. A hook on
   ``load_weights_from_hdf5_group_by_name`` (load_weights, load_model): they
   see the HDF5 group through a view whose ``attrs`` give ``bytes``.
 
+When Keras runs on cyback, ``keras.engine.network.Network`` also gets a
+``__reduce__``: models pickle (pickle, cloudpickle) as an in-memory HDF5 save.
+
 Nothing outside those Keras functions sees a change: h5py itself is not
 patched. ``install()`` is idempotent and cheap; cyback calls it on import,
 which is early enough, because Keras imports the backend (from
@@ -315,6 +318,28 @@ def _cyback_is_backend():
     return False
 
 
+def _patch_network_pickling(module):
+    """keras/engine/network.py Network (2.2.4, 2.2.5, 2.3.1): pickle models on cyback.
+
+    2.2.x cannot pickle a model at all, and 2.3.1's ``__getstate__`` needs
+    Keras already imported on the right backend where it is unpickled. On
+    cyback a model pickles as the bytes of an in-memory HDF5 save, loaded by
+    cyback (which selects itself as Keras's backend when Keras is not yet
+    imported): see cyback/graph/pickling.py.
+    """
+    network = getattr(module, 'Network', None)
+    if network is None or not _cyback_is_backend() or \
+            getattr(network.__dict__.get('__reduce__'), _MARK, False):
+        return
+
+    def __reduce__(self):
+        from cyback.graph.pickling import reduce_keras_model
+        return reduce_keras_model(self)
+
+    setattr(__reduce__, _MARK, True)
+    network.__reduce__ = __reduce__
+
+
 #: Session helpers that keras/backend/__init__.py re-exports only for the
 #: TensorFlow and CNTK backends; user code calls keras.backend.clear_session().
 _SESSION_NAMES = ('clear_session', 'manual_variable_initialization', 'get_session',
@@ -343,6 +368,7 @@ _POST_IMPORT = {
     'keras.engine': _patch_backend_namespace,
     'keras.layers': _patch_backend_namespace,
     'keras.layers.core': _patch_core_layers,
+    'keras.engine.network': _patch_network_pickling,
 }
 
 
