@@ -48,6 +48,9 @@ files fail to load, as do files written by tf.keras. A hook on
 - ``keras.utils.io_utils.save_to_binary_h5py`` (``model.save(io.BytesIO())``)
   opened its in-memory file without a mode, which h5py 3 takes as read-only.
 
+When Keras runs on cyback, ``keras.engine.network.Network`` also gets a
+``__reduce__``: models pickle (pickle, cloudpickle) as an in-memory HDF5 save.
+
 Nothing outside those Keras functions sees a change: h5py itself is not
 patched. ``install()`` is idempotent and cheap; cyback calls it on import,
 which is early enough, because Keras imports the backend (from
@@ -409,6 +412,28 @@ def _cyback_is_backend():
     return False
 
 
+def _patch_network_pickling(module):
+    """keras/engine/network.py Network (2.2.4, 2.2.5, 2.3.1): pickle models on cyback.
+
+    2.2.x cannot pickle a model at all, and 2.3.1's ``__getstate__`` needs
+    Keras already imported on the right backend where it is unpickled. On
+    cyback a model pickles as the bytes of an in-memory HDF5 save, loaded by
+    cyback (which selects itself as Keras's backend when Keras is not yet
+    imported): see cyback/graph/pickling.py.
+    """
+    network = getattr(module, 'Network', None)
+    if network is None or not _cyback_is_backend() or \
+            getattr(network.__dict__.get('__reduce__'), _MARK, False):
+        return
+
+    def __reduce__(self):
+        from cyback.graph.pickling import reduce_keras_model
+        return reduce_keras_model(self)
+
+    setattr(__reduce__, _MARK, True)
+    network.__reduce__ = __reduce__
+
+
 #: Session helpers that keras/backend/__init__.py re-exports only for the
 #: TensorFlow and CNTK backends; user code calls keras.backend.clear_session().
 _SESSION_NAMES = ('clear_session', 'manual_variable_initialization', 'get_session',
@@ -455,6 +480,7 @@ _POST_IMPORT = {
     'keras.layers': _patch_backend_namespace,
     'keras.layers.core': _patch_core_layers_all,
     'keras.layers.wrappers': _patch_wrappers,
+    'keras.engine.network': _patch_network_pickling,
 }
 
 

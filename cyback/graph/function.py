@@ -503,6 +503,12 @@ class Function(object):
                 group.lock.release()
         return outs[0] if self._single else outs
 
+    def __reduce__(self):
+        # The graph and the constructor's arguments; plans are rebuilt, never
+        # pickled (cyback/graph/pickling.py).
+        from cyback.graph.pickling import reduce_function
+        return reduce_function(self)
+
     def _dict_feed(self, feeds, ph):
         if ph in feeds:
             return feeds[ph]

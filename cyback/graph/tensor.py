@@ -128,6 +128,11 @@ class Tensor(object):
         from cyback.graph.function import eval_tensor
         return eval_tensor(self)
 
+    def __reduce__(self):
+        # An explicit state, rebuilt on the other side (cyback/graph/pickling.py).
+        from cyback.graph.pickling import reduce_tensor
+        return reduce_tensor(self)
+
     # Operators are attached in cyback.ops.operators to keep this module free of ops.
 
 

@@ -1,0 +1,98 @@
+"""Keras models on cyback pickle (pickle, cloudpickle) as an in-memory HDF5
+save (Network.__reduce__ from cyback/_keras_compat.py): weights, optimizer
+state and custom layers travel; the copy predicts identically."""
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import keras
+from keras import layers
+
+cloudpickle = pytest.importorskip("cloudpickle")
+
+DUMPERS = {"pickle": (pickle.dumps, pickle.loads),
+           "cloudpickle": (cloudpickle.dumps, cloudpickle.loads)}
+
+
+@pytest.fixture(params=sorted(DUMPERS))
+def round_trip(request):
+    dumps, loads = DUMPERS[request.param]
+    return lambda obj: loads(dumps(obj))
+
+
+def _cnn():
+    return keras.Sequential([
+        layers.Conv2D(4, 3, activation="relu", input_shape=(8, 8, 2)),
+        layers.MaxPooling2D(),
+        layers.Flatten(),
+        layers.Dropout(0.5),
+        layers.Dense(3, activation="softmax"),
+    ])
+
+
+def test_trained_model_round_trip(round_trip):
+    model = _cnn()
+    model.compile("adam", "categorical_crossentropy")
+    rng = np.random.RandomState(0)
+    x = rng.rand(6, 8, 8, 2).astype("float32")
+    y = np.eye(3)[rng.randint(0, 3, 6)]
+    model.fit(x, y, epochs=2, verbose=0)
+    copy = round_trip(model)
+    assert type(copy) is type(model) and copy is not model
+    np.testing.assert_array_equal(copy.predict(x), model.predict(x))
+    for a, b in zip(copy.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    # The optimizer state (step count, Adam's moments) travels.
+    ours, theirs = model.optimizer.get_weights(), copy.optimizer.get_weights()
+    assert len(ours) == len(theirs) > 1
+    for a, b in zip(theirs, ours):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_functional_multi_output_uncompiled(round_trip):
+    inp = keras.Input((5,))
+    h = layers.Dense(4, activation="tanh")(inp)
+    model = keras.Model(inp, [layers.Dense(2)(h), layers.Dense(1, activation="sigmoid")(h)])
+    copy = round_trip(model)
+    x = np.random.RandomState(1).rand(3, 5).astype("float32")
+    for a, b in zip(copy.predict(x), model.predict(x)):
+        np.testing.assert_array_equal(a, b)
+
+
+class Scale(layers.Layer):
+    """A custom layer: its class travels with the pickle."""
+
+    def build(self, input_shape):
+        self.k = self.add_weight("k", (input_shape[-1],), initializer="ones")
+        super().build(input_shape)
+
+    def call(self, x):
+        return x * self.k
+
+
+def test_custom_layer(round_trip):
+    model = keras.Sequential([layers.Dense(3, input_shape=(2,)), Scale()])
+    model.layers[1].set_weights([np.array([1.0, 2.0, 3.0], "float32")])
+    copy = round_trip(model)
+    assert isinstance(copy.layers[1], Scale)
+    x = np.ones((2, 2), "float32")
+    np.testing.assert_array_equal(copy.predict(x), model.predict(x))
+
+
+def test_unpickles_in_a_fresh_process_without_keras_imported(tmp_path):
+    model = _cnn()
+    x = np.random.RandomState(2).rand(2, 8, 8, 2).astype("float32")
+    (tmp_path / "m.pkl").write_bytes(pickle.dumps(model))
+    np.save(tmp_path / "x.npy", x)
+    code = ("import os, pickle, sys, numpy as np\n"
+            "os.environ.pop('KERAS_BACKEND', None)\n"
+            "m = pickle.load(open(sys.argv[1], 'rb'))\n"
+            "import keras\n"
+            "assert keras.backend.backend() == 'cyback'\n"
+            "np.save(sys.argv[3], m.predict(np.load(sys.argv[2])))\n")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "m.pkl"),
+                    str(tmp_path / "x.npy"), str(tmp_path / "y.npy")], check=True)
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), model.predict(x))

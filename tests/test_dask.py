@@ -1,0 +1,327 @@
+"""cyback.dask: batch prediction over dask collections, on the synchronous
+scheduler and on a LocalCluster of two worker processes (one thread each):
+results equal local predictions; each worker loads the model once and runs
+cyback on its share of the cores; a worker killed mid-job changes nothing;
+bad chunks and bad arguments fail clearly."""
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+dask = pytest.importorskip("dask")
+da = pytest.importorskip("dask.array")
+distributed = pytest.importorskip("distributed")
+pd = pytest.importorskip("pandas")
+dd = pytest.importorskip("dask.dataframe")
+pytest.importorskip("h5py")
+# Keras reads its backend once, on first import (tests/keras/conftest.py does
+# the same when that folder is collected first).
+os.environ.setdefault("KERAS_BACKEND", "cyback")
+keras = pytest.importorskip("keras")
+from keras import layers  # noqa: E402
+
+import cyback as K  # noqa: E402
+import cyback.dask as cd  # noqa: E402
+
+if keras.backend.backend() != "cyback":
+    pytest.skip("keras runs on another backend in this process", allow_module_level=True)
+
+SYNC = {"scheduler": "synchronous"}
+
+
+def _cnn(seed=0):
+    np.random.seed(seed)
+    return keras.Sequential([
+        layers.Conv2D(4, 3, activation="relu", input_shape=(10, 10, 2)),
+        layers.MaxPooling2D(),
+        layers.Flatten(),
+        layers.Dense(3, activation="softmax"),
+    ])
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    return _cnn()
+
+
+@pytest.fixture(scope="module")
+def images():
+    return np.random.RandomState(0).rand(90, 10, 10, 2).astype("float32")
+
+
+def _mlp_function(n_in=4):
+    rng = np.random.RandomState(3)
+    x = K.placeholder((None, n_in), name="x")
+    w = K.variable(rng.randn(n_in, 2), name="w")
+    return x, K.function([x], [K.tanh(K.dot(x, w)), K.sum(x, axis=1)])
+
+
+# ------------------------------------------------------ synchronous scheduler
+
+def test_keras_model_over_numpy_matches_predict(cnn, images):
+    pred = cd.predict(cnn, images, batch_size=8, chunk_rows=32)
+    assert isinstance(pred, da.Array)
+    assert pred.shape == (90, 3) and pred.dtype == np.float32
+    assert pred.chunks == ((32, 32, 26), (3,))
+    assert pred._meta.shape == (0, 0) and pred._meta.dtype == np.float32
+    np.testing.assert_allclose(pred.compute(**SYNC), cnn.predict(images, batch_size=8),
+                               rtol=1e-6, atol=1e-7)
+
+
+def test_dask_array_chunks_are_kept_and_other_axes_joined(cnn, images):
+    x = da.from_array(images, chunks=(25, 5, 10, 1))
+    pred = cd.predict(cnn, x, batch_size=16)
+    assert pred.chunks[0] == (25, 25, 25, 15)
+    np.testing.assert_allclose(pred.compute(**SYNC), cnn.predict(images), rtol=1e-6, atol=1e-7)
+
+
+def test_function_with_two_outputs_and_float64_data():
+    x, f = _mlp_function()
+    data = np.random.RandomState(4).rand(23, 4)           # float64, cast per chunk
+    a, b = cd.predict(f, da.from_array(data, chunks=10), batch_size=4)
+    assert (a.shape, b.shape, a.dtype) == ((23, 2), (23,), np.float32)
+    got = dask.compute(a, b, **SYNC)
+    for g, r in zip(got, f([data.astype("float32")])):
+        np.testing.assert_allclose(g, r, rtol=1e-6)
+
+
+def test_function_single_output_reading_the_learning_phase():
+    x = K.placeholder((None, 3), name="x")
+    f = K.function([x, K.learning_phase()], [K.in_train_phase(x * 2.0, x * 3.0)])
+    data = np.ones((5, 3), "float32")
+    pred = cd.predict(f, data, batch_size=2)
+    np.testing.assert_array_equal(pred.compute(**SYNC), 3 * data)    # test phase
+
+
+def test_open_output_sizes_are_learned_from_one_row():
+    x = K.placeholder((None, None), name="x")
+    f = K.function([x], [K.concatenate([x, x * 2.0], axis=1)])
+    pred = cd.predict(f, np.ones((7, 3), "float32"), batch_size=4)
+    assert pred.shape == (7, 6)
+    np.testing.assert_array_equal(pred.compute(**SYNC)[:, 3:], 2)
+
+
+def test_h5_path_and_npy_files_and_save(tmp_path, cnn, images):
+    path = str(tmp_path / "cnn.h5")
+    cnn.save(path)
+    files = []
+    for i, part in enumerate(np.array_split(images, 3)):
+        files.append(str(tmp_path / ("x%d.npy" % i)))
+        np.save(files[-1], part)
+    pred = cd.predict(path, files, batch_size=10)
+    assert pred.chunks[0] == (30, 30, 30)
+    out = cd.save(pred, tmp_path / "out", compute=False)
+    written = out.compute(**SYNC)
+    assert [os.path.basename(p) for p in written] == ["part-00000.npy", "part-00001.npy",
+                                                      "part-00002.npy"]
+    back = cd.from_npy_files(written).compute(**SYNC)
+    np.testing.assert_allclose(back, cnn.predict(images, batch_size=10), rtol=1e-6, atol=1e-7)
+
+
+def test_dataframe_columns_give_a_dataframe_with_its_index():
+    x, _ = _mlp_function(3)
+    w = K.variable(np.arange(6.0).reshape(3, 2))
+    f = K.function([x], [K.dot(x, w)])
+    frame = pd.DataFrame(np.random.RandomState(5).rand(17, 4), columns=list("abcd"),
+                         index=np.arange(100, 117))
+    ddf = dd.from_pandas(frame, npartitions=3)
+    pred = cd.predict(f, ddf, columns=["c", "a", "b"], batch_size=4, output_columns=["p", "q"])
+    assert isinstance(pred, dd.DataFrame) and list(pred.columns) == ["p", "q"]
+    got = pred.compute(**SYNC)
+    np.testing.assert_array_equal(got.index, frame.index)
+    ref = frame[["c", "a", "b"]].to_numpy().astype("float32") @ np.arange(6.0).reshape(3, 2)
+    np.testing.assert_allclose(got.to_numpy(), ref, rtol=1e-6)
+    # A pandas frame is split into chunk_rows partitions.
+    pred = cd.predict(f, frame, columns=["c", "a", "b"], chunk_rows=5)
+    assert pred.npartitions == 4
+    np.testing.assert_allclose(pred.compute(**SYNC).to_numpy(), ref, rtol=1e-6)
+
+
+def test_empty_data_and_single_rows(cnn, images):
+    pred = cd.predict(cnn, images[:0], batch_size=4)
+    assert pred.compute(**SYNC).shape == (0, 3)
+    pred = cd.predict(cnn, images[:3], batch_size=4, chunk_rows=1)
+    assert pred.chunks[0] == (1, 1, 1)
+    np.testing.assert_allclose(pred.compute(**SYNC), cnn.predict(images[:3]), rtol=1e-6,
+                               atol=1e-7)
+
+
+def test_nan_policy(cnn, images):
+    bad = images.copy()
+    bad[40, 3, 3, 1] = np.nan
+    with pytest.raises(ValueError, match=r"chunk 1 \(rows 32 to 63\) has NaN in its input "
+                                         r"\(first at row 40\)"):
+        cd.predict(cnn, bad, chunk_rows=32, nan_policy="raise").compute(**SYNC)
+    out = cd.predict(cnn, bad, chunk_rows=32, nan_policy="allow").compute(**SYNC)
+    assert np.isnan(out[40]).all() and np.isfinite(np.delete(out, 40, axis=0)).all()
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in log")
+def test_nan_in_predictions_is_caught_too():
+    x = K.placeholder((None, 2), name="x")
+    f = K.function([x], [K.log(x)])         # log(-1) is NaN
+    data = np.ones((6, 2), "float32")
+    data[4, 1] = -1
+    with pytest.raises(ValueError, match=r"chunk 1 \(rows 3 to 5\) has NaN in its prediction "
+                                         r"\(first at row 4\)"):
+        cd.predict(f, data, chunk_rows=3, nan_policy="raise").compute(**SYNC)
+
+
+def test_chunk_of_the_wrong_shape_is_named(cnn, images):
+    good = da.from_array(images[:20], chunks=10)
+    # A chunk whose data does not match what its array declared.
+    liar = da.from_delayed(dask.delayed(np.zeros)((10, 10, 9, 2), "float32"),
+                           shape=(10, 10, 10, 2), dtype="float32")
+    pred = cd.predict(cnn, da.concatenate([good, liar]), batch_size=4)
+    with pytest.raises(ValueError, match=r"chunk 2 \(rows 20 to 29\) has shape "
+                                         r"\(10, 10, 9, 2\); the model takes samples of shape "
+                                         r"\(n, 10, 10, 2\)"):
+        pred.compute(**SYNC)
+
+
+def test_data_that_cannot_fit_fails_before_running(cnn, images):
+    with pytest.raises(ValueError, match=r"takes samples of shape \(n, 10, 10, 2\); the data "
+                                         r"has samples of shape \(10, 10, 3\)"):
+        cd.predict(cnn, np.zeros((4, 10, 10, 3), "float32"))
+    x, f = _mlp_function()
+    frame = pd.DataFrame(np.zeros((4, 3)), columns=list("abc"))
+    with pytest.raises(ValueError, match="3 columns per row"):
+        cd.predict(f, frame)
+    with pytest.raises(ValueError, match=r"columns \['z'\] are not in the data"):
+        cd.predict(f, frame, columns=["a", "z"])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"batch_size": 0}, "batch_size must be a positive integer"),
+    ({"batch_size": 2.5}, "batch_size must be a positive integer"),
+    ({"nan_policy": "skip"}, "nan_policy must be one of"),
+    ({"threads": 0}, "threads must be 'auto' or a positive integer"),
+    ({"chunk_rows": -1}, "chunk_rows must be a positive integer"),
+    ({"columns": ["a"]}, "columns selects DataFrame columns"),
+])
+def test_bad_arguments(kwargs, message):
+    x, f = _mlp_function()
+    with pytest.raises(ValueError, match="cyback.dask.predict: " + message):
+        cd.predict(f, np.zeros((3, 4), "float32"), **kwargs)
+
+
+def test_bad_models_and_data(tmp_path):
+    x, f = _mlp_function()
+    with pytest.raises(TypeError, match="model must be a Keras model on cyback"):
+        cd.predict(object(), np.zeros((3, 4)))
+    with pytest.raises(ValueError, match="cannot read the model file"):
+        cd.predict(str(tmp_path / "missing.h5"), np.zeros((3, 4)))
+    (tmp_path / "junk.h5").write_bytes(b"not hdf5")
+    with pytest.raises(ValueError, match="is not a Keras HDF5 model file"):
+        cd.predict(str(tmp_path / "junk.h5"), np.zeros((3, 4)))
+    with pytest.raises(TypeError, match="data must be a dask array"):
+        cd.predict(f, {"x": 1})
+    y = K.placeholder((None, 4), name="y")
+    with pytest.raises(ValueError, match="the function has 2 inputs"):
+        cd.predict(K.function([x, y], [x + y]), np.zeros((3, 4)))
+    v = K.variable(np.zeros(4))
+    with pytest.raises(ValueError, match="the function has updates"):
+        cd.predict(K.function([x], [x * 1.0], updates=[(v, v + 1)]), np.zeros((3, 4)))
+    with pytest.raises(TypeError, match="cyback.dask.save: expected a dask array"):
+        cd.save(np.zeros(3), tmp_path / "o")
+
+
+def test_process_cache_loads_once_per_token(cnn, images):
+    cd.clear_cache()
+    pred = cd.predict(cnn, images, batch_size=8, chunk_rows=10)
+    pred.compute(**SYNC)
+    pred.compute(**SYNC)
+    info = cd.cache_info()
+    assert (info["loads"], info["chunks"], info["rows"]) == (1, 18, 180)
+    # Another model (other weights) is another entry.
+    cd.predict(_cnn(seed=1), images[:5]).compute(**SYNC)
+    assert cd.cache_info()["loads"] == 2 and len(cd.cache_info()["models"]) == 2
+
+
+# ------------------------------------------------------------ LocalCluster
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       dashboard_address=None, silence_logs=40)
+    c = distributed.Client(cluster)
+    try:
+        yield c
+    finally:
+        c.close()
+        cluster.close()
+
+
+def _per_worker(client, fn):
+    return list(client.run(fn).values())
+
+
+def test_cluster_matches_local_and_loads_once_per_worker(client, cnn, images):
+    client.run(cd.clear_cache)
+    pred = cd.predict(cnn, images, batch_size=6, chunk_rows=6)
+    got = pred.compute()
+    np.testing.assert_allclose(got, cnn.predict(images, batch_size=6), rtol=1e-6, atol=1e-7)
+    infos = _per_worker(client, cd.cache_info)
+    assert sum(i["chunks"] for i in infos) == 15
+    for info in infos:
+        # Once per worker process, not once per task.
+        assert info["loads"] == (1 if info["chunks"] else 0)
+        if info["chunks"]:
+            # Two single-thread workers on this host: cores // 2 threads each.
+            assert info["threads"] == max(1, cd._cores() // 2)
+    # The model is one key of the graph, shared by every chunk's task.
+    assert len([k for k in pred.__dask_graph__() if str(k).startswith("_Model-")]) == 1
+    again = cd.predict(cnn, images, batch_size=6, chunk_rows=6).compute()
+    np.testing.assert_array_equal(again, got)
+    assert all(i["loads"] <= 1 for i in _per_worker(client, cd.cache_info))
+
+
+def test_cluster_function_dataframe_and_threads_option(client):
+    x, f = _mlp_function()
+    client.run(cd.clear_cache)
+    data = np.random.RandomState(6).rand(40, 4).astype("float32")
+    a, b = cd.predict(f, data, batch_size=3, chunk_rows=7, threads=1)
+    got = dask.compute(a, b)
+    for g, r in zip(got, f([data])):
+        np.testing.assert_allclose(g, r, rtol=1e-6)
+    assert {i["threads"] for i in _per_worker(client, cd.cache_info) if i["chunks"]} == {1}
+    frame = dd.from_pandas(pd.DataFrame(data, columns=list("abcd")), npartitions=4)
+    w = K.variable(np.ones((4, 1)))
+    g = K.function([x], [K.dot(x, w)])
+    out = cd.predict(g, frame, columns=list("abcd")).compute()
+    np.testing.assert_allclose(out[0].to_numpy(), data.sum(axis=1), rtol=1e-5)
+
+
+def test_cluster_error_names_the_chunk(client, cnn, images):
+    bad = images.copy()
+    bad[75, 0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match=r"chunk 2 \(rows 60 to 89\).*first at row 75"):
+        cd.predict(cnn, bad, chunk_rows=30, nan_policy="raise").compute()
+
+
+def test_killed_worker_does_not_change_the_result(client):
+    # A model slow enough that the job is still running when a worker dies.
+    x = K.placeholder((None, 64), name="x")
+    w = K.variable(np.random.RandomState(7).randn(64, 64) / 8, name="w")
+    y = x
+    for _ in range(60):
+        y = K.tanh(K.dot(y, w))
+    f = K.function([x], [y])
+    data = np.random.RandomState(8).rand(2400, 64).astype("float32")
+    pred = cd.predict(f, data, batch_size=20, chunk_rows=60)
+    expected = pred.compute()
+    client.run(cd.clear_cache)
+    future = client.compute(pred)
+    deadline = time.time() + 60
+    while sum(i["chunks"] for i in _per_worker(client, cd.cache_info)) < 4:
+        assert time.time() < deadline and not future.done()
+        time.sleep(0.02)
+    pids = client.run(os.getpid)
+    victim = sorted(pids)[0]
+    os.kill(pids[victim], signal.SIGKILL)
+    got = future.result(timeout=120)
+    np.testing.assert_array_equal(got, expected)
+    client.wait_for_workers(2, timeout=60)
+    assert victim not in client.run(os.getpid)
