@@ -92,6 +92,17 @@ class ReluSlope(Op):
     def infer(self, x):
         return [(x.shape, x.dtype)]
 
+    def ewise(self, b, x):
+        # the plain and the ReLU6 slopes: selects, identical to compute
+        t, a, m = self.threshold, self.alpha, self.max_value
+        if a != 0 or (m is not None and not (t == 0 and m == 6)):
+            return None
+        zero = b.const(0)
+        s = b.emit("select_gt", x, b.const(t), b.const(1), zero)
+        if m is not None:
+            s = b.emit("select_gt", b.const(m), x, s, zero)
+        return s
+
     def compute(self, x):
         t, a, m = self.threshold, self.alpha, self.max_value
         base = x > t
