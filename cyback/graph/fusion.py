@@ -128,7 +128,7 @@ class ProgramBuilder(object):
 
         for k, (name, dst, srcs) in enumerate(self.code):
             src_regs = [reg(s) for s in srcs]
-            for s in srcs:
+            for s in dict.fromkeys(srcs):     # a register read twice is freed once
                 if s[0] == "tmp" and last.get(s) == k and s != result:
                     free.append(where[s])
             if dst == result and k == len(self.code) - 1:

@@ -107,9 +107,12 @@ cdef void _step(int op, floating* d, const floating* a, const floating* b,
         for i in range(n):
             d[i] = -a[i]
     elif op == OP_ABS:
-        for i in range(n):
-            u = a[i]
-            d[i] = u if u > zero else -u
+        if floating is float:
+            for i in range(n):
+                d[i] = fabsf(a[i])
+        else:
+            for i in range(n):
+                d[i] = fabs(a[i])
     elif op == OP_SQUARE:
         for i in range(n):
             d[i] = a[i] * a[i]
@@ -282,6 +285,13 @@ cdef int _run(floating* out, const int* code, int n_code, int n_regs, floating**
     return 0
 
 
+def _check_kinds(const int[::1] kinds):
+    cdef Py_ssize_t j
+    for j in range(kinds.shape[0]):
+        if kinds[j] != FULL and kinds[j] != CHAN and kinds[j] != SCALAR:
+            raise ValueError("ewise: operand %d has unknown kind %d" % (j, kinds[j]))
+
+
 def check(const int[:, ::1] code, int n_regs, int n_ops):
     """Raise ValueError unless ``code`` is a program over ``n_ops`` operands
     and ``n_regs`` registers that the kernel can run."""
@@ -290,7 +300,7 @@ def check(const int[:, ::1] code, int n_regs, int n_ops):
         raise ValueError("ewise: bad program (%d instructions, %d operands, %d registers)"
                          % (code.shape[0], n_ops, n_regs))
     for j in range(code.shape[0]):
-        ok = 0 <= code[j, 0] < N_OPS and n_ops <= code[j, 1] < n_regs or code[j, 1] == -1
+        ok = 0 <= code[j, 0] < N_OPS and (n_ops <= code[j, 1] < n_regs or code[j, 1] == -1)
         for k in range(2, 6):
             ok = ok and 0 <= code[j, k] < n_regs
         if not ok:
@@ -330,6 +340,7 @@ def run(cnp.ndarray out, const int[:, ::1] code, int n_regs, operands, const int
     cdef cnp.ndarray a
     operands = list(operands)
     check(code, n_regs, len(operands))
+    _check_kinds(kinds)
     if kinds.shape[0] != len(operands):
         raise ValueError("ewise.run: %d kinds for %d operands" % (kinds.shape[0], len(operands)))
     if not out.flags.c_contiguous or out.size != P * C * Q:
@@ -365,6 +376,18 @@ cdef class Program:
         self.n_tensor = self.kinds.shape[0] - self.n_consts
         self.n_regs = n_regs
         check(self.code, n_regs, self.kinds.shape[0])
+        _check_kinds(self.kinds)
+        for j in range(self.n_tensor, self.kinds.shape[0]):
+            if self.kinds[j] != SCALAR:
+                raise ValueError("ewise: the baked constants must be SCALAR operands")
+        if axis is not None and not (isinstance(axis, int) and axis < 0):
+            raise ValueError("ewise: the channel axis counts from the end (< 0), got %r"
+                             % (axis,))
+        if inplace is not None and not (isinstance(inplace, int) and
+                                        0 <= inplace < self.n_tensor and
+                                        self.kinds[inplace] == FULL):
+            raise ValueError("ewise: the in-place operand must be a FULL tensor operand, got %r"
+                             % (inplace,))
         self.has_axis = axis is not None
         self.axis = axis if axis is not None else 0
         self.inplace = inplace if inplace is not None else -1
@@ -401,7 +424,7 @@ cdef class Program:
             if type(arrays[j]) is not np.ndarray:
                 arrays[j] = np.asarray(arrays[j])   # NumPy scalars from reductions
             a = <cnp.ndarray> arrays[j]
-            if a.descr.type_num != (cnp.NPY_FLOAT if self.is_float else cnp.NPY_DOUBLE):
+            if a.descr.type_num != <int> (cnp.NPY_FLOAT if self.is_float else cnp.NPY_DOUBLE):
                 return None
             kind = self.kinds[j]
             if kind == FULL:
