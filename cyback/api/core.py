@@ -262,7 +262,9 @@ class Identity(Op):
         return [(x.shape, x.dtype)]
 
     def compute(self, x):
-        return (x,)
+        # a copy, as TensorFlow's identity is a new tensor: returned from a
+        # function, the result must not be a variable's own storage
+        return (np.array(x, copy=True),)
 
     def grad(self, inputs, outputs, grads):
         return [grads[0]]
