@@ -10,6 +10,7 @@ as one more state. ``fuse_cell`` matches exactly these graphs and returns a
 cells, other activations, extra terms, a zero output for masked steps) keeps
 the general Scan.
 """
+from cyback.graph.tensor import Constant
 from cyback.ops import elementwise as ew
 from cyback.ops.linalg import TensorDot
 from cyback.ops.shape import ExpandTo, GetItem
@@ -55,6 +56,15 @@ class _Body(object):
     def __init__(self, seq_in, state_in, inv_in):
         self.seq, self.state, self.inv = seq_in, state_in, inv_in
         self.n_seq, self.n_state = len(seq_in), len(state_in)
+        self.consts = {}
+
+    def invariant(self, t, role, roles):
+        """Record invariant ``t`` (a Scan input, or a Constant the trace kept
+        in the body) under ``role``."""
+        if type(t) is Constant:
+            self.consts[role] = t.value
+        else:
+            roles[role] = self.pos(t, "inv")
 
     def pos(self, t, group):
         """Input position of placeholder ``t`` in the Scan's inputs."""
@@ -70,15 +80,16 @@ class _Body(object):
                 roles = {"zx": self.pos(a, "seq")}
                 hm, R = _op(d, TensorDot)
                 _need(d.node.op.ax == (1,) and d.node.op.ay == (0,))
-                roles["R"] = self.pos(R, "inv")
+                self.invariant(R, "R", roles)
                 _need(R.ndim == 2 and R.shape[1] == width and a.shape[-1] == width)
                 if hm is not h_prev:
                     for h, m in _pair(hm, "multiply"):
-                        if h is h_prev and any(m is x for x in self.inv) and \
-                                m.ndim == 2 and m.shape[-1] == h_prev.shape[-1]:
-                            roles["rmask"] = self.pos(m, "inv")
+                        if h is h_prev and (type(m) is Constant or any(m is x for x in self.inv)) \
+                                and m.ndim == 2 and m.shape[-1] == h_prev.shape[-1]:
+                            self.invariant(m, "rmask", roles)
                             break
-                    _need("rmask" in roles)
+                    else:
+                        raise _NoMatch()
                 return roles
             except _NoMatch:
                 continue
@@ -209,10 +220,9 @@ def fuse_cell(seq_in, state_in, inv_in, outputs, new_states, name):
             cell, roles, states, act, ract = matcher(body, outputs, new_states)
         except _NoMatch:
             continue
-        zx = (seq_in + state_in + inv_in)[roles["zx"]]
-        R = (seq_in + state_in + inv_in)[roles["R"]]
-        if zx.dtype != dt or R.dtype != dt:
+        ins = seq_in + state_in + inv_in
+        R = ins[roles["R"]] if "R" in roles else body.consts["R"]
+        if ins[roles["zx"]].dtype != dt or R.dtype != dt:
             return None
-        n_in = len(seq_in) + len(state_in) + len(inv_in)
-        return FusedRecurrent(cell, roles, states, act, ract, n_in, name)
+        return FusedRecurrent(cell, roles, states, act, ract, len(ins), name, body.consts)
     return None

@@ -24,8 +24,10 @@ class FusedRecurrent(Op):
     ``state_roles`` names the Scan's states in order (e.g. ("h", "c", "y"));
     ``n_inputs`` is the Scan's input count."""
 
-    def __init__(self, cell, roles, state_roles, act, ract, n_inputs, api):
+    def __init__(self, cell, roles, state_roles, act, ract, n_inputs, api, consts=None):
         self.cell, self.roles, self.state_roles = cell, dict(roles), tuple(state_roles)
+        # "R" or "rmask" held by the body as constants rather than inputs
+        self.consts = dict(consts or {})
         self.act, self.ract = act, ract
         self.n_in, self.api = n_inputs, api
         self.n_outputs = 1 + len(self.state_roles) + len(self._record_names())
@@ -56,9 +58,11 @@ class FusedRecurrent(Op):
         for name in ("zx", "h0", "c0", "y0", "R"):
             if name in r:
                 get[name] = np.ascontiguousarray(arrays[r[name]], dtype=dt)
+        if "R" not in r:
+            get["R"] = np.ascontiguousarray(self.consts["R"], dtype=dt)
         if "y0" not in get:
             get["y0"] = get["h0"]
-        get["rmask"] = arrays[r["rmask"]] if "rmask" in r else None
+        get["rmask"] = arrays[r["rmask"]] if "rmask" in r else self.consts.get("rmask")
         get["mask"] = arrays[r["mask"]] if "mask" in r else None
         return get
 
@@ -116,8 +120,11 @@ class FusedRecurrentGrad(Op):
         fwd_ins = ins[4:4 + f.n_in]
         specs = []
         for name in ("zx", "h0", "c0", "y0", "R"):
-            src = fwd_ins[f.roles.get(name, f.roles["h0"])]
-            specs.append((src.shape, fwd_ins[f.roles["zx"]].dtype))
+            if name == "R" and "R" not in f.roles:
+                shape = f.consts["R"].shape
+            else:
+                shape = fwd_ins[f.roles.get(name, f.roles["h0"])].shape
+            specs.append((shape, fwd_ins[f.roles["zx"]].dtype))
         return specs
 
     def grad(self, inputs, outputs, grads):
