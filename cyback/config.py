@@ -13,6 +13,11 @@ from collections import defaultdict
 
 import numpy as np
 
+from cyback.kernels import cpu_budget as _cpu_budget
+
+# Before any kernel module loads libgomp, which reads its environment once.
+_cpu_budget.set_openmp_environment()
+
 _VALID_FLOATX = ("float16", "float32", "float64")
 _VALID_FORMATS = ("channels_last", "channels_first")
 
@@ -320,6 +325,9 @@ def _init_threads():
     from cyback.kernels.blas_threads import set_blas_threads
     _check_min_work_env()
     n = _positive_env("CYBACK_NUM_THREADS")
+    if n is None and not os.environ.get("OMP_NUM_THREADS"):
+        # OpenMP counts the affinity mask but not a container's CPU quota.
+        n = _cpu_budget.default_threads()
     if n is not None:
         set_num_threads(n)
     # CYBACK_BLAS_THREADS leaves BLAS with that many threads, for programs

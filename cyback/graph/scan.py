@@ -201,7 +201,9 @@ def build_scan(step, sequences, initial_states, name="scan"):
     body = clone(targets, replace)
     body_outputs, body_states = body[:len(outputs)], body[len(outputs):]
 
-    op = Scan(loop_seq_in, state_in, inv_in, body_outputs, body_states, name)
+    from cyback.graph.scan_cells import fuse_cell
+    op = fuse_cell(loop_seq_in, state_in, inv_in, body_outputs, body_states, name) or \
+        Scan(loop_seq_in, state_in, inv_in, body_outputs, body_states, name)
     outs = _apply(op, loop_seq_outer + initial_states + invariants)
     n_out = len(outputs)
     return outs[:n_out], outs[n_out:n_out + len(state_in)]

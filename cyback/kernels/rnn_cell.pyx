@@ -1,0 +1,358 @@
+"""Fused recurrent cells: a whole LSTM or SimpleRNN sequence in one call.
+
+Per step, the recurrent product ``h @ R`` goes to BLAS (added onto the step's
+input projection, computed beforehand for all steps at once), then one pass
+over the batch rows applies the gate non-linearities and the state update.
+The forward records what backprop through time reads; the backward produces
+the per-step pre-activation gradients ``dz`` (which are the gradients of the
+input projection), the initial-state gradients and the recurrent kernel's
+gradient as one GEMM over all steps after the loop.
+
+Layouts (time-major, C-contiguous):
+    zx      (T, B, G*u)  input projection (+ bias); G = 4 for LSTM (gates
+                         i, f, c, o as in Keras), 1 for SimpleRNN
+    R       (u, G*u)     recurrent kernel
+    rmask   (B, u)       recurrent dropout mask applied to h before ``@ R``
+    mask    (T, B) uint8 Keras mask: a masked step keeps the states and
+                         repeats the previous output
+    hs, cs  (T, B, u)    states after each step (after masking)
+    ys      (T, B, u)    outputs (differ from hs only under a mask)
+    gates   (T, B, G*u)  activated gates (LSTM) / new h before masking (RNN)
+
+Activation codes: 0 tanh, 1 sigmoid, 2 hard_sigmoid, 3 linear.
+"""
+import numpy as np
+cimport cython
+from cython.parallel cimport prange
+from libc.string cimport memcpy, memset
+
+from cyback.kernels._blas cimport floating, gemm
+from cyback.kernels._omp cimport cb_threads_for
+
+ACTIVATIONS = {"tanh": 0, "sigmoid": 1, "hard_sigmoid": 2, "linear": 3}
+
+
+cdef extern from "cyback_act.h" nogil:
+    void cb_act_row_f(float *p, Py_ssize_t n, int kind)
+    void cb_act_row_d(double *p, Py_ssize_t n, int kind)
+
+
+cdef inline void _act_row(floating *p, Py_ssize_t n, int kind) noexcept nogil:
+    """p[:n] = act(p[:n]) (vectorised loops in cyback_act.h)."""
+    if floating is float:
+        cb_act_row_f(p, n, kind)
+    else:
+        cb_act_row_d(p, n, kind)
+
+
+cdef inline floating _dact(floating y, int kind) noexcept nogil:
+    """Derivative of the activation, from its output ``y``."""
+    if kind == 0:
+        return 1 - y * y
+    if kind == 1:
+        return y * (1 - y)
+    if kind == 2:
+        return 0.2 if (y > 0 and y < 1) else 0
+    return 1
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0, const floating[:, ::1] c0,
+                    const floating[:, ::1] y0, const floating[:, ::1] R, const floating[:, ::1] rmask,
+                    const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask,
+                    int act, int ract, floating[:, :, ::1] hs, floating[:, :, ::1] cs,
+                    floating[:, :, ::1] ys, floating[:, :, ::1] gates,
+                    floating[:, ::1] hm) noexcept nogil:
+    cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0]
+    cdef Py_ssize_t t, b, j, G = 4 * u
+    cdef const floating *hp
+    cdef const floating *cp
+    cdef const floating *yp
+    cdef floating *z
+    cdef floating ig, fg, gg, og, c, h
+    cdef int nt = cb_threads_for(30.0 * B * u)
+    for t in range(T):
+        hp = &h0[0, 0] if t == 0 else &hs[t - 1, 0, 0]
+        if use_rmask:
+            for b in range(B):
+                for j in range(u):
+                    hm[b, j] = hp[b * u + j] * rmask[b, j]
+            hp = &hm[0, 0]
+        memcpy(&gates[t, 0, 0], &zx[t, 0, 0], B * G * sizeof(floating))
+        gemm(False, False, <int>B, <int>G, <int>u, <floating>1, hp, <int>u,
+             &R[0, 0], <int>G, <floating>1, &gates[t, 0, 0], <int>G)
+        for b in prange(B, schedule='static', num_threads=nt):
+            hp = &h0[b, 0] if t == 0 else &hs[t - 1, b, 0]
+            cp = &c0[b, 0] if t == 0 else &cs[t - 1, b, 0]
+            yp = &y0[b, 0] if t == 0 else &ys[t - 1, b, 0]
+            z = &gates[t, b, 0]
+            if use_mask and not mask[t, b]:
+                for j in range(u):
+                    hs[t, b, j] = hp[j]
+                    cs[t, b, j] = cp[j]
+                    ys[t, b, j] = yp[j]
+                    # The backward pass skips masked rows: leave the gates
+                    # as finite values whatever they are.
+                continue
+            _act_row(z, 2 * u, ract)
+            _act_row(z + 2 * u, u, act)
+            _act_row(z + 3 * u, u, ract)
+            for j in range(u):
+                c = z[u + j] * cp[j] + z[j] * z[2 * u + j]
+                cs[t, b, j] = c
+                hs[t, b, j] = c
+            _act_row(&hs[t, b, 0], u, act)
+            for j in range(u):
+                h = z[3 * u + j] * hs[t, b, j]
+                hs[t, b, j] = h
+                ys[t, b, j] = h
+
+
+def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0, const floating[:, ::1] c0,
+                 const floating[:, ::1] y0, const floating[:, ::1] R, rmask, mask, int act, int ract):
+    """Run the sequence; returns ``(hs, cs, ys, gates)`` (see the module doc)."""
+    cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0]
+    dt = np.float32 if floating is float else np.float64
+    if R.shape[1] != 4 * u or zx.shape[2] != 4 * u or h0.shape[0] != B or h0.shape[1] != u \
+            or c0.shape[0] != B or c0.shape[1] != u or y0.shape[0] != B or y0.shape[1] != u:
+        raise ValueError("lstm_forward: shapes zx %s, h0 %s, c0 %s, y0 %s, R %s do not agree"
+                         % (np.shape(zx), np.shape(h0), np.shape(c0), np.shape(y0),
+                            np.shape(R)))
+    cdef floating[:, :, ::1] hs = np.empty((T, B, u), dt)
+    cdef floating[:, :, ::1] cs = np.empty((T, B, u), dt)
+    cdef floating[:, :, ::1] ys = np.empty((T, B, u), dt)
+    cdef floating[:, :, ::1] gates = np.empty((T, B, 4 * u), dt)
+    cdef floating[:, ::1] hm = np.empty((B, u), dt)
+    cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
+    cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
+    with nogil:
+        _lstm_fwd(zx, h0, c0, y0, R, rm, mk, rmask is not None, mask is not None, act, ract,
+                  hs, cs, ys, gates, hm)
+    return np.asarray(hs), np.asarray(cs), np.asarray(ys), np.asarray(gates)
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef void _lstm_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating[:, ::1] dc,
+                    floating[:, ::1] dy, const floating[:, ::1] h0, const floating[:, ::1] c0,
+                    const floating[:, ::1] R, const floating[:, ::1] rmask,
+                    const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask,
+                    int act, int ract, const floating[:, :, ::1] hs,
+                    const floating[:, :, ::1] cs, const floating[:, :, ::1] gates,
+                    floating[:, :, ::1] dz,
+                    floating[:, ::1] dhm, floating[:, ::1] tcs) noexcept nogil:
+    cdef Py_ssize_t T = dys.shape[0], B = dys.shape[1], u = R.shape[0]
+    cdef Py_ssize_t t, b, j, G = 4 * u
+    cdef const floating *cp
+    cdef const floating *g
+    cdef floating *d
+    cdef floating ig, fg, gg, og, tc, dH, dC
+    cdef int nt = cb_threads_for(30.0 * B * u)
+    for t in range(T - 1, -1, -1):
+        for b in prange(B, schedule='static', num_threads=nt):
+            d = &dz[t, b, 0]
+            if use_mask and not mask[t, b]:
+                # States pass through; the output's gradient goes to the
+                # previous output.
+                memset(d, 0, G * sizeof(floating))
+                for j in range(u):
+                    dy[b, j] = dy[b, j] + dys[t, b, j]
+                continue
+            cp = &c0[b, 0] if t == 0 else &cs[t - 1, b, 0]
+            g = &gates[t, b, 0]
+            memcpy(&tcs[b, 0], &cs[t, b, 0], u * sizeof(floating))
+            _act_row(&tcs[b, 0], u, act)
+            for j in range(u):
+                ig = g[j]
+                fg = g[u + j]
+                gg = g[2 * u + j]
+                og = g[3 * u + j]
+                tc = tcs[b, j]
+                dH = dh[b, j] + dys[t, b, j] + dy[b, j]
+                dC = dc[b, j] + dH * og * _dact(tc, act)
+                d[j] = dC * gg * _dact(ig, ract)
+                d[u + j] = dC * cp[j] * _dact(fg, ract)
+                d[2 * u + j] = dC * ig * _dact(gg, act)
+                d[3 * u + j] = dH * tc * _dact(og, ract)
+                dc[b, j] = dC * fg
+                dh[b, j] = 0
+                dy[b, j] = 0
+        # dh_{t-1} += (dz_t @ R^T) * rmask
+        if use_rmask:
+            gemm(False, True, <int>B, <int>u, <int>G, <floating>1, &dz[t, 0, 0], <int>G,
+                 &R[0, 0], <int>G, <floating>0, &dhm[0, 0], <int>u)
+            for b in range(B):
+                for j in range(u):
+                    dh[b, j] += dhm[b, j] * rmask[b, j]
+        else:
+            gemm(False, True, <int>B, <int>u, <int>G, <floating>1, &dz[t, 0, 0], <int>G,
+                 &R[0, 0], <int>G, <floating>1, &dh[0, 0], <int>u)
+
+
+def lstm_backward(const floating[:, :, ::1] dys, dhT, dcT, dyT, const floating[:, ::1] h0,
+                  const floating[:, ::1] c0, const floating[:, ::1] R, rmask, mask, int act, int ract,
+                  const floating[:, :, ::1] hs, const floating[:, :, ::1] cs,
+                  const floating[:, :, ::1] gates):
+    """Backprop through time: ``(dz, dh0, dc0, dy0, dR)`` from the gradients of
+    the outputs ``dys`` and of the final states (h, c, and the last output,
+    which only a mask makes different from h)."""
+    cdef Py_ssize_t T = dys.shape[0], B = dys.shape[1], u = R.shape[0]
+    dt = np.float32 if floating is float else np.float64
+    cdef floating[:, ::1] dh = np.array(dhT, dtype=dt, order="C", copy=True)
+    cdef floating[:, ::1] dc = np.array(dcT, dtype=dt, order="C", copy=True)
+    cdef floating[:, ::1] dy = np.array(dyT, dtype=dt, order="C", copy=True)
+    cdef floating[:, :, ::1] dz = np.empty((T, B, 4 * u), dt)
+    cdef floating[:, ::1] dhm = np.empty((B, u), dt)
+    cdef floating[:, ::1] tcs = np.empty((B, u), dt)
+    cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
+    cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
+    with nogil:
+        _lstm_bwd(dys, dh, dc, dy, h0, c0, R, rm, mk, rmask is not None, mask is not None,
+                  act, ract, hs, cs, gates, dz, dhm, tcs)
+    dR = _recurrent_grad(np.asarray(hs), np.asarray(h0), rmask, np.asarray(dz), dt)
+    return np.asarray(dz), np.asarray(dh), np.asarray(dc), np.asarray(dy), dR
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef void _simple_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0, const floating[:, ::1] y0,
+                      const floating[:, ::1] R, const floating[:, ::1] rmask,
+                      const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask, int act,
+                      floating[:, :, ::1] hs, floating[:, :, ::1] ys, floating[:, :, ::1] pre,
+                      floating[:, ::1] hm) noexcept nogil:
+    cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0]
+    cdef Py_ssize_t t, b, j
+    cdef const floating *hp
+    cdef const floating *yp
+    cdef floating h
+    cdef int nt = cb_threads_for(10.0 * B * u)
+    for t in range(T):
+        hp = &h0[0, 0] if t == 0 else &hs[t - 1, 0, 0]
+        if use_rmask:
+            for b in range(B):
+                for j in range(u):
+                    hm[b, j] = hp[b * u + j] * rmask[b, j]
+            hp = &hm[0, 0]
+        memcpy(&pre[t, 0, 0], &zx[t, 0, 0], B * u * sizeof(floating))
+        gemm(False, False, <int>B, <int>u, <int>u, <floating>1, hp, <int>u,
+             &R[0, 0], <int>u, <floating>1, &pre[t, 0, 0], <int>u)
+        for b in prange(B, schedule='static', num_threads=nt):
+            hp = &h0[b, 0] if t == 0 else &hs[t - 1, b, 0]
+            yp = &y0[b, 0] if t == 0 else &ys[t - 1, b, 0]
+            if use_mask and not mask[t, b]:
+                for j in range(u):
+                    hs[t, b, j] = hp[j]
+                    ys[t, b, j] = yp[j]
+                continue
+            _act_row(&pre[t, b, 0], u, act)
+            for j in range(u):
+                hs[t, b, j] = pre[t, b, j]
+                ys[t, b, j] = pre[t, b, j]
+
+
+def simple_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0, const floating[:, ::1] y0,
+                   const floating[:, ::1] R, rmask, mask, int act):
+    """SimpleRNN: ``h = act(zx_t + (h * rmask) @ R)``; returns ``(hs, ys, acts)``."""
+    cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0]
+    dt = np.float32 if floating is float else np.float64
+    if R.shape[1] != u or zx.shape[2] != u or h0.shape[0] != B or h0.shape[1] != u \
+            or y0.shape[0] != B or y0.shape[1] != u:
+        raise ValueError("simple_forward: shapes zx %s, h0 %s, y0 %s, R %s do not agree"
+                         % (np.shape(zx), np.shape(h0), np.shape(y0), np.shape(R)))
+    cdef floating[:, :, ::1] hs = np.empty((T, B, u), dt)
+    cdef floating[:, :, ::1] ys = np.empty((T, B, u), dt)
+    cdef floating[:, :, ::1] pre = np.empty((T, B, u), dt)
+    cdef floating[:, ::1] hm = np.empty((B, u), dt)
+    cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
+    cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
+    with nogil:
+        _simple_fwd(zx, h0, y0, R, rm, mk, rmask is not None, mask is not None, act,
+                    hs, ys, pre, hm)
+    return np.asarray(hs), np.asarray(ys), np.asarray(pre)
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef void _simple_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating[:, ::1] dy,
+                      const floating[:, ::1] R, const floating[:, ::1] rmask,
+                      const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask, int act,
+                      const floating[:, :, ::1] acts, floating[:, :, ::1] dz,
+                      floating[:, ::1] dhm) noexcept nogil:
+    cdef Py_ssize_t T = dys.shape[0], B = dys.shape[1], u = R.shape[0]
+    cdef Py_ssize_t t, b, j
+    cdef int nt = cb_threads_for(10.0 * B * u)
+    for t in range(T - 1, -1, -1):
+        for b in prange(B, schedule='static', num_threads=nt):
+            if use_mask and not mask[t, b]:
+                for j in range(u):
+                    dz[t, b, j] = 0
+                    dy[b, j] = dy[b, j] + dys[t, b, j]
+                continue
+            for j in range(u):
+                dz[t, b, j] = (dh[b, j] + dys[t, b, j] + dy[b, j]) * _dact(acts[t, b, j], act)
+                dh[b, j] = 0
+                dy[b, j] = 0
+        if use_rmask:
+            gemm(False, True, <int>B, <int>u, <int>u, <floating>1, &dz[t, 0, 0], <int>u,
+                 &R[0, 0], <int>u, <floating>0, &dhm[0, 0], <int>u)
+            for b in range(B):
+                for j in range(u):
+                    dh[b, j] += dhm[b, j] * rmask[b, j]
+        else:
+            gemm(False, True, <int>B, <int>u, <int>u, <floating>1, &dz[t, 0, 0], <int>u,
+                 &R[0, 0], <int>u, <floating>1, &dh[0, 0], <int>u)
+
+
+def simple_backward(const floating[:, :, ::1] dys, dhT, dyT, const floating[:, ::1] h0,
+                    const floating[:, ::1] R, rmask, mask, int act, const floating[:, :, ::1] hs,
+                    const floating[:, :, ::1] acts):
+    """Backprop through time of ``simple_forward``: ``(dz, dh0, dy0, dR)``."""
+    cdef Py_ssize_t T = dys.shape[0], B = dys.shape[1], u = R.shape[0]
+    dt = np.float32 if floating is float else np.float64
+    cdef floating[:, ::1] dh = np.array(dhT, dtype=dt, order="C", copy=True)
+    cdef floating[:, ::1] dy = np.array(dyT, dtype=dt, order="C", copy=True)
+    cdef floating[:, :, ::1] dz = np.empty((T, B, u), dt)
+    cdef floating[:, ::1] dhm = np.empty((B, u), dt)
+    cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
+    cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
+    with nogil:
+        _simple_bwd(dys, dh, dy, R, rm, mk, rmask is not None, mask is not None, act,
+                    acts, dz, dhm)
+    dR = _recurrent_grad(np.asarray(hs), np.asarray(h0), rmask, np.asarray(dz), dt)
+    return np.asarray(dz), np.asarray(dh), np.asarray(dy), dR
+
+
+def _recurrent_grad(hs, h0, rmask, dz, dt):
+    """``sum_t (h_{t-1} * rmask)^T dz_t``: one GEMM over all steps."""
+    T, B, u = hs.shape
+    prev = np.empty((T, B, u), dt)
+    if T:
+        prev[0] = h0
+        prev[1:] = hs[:T - 1]
+    if rmask is not None:
+        prev *= rmask
+    dR = np.zeros((u, dz.shape[2]), dt)
+    if T * B and u:
+        _gemm_tn(prev.reshape(T * B, u), dz.reshape(T * B, dz.shape[2]), dR)
+    return dR
+
+
+def _gemm_tn(const floating[:, ::1] a, const floating[:, ::1] b, floating[:, ::1] out):
+    """``out = a^T @ b`` through BLAS, on the calling thread's BLAS."""
+    with nogil:
+        gemm(True, False, <int>a.shape[1], <int>b.shape[1], <int>a.shape[0], <floating>1,
+             &a[0, 0], <int>a.shape[1], &b[0, 0], <int>b.shape[1], <floating>0, &out[0, 0],
+             <int>b.shape[1])
+
+
+def _rmask(rmask, B, u, dt):
+    if rmask is None:
+        return np.zeros((1, 1), dt)
+    return np.array(np.broadcast_to(rmask, (B, u)), dtype=dt, order="C")
+
+
+def _mask(mask, T, B):
+    if mask is None:
+        return np.zeros((1, 1), np.uint8)
+    return np.ascontiguousarray(np.broadcast_to(mask, (T, B)), dtype=np.uint8)

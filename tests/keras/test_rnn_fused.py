@@ -1,0 +1,109 @@
+"""Keras LSTM and SimpleRNN layers on the fused recurrent cell and on the
+general Scan give the same predictions and gradients."""
+import keras
+import numpy as np
+import pytest
+
+import cyback as K
+from cyback.graph import scan_cells
+from cyback.graph.function import topo_nodes
+from cyback.graph.scan import Scan
+from cyback.ops.rnn_cell import FusedRecurrent
+
+L = keras.layers
+
+
+def _model(kind, fused, masking, kw, batch=None):
+    scan_cells.ENABLED = fused
+    try:
+        if kw.get("stateful"):
+            inp = L.Input(batch_shape=(batch, 5, 3))
+        else:
+            inp = L.Input((5, 3))
+        x = L.Masking(0.0)(inp) if masking else inp
+        y = getattr(L, kind)(4, **kw)(x)
+        model = keras.models.Model(inp, y)
+    finally:
+        scan_cells.ENABLED = True
+    return model
+
+
+def _loss_and_grads(model):
+    loss = K.sum(model.output * model.output)
+    grads = K.gradients(loss, model.trainable_weights + [model.input])
+    return K.function([model.input, K.learning_phase()], [model.output] + grads)
+
+
+def _data(seed=0):
+    rs = np.random.RandomState(seed)
+    x = rs.randn(3, 5, 3).astype("float32")
+    x[0, 3:] = 0.0     # masked tail
+    x[2, 1] = 0.0      # a masked step in the middle
+    return x
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "SimpleRNN"])
+@pytest.mark.parametrize("masking,kw", [
+    (False, {}),
+    (True, dict(return_sequences=True)),
+    (True, dict(go_backwards=True, return_sequences=True)),
+    (True, dict(stateful=True, return_sequences=True)),
+])
+def test_fused_layer_matches_general_scan(kind, masking, kw):
+    x = _data()
+    fused = _model(kind, True, masking, kw, batch=len(x))
+    general = _model(kind, False, masking, kw, batch=len(x))
+    general.set_weights(fused.get_weights())
+    ops_f = [type(n.op) for n in topo_nodes([fused.output])]
+    ops_g = [type(n.op) for n in topo_nodes([general.output])]
+    assert FusedRecurrent in ops_f and Scan not in ops_f
+    assert Scan in ops_g and FusedRecurrent not in ops_g
+    got = _loss_and_grads(fused)([x, 0])
+    want = _loss_and_grads(general)([x, 0])
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+    if kw.get("stateful"):
+        # The carried state is the same on both paths: a second call agrees.
+        np.testing.assert_allclose(fused.predict(x, batch_size=len(x)),
+                                   general.predict(x, batch_size=len(x)), rtol=2e-4, atol=2e-5)
+        np.testing.assert_allclose(fused.predict(x, batch_size=len(x)),
+                                   general.predict(x, batch_size=len(x)), rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "SimpleRNN"])
+@pytest.mark.parametrize("masking", [False, True])
+def test_layer_dropout(kind, masking):
+    # Keras 2.3 draws its dropout masks inside the step, on the cell's first
+    # call (from ones_like of the step's input and state). Without a mask
+    # that call is the loop's trace: random ops in the loop body, which the
+    # fused cell does not take. With a mask, rnn traces the step once outside
+    # the loop first (for the shape of the output), so the masks are loop
+    # invariants and the cell is fused.
+    kw = dict(dropout=0.2, recurrent_dropout=0.3, return_sequences=True)
+    model = _model(kind, True, masking, kw)
+    ops = [type(n.op) for n in topo_nodes([model.output])]
+    assert (FusedRecurrent in ops) == masking and (Scan in ops) != masking
+    general = _model(kind, False, masking, kw)
+    general.set_weights(model.get_weights())
+    x = _data()
+    got = _loss_and_grads(model)([x, 0])
+    want = _loss_and_grads(general)([x, 0])
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+    if masking:
+        # In training, the fused cell applies a recurrent dropout mask: the
+        # output differs from the inference output, and it is finite.
+        train_out = _loss_and_grads(model)([x, 1])[0]
+        assert np.all(np.isfinite(train_out)) and not np.allclose(train_out, got[0])
+
+
+def test_lstm_trains_on_the_fused_cell():
+    rs = np.random.RandomState(1)
+    x = rs.randn(64, 5, 3).astype("float32")
+    y = (x.sum(axis=(1, 2)) > 0).astype("float32")
+    model = keras.models.Sequential([L.LSTM(8, input_shape=(5, 3)),
+                                     L.Dense(1, activation="sigmoid")])
+    model.compile("adam", "binary_crossentropy")
+    before = model.evaluate(x, y, verbose=0)
+    model.fit(x, y, epochs=15, batch_size=16, verbose=0)
+    assert model.evaluate(x, y, verbose=0) < before

@@ -1,0 +1,167 @@
+"""The fused recurrent cell kernels against NumPy reference loops and finite
+differences."""
+import numpy as np
+import pytest
+
+from cyback.kernels import rnn_cell as rc
+
+ACTS = {
+    "tanh": np.tanh,
+    "sigmoid": lambda v: 0.5 + 0.5 * np.tanh(0.5 * v),
+    "hard_sigmoid": lambda v: np.clip(0.2 * v + 0.5, 0, 1),
+    "linear": lambda v: v,
+}
+
+
+def lstm_ref(zx, h0, c0, y0, R, rmask, mask, act, ract):
+    """Keras's LSTMCell (gates i, f, c, o) with rnn's masking."""
+    f_act, f_ract = ACTS[act], ACTS[ract]
+    u = R.shape[0]
+    h, c, y = h0, c0, y0
+    ys = []
+    for t in range(zx.shape[0]):
+        hm = h * rmask if rmask is not None else h
+        z = zx[t] + hm @ R
+        i, f = f_ract(z[:, :u]), f_ract(z[:, u:2 * u])
+        g, o = f_act(z[:, 2 * u:3 * u]), f_ract(z[:, 3 * u:])
+        cn = f * c + i * g
+        hn = o * f_act(cn)
+        keep = mask[t][:, None] if mask is not None else np.ones((len(h), 1), bool)
+        h, c, y = np.where(keep, hn, h), np.where(keep, cn, c), np.where(keep, hn, y)
+        ys.append(y)
+    return np.array(ys).reshape(zx.shape[:2] + (u,)), h, c, y
+
+
+def simple_ref(zx, h0, y0, R, rmask, mask, act):
+    f_act = ACTS[act]
+    h, y = h0, y0
+    ys = []
+    for t in range(zx.shape[0]):
+        hm = h * rmask if rmask is not None else h
+        hn = f_act(zx[t] + hm @ R)
+        keep = mask[t][:, None] if mask is not None else np.ones((len(h), 1), bool)
+        h, y = np.where(keep, hn, h), np.where(keep, hn, y)
+        ys.append(y)
+    return np.array(ys).reshape(zx.shape[:2] + (R.shape[0],)), h, y
+
+
+def _f64(a):
+    return None if a is None else a.astype(np.float64)
+
+
+def _case(T, B, u, G, dtype, with_rmask, with_mask, seed=0):
+    rs = np.random.RandomState(seed)
+    zx = rs.randn(T, B, G * u).astype(dtype)
+    R = (rs.randn(u, G * u) * 0.4).astype(dtype)
+    h0, c0, y0 = [rs.randn(B, u).astype(dtype) for _ in range(3)]
+    rmask = (rs.rand(B, u) > 0.3).astype(dtype) / 0.7 if with_rmask else None
+    mask = rs.rand(T, B) > 0.3 if with_mask else None
+    return zx, h0, c0, y0, R, rmask, mask
+
+
+CASES = [(5, 3, 4, False, False), (5, 3, 4, True, True), (1, 1, 1, False, True),
+         (4, 2, 7, True, False), (0, 3, 4, False, False), (3, 0, 4, True, True)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("T,B,u,with_rmask,with_mask", CASES)
+@pytest.mark.parametrize("act,ract", [("tanh", "sigmoid"), ("tanh", "hard_sigmoid"),
+                                      ("sigmoid", "tanh")])
+def test_lstm_forward_matches_reference(dtype, T, B, u, with_rmask, with_mask, act, ract):
+    zx, h0, c0, y0, R, rmask, mask = _case(T, B, u, 4, dtype, with_rmask, with_mask)
+    hs, cs, ys, gates = rc.lstm_forward(zx, h0, c0, y0, R, rmask, mask,
+                                        rc.ACTIVATIONS[act], rc.ACTIVATIONS[ract])
+    ref_ys, ref_h, ref_c, _ = lstm_ref(*map(_f64, (zx, h0, c0, y0, R, rmask)), mask, act, ract)
+    tol = dict(rtol=1e-5, atol=2e-6) if dtype == "float32" else dict(rtol=1e-12, atol=1e-12)
+    assert ys.dtype == dtype and ys.shape == (T, B, u)
+    np.testing.assert_allclose(ys, ref_ys, **tol)
+    if T:
+        np.testing.assert_allclose(hs[-1], ref_h, **tol)
+        np.testing.assert_allclose(cs[-1], ref_c, **tol)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("T,B,u,with_rmask,with_mask", CASES)
+@pytest.mark.parametrize("act", ["tanh", "sigmoid", "linear"])
+def test_simple_forward_matches_reference(dtype, T, B, u, with_rmask, with_mask, act):
+    zx, h0, _, y0, R, rmask, mask = _case(T, B, u, 1, dtype, with_rmask, with_mask)
+    hs, ys, _ = rc.simple_forward(zx, h0, y0, R, rmask, mask, rc.ACTIVATIONS[act])
+    ref_ys, ref_h, _ = simple_ref(zx.astype(np.float64), h0.astype(np.float64),
+                                  y0.astype(np.float64), R.astype(np.float64),
+                                  None if rmask is None else rmask.astype(np.float64), mask, act)
+    tol = dict(rtol=1e-5, atol=2e-6) if dtype == "float32" else dict(rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ys, ref_ys, **tol)
+    if T:
+        np.testing.assert_allclose(hs[-1], ref_h, **tol)
+
+
+def _numeric(loss, arrays, eps=1e-6):
+    out = []
+    for a in arrays:
+        g = np.zeros_like(a)
+        for idx in np.ndindex(a.shape):
+            old = a[idx]
+            a[idx] = old + eps
+            hi = loss()
+            a[idx] = old - eps
+            lo = loss()
+            a[idx] = old
+            g[idx] = (hi - lo) / (2 * eps)
+        out.append(g)
+    return out
+
+
+@pytest.mark.parametrize("with_rmask,with_mask", [(False, False), (True, True), (False, True)])
+@pytest.mark.parametrize("act,ract", [("tanh", "sigmoid"), ("sigmoid", "tanh")])
+def test_lstm_backward_matches_finite_differences(with_rmask, with_mask, act, ract):
+    zx, h0, c0, y0, R, rmask, mask = _case(4, 3, 3, 4, "float64", with_rmask, with_mask, seed=1)
+    rs = np.random.RandomState(2)
+    w = [rs.randn(4, 3, 3), rs.randn(3, 3), rs.randn(3, 3), rs.randn(3, 3)]
+    a, ra = rc.ACTIVATIONS[act], rc.ACTIVATIONS[ract]
+
+    def loss():
+        hs, cs, ys, _ = rc.lstm_forward(zx, h0, c0, y0, R, rmask, mask, a, ra)
+        return (ys * w[0]).sum() + (hs[-1] * w[1]).sum() + (cs[-1] * w[2]).sum() + \
+            (ys[-1] * w[3]).sum()
+    hs, cs, ys, gates = rc.lstm_forward(zx, h0, c0, y0, R, rmask, mask, a, ra)
+    # The last output's own gradient and the sequence's last row add up.
+    dz, dh0, dc0, dy0, dR = rc.lstm_backward(w[0], w[1], w[2], w[3], h0, c0, R, rmask, mask,
+                                             a, ra, hs, cs, gates)
+    num = _numeric(loss, [zx, h0, c0, y0, R])
+    for got, want in zip((dz, dh0, dc0, dy0, dR), num):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("with_rmask,with_mask", [(False, False), (True, True)])
+def test_simple_backward_matches_finite_differences(with_rmask, with_mask):
+    zx, h0, _, y0, R, rmask, mask = _case(4, 3, 3, 1, "float64", with_rmask, with_mask, seed=3)
+    rs = np.random.RandomState(4)
+    w = [rs.randn(4, 3, 3), rs.randn(3, 3), rs.randn(3, 3)]
+
+    def loss():
+        hs, ys, _ = rc.simple_forward(zx, h0, y0, R, rmask, mask, 0)
+        return (ys * w[0]).sum() + (hs[-1] * w[1]).sum() + (ys[-1] * w[2]).sum()
+    hs, ys, acts = rc.simple_forward(zx, h0, y0, R, rmask, mask, 0)
+    dz, dh0, dy0, dR = rc.simple_backward(w[0], w[1], w[2], h0, R, rmask, mask, 0, hs, acts)
+    for got, want in zip((dz, dh0, dy0, dR), _numeric(loss, [zx, h0, y0, R])):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_activations_stay_finite_and_saturate():
+    x = np.array([-1e4, -100, -88.5, -20, -1e-3, 0, 1e-3, 20, 88.5, 100, 1e4], np.float32)
+    zx = x.reshape(-1, 1, 1)
+    zero = np.zeros((1, 1), np.float32)
+    for act, f in (("tanh", np.tanh), ("sigmoid", ACTS["sigmoid"])):
+        _, ys, _ = rc.simple_forward(zx, zero, zero, zero, None, None, rc.ACTIVATIONS[act])
+        assert np.all(np.isfinite(ys))
+        np.testing.assert_allclose(ys.ravel(), f(x.astype(np.float64)), atol=2e-7)
+
+
+def test_bad_shapes_name_the_function():
+    zx, h0, c0, y0, R, _, _ = _case(3, 2, 4, 4, "float32", False, False)
+    with pytest.raises(ValueError, match="lstm_forward"):
+        rc.lstm_forward(zx, h0[:1], c0, y0, R, None, None, 0, 1)
+    with pytest.raises(ValueError, match="simple_forward"):
+        rc.simple_forward(zx, h0, y0, R, None, None, 0)
+    with pytest.raises((TypeError, ValueError)):
+        rc.lstm_forward(zx.astype(np.float64), h0, c0, y0, R, None, None, 0, 1)

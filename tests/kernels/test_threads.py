@@ -1,0 +1,113 @@
+"""The default thread policy: affinity mask, cgroup CPU quota, OpenMP wait policy."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cyback.kernels import cpu_budget
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def _write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _proc_cgroup(tmp_path, lines):
+    p = tmp_path / "proc_cgroup"
+    p.write_text("\n".join(lines) + "\n")
+    return str(p)
+
+
+def test_v2_quota_of_own_group(tmp_path):
+    root = tmp_path / "cg"
+    _write(str(root / "job" / "cpu.max"), "150000 100000\n")
+    proc = _proc_cgroup(tmp_path, ["0::/job"])
+    assert cpu_budget.cgroup_cpu_quota(str(root), proc) == pytest.approx(1.5)
+
+
+def test_v2_unlimited_is_none(tmp_path):
+    root = tmp_path / "cg"
+    _write(str(root / "cpu.max"), "max 100000\n")
+    proc = _proc_cgroup(tmp_path, ["0::/"])
+    assert cpu_budget.cgroup_cpu_quota(str(root), proc) is None
+
+
+def test_v1_quota_and_smallest_limit_wins(tmp_path):
+    root = tmp_path / "cg"
+    _write(str(root / "cpu,cpuacct" / "docker" / "cpu.cfs_quota_us"), "300000\n")
+    _write(str(root / "cpu,cpuacct" / "docker" / "cpu.cfs_period_us"), "100000\n")
+    _write(str(root / "cpu,cpuacct" / "cpu.cfs_quota_us"), "50000\n")
+    _write(str(root / "cpu,cpuacct" / "cpu.cfs_period_us"), "100000\n")
+    proc = _proc_cgroup(tmp_path, ["4:cpu,cpuacct:/docker", "0::/"])
+    assert cpu_budget.cgroup_cpu_quota(str(root), proc) == pytest.approx(0.5)
+
+
+def test_v1_no_quota(tmp_path):
+    root = tmp_path / "cg"
+    _write(str(root / "cpu" / "cpu.cfs_quota_us"), "-1\n")
+    _write(str(root / "cpu" / "cpu.cfs_period_us"), "100000\n")
+    proc = _proc_cgroup(tmp_path, ["1:cpu:/"])
+    assert cpu_budget.cgroup_cpu_quota(str(root), proc) is None
+
+
+def test_garbage_and_missing_files_are_ignored(tmp_path):
+    root = tmp_path / "cg"
+    _write(str(root / "cpu.max"), "lots\n")
+    assert cpu_budget.cgroup_cpu_quota(str(root), str(tmp_path / "missing")) is None
+
+
+@pytest.mark.parametrize("quota,expect", [("50000 100000", 1), ("100000 100000", 1),
+                                          ("150000 100000", 2), ("max 100000", None)])
+def test_default_threads_caps_by_quota_rounded_up(tmp_path, quota, expect):
+    root = tmp_path / "cg"
+    _write(str(root / "cpu.max"), quota)
+    proc = _proc_cgroup(tmp_path, ["0::/"])
+    n = cpu_budget.default_threads(str(root), proc)
+    assert n == min(cpu_budget.affinity_cpus(), expect or 10 ** 6)
+
+
+def test_affinity_mask_counts():
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no affinity masks on this platform")
+    assert cpu_budget.affinity_cpus() == len(os.sched_getaffinity(0))
+
+
+def test_wait_policy_left_to_the_user():
+    env = {}
+    cpu_budget.set_openmp_environment(env)
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    env = {"OMP_WAIT_POLICY": "active"}
+    cpu_budget.set_openmp_environment(env)
+    assert env == {"OMP_WAIT_POLICY": "active"}
+    env = {"GOMP_SPINCOUNT": "10000"}
+    cpu_budget.set_openmp_environment(env)
+    assert env == {"GOMP_SPINCOUNT": "10000"}
+
+
+def _fresh(code, **env):
+    full = dict(os.environ)
+    for var in ("CYBACK_NUM_THREADS", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        full.pop(var, None)
+    full.update(env)
+    full["PYTHONPATH"] = ROOT + os.pathsep + full.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-c", code], env=full, check=True,
+                          stdout=subprocess.PIPE, text=True).stdout.split()
+
+
+def test_import_sets_policy_and_team_from_the_mask():
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no affinity masks on this platform")
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    code = ("import os; os.sched_setaffinity(0, {%d}); import cyback; "
+            "print(cyback.get_num_threads(), os.environ['OMP_WAIT_POLICY'])" % cpu)
+    assert _fresh(code) == ["1", "PASSIVE"]
+
+
+def test_explicit_settings_win():
+    code = "import os, cyback; print(cyback.get_num_threads(), os.environ.get('OMP_WAIT_POLICY'))"
+    assert _fresh(code, CYBACK_NUM_THREADS="3", OMP_WAIT_POLICY="active") == ["3", "active"]
+    assert _fresh(code, OMP_NUM_THREADS="3") == ["3", "PASSIVE"]
