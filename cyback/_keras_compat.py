@@ -48,6 +48,11 @@ files fail to load, as do files written by tf.keras. A hook on
 - ``keras.utils.io_utils.save_to_binary_h5py`` (``model.save(io.BytesIO())``)
   opened its in-memory file without a mode, which h5py 3 takes as read-only.
 
+Other Keras bugs the hook works around (see the functions below): Lambda
+output shapes (``_patch_core_layers``), NumPy integers in Flatten/Reshape
+shapes (``_patch_shape_arithmetic``), TimeDistributed's undefined global
+(``_patch_wrappers``), and keras.backend's session helpers.
+
 Nothing outside those Keras functions sees a change: h5py itself is not
 patched. ``install()`` is idempotent and cheap; cyback calls it on import,
 which is early enough, because Keras imports the backend (from
