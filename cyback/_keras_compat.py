@@ -51,6 +51,11 @@ files fail to load, as do files written by tf.keras. A hook on
 When Keras runs on cyback, ``keras.engine.network.Network`` also gets a
 ``__reduce__``: models pickle (pickle, cloudpickle) as an in-memory HDF5 save.
 
+Other Keras bugs the hook works around (see the functions below): Lambda
+output shapes (``_patch_core_layers``), NumPy integers in Flatten/Reshape
+shapes (``_patch_shape_arithmetic``), TimeDistributed's undefined global
+(``_patch_wrappers``), and keras.backend's session helpers.
+
 Nothing outside those Keras functions sees a change: h5py itself is not
 patched. ``install()`` is idempotent and cheap; cyback calls it on import,
 which is early enough, because Keras imports the backend (from

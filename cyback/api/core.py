@@ -48,7 +48,8 @@ def variable(value, dtype=None, name=None, constraint=None):
         if dtype is None:
             dtype = value.dtype
         value = _function.eval_tensor(value)
-    if hasattr(value, "toarray") and hasattr(value, "tocsr"):
+    sparse = hasattr(value, "toarray") and hasattr(value, "tocsr")
+    if sparse:
         value = value.toarray()
     dtype = _dtype(dtype)
     try:
@@ -57,6 +58,11 @@ def variable(value, dtype=None, name=None, constraint=None):
         raise TypeError("variable: cannot make a %s variable from %r: %s"
                         % (dtype, type(value).__name__, e)) from None
     v = Variable(arr, dtype, name=name, constraint=constraint)
+    if sparse:
+        # A variable made from a scipy.sparse matrix is sparse for is_sparse,
+        # dot and concatenate, as in TensorFlow (a SparseTensor, which gets no
+        # gradient) and Theano; cyback stores its value densely.
+        v.sparse = True
     return _set_keras_meta(v)
 
 
@@ -192,8 +198,10 @@ def count_params(x):
 # ------------------------------------------------------------------ values
 
 def eval(x):
-    """The value of a tensor or variable, as a NumPy array."""
-    return _function.eval_tensor(x)
+    """The value of a tensor or variable, as a NumPy array (dense for a sparse
+    tensor, as Theano's eval gives it)."""
+    value = _function.eval_tensor(x)
+    return value.toarray() if hasattr(value, "toarray") else value
 
 
 def get_value(x):

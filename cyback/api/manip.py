@@ -6,6 +6,7 @@ factors, data_format) and builds ops from ``cyback.ops.shape`` and
 code passes them (``K.tile(x, [K.shape(y)[0], 1])``).
 """
 import numbers
+import os
 
 import numpy as np
 
@@ -18,7 +19,8 @@ from cyback.ops import shape as shp
 
 __all__ = [
     "gather", "concatenate", "reshape", "permute_dimensions", "resize_images",
-    "resize_volumes", "repeat_elements", "repeat", "arange", "tile", "flatten",
+    "resize_volumes", "set_resize_half_pixel_centers", "resize_half_pixel_centers",
+    "repeat_elements", "repeat", "arange", "tile", "flatten",
     "batch_flatten", "expand_dims", "squeeze", "temporal_padding", "spatial_2d_padding",
     "spatial_3d_padding", "stack", "one_hot", "reverse", "slice", "pattern_broadcast",
 ]
@@ -129,7 +131,13 @@ def concatenate(tensors, axis=-1):
                         % type(tensors).__name__)
     if not tensors:
         raise ValueError("concatenate: tensors is empty")
-    tensors = [_dense(_tensor("concatenate", t, "tensors")) for t in tensors]
+    tensors = [_tensor("concatenate", t, "tensors") for t in tensors]
+    if all(getattr(t, "sparse", False) for t in tensors) and all(t.ndim == 2 for t in tensors):
+        # Sparse stays sparse, as with TensorFlow's sparse_concat and Theano's
+        # sparse stack; a mix with dense tensors is joined densely.
+        from cyback.ops.sparse import sparse_concatenate
+        return sparse_concatenate(tensors, _axis("concatenate", axis, 2))
+    tensors = [_dense(t) for t in tensors]
     ndim = tensors[0].ndim
     if ndim == 0:
         raise ValueError("concatenate: cannot concatenate scalars; use stack")
@@ -316,10 +324,33 @@ def _factors(api, names, values):
     return [_int(api, n, v, 1) for n, v in zip(names, values)]
 
 
+_resize = {"half_pixel_centers": os.environ.get("CYBACK_RESIZE_HALF_PIXEL_CENTERS", "0")
+           .strip().lower() not in ("", "0", "false", "no")}
+
+
+def set_resize_half_pixel_centers(value):
+    """Make bilinear ``resize_images`` sample at pixel centres, as TF 2's
+    ``tf.image.resize`` (and so tf.keras's ``UpSampling2D(interpolation=
+    'bilinear')``) does, instead of as TF 1's ``resize_bilinear``, which Keras
+    2.3.1's TensorFlow backend calls. Off by default; for models trained with
+    TF 2. Applies to graphs built afterwards (set it before building the
+    model). The environment variable CYBACK_RESIZE_HALF_PIXEL_CENTERS=1 sets
+    it at import."""
+    if not isinstance(value, (bool, np.bool_)) and value not in (0, 1):
+        raise TypeError("set_resize_half_pixel_centers: expected a bool, got %r" % (value,))
+    _resize["half_pixel_centers"] = bool(value)
+
+
+def resize_half_pixel_centers():
+    """Whether bilinear ``resize_images`` uses TF 2's half-pixel centres."""
+    return _resize["half_pixel_centers"]
+
+
 def resize_images(x, height_factor, width_factor, data_format, interpolation="nearest"):
     """Upsample the rows and columns of a 4-D batch of images by integer
     factors: 'nearest' repeats pixels, 'bilinear' interpolates as TensorFlow's
-    resize_bilinear (align_corners=False, half_pixel_centers=False)."""
+    resize_bilinear (align_corners=False, half_pixel_centers=False), or with
+    half-pixel centres as TF 2 after ``set_resize_half_pixel_centers(True)``."""
     api = "resize_images"
     x = _tensor(api, x)
     data_format = config.normalize_data_format(data_format)
@@ -335,9 +366,10 @@ def resize_images(x, height_factor, width_factor, data_format, interpolation="ne
         if not is_float_dtype(x.dtype):
             x = ew.cast(x, config.floatx())
         # TensorFlow interpolates along the columns first, then the rows.
+        half_pixel = _resize["half_pixel_centers"]
         for f, axis in ((fw, cols), (fh, rows)):
             if f != 1:
-                x = mp.Interp1D(f, axis)(x)
+                x = mp.Interp1D(f, axis, half_pixel)(x)
         return x
     raise ValueError("resize_images: interpolation must be 'nearest' or 'bilinear', got %r"
                      % (interpolation,))

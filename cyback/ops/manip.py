@@ -171,15 +171,29 @@ def _lerp_weights(factor, dtype, ndim, axis):
     return (np.arange(factor, dtype=dtype) / np.asarray(factor, dtype=dtype)).reshape(shape)
 
 
+def _half_pixel_taps(n, factor, dtype, ndim, axis):
+    """Source rows and weights of TF 2's bilinear resize (half-pixel centres):
+    output row o samples input coordinate (o + 0.5) / factor - 0.5, clamped
+    to [0, n - 1]. Returns (lo, hi, t) with t shaped to broadcast on ``axis``."""
+    c = np.maximum((np.arange(n * factor) + 0.5) / factor - 0.5, 0.0)
+    lo = np.floor(c).astype(np.intp)
+    hi = np.minimum(lo + 1, n - 1)
+    shape = [1] * ndim
+    shape[axis] = n * factor
+    return lo, hi, (c - lo).astype(dtype).reshape(shape)
+
+
 class Interp1D(Op):
     """Upsample axis ``axis`` by the integer ``factor`` with linear interpolation,
-    clamping at the last row."""
+    clamping at the last row. ``half_pixel`` samples at pixel centres as TF 2's
+    tf.image.resize does; otherwise as TF 1's resize_bilinear (Keras 2.3.1)."""
 
     api = "resize_images"
 
-    def __init__(self, factor, axis):
+    def __init__(self, factor, axis, half_pixel=False):
         self.factor = factor
         self.axis = axis
+        self.half_pixel = half_pixel
 
     def infer(self, x):
         shape = list(x.shape)
@@ -192,6 +206,11 @@ class Interp1D(Op):
         out_shape[a] *= f
         if x.shape[a] == 0:
             return (np.zeros(out_shape, dtype=x.dtype),)
+        if self.half_pixel:
+            lo, hi, t = _half_pixel_taps(x.shape[a], f, x.dtype, x.ndim, a)
+            below = np.take(x, lo, axis=a)
+            out = below + (np.take(x, hi, axis=a) - below) * t
+            return (np.ascontiguousarray(out, dtype=x.dtype),)
         nxt = np.concatenate([np.take(x, np.arange(1, x.shape[a]), axis=a),
                               np.take(x, [-1], axis=a)], axis=a)
         lo = np.expand_dims(x, a + 1)
@@ -201,7 +220,7 @@ class Interp1D(Op):
         return (np.ascontiguousarray(out.reshape(out_shape), dtype=x.dtype),)
 
     def grad(self, inputs, outputs, grads):
-        return [Interp1DGrad(self.factor, self.axis)(grads[0])]
+        return [Interp1DGrad(self.factor, self.axis, self.half_pixel)(grads[0])]
 
 
 class Interp1DGrad(Op):
@@ -209,9 +228,10 @@ class Interp1DGrad(Op):
 
     api = "resize_images"
 
-    def __init__(self, factor, axis):
+    def __init__(self, factor, axis, half_pixel=False):
         self.factor = factor
         self.axis = axis
+        self.half_pixel = half_pixel
 
     def infer(self, g):
         shape = list(g.shape)
@@ -222,6 +242,14 @@ class Interp1DGrad(Op):
     def compute(self, g):
         a, f = self.axis, self.factor
         n = g.shape[a] // f
+        if self.half_pixel and n:
+            lo, hi, t = _half_pixel_taps(n, f, g.dtype, g.ndim, a)
+            out = np.zeros(g.shape[:a] + (n,) + g.shape[a + 1:], dtype=g.dtype)
+            dest = np.moveaxis(out, a, 0)   # a view: the sums land in out
+            to_hi = g * t
+            np.add.at(dest, lo, np.moveaxis(g - to_hi, a, 0))
+            np.add.at(dest, hi, np.moveaxis(to_hi, a, 0))
+            return (out,)
         g = g.reshape(g.shape[:a] + (n, f) + g.shape[a + 1:])
         t = _lerp_weights(f, g.dtype, g.ndim - 1, a)
         to_hi = (g * t).sum(axis=a + 1, dtype=g.dtype)
@@ -239,7 +267,7 @@ class Interp1DGrad(Op):
         return (out,)
 
     def grad(self, inputs, outputs, grads):
-        return [Interp1D(self.factor, self.axis)(grads[0])]
+        return [Interp1D(self.factor, self.axis, self.half_pixel)(grads[0])]
 
 
 # ------------------------------------------------------------------ padding

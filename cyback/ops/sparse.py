@@ -1,5 +1,5 @@
 """Products of a sparse 2-D matrix (a sparse placeholder, fed scipy.sparse and
-kept as CSR) with a dense tensor.
+kept as CSR) with a dense tensor, and the concatenation of sparse matrices.
 
 Sparse inputs are leaves: the gradient flows to the dense side only.
 """
@@ -68,6 +68,51 @@ class SparseDot(Op):
             return [None, flipped(a, g) if is_float_dtype(b.dtype) else None]
         # d(D S)/dD: g S^T
         return [flipped(g, b) if is_float_dtype(a.dtype) else None, None]
+
+
+class SparseConcat(Op):
+    """Join 2-D sparse tensors along ``axis`` into one CSR matrix. Any input
+    value (scipy.sparse in any format, or the dense storage of a sparse
+    variable) is taken as CSR. Sparse inputs are leaves: no gradient."""
+
+    api = "concatenate"
+
+    def __init__(self, axis):
+        self.axis = axis
+
+    def infer(self, *xs):
+        other = 1 - self.axis
+        sizes = [x.shape[self.axis] for x in xs]
+        known = {x.shape[other] for x in xs if x.shape[other] is not None}
+        if len(known) > 1:
+            raise ValueError("concatenate: sparse tensors of shapes %s do not match on axis %d"
+                             % (", ".join(_fmt(x.shape) for x in xs), other))
+        shape = [None, None]
+        shape[self.axis] = None if None in sizes else sum(sizes)
+        shape[other] = known.pop() if known else None
+        dtype = xs[0].dtype
+        for x in xs[1:]:
+            dtype = ew.result_dtype(dtype, x.dtype)
+        return [(tuple(shape), dtype)]
+
+    def compute(self, *xs):
+        import scipy.sparse as sp
+        dtype = np.dtype(xs[0].dtype).name
+        for x in xs[1:]:
+            dtype = ew.result_dtype(dtype, np.dtype(x.dtype).name)
+        mats = [sp.csr_matrix(x) for x in xs]
+        join = sp.vstack if self.axis == 0 else sp.hstack
+        return (join(mats, format="csr").astype(dtype),)
+
+    def grad(self, inputs, outputs, grads):
+        return [None] * len(inputs)
+
+
+def sparse_concatenate(tensors, axis):
+    """The concatenation of 2-D sparse tensors along axis 0 or 1, sparse."""
+    out = SparseConcat(axis)(*tensors)
+    out.sparse = True
+    return out
 
 
 def sparse_dot(x, y):

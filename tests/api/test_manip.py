@@ -395,6 +395,63 @@ def test_resize_images_bilinear_tf_example():
     assert K.function([x], [gg])([np.ones((1, 2, 3, 1))])[0].shape == (1, 2, 3, 1)
 
 
+def np_half_pixel_axis(x, f, axis):
+    """TF 2's bilinear resize (half-pixel centres) along one axis, row by row."""
+    n = x.shape[axis]
+    rows = []
+    for y in range(n * f):
+        src = max((y + 0.5) / f - 0.5, 0.0)
+        lo = int(np.floor(src))
+        hi = min(lo + 1, n - 1)
+        t = src - lo
+        a, b = np.take(x, lo, axis=axis), np.take(x, hi, axis=axis)
+        rows.append(a + (b - a) * t)
+    return np.stack(rows, axis=axis)
+
+
+@pytest.fixture
+def half_pixel():
+    K.set_resize_half_pixel_centers(True)
+    yield
+    K.set_resize_half_pixel_centers(False)
+
+
+@pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("n_rows", [1, 3])
+def test_resize_images_bilinear_half_pixel(rng, half_pixel, data_format, dtype, n_rows):
+    assert K.resize_half_pixel_centers()
+    a = rand(rng, 2, n_rows, 4, 2, dtype=dtype)
+    if data_format == "channels_first":
+        a = np.ascontiguousarray(a.transpose(0, 3, 1, 2))
+    rows, cols = (2, 3) if data_format == "channels_first" else (1, 2)
+    got, _ = run(lambda x: K.resize_images(x, 3, 2, data_format, interpolation="bilinear"),
+                 a, shapes=[(None,) * 4])
+    ref = np_half_pixel_axis(np_half_pixel_axis(a.astype("float64"), 2, cols), 3, rows)
+    np.testing.assert_allclose(got, ref, rtol=1e-5 if dtype == "float32" else 1e-12,
+                               atol=1e-6 if dtype == "float32" else 1e-14)
+    assert got.dtype == dtype
+    check_grads(lambda v: K.resize_images(v, 3, 2, data_format, interpolation="bilinear"),
+                a[:1].astype("float64"))
+
+
+def test_resize_images_bilinear_half_pixel_tf2_example(half_pixel):
+    # tf.image.resize([[0, 1], [2, 3]], (4, 4)) in TF 2.
+    img = np.arange(4.0).reshape(1, 2, 2, 1)
+    got = K.eval(K.resize_images(K.constant(img), 2, 2, "channels_last", "bilinear"))
+    np.testing.assert_allclose(got[0, :, :, 0], [[0, 0.25, 0.75, 1], [0.5, 0.75, 1.25, 1.5],
+                                                 [1.5, 1.75, 2.25, 2.5], [2, 2.25, 2.75, 3]])
+    # Nearest is unchanged, and the setting is a bool.
+    near = K.eval(K.resize_images(K.constant(img), 2, 2, "channels_last"))
+    np.testing.assert_array_equal(near, np.repeat(np.repeat(img, 2, 1), 2, 2))
+    with pytest.raises(TypeError, match="set_resize_half_pixel_centers"):
+        K.set_resize_half_pixel_centers("yes")
+
+
+def test_resize_half_pixel_centers_is_off_by_default():
+    assert not K.resize_half_pixel_centers()
+
+
 def test_resize_images_errors():
     x = K.placeholder((1, 2, 2, 1))
     with pytest.raises(ValueError, match="data_format"):

@@ -112,3 +112,42 @@ def test_sparse_dot_errors():
     f = K.function([s], [K.to_dense(s)])
     with pytest.raises(ValueError, match="expects shape \\(2, 3\\)"):
         f([sp.csr_matrix((2, 4), dtype="float32")])
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_concatenate_of_sparse_stays_sparse(rng, axis):
+    """As TensorFlow's sparse_concat: Keras's backend test checks is_sparse."""
+    m1 = _csr(rng, (4, 5))
+    m2 = _csr(rng, (4, 5), dtype="float64") if axis else _csr(rng, (3, 5))
+    a, b = K.variable(m1), K.variable(m2, dtype=m2.dtype.name)
+    assert K.is_sparse(a) and K.is_sparse(b)
+    out = K.concatenate([a, b], axis=axis)
+    assert K.is_sparse(out)
+    want = np.concatenate([m1.toarray(), m2.toarray()], axis=axis)
+    assert K.int_shape(out) == want.shape
+    got = K.eval(out)
+    assert isinstance(got, np.ndarray) and got.dtype == out.dtype
+    np.testing.assert_allclose(got, want)
+    # Placeholders fed scipy matrices in any format; the function gives CSR.
+    p1 = K.placeholder((None, 5), sparse=True)
+    p2 = K.placeholder((None, 5), sparse=True)
+    cat = K.concatenate([p1, p2], axis=0)
+    assert K.is_sparse(cat) and K.int_shape(cat) == (None, 5)
+    res = K.function([p1, p2], [cat])([m1.tocoo(), m1])[0]
+    assert sp.issparse(res)
+    np.testing.assert_allclose(res.toarray(), np.concatenate([m1.toarray()] * 2))
+    np.testing.assert_allclose(K.eval(K.to_dense(K.concatenate([a, a]))),
+                               np.concatenate([m1.toarray()] * 2, axis=-1))
+
+
+def test_concatenate_mixing_sparse_and_dense_is_dense(rng):
+    m = _csr(rng, (2, 3))
+    out = K.concatenate([K.variable(m), K.variable(np.ones((2, 1)))])
+    assert not K.is_sparse(out)
+    np.testing.assert_allclose(K.eval(out), np.hstack([m.toarray(), np.ones((2, 1))]))
+
+
+def test_concatenate_sparse_shape_mismatch():
+    with pytest.raises(ValueError, match="concatenate"):
+        K.concatenate([K.placeholder((2, 3), sparse=True), K.placeholder((2, 4), sparse=True)],
+                      axis=0)
