@@ -306,6 +306,8 @@ KNOWN = [
     ("batch_normalization", "ValueError", "add: shapes"),
     ("bias_add", "ValueError", "operands could not be broadcast"),
     ("ctc_decode", "ValueError", "ctc_beam_decode: "),
+    ("stack", "ValueError", "all the input array dimensions"),
+    ("conv1d", "ValueError", "conv_output_length: "),
     # A time axis of unknown length fed with 0 steps.
     ("rnn", "IndexError", "index -1 is out of bounds for axis 0 with size 0"),
     ("foldl", "IndexError", "index 0 is out of bounds for axis 0 with size 0"),
