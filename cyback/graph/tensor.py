@@ -210,7 +210,9 @@ class LockGroup(object):
 
     def __init__(self):
         self.parent = None
-        self.lock = threading.Lock()
+        # Re-entrant: a thread holding the group (an op of an updating call)
+        # may still set_value the same variables without deadlocking.
+        self.lock = threading.RLock()
 
 
 def acquire_group(group):
