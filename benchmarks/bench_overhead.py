@@ -8,7 +8,8 @@ conversion. Each row also times the same NumPy calls written by hand, so
 The training step is also timed A/B against the same function with its
 update lock disabled (blocks alternated in one run): ``lock_us`` is what
 serialising updating calls (graph/tensor.py, lock groups) costs a
-single-threaded step, for a 2-variable and a 60-variable model.
+single-threaded step, for a 2-variable and a 60-variable model, and
+``acquire_release_us`` the lock's own cost measured alone.
 
     python benchmarks/bench_overhead.py [--calls N]
 
@@ -26,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import print_table, write_json  # noqa: E402
 
 import cyback as K  # noqa: E402
+from cyback.graph.tensor import acquire_group  # noqa: E402
 from cyback.ops import elementwise as ew  # noqa: E402
 
 
@@ -150,11 +152,19 @@ def main():
         out_b, after_b = unlocked([xv, tv])[0], K.batch_get_value(params)
         assert out_a == out_b and all(np.array_equal(p, q) for p, q in zip(after_a, after_b))
         a, b = ab_per_call_us(lambda: locked([xv, tv]), lambda: unlocked([xv, tv]), args.calls)
+        # The lock's own cost (what the A/B difference should show, below
+        # the noise of a loaded machine): take and release the group.
+        group = locked._group
+
+        def take():
+            acquire_group(group).lock.release()
+        own = per_call_us(take, args.calls * 10)
         lock_rows.append({"train step": "%d-layer tanh MLP, %d variables" % (n_layers, n_vars),
                           "locked_us": a, "unlocked_us": b, "lock_us": a - b,
-                          "ratio": a / b})
+                          "ratio": a / b, "acquire_release_us": own})
     print()
-    print_table(lock_rows, ["train step", "locked_us", "unlocked_us", "lock_us", "ratio"],
+    print_table(lock_rows, ["train step", "locked_us", "unlocked_us", "lock_us", "ratio",
+                            "acquire_release_us"],
                 title="Update lock A/B (single thread, alternated blocks, median of 15)")
     load = os.getloadavg()[0]
     print("load average (1 min): %.2f" % load)

@@ -374,15 +374,25 @@ def _import_with_env(**env):
     ("CYBACK_NUM_THREADS", "two", "CYBACK_NUM_THREADS must be an integer"),
     ("CYBACK_BLAS_THREADS", "-3", "CYBACK_BLAS_THREADS must be an integer"),
 ])
-def test_bad_thread_settings_in_the_environment(var, value, msg):
-    out = _import_with_env(**{var: value})
+def test_bad_thread_settings_in_the_environment(monkeypatch, var, value, msg):
+    for name in ("CYBACK_PARALLEL_MIN_WORK", "CYBACK_NUM_THREADS", "CYBACK_BLAS_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(var, value)
+    n0 = K.get_num_threads()
+    with pytest.raises(ValueError, match="^" + msg):
+        config._init_threads()
+    assert K.get_num_threads() == n0
+
+
+def test_bad_setting_stops_import():
+    out = _import_with_env(CYBACK_PARALLEL_MIN_WORK="abc")
     assert out.returncode != 0
-    assert "ValueError: " + msg in out.stderr, out.stderr
+    assert "ValueError: CYBACK_PARALLEL_MIN_WORK must be" in out.stderr, out.stderr
 
 
-def test_good_min_work_setting():
-    out = _import_with_env(CYBACK_PARALLEL_MIN_WORK="2.5e5")
-    assert out.returncode == 0, out.stderr
+def test_good_min_work_setting(monkeypatch):
+    monkeypatch.setenv("CYBACK_PARALLEL_MIN_WORK", "2.5e5")
+    config._check_min_work_env()
 
 
 def test_keras_with_bad_epsilon_in_keras_json_uses_the_default(tmp_path):

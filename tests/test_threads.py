@@ -133,3 +133,19 @@ def test_error_in_updating_call_releases_the_lock():
         bad([np.ones(3, "float32")])
     f([np.ones(2, "float32")])
     assert K.get_value(c) == 1.0
+
+
+def test_the_thread_holding_a_group_may_still_set_value():
+    c = K.variable(0.0)
+    K.function([], [], updates=[K.update_add(c, 1.0)])
+    done = []
+
+    def work():
+        group = _root(c._group)
+        with group.lock:                   # as inside an updating call
+            K.set_value(c, 3.0)
+            done.append(True)
+    t = threading.Thread(target=work)
+    t.start()
+    t.join(timeout=30)
+    assert not t.is_alive() and done and K.get_value(c) == 3.0

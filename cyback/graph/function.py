@@ -489,7 +489,7 @@ class Function(object):
             if self._assigns:   # only with the lock disabled (benchmarks)
                 self._apply(rest[self._n_fetch:])
         else:
-            group = acquire_group(self._group)
+            group = self._group = acquire_group(self._group)   # start at the root next time
             try:
                 try:
                     outs, rest = plan.run(*feeds)

@@ -222,7 +222,9 @@ class LockGroup(object):
 
     def __init__(self):
         self.parent = None
-        self.lock = threading.Lock()
+        # Re-entrant: a thread holding the group (an op of an updating call)
+        # may still set_value the same variables without deadlocking.
+        self.lock = threading.RLock()
 
 
 def acquire_group(group):
@@ -354,7 +356,15 @@ def _converted(var, value, what):
     problem = integer_problem(arr, want)
     if problem:
         raise ValueError("%s has dtype %s; the new value holds %s" % (where, var.dtype, problem))
-    return np.array(arr, dtype=want, copy=True)
+    with np.errstate(over="ignore"):
+        out = np.array(arr, dtype=want, copy=True)
+    if want.kind == "f" and arr.size and kind in "iuf" and want.itemsize < 8:
+        lost = np.isfinite(arr) & ~np.isfinite(out)
+        if lost.any():
+            raise ValueError("%s has dtype %s; the new value holds %r, beyond its largest "
+                             "number %r" % (where, var.dtype, arr[lost].ravel()[0].item(),
+                                            float(np.finfo(want).max)))
+    return out
 
 
 def integer_problem(arr, want):

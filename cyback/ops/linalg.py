@@ -112,7 +112,7 @@ def contract(x, y, ax, ay):
         return np.dot(x, y)     # small dense products: no reshape bookkeeping
     if len(ax) == 1 and ax[0] == x.ndim - 1 and ay == (0,) and y.ndim == 2:
         # Dense layers: (..., k) @ (k, n).
-        a, b = x.reshape(-1, x.shape[-1]), y
+        a, b = x.reshape(math.prod(x.shape[:-1]), x.shape[-1]), y
         shape = x.shape[:-1] + y.shape[1:]
     else:
         fx, fy = _free(x.ndim, ax), _free(y.ndim, ay)

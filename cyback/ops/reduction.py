@@ -59,6 +59,8 @@ class Reduce(Op):
             shape = reduced_shape(x.shape, self.axes, self.keepdims)
             if is_float_dtype(x.dtype.name):
                 return (np.full(shape, fill, x.dtype),)
+            if x.dtype.kind == "b":
+                return (np.full(shape, self.kind == "min", x.dtype),)
             info = np.iinfo(x.dtype)
             return (np.full(shape, info.min if self.kind == "max" else info.max, x.dtype),)
         y = fn(x, axis=self.axes, keepdims=self.keepdims)

@@ -631,34 +631,51 @@ class Concatenate(Op):
         return (np.concatenate(xs, axis=self.axis),)
 
     def grad(self, inputs, outputs, grads):
-        return [ConcatPiece(self.axis, i)(grads[0], *inputs) for i in range(len(inputs))]
+        if len(inputs) == 1:
+            return [grads[0]]
+        sizes = tuple(x.shape[self.axis] for x in inputs)
+        shapes = tuple(x.shape for x in inputs)
+        if None in sizes:
+            # Sizes known only at run time: read them from the inputs.
+            parts = ConcatSplit(self.axis, shapes, None)(grads[0], *inputs)
+        else:
+            parts = ConcatSplit(self.axis, shapes, sizes)(grads[0])
+        return list(parts)
 
 
-class ConcatPiece(Op):
-    """The part of ``g`` that came from input ``i`` of a concatenation."""
+class ConcatSplit(Op):
+    """``g`` cut into the parts that came from each input of a concatenation
+    along ``axis``: one op with one output per input, so that the gradient of
+    an n-way concatenation (an unrolled RNN's stacked outputs) has O(n) edges,
+    not n ops each reading all n inputs. ``sizes`` are the inputs' static sizes
+    along the axis, or None when they are read from the inputs, which then
+    follow ``g``."""
 
     api = "concatenate"
 
-    def __init__(self, axis, i):
+    def __init__(self, axis, shapes, sizes):
         self.axis = axis
-        self.i = i
+        self.shapes = shapes
+        self.sizes = sizes
+        self.n_outputs = len(shapes)
 
     def infer(self, g, *xs):
-        return [(xs[self.i].shape, g.dtype)]
+        return [(shape, g.dtype) for shape in self.shapes]
 
     def compute(self, g, *xs):
-        start = sum(np.shape(x)[self.axis] for x in xs[:self.i])
-        stop = start + np.shape(xs[self.i])[self.axis]
+        sizes = self.sizes if self.sizes is not None else [np.shape(x)[self.axis] for x in xs]
         index = [slice(None)] * g.ndim
-        index[self.axis] = slice(start, stop)
-        return (g[tuple(index)],)
+        parts, start = [], 0
+        for size in sizes:
+            index[self.axis] = slice(start, start + size)
+            parts.append(g[tuple(index)])
+            start += size
+        return tuple(parts)
 
     def grad(self, inputs, outputs, grads):
-        xs = inputs[1:]
-        gg = grads[0]
-        parts = [gg if j == self.i else ew.zeros_like_tensor(x, gg.dtype)
-                 for j, x in enumerate(xs)]
-        return [Concatenate(self.axis)(*parts)] + [None] * len(xs)
+        parts = [gi if gi is not None else ew.zeros_like_tensor(o, o.dtype)
+                 for gi, o in zip(grads, outputs)]
+        return [Concatenate(self.axis)(*parts)] + [None] * (len(inputs) - 1)
 
 
 def concatenate(tensors, axis=-1):

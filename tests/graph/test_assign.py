@@ -63,6 +63,19 @@ def test_integer_variables_take_only_representable_values(value, ok):
         assert not K.get_value(i).any()
 
 
+@pytest.mark.parametrize("dtype,value", [("float32", 1e300), ("float16", 70000),
+                                          ("float16", -1e10)])
+def test_float_values_beyond_the_dtype_range(dtype, value):
+    v = K.variable(np.zeros(2), dtype=dtype, name="f")
+    with pytest.raises(ValueError, match=r"set_value: variable 'f' has dtype %s; the new value "
+                       r"holds .*beyond its largest number" % dtype):
+        K.set_value(v, [0.0, value])
+    K.set_value(v, [np.inf, -np.inf])            # infinities stay infinities
+    assert np.isinf(K.get_value(v)).all()
+    K.set_value(v, [np.nan, 1.0])
+    assert np.isnan(K.get_value(v)[0])
+
+
 def test_bool_variable():
     v = K.variable(np.zeros(2, bool), dtype="bool")
     K.set_value(v, [1, 0])
