@@ -235,6 +235,7 @@ def test_process_cache_loads_once_per_token(cnn, images):
     pred.compute(**SYNC)
     info = cd.cache_info()
     assert (info["loads"], info["chunks"], info["rows"]) == (1, 18, 180)
+    assert info["seconds"] > 0 and not info["allocator_tuned"]    # not a Dask worker
     # Another model (other weights) is another entry.
     cd.predict(_cnn(seed=1), images[:5]).compute(**SYNC)
     assert cd.cache_info()["loads"] == 2 and len(cd.cache_info()["models"]) == 2
@@ -271,6 +272,8 @@ def test_cluster_matches_local_and_loads_once_per_worker(client, cnn, images):
         if info["chunks"]:
             # Two single-thread workers on this host: cores // 2 threads each.
             assert info["threads"] == max(1, cd._cores() // 2)
+            # The nanny's MALLOC_TRIM_THRESHOLD_ is undone (glibc only).
+            assert info["allocator_tuned"]
     # The model is one key of the graph, shared by every chunk's task.
     assert len([k for k in pred.__dask_graph__() if str(k).startswith("_Model-")]) == 1
     again = cd.predict(cnn, images, batch_size=6, chunk_rows=6).compute()
