@@ -28,6 +28,7 @@ Prints a table and writes benchmarks/results/dask.json. Report ``uptime``
 with the figures: on a busy machine they are indicative only.
 """
 import argparse
+import logging
 import os
 import statistics
 import sys
@@ -73,6 +74,7 @@ def main():
     import dask.array as da
     import distributed
     import keras
+    logging.getLogger("distributed").setLevel(logging.ERROR)
 
     import cyback
     import cyback.dask as cd

@@ -118,6 +118,10 @@ class _Runner(object):
         if len(self.feeds) != 1:
             raise ValueError("%s: the %s has %d inputs; predict takes models of one input"
                              % (_API, what, len(self.feeds)))
+        scalars = [i for i, o in enumerate(self.model.outputs) if len(o.shape) == 0]
+        if scalars:
+            raise ValueError("%s: output %d of the %s is a scalar; predict needs one row of "
+                             "output per row of input" % (_API, scalars[0], what))
         if self.is_function and self.model._updates:
             raise ValueError("%s: the function has updates, which would change its variables "
                              "on each worker apart; compile one without updates" % _API)
@@ -322,6 +326,10 @@ def _run_chunk(x, model, settings, chunk, rows):
         start = time.perf_counter()
         outs = runner(x, batch_size)
         seconds = time.perf_counter() - start
+        for i, o in enumerate(outs):
+            if len(o) != len(x):
+                raise ValueError("%s: for %s the model's output %d has %d rows, not one per "
+                                 "input row (%d)" % (_API, _where(chunk, rows), i, len(o), len(x)))
     if nan_policy == "raise":
         for o in outs:
             if o.dtype.kind == "f":

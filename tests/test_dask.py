@@ -181,6 +181,14 @@ def test_chunk_of_the_wrong_shape_is_named(cnn, images):
         pred.compute(**SYNC)
 
 
+def test_output_without_one_row_per_input_row_is_named():
+    x = K.placeholder((None, 2), name="x")
+    f = K.function([x], [x[:1]])          # one row whatever the batch
+    with pytest.raises(ValueError, match=r"for chunk 0 \(rows 0 to 3\) the model's output 0 "
+                                         r"has 2 rows, not one per input row \(4\)"):
+        cd.predict(f, np.ones((4, 2), "float32"), batch_size=2, chunk_rows=4).compute(**SYNC)
+
+
 def test_data_that_cannot_fit_fails_before_running(cnn, images):
     with pytest.raises(ValueError, match=r"takes samples of shape \(n, 10, 10, 2\); the data "
                                          r"has samples of shape \(10, 10, 3\)"):
@@ -221,6 +229,8 @@ def test_bad_models_and_data(tmp_path):
     y = K.placeholder((None, 4), name="y")
     with pytest.raises(ValueError, match="the function has 2 inputs"):
         cd.predict(K.function([x, y], [x + y]), np.zeros((3, 4)))
+    with pytest.raises(ValueError, match="output 1 of the function is a scalar"):
+        cd.predict(K.function([x], [x, K.sum(x)]), np.zeros((3, 4)))
     v = K.variable(np.zeros(4))
     with pytest.raises(ValueError, match="the function has updates"):
         cd.predict(K.function([x], [x * 1.0], updates=[(v, v + 1)]), np.zeros((3, 4)))
