@@ -23,8 +23,9 @@ How it runs (see docs/dask.md):
 - each process loads it once, on its first chunk, and keeps it in a cache
   keyed by a digest of those bytes (``cache_info()`` counts the loads);
 - on a distributed worker, cyback's kernels run on the worker's share of the
-  host's cores (cores // the host's total Dask threads), so that workers never
-  oversubscribe the machine;
+  host's cores (cores // the host's total Dask threads), and in dask's local
+  thread pool on cores // its size, so that tasks never oversubscribe the
+  machine;
 - a chunk whose shape does not fit the model, or that holds NaN under
   ``nan_policy="raise"``, fails with an error naming the chunk and its rows.
   A worker that dies is Dask's business: its tasks are recomputed elsewhere,
@@ -240,7 +241,14 @@ def _worker_threads(threads, host_threads):
         from distributed import get_worker
         worker = get_worker()
     except (ImportError, ValueError):
-        return None         # not on a distributed worker: leave the setting alone
+        worker = None
+    if worker is None:
+        if threading.current_thread() is threading.main_thread():
+            return None     # the synchronous scheduler: this process's setting stands
+        # A thread of dask's local pool, which runs num_workers tasks at once.
+        import dask
+        pool = dask.config.get("num_workers", None) or _cores()
+        return max(1, _cores() // int(pool))
     from distributed.comm import get_address_host
     total = host_threads.get(get_address_host(worker.address)) or worker.state.nthreads
     return max(1, _cores() // max(1, total))
@@ -466,7 +474,8 @@ def predict(model, data, batch_size=32, columns=None, nan_policy="allow", thread
         "raise" (a chunk with NaN in its input or its predictions fails,
         naming the chunk and the first bad row).
     threads: cyback threads per task: "auto" (on a distributed worker, its
-        share of the host's cores; elsewhere left as set), or an int.
+        share of the host's cores; in dask's local thread pool, cores //
+        its size; on the synchronous scheduler left as set), or an int.
     chunk_rows: rows per chunk when ``data`` is a NumPy array or a pandas
         DataFrame (default: 16 batches).
     output_columns: names of the result's columns for DataFrame data.

@@ -238,6 +238,18 @@ def test_bad_models_and_data(tmp_path):
         cd.save(np.zeros(3), tmp_path / "o")
 
 
+def test_threads_in_the_local_thread_pool(cnn, images):
+    cd.clear_cache()
+    with dask.config.set(num_workers=1):
+        cd.predict(cnn, images[:20], chunk_rows=10).compute(scheduler="threads")
+    assert cd.cache_info()["threads"] == cd._cores()        # the pool's only thread
+    with dask.config.set(num_workers=2 * cd._cores()):
+        cd.predict(cnn, images[:20], chunk_rows=10).compute(scheduler="threads")
+    assert cd.cache_info()["threads"] == 1
+    cd.predict(cnn, images[:20], chunk_rows=10, threads=2).compute(scheduler="threads")
+    assert cd.cache_info()["threads"] == 2
+
+
 def test_process_cache_loads_once_per_token(cnn, images):
     cd.clear_cache()
     pred = cd.predict(cnn, images, batch_size=8, chunk_rows=10)
