@@ -328,13 +328,14 @@ def test_cluster_error_names_the_chunk(client, cnn, images):
 
 def test_killed_worker_does_not_change_the_result(client):
     # A model slow enough that the job is still running when a worker dies.
-    x = K.placeholder((None, 64), name="x")
-    w = K.variable(np.random.RandomState(7).randn(64, 64) / 8, name="w")
+    # (40 chunks of ~80 MFLOP: tens of ms each on one core.)
+    x = K.placeholder((None, 128), name="x")
+    w = K.variable(np.random.RandomState(7).randn(128, 128) / 11, name="w")
     y = x
-    for _ in range(60):
+    for _ in range(40):
         y = K.tanh(K.dot(y, w))
     f = K.function([x], [y])
-    data = np.random.RandomState(8).rand(2400, 64).astype("float32")
+    data = np.random.RandomState(8).rand(2400, 128).astype("float32")
     pred = cd.predict(f, data, batch_size=20, chunk_rows=60)
     expected = pred.compute()
     client.run(cd.clear_cache)
@@ -345,6 +346,7 @@ def test_killed_worker_does_not_change_the_result(client):
         time.sleep(0.02)
     pids = client.run(os.getpid)
     victim = sorted(pids)[0]
+    assert not future.done()            # the worker dies mid-job
     os.kill(pids[victim], signal.SIGKILL)
     got = future.result(timeout=120)
     np.testing.assert_array_equal(got, expected)
