@@ -16,6 +16,11 @@ timing starts (one untimed pass: the first pass's time is reported apart as
 median over --rounds. Every engine's predictions are checked against the
 local ones before any time counts.
 
+``cpu_s`` is the CPU time a pass took in all the processes involved (this
+one, which also runs the LocalCluster's scheduler, and the workers):
+``samples_per_cpu_s`` shows what the engines cost when a busy machine makes
+wall times meaningless.
+
 Rows at ``threads=1`` give each process one core: the like-for-like
 comparison of the targets (1 worker >= 90% of local; 2 workers >= 1.8x 1
 worker). Rows at ``threads=auto`` show the default, where each worker runs
@@ -125,12 +130,24 @@ def main():
         cold[(name, threads)] = time.perf_counter() - t0
         np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-6,
                                    err_msg="%s threads=%s" % (name, threads))
+    def cpu_seconds(workers):
+        """CPU time of this process (client, and the LocalCluster's scheduler,
+        which runs here) plus that of the engine's worker processes."""
+        total = time.process_time()
+        if workers:
+            total += sum(clusters[workers][1].run(time.process_time).values())
+        return total
+
     times = {(name, threads): [] for name, _, threads, _ in engines}
+    cpu = {(name, threads): [] for name, _, threads, _ in engines}
     for _ in range(args.rounds):
         for name, workers, threads, run in engines:
+            n = workers if name != "local" else 0
+            c0 = cpu_seconds(n)
             t0 = time.perf_counter()
             run()
             times[(name, threads)].append(time.perf_counter() - t0)
+            cpu[(name, threads)].append(cpu_seconds(n) - c0)
     cyback.set_num_threads(saved_threads)
     load_after = load_average()
     loads = [list(c[1].run(cd.cache_info).values()) for c in clusters.values()]
@@ -143,15 +160,17 @@ def main():
     for name, workers, threads, _ in engines:
         t = statistics.median(times[(name, threads)])
         rate[(name, threads)] = args.samples / t
+        c = statistics.median(cpu[(name, threads)])
         rows.append(dict(engine=name, workers=workers, threads=threads, median_s=t,
-                         cold_s=cold[(name, threads)], samples_per_s=args.samples / t))
+                         cold_s=cold[(name, threads)], samples_per_s=args.samples / t,
+                         cpu_s=c, samples_per_cpu_s=args.samples / c))
     for row in rows:
         base = rate[("local", 1 if row["threads"] == 1 else cores)]
         row["vs_local"] = row["samples_per_s"] / base
         if row["engine"] == "dask 2w":
             row["vs_1w"] = row["samples_per_s"] / rate[("dask 1w", row["threads"])]
     print_table(rows, ["engine", "workers", "threads", "median_s", "cold_s", "samples_per_s",
-                       "vs_local", "vs_1w"],
+                       "vs_local", "vs_1w", "cpu_s", "samples_per_cpu_s"],
                 title="CNN 32x32x3 -> 10, %d samples, batch %d, chunks of %d, %d cores "
                       "(load %.2f before, %.2f after)" % (args.samples, args.batch, args.chunk,
                                                           cores, load_before or -1,
