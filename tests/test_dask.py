@@ -181,6 +181,14 @@ def test_chunk_of_the_wrong_shape_is_named(cnn, images):
         pred.compute(**SYNC)
 
 
+def test_output_without_one_row_per_input_row_is_named():
+    x = K.placeholder((None, 2), name="x")
+    f = K.function([x], [x[:1]])          # one row whatever the batch
+    with pytest.raises(ValueError, match=r"for chunk 0 \(rows 0 to 3\) the model's output 0 "
+                                         r"has 2 rows, not one per input row \(4\)"):
+        cd.predict(f, np.ones((4, 2), "float32"), batch_size=2, chunk_rows=4).compute(**SYNC)
+
+
 def test_data_that_cannot_fit_fails_before_running(cnn, images):
     with pytest.raises(ValueError, match=r"takes samples of shape \(n, 10, 10, 2\); the data "
                                          r"has samples of shape \(10, 10, 3\)"):
@@ -221,11 +229,25 @@ def test_bad_models_and_data(tmp_path):
     y = K.placeholder((None, 4), name="y")
     with pytest.raises(ValueError, match="the function has 2 inputs"):
         cd.predict(K.function([x, y], [x + y]), np.zeros((3, 4)))
+    with pytest.raises(ValueError, match="output 1 of the function is a scalar"):
+        cd.predict(K.function([x], [x, K.sum(x)]), np.zeros((3, 4)))
     v = K.variable(np.zeros(4))
     with pytest.raises(ValueError, match="the function has updates"):
         cd.predict(K.function([x], [x * 1.0], updates=[(v, v + 1)]), np.zeros((3, 4)))
     with pytest.raises(TypeError, match="cyback.dask.save: expected a dask array"):
         cd.save(np.zeros(3), tmp_path / "o")
+
+
+def test_threads_in_the_local_thread_pool(cnn, images):
+    cd.clear_cache()
+    with dask.config.set(num_workers=1):
+        cd.predict(cnn, images[:20], chunk_rows=10).compute(scheduler="threads")
+    assert cd.cache_info()["threads"] == cd._cores()        # the pool's only thread
+    with dask.config.set(num_workers=2 * cd._cores()):
+        cd.predict(cnn, images[:20], chunk_rows=10).compute(scheduler="threads")
+    assert cd.cache_info()["threads"] == 1
+    cd.predict(cnn, images[:20], chunk_rows=10, threads=2).compute(scheduler="threads")
+    assert cd.cache_info()["threads"] == 2
 
 
 def test_process_cache_loads_once_per_token(cnn, images):
@@ -235,6 +257,7 @@ def test_process_cache_loads_once_per_token(cnn, images):
     pred.compute(**SYNC)
     info = cd.cache_info()
     assert (info["loads"], info["chunks"], info["rows"]) == (1, 18, 180)
+    assert info["seconds"] > 0 and not info["allocator_tuned"]    # not a Dask worker
     # Another model (other weights) is another entry.
     cd.predict(_cnn(seed=1), images[:5]).compute(**SYNC)
     assert cd.cache_info()["loads"] == 2 and len(cd.cache_info()["models"]) == 2
@@ -271,6 +294,8 @@ def test_cluster_matches_local_and_loads_once_per_worker(client, cnn, images):
         if info["chunks"]:
             # Two single-thread workers on this host: cores // 2 threads each.
             assert info["threads"] == max(1, cd._cores() // 2)
+            # The nanny's MALLOC_TRIM_THRESHOLD_ is undone (glibc only).
+            assert info["allocator_tuned"]
     # The model is one key of the graph, shared by every chunk's task.
     assert len([k for k in pred.__dask_graph__() if str(k).startswith("_Model-")]) == 1
     again = cd.predict(cnn, images, batch_size=6, chunk_rows=6).compute()
@@ -303,13 +328,14 @@ def test_cluster_error_names_the_chunk(client, cnn, images):
 
 def test_killed_worker_does_not_change_the_result(client):
     # A model slow enough that the job is still running when a worker dies.
-    x = K.placeholder((None, 64), name="x")
-    w = K.variable(np.random.RandomState(7).randn(64, 64) / 8, name="w")
+    # (40 chunks of ~80 MFLOP: tens of ms each on one core.)
+    x = K.placeholder((None, 128), name="x")
+    w = K.variable(np.random.RandomState(7).randn(128, 128) / 11, name="w")
     y = x
-    for _ in range(60):
+    for _ in range(40):
         y = K.tanh(K.dot(y, w))
     f = K.function([x], [y])
-    data = np.random.RandomState(8).rand(2400, 64).astype("float32")
+    data = np.random.RandomState(8).rand(2400, 128).astype("float32")
     pred = cd.predict(f, data, batch_size=20, chunk_rows=60)
     expected = pred.compute()
     client.run(cd.clear_cache)
@@ -320,6 +346,7 @@ def test_killed_worker_does_not_change_the_result(client):
         time.sleep(0.02)
     pids = client.run(os.getpid)
     victim = sorted(pids)[0]
+    assert not future.done()            # the worker dies mid-job
     os.kill(pids[victim], signal.SIGKILL)
     got = future.result(timeout=120)
     np.testing.assert_array_equal(got, expected)

@@ -249,10 +249,12 @@ def _use_cyback_keras():
 
 
 def load_keras_model(data, custom_objects=None, compile=True):
-    """A Keras model from ``keras_model_bytes`` output."""
+    """A Keras model from ``keras_model_bytes`` output (compiled as it was
+    saved when ``compile``; a model saved uncompiled stays so, silently)."""
     import h5py
     keras = _use_cyback_keras()
     with h5py.File(io.BytesIO(data), "r") as f:
+        compile = compile and "training_config" in f.attrs
         return keras.models.load_model(f, custom_objects=custom_objects, compile=compile)
 
 
