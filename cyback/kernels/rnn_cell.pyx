@@ -367,12 +367,23 @@ def _recurrent_grad(hs, h0, rmask, dz, dt):
     return dR
 
 
+# Column blocks of the recurrent kernel's gradient, one GEMM each, spread over
+# the OpenMP threads; fixed, so the result does not depend on the thread count.
+DEF DR_BLOCKS = 4
+
+
 def _gemm_tn(const floating[:, ::1] a, const floating[:, ::1] b, floating[:, ::1] out):
-    """``out = a^T @ b`` through BLAS, on the calling thread's BLAS."""
-    with nogil:
-        gemm(True, False, <int>a.shape[1], <int>b.shape[1], <int>a.shape[0], <floating>1,
-             &a[0, 0], <int>a.shape[1], &b[0, 0], <int>b.shape[1], <floating>0, &out[0, 0],
-             <int>b.shape[1])
+    """``out = a^T @ b`` through BLAS (one thread each), column blocks in parallel."""
+    cdef Py_ssize_t n = b.shape[1], blk, c0, c1
+    cdef Py_ssize_t width = (n + DR_BLOCKS - 1) // DR_BLOCKS
+    cdef int nt = cb_threads_for(2.0 * a.shape[0] * a.shape[1] * n)
+    for blk in prange(DR_BLOCKS, nogil=True, schedule='static', num_threads=nt):
+        c0 = blk * width
+        c1 = c0 + width if c0 + width < n else n
+        if c1 > c0:
+            gemm(True, False, <int>a.shape[1], <int>(c1 - c0), <int>a.shape[0], <floating>1,
+                 &a[0, 0], <int>a.shape[1], &b[0, c0], <int>n, <floating>0, &out[0, c0],
+                 <int>n)
 
 
 def _rmask(rmask, B, u, dt):
