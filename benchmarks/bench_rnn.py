@@ -31,6 +31,7 @@ from _common import (median_time, print_table, reference_blas,  # noqa: E402
                      try_import_torch, write_json)
 
 import cyback as K  # noqa: E402
+from cyback.graph import scan_cells  # noqa: E402
 from cyback.ops import elementwise as ew  # noqa: E402
 
 sigmoid = getattr(K, "sigmoid", ew.sigmoid)
@@ -44,12 +45,13 @@ def lstm_weights(n_in, units, seed=0):
             np.zeros(4 * units, np.float32))
 
 
-def cyback_lstm(w, r, b, batch, steps, n_in, units, unroll=False, with_grad=True):
+def cyback_lstm(w, r, b, batch, steps, n_in, units, unroll=False, with_grad=True, fused=True):
     """Forward and forward+backward functions of a Keras-style LSTM layer
     (implementation=2: one product of x with the (n_in, 4u) kernel, one of
     h with the (u, 4u) recurrent kernel per step). Once a gradient of the loop
     exists, its forward also records what the backward loop reads; a graph
-    never differentiated (``with_grad=False``) records nothing."""
+    never differentiated (``with_grad=False``) records nothing. ``fused=False``
+    keeps the general Scan instead of the fused LSTM cell."""
     W, R, B = K.variable(w), K.variable(r), K.variable(b)
     u = units
 
@@ -64,7 +66,11 @@ def cyback_lstm(w, r, b, batch, steps, n_in, units, unroll=False, with_grad=True
         return h, [h, c]
     x = K.placeholder((None, steps, n_in))
     h0 = K.placeholder((None, units))
-    last, outs, _ = K.rnn(step, x, [h0, h0], unroll=unroll)
+    scan_cells.ENABLED = fused
+    try:
+        last, outs, _ = K.rnn(step, x, [h0, h0], unroll=unroll)
+    finally:
+        scan_cells.ENABLED = True
     fwd = K.function([x, h0], [outs])
     if not with_grad:
         return fwd, None
@@ -135,6 +141,46 @@ def tiny_step_overhead(steps, repeats):
     return fwd, bwd
 
 
+def keras_predict(repeats, torch):
+    """Keras LSTM(128) on (50 steps, 32 features): predict at batch 1 and 32,
+    fused cell against the general Scan, with torch's nn.LSTM for scale."""
+    try:
+        os.environ.setdefault("KERAS_BACKEND", "cyback")
+        import keras
+    except Exception:
+        return []
+    if keras.backend.backend() != "cyback":
+        return []
+    rows = []
+    models = {}
+    for fused in (True, False):
+        scan_cells.ENABLED = fused
+        try:
+            models[fused] = keras.models.Sequential([keras.layers.LSTM(128, input_shape=(50, 32))])
+        finally:
+            scan_cells.ENABLED = True
+    models[False].set_weights(models[True].get_weights())
+    for batch in (1, 32):
+        xb = np.random.RandomState(2).randn(batch, 50, 32).astype(np.float32)
+        outs = [models[f].predict_on_batch(xb) for f in (True, False)]
+        np.testing.assert_allclose(outs[0], outs[1], rtol=1e-4, atol=1e-5)
+        for fused in (True, False):
+            m = models[fused]
+            rows.append(dict(impl="cyback keras LSTM " + ("fused" if fused else "general Scan"),
+                             batch=batch, predict_ms=median_time(
+                                 lambda: m.predict_on_batch(xb), repeats=repeats) * 1e3))
+        if torch is not None:
+            lstm = torch.nn.LSTM(32, 128, batch_first=True)
+            xt = torch.from_numpy(xb)
+
+            def run():
+                with torch.no_grad():
+                    return lstm(xt)[0][:, -1]
+            rows.append(dict(impl="torch nn.LSTM", batch=batch,
+                             predict_ms=median_time(run, repeats=repeats) * 1e3))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=15)
@@ -160,6 +206,11 @@ def main():
     rows.append(dict(impl="cyback K.rnn (training graph)", forward_ms=median_time(
         lambda: fwd([x, h0]), repeats=args.repeats) * 1e3, train_ms=median_time(
         lambda: train([x, h0]), repeats=args.repeats) * 1e3))
+    fwd_g, train_g = cyback_lstm(w, r, b, bs, steps, n_in, u, fused=False)
+    np.testing.assert_allclose(fwd_g([x, h0])[0], ref, rtol=1e-4, atol=1e-5)
+    rows.append(dict(impl="cyback general Scan (not fused)", forward_ms=median_time(
+        lambda: fwd_g([x, h0]), repeats=args.repeats) * 1e3, train_ms=median_time(
+        lambda: train_g([x, h0]), repeats=args.repeats) * 1e3))
     with reference_blas():
         rows.append(dict(impl="numpy loop", forward_ms=median_time(
             lambda: numpy_lstm(x, w, r, b), repeats=args.repeats) * 1e3))
@@ -178,13 +229,26 @@ def main():
                                                                  torch.get_num_threads()),
                          forward_ms=median_time(tf_, repeats=args.repeats) * 1e3,
                          train_ms=median_time(tt_, repeats=args.repeats) * 1e3))
-    title = "LSTM batch=%d steps=%d inputs=%d units=%d, float32 (median ms)" % (bs, steps, n_in, u)
-    print_table(rows, ["impl", "forward_ms", "train_ms"], title=title)
+    torch_row = rows[-1] if torch is not None else None
+    if torch_row is not None:
+        for row in rows:
+            for col in ("forward", "train"):
+                if row.get(col + "_ms") is not None:
+                    row[col + "_vs_torch"] = row[col + "_ms"] / torch_row[col + "_ms"]
+    title = "LSTM batch=%d steps=%d inputs=%d units=%d, float32 (median ms); load %s" % (
+        bs, steps, n_in, u, " ".join(open("/proc/loadavg").read().split()[:3]))
+    print_table(rows, ["impl", "forward_ms", "train_ms", "forward_vs_torch", "train_vs_torch"],
+                title=title)
+    keras_rows = keras_predict(args.repeats, torch)
+    if keras_rows:
+        print()
+        print_table(keras_rows, ["impl", "batch", "predict_ms"],
+                    title="Keras LSTM(128) on (50, 32) inputs: model.predict_on_batch (median ms)")
     fwd_us, bwd_us = tiny_step_overhead(1000, args.repeats)
     print("\nper-step overhead (h = h + x_t * h on (1, 1), 1000 steps): forward %.2f us, "
           "backward (fwd+bwd) %.2f us" % (fwd_us, bwd_us))
     path = write_json("rnn", rows, batch=bs, steps=steps, inputs=n_in, units=u,
-                      threads=args.threads,
+                      threads=args.threads, keras_predict=keras_rows,
                       step_overhead_us=dict(forward=fwd_us, forward_backward=bwd_us))
     print("wrote", path)
 

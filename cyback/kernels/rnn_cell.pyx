@@ -26,10 +26,45 @@ cimport cython
 from cython.parallel cimport prange
 from libc.string cimport memcpy, memset
 
+from scipy.linalg.cython_blas cimport sgemv, dgemv
+
 from cyback.kernels._blas cimport floating, gemm
 from cyback.kernels._omp cimport cb_threads_for
 
 ACTIVATIONS = {"tanh": 0, "sigmoid": 1, "hard_sigmoid": 2, "linear": 3}
+
+
+# Batches up to this size multiply by R one row at a time (GEMV): a GEMM call
+# packs all of R first, which at batch 1 costs ten times the product itself.
+DEF GEMV_ROWS = 4
+
+
+cdef inline void _rec_product(bint trans, Py_ssize_t B, Py_ssize_t u, Py_ssize_t G,
+                              const floating *h, const floating *R, floating beta,
+                              floating *out) noexcept nogil:
+    """out = h @ R + beta * out (h: (B, u), out: (B, G)), or with ``trans``
+    out = h @ R^T + beta * out (h: (B, G), out: (B, u)); all row-major."""
+    cdef int m = <int>G, n = <int>u, one = 1, b
+    cdef char op = b'T' if trans else b'N'
+    cdef floating alpha = 1
+    if B > GEMV_ROWS:
+        if trans:
+            gemm(False, True, <int>B, <int>u, <int>G, alpha, h, <int>G, R, <int>G, beta,
+                 out, <int>u)
+        else:
+            gemm(False, False, <int>B, <int>G, <int>u, alpha, h, <int>u, R, <int>G, beta,
+                 out, <int>G)
+        return
+    # Row-major R (u, G) is column-major R^T (G, u): 'N' gives R^T h_b, 'T' gives R x_b.
+    for b in range(B):
+        if floating is float:
+            sgemv(&op, &m, &n, &alpha, <float*>R, &m,
+                  <float*>(h + b * (G if trans else u)), &one, &beta,
+                  out + b * (u if trans else G), &one)
+        else:
+            dgemv(&op, &m, &n, &alpha, <double*>R, &m,
+                  <double*>(h + b * (G if trans else u)), &one, &beta,
+                  out + b * (u if trans else G), &one)
 
 
 cdef extern from "cyback_act.h" nogil:
@@ -80,8 +115,7 @@ cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0, con
                     hm[b, j] = hp[b * u + j] * rmask[b, j]
             hp = &hm[0, 0]
         memcpy(&gates[t, 0, 0], &zx[t, 0, 0], B * G * sizeof(floating))
-        gemm(False, False, <int>B, <int>G, <int>u, <floating>1, hp, <int>u,
-             &R[0, 0], <int>G, <floating>1, &gates[t, 0, 0], <int>G)
+        _rec_product(False, B, u, G, hp, &R[0, 0], 1, &gates[t, 0, 0])
         for b in prange(B, schedule='static', num_threads=nt):
             hp = &h0[b, 0] if t == 0 else &hs[t - 1, b, 0]
             cp = &c0[b, 0] if t == 0 else &cs[t - 1, b, 0]
@@ -180,14 +214,12 @@ cdef void _lstm_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating
                 dy[b, j] = 0
         # dh_{t-1} += (dz_t @ R^T) * rmask
         if use_rmask:
-            gemm(False, True, <int>B, <int>u, <int>G, <floating>1, &dz[t, 0, 0], <int>G,
-                 &R[0, 0], <int>G, <floating>0, &dhm[0, 0], <int>u)
+            _rec_product(True, B, u, G, &dz[t, 0, 0], &R[0, 0], 0, &dhm[0, 0])
             for b in range(B):
                 for j in range(u):
                     dh[b, j] += dhm[b, j] * rmask[b, j]
         else:
-            gemm(False, True, <int>B, <int>u, <int>G, <floating>1, &dz[t, 0, 0], <int>G,
-                 &R[0, 0], <int>G, <floating>1, &dh[0, 0], <int>u)
+            _rec_product(True, B, u, G, &dz[t, 0, 0], &R[0, 0], 1, &dh[0, 0])
 
 
 def lstm_backward(const floating[:, :, ::1] dys, dhT, dcT, dyT, const floating[:, ::1] h0,
@@ -235,8 +267,7 @@ cdef void _simple_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0, c
                     hm[b, j] = hp[b * u + j] * rmask[b, j]
             hp = &hm[0, 0]
         memcpy(&pre[t, 0, 0], &zx[t, 0, 0], B * u * sizeof(floating))
-        gemm(False, False, <int>B, <int>u, <int>u, <floating>1, hp, <int>u,
-             &R[0, 0], <int>u, <floating>1, &pre[t, 0, 0], <int>u)
+        _rec_product(False, B, u, u, hp, &R[0, 0], 1, &pre[t, 0, 0])
         for b in prange(B, schedule='static', num_threads=nt):
             hp = &h0[b, 0] if t == 0 else &hs[t - 1, b, 0]
             yp = &y0[b, 0] if t == 0 else &ys[t - 1, b, 0]
@@ -294,14 +325,12 @@ cdef void _simple_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floati
                 dh[b, j] = 0
                 dy[b, j] = 0
         if use_rmask:
-            gemm(False, True, <int>B, <int>u, <int>u, <floating>1, &dz[t, 0, 0], <int>u,
-                 &R[0, 0], <int>u, <floating>0, &dhm[0, 0], <int>u)
+            _rec_product(True, B, u, u, &dz[t, 0, 0], &R[0, 0], 0, &dhm[0, 0])
             for b in range(B):
                 for j in range(u):
                     dh[b, j] += dhm[b, j] * rmask[b, j]
         else:
-            gemm(False, True, <int>B, <int>u, <int>u, <floating>1, &dz[t, 0, 0], <int>u,
-                 &R[0, 0], <int>u, <floating>1, &dh[0, 0], <int>u)
+            _rec_product(True, B, u, u, &dz[t, 0, 0], &R[0, 0], 1, &dh[0, 0])
 
 
 def simple_backward(const floating[:, :, ::1] dys, dhT, dyT, const floating[:, ::1] h0,
@@ -338,12 +367,23 @@ def _recurrent_grad(hs, h0, rmask, dz, dt):
     return dR
 
 
+# Column blocks of the recurrent kernel's gradient, one GEMM each, spread over
+# the OpenMP threads; fixed, so the result does not depend on the thread count.
+DEF DR_BLOCKS = 4
+
+
 def _gemm_tn(const floating[:, ::1] a, const floating[:, ::1] b, floating[:, ::1] out):
-    """``out = a^T @ b`` through BLAS, on the calling thread's BLAS."""
-    with nogil:
-        gemm(True, False, <int>a.shape[1], <int>b.shape[1], <int>a.shape[0], <floating>1,
-             &a[0, 0], <int>a.shape[1], &b[0, 0], <int>b.shape[1], <floating>0, &out[0, 0],
-             <int>b.shape[1])
+    """``out = a^T @ b`` through BLAS (one thread each), column blocks in parallel."""
+    cdef Py_ssize_t n = b.shape[1], blk, c0, c1
+    cdef Py_ssize_t width = (n + DR_BLOCKS - 1) // DR_BLOCKS
+    cdef int nt = cb_threads_for(2.0 * a.shape[0] * a.shape[1] * n)
+    for blk in prange(DR_BLOCKS, nogil=True, schedule='static', num_threads=nt):
+        c0 = blk * width
+        c1 = c0 + width if c0 + width < n else n
+        if c1 > c0:
+            gemm(True, False, <int>a.shape[1], <int>(c1 - c0), <int>a.shape[0], <floating>1,
+                 &a[0, 0], <int>a.shape[1], &b[0, c0], <int>n, <floating>0, &out[0, c0],
+                 <int>n)
 
 
 def _rmask(rmask, B, u, dt):

@@ -60,7 +60,8 @@ def _case(T, B, u, G, dtype, with_rmask, with_mask, seed=0):
 
 
 CASES = [(5, 3, 4, False, False), (5, 3, 4, True, True), (1, 1, 1, False, True),
-         (4, 2, 7, True, False), (0, 3, 4, False, False), (3, 0, 4, True, True)]
+         (4, 2, 7, True, False), (0, 3, 4, False, False), (3, 0, 4, True, True),
+         (3, 9, 5, True, True)]   # batch > GEMV_ROWS: one GEMM per step
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -113,10 +114,11 @@ def _numeric(loss, arrays, eps=1e-6):
 
 @pytest.mark.parametrize("with_rmask,with_mask", [(False, False), (True, True), (False, True)])
 @pytest.mark.parametrize("act,ract", [("tanh", "sigmoid"), ("sigmoid", "tanh")])
-def test_lstm_backward_matches_finite_differences(with_rmask, with_mask, act, ract):
-    zx, h0, c0, y0, R, rmask, mask = _case(4, 3, 3, 4, "float64", with_rmask, with_mask, seed=1)
+@pytest.mark.parametrize("B", [3, 6])
+def test_lstm_backward_matches_finite_differences(with_rmask, with_mask, act, ract, B):
+    zx, h0, c0, y0, R, rmask, mask = _case(4, B, 3, 4, "float64", with_rmask, with_mask, seed=1)
     rs = np.random.RandomState(2)
-    w = [rs.randn(4, 3, 3), rs.randn(3, 3), rs.randn(3, 3), rs.randn(3, 3)]
+    w = [rs.randn(4, B, 3), rs.randn(B, 3), rs.randn(B, 3), rs.randn(B, 3)]
     a, ra = rc.ACTIVATIONS[act], rc.ACTIVATIONS[ract]
 
     def loss():
@@ -133,10 +135,11 @@ def test_lstm_backward_matches_finite_differences(with_rmask, with_mask, act, ra
 
 
 @pytest.mark.parametrize("with_rmask,with_mask", [(False, False), (True, True)])
-def test_simple_backward_matches_finite_differences(with_rmask, with_mask):
-    zx, h0, _, y0, R, rmask, mask = _case(4, 3, 3, 1, "float64", with_rmask, with_mask, seed=3)
+@pytest.mark.parametrize("B", [3, 6])
+def test_simple_backward_matches_finite_differences(with_rmask, with_mask, B):
+    zx, h0, _, y0, R, rmask, mask = _case(4, B, 3, 1, "float64", with_rmask, with_mask, seed=3)
     rs = np.random.RandomState(4)
-    w = [rs.randn(4, 3, 3), rs.randn(3, 3), rs.randn(3, 3)]
+    w = [rs.randn(4, B, 3), rs.randn(B, 3), rs.randn(B, 3)]
 
     def loss():
         hs, ys, _ = rc.simple_forward(zx, h0, y0, R, rmask, mask, 0)
