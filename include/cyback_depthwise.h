@@ -294,10 +294,42 @@ ATTR static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy,      
     }                                                                                     \
 }
 
+/* channels_first kernel gradient of one plane, stride 1 along rows:
+ * acc[(ky*KW + kx) * 8 + lane] += partial sums of dy[oh, ow] *
+ * x[oh*sh - ph + ky*dh][ow + kx*dw] (rows padded as for cb_dw_fwd_cf_plane).
+ * The caller sums the 8 lanes of each tap (lanes a vector does not use stay
+ * as they were). */
+#define CB_DW_KGRAD_CF(T, V, VL, SUF, ATTR)                                               \
+ATTR static void cb_dw_kgrad_cf_plane_##SUF(const T *x, ptrdiff_t rs, ptrdiff_t Hs,       \
+        const T *dy, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t dh,              \
+        ptrdiff_t ph, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t dw, T *acc) {                 \
+    ptrdiff_t oh, ow, ky, kx, OV = OW - OW % VL;                                          \
+    for (oh = 0; oh < OH; oh++) {                                                         \
+        const T *g = dy + oh * OW;                                                        \
+        ptrdiff_t ih0 = oh * sh - ph;                                                     \
+        for (ky = 0; ky < KH; ky++) {                                                     \
+            const T *xr;                                                                  \
+            if (ih0 + ky * dh < 0 || ih0 + ky * dh >= Hs) continue;                       \
+            xr = x + (ih0 + ky * dh) * rs;                                                \
+            for (kx = 0; kx < KW; kx++) {                                                 \
+                V a = *(V *)(acc + (ky * KW + kx) * 8);                                   \
+                T t = 0;                                                                  \
+                const T *xp = xr + kx * dw;                                               \
+                for (ow = 0; ow < OV; ow += VL)                                           \
+                    a += *(const V *)(g + ow) * *(const V *)(xp + ow);                    \
+                for (; ow < OW; ow++)                                                     \
+                    t += g[ow] * xp[ow];                                                  \
+                a[0] += t;                                                                \
+                *(V *)(acc + (ky * KW + kx) * 8) = a;                                     \
+            }                                                                             \
+        }                                                                                 \
+    }                                                                                     \
+}
+
 #define CB_DW_INSTANCE(T, V, VL, SUF, ATTR) \
     CB_DW_PIXEL_SCALAR(T, SUF, ATTR) \
     CB_DW_FWD_CL(T, V, VL, SUF, ATTR) CB_DW_FWD_CF(T, V, VL, SUF, ATTR) \
-    CB_DW_KGRAD_CL(T, V, VL, SUF, ATTR)
+    CB_DW_KGRAD_CL(T, V, VL, SUF, ATTR) CB_DW_KGRAD_CF(T, V, VL, SUF, ATTR)
 
 CB_DW_INSTANCE(float, cb_v4f, 4, f_base, )
 CB_DW_INSTANCE(double, cb_v2d, 2, d_base, )
@@ -326,6 +358,12 @@ static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy, T *part,  
         ptrdiff_t C, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, \
         ptrdiff_t dw, ptrdiff_t pw) {                                                     \
     CB_DW_PICK(cb_dw_kgrad_cl_row_, SUF)(xr, dy, part, C, W, KH, KW, OW, sw, dw, pw);     \
+}                                                                                         \
+static void cb_dw_kgrad_cf_plane_##SUF(const T *x, ptrdiff_t rs, ptrdiff_t Hs, const T *dy,\
+        ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t dh, ptrdiff_t ph, ptrdiff_t KH,\
+        ptrdiff_t KW, ptrdiff_t dw, T *acc) {                                             \
+    CB_DW_PICK(cb_dw_kgrad_cf_plane_, SUF)(x, rs, Hs, dy, OH, OW, sh, dh, ph, KH, KW, dw, \
+                                           acc);                                          \
 }
 
 CB_DW_DISPATCH(float, f)
@@ -381,6 +419,26 @@ static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy, T *part,  
     }                                                                                     \
 }
 
+#define CB_DW_PLAIN_KGRAD_CF(T, SUF)                                                      \
+static void cb_dw_kgrad_cf_plane_##SUF(const T *x, ptrdiff_t rs, ptrdiff_t Hs, const T *dy,\
+        ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t dh, ptrdiff_t ph, ptrdiff_t KH,\
+        ptrdiff_t KW, ptrdiff_t dw, T *acc) {                                             \
+    ptrdiff_t oh, ow, ky, kx, ih;                                                         \
+    for (oh = 0; oh < OH; oh++)                                                           \
+        for (ky = 0; ky < KH; ky++) {                                                     \
+            ih = oh * sh - ph + ky * dh;                                                  \
+            if (ih < 0 || ih >= Hs) continue;                                             \
+            for (kx = 0; kx < KW; kx++) {                                                 \
+                T t = 0;                                                                  \
+                for (ow = 0; ow < OW; ow++)                                               \
+                    t += dy[oh * OW + ow] * x[ih * rs + ow + kx * dw];                    \
+                acc[(ky * KW + kx) * 8] += t;                                             \
+            }                                                                             \
+        }                                                                                 \
+}
+
+CB_DW_PLAIN_KGRAD_CF(float, f)
+CB_DW_PLAIN_KGRAD_CF(double, d)
 CB_DW_PLAIN(float, f)
 CB_DW_PLAIN(double, d)
 

@@ -41,6 +41,14 @@ cdef extern from "cyback_depthwise.h" nogil:
                               Py_ssize_t sh, Py_ssize_t dh, Py_ssize_t ph, Py_ssize_t KH,
                               Py_ssize_t KW, Py_ssize_t dw, int accumulate, double bias,
                               int act)
+    void cb_dw_kgrad_cf_plane_f(const float* x, Py_ssize_t rs, Py_ssize_t Hs, const float* dy,
+                                Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh, Py_ssize_t dh,
+                                Py_ssize_t ph, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t dw,
+                                float* acc)
+    void cb_dw_kgrad_cf_plane_d(const double* x, Py_ssize_t rs, Py_ssize_t Hs,
+                                const double* dy, Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh,
+                                Py_ssize_t dh, Py_ssize_t ph, Py_ssize_t KH, Py_ssize_t KW,
+                                Py_ssize_t dw, double* acc)
     void cb_dw_kgrad_cl_row_f(const float** xr, const float* dy, float* part, Py_ssize_t C,
                               Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
                               Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw)
@@ -492,49 +500,58 @@ cdef void _bwd_in_cf(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::
 cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] dy,
                     floating[:, :, :, ::1] dk, Py_ssize_t sh, Py_ssize_t sw,
                     Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw) noexcept nogil:
-    # One task per kernel channel (c, m), summing over the batch in order.
-    # Products go into a per-tap row buffer (vectorizable) that is summed
-    # once at the end, instead of a scalar reduction per row.
+    # One task per input channel c, summing over the batch in order: plane
+    # x[n, c] is padded once, then correlated with its M output-gradient
+    # planes. Each tap sums into 8 partial lanes (vector-wide), added up at
+    # the end; the order depends on the shapes only.
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t KH = dk.shape[0], KW = dk.shape[1], M = dk.shape[3]
     cdef Py_ssize_t OH = dy.shape[2], OW = dy.shape[3]
-    cdef Py_ssize_t t, n, c, m, oh, ky, kx, ih, off, lo, hi, ow, tap
+    cdef Py_ssize_t Wp = (OW - 1) * sw + (KW - 1) * dw + 1, T = KH * KW
+    cdef Py_ssize_t c, n, m, tap, rs, oh, ow, ky, kx, ih, j
     cdef floating* buf
-    cdef floating* br
+    cdef floating* acc
+    cdef floating* a
+    cdef const floating* rows
+    cdef const floating* g
     cdef floating s
-    cdef const floating* gr
-    cdef const floating* xr
     cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     with parallel(num_threads=nt):
-        buf = <floating*>malloc(KH * KW * OW * sizeof(floating))
-        for t in prange(C * M, schedule='static'):
-            c = t // M
-            m = t % M
-            memset(buf, 0, KH * KW * OW * sizeof(floating))
+        buf = <floating*>malloc(H * Wp * sizeof(floating))
+        acc = <floating*>malloc(M * T * 8 * sizeof(floating))
+        for c in prange(C, schedule='static'):
+            memset(acc, 0, M * T * 8 * sizeof(floating))
             for n in range(N):
-                for oh in range(OH):
-                    gr = &dy[n, t, oh, 0]
-                    for ky in range(KH):
-                        ih = oh * sh - ph + ky * dh
-                        if ih < 0 or ih >= H:
-                            continue
-                        xr = &x[n, c, ih, 0]
-                        for kx in range(KW):
-                            br = buf + (ky * KW + kx) * OW
-                            off = kx * dw - pw
-                            lo = _ow_lo(off, sw)
-                            hi = _ow_hi(off, sw, W, OW, lo)
-                            if sw == 1:
-                                for ow in range(lo, hi):
-                                    br[ow] = br[ow] + gr[ow] * xr[ow + off]
-                            else:
-                                for ow in range(lo, hi):
-                                    br[ow] = br[ow] + gr[ow] * xr[ow * sw + off]
-            for tap in range(KH * KW):
-                s = 0
-                for ow in range(OW):
-                    s = s + buf[tap * OW + ow]
-                dk[tap // KW, tap % KW, c, m] = s
+                rows = _pad_plane(&x[n, c, 0, 0], H, W, buf, Wp, pw)
+                rs = W if rows == &x[n, c, 0, 0] else Wp
+                for m in range(M):
+                    a = acc + m * T * 8
+                    g = &dy[n, c * M + m, 0, 0]
+                    if sw == 1:
+                        if floating is float:
+                            cb_dw_kgrad_cf_plane_f(rows, rs, H, g, OH, OW, sh, dh, ph, KH, KW,
+                                                   dw, a)
+                        else:
+                            cb_dw_kgrad_cf_plane_d(rows, rs, H, g, OH, OW, sh, dh, ph, KH, KW,
+                                                   dw, a)
+                        continue
+                    for oh in range(OH):
+                        for ky in range(KH):
+                            ih = oh * sh - ph + ky * dh
+                            if ih < 0 or ih >= H:
+                                continue
+                            for kx in range(KW):
+                                s = 0
+                                for ow in range(OW):
+                                    s = s + g[oh * OW + ow] * rows[ih * rs + ow * sw + kx * dw]
+                                a[(ky * KW + kx) * 8] += s
+            for m in range(M):
+                for tap in range(T):
+                    s = 0
+                    for j in range(8):
+                        s = s + acc[(m * T + tap) * 8 + j]
+                    dk[tap // KW, tap % KW, c, m] = s
+        free(acc)
         free(buf)
 
 
