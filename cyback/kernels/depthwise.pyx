@@ -21,6 +21,7 @@ from libc.string cimport memcpy, memset
 from cyback.kernels._blas cimport floating
 from cyback.kernels._checks import check_float
 from cyback.kernels._omp cimport cb_threads_for
+from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 
 cdef extern from "cyback_depthwise.h" nogil:
     int cb_dw_use_avx2(int on)
@@ -156,7 +157,8 @@ cdef inline void _cl_rows(const floating** xr, const floating[:, :, :, ::1] x, f
 
 cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
                   floating[:, :, :, ::1] y, Py_ssize_t sh, Py_ssize_t sw,
-                  Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw) noexcept nogil:
+                  Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
+        cb_intr* intr) noexcept nogil:
     # One task per output row; its input rows (KH * W * C) stay in L1/L2.
     cdef Py_ssize_t N = x.shape[0], W = x.shape[2], C = x.shape[3]
     cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], M = k.shape[3]
@@ -171,6 +173,9 @@ cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
         if M > 1:
             xe = <floating*>malloc(KH * W * C * M * sizeof(floating))
         for r in prange(N * OH, schedule='static'):
+            # Rows take well under a microsecond: poll every 8th.
+            if intr.stop or (r % 8 == 0 and cb_intr_poll(intr)):
+                continue
             n = r // OH
             oh = r % OH
             _cl_rows(xr, x, xe, n, oh * sh - ph, dh, KH, M)
@@ -181,7 +186,8 @@ cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
 
 cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] kf,
                         floating[:, :, :, ::1] dx, Py_ssize_t dh, Py_ssize_t dw,
-                        Py_ssize_t fph, Py_ssize_t fpw) noexcept nogil:
+                        Py_ssize_t fph, Py_ssize_t fpw,
+        cb_intr* intr) noexcept nogil:
     # Stride 1: the input gradient is the forward convolution of dy (C*M
     # channels) with the spatially flipped kernel kf, padded by fph, fpw;
     # with M > 1 each group of M channels of that product sums into its
@@ -201,6 +207,8 @@ cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
         if M > 1:
             t = <floating*>malloc(W * C * M * sizeof(floating))
         for r in prange(N * H, schedule='static'):
+            if intr.stop or (r % 8 == 0 and cb_intr_poll(intr)):
+                continue
             n = r // H
             ih = r % H
             # dy has C*M channels: read as a channels_last image with M == 1.
@@ -221,7 +229,8 @@ cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
 
 cdef void _bwd_k_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] dy,
                     floating[:, :, :, :, ::1] part, Py_ssize_t sh, Py_ssize_t sw,
-                    Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw) noexcept nogil:
+                    Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
+        cb_intr* intr) noexcept nogil:
     # part[p] = kernel gradient from the p-th contiguous block of output rows.
     cdef Py_ssize_t N = x.shape[0], W = x.shape[2], C = x.shape[3]
     cdef Py_ssize_t P = part.shape[0], KH = part.shape[1], KW = part.shape[2]
@@ -240,6 +249,8 @@ cdef void _bwd_k_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
         for p in prange(P, schedule='static'):
             memset(&part[p, 0, 0, 0, 0], 0, KH * KW * C * M * sizeof(floating))
             for r in range(p * rows // P, (p + 1) * rows // P):
+                if cb_intr_poll(intr):
+                    break
                 n = r // OH
                 oh = r % OH
                 _cl_rows(xr, x, xe, n, oh * sh - ph, dh, KH, M)
@@ -299,7 +310,8 @@ cdef inline void _cf_plane(const floating* rows, Py_ssize_t rs, Py_ssize_t Hs,
 
 cdef void _fwd_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
                   floating[:, :, :, ::1] y, Py_ssize_t sh, Py_ssize_t sw,
-                  Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw) noexcept nogil:
+                  Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
+        cb_intr* intr) noexcept nogil:
     # One task per input plane (n, c): it is padded once into a per-thread
     # buffer, then filtered into its M output planes row by row.
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
@@ -313,6 +325,8 @@ cdef void _fwd_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
     with parallel(num_threads=nt):
         buf = <floating*>malloc(H * Wp * sizeof(floating))
         for t in prange(N * C, schedule='static'):
+            if cb_intr_poll(intr):
+                continue
             n = t // C
             c = t % C
             rows = _pad_plane(&x[n, c, 0, 0], H, W, buf, Wp, pw)
@@ -325,7 +339,8 @@ cdef void _fwd_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
 
 cdef void _bwd_in_cf_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] kf,
                         floating[:, :, :, ::1] dx, Py_ssize_t dh, Py_ssize_t dw,
-                        Py_ssize_t fph, Py_ssize_t fpw) noexcept nogil:
+                        Py_ssize_t fph, Py_ssize_t fpw,
+        cb_intr* intr) noexcept nogil:
     # Stride 1: plane dx[n, c] is the sum over m of the forward convolution of
     # plane dy[n, c*M + m] with the flipped kernel kf[:, :, c, m].
     cdef Py_ssize_t N = dx.shape[0], C = dx.shape[1], H = dx.shape[2], W = dx.shape[3]
@@ -339,6 +354,8 @@ cdef void _bwd_in_cf_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
     with parallel(num_threads=nt):
         buf = <floating*>malloc(OH * Wp * sizeof(floating))
         for t in prange(N * C, schedule='static'):
+            if cb_intr_poll(intr):
+                continue
             n = t // C
             c = t % C
             for m in range(M):
@@ -397,7 +414,8 @@ cdef inline Py_ssize_t _bin_pix_blocks(floating* dxp, const floating* gn, const 
 
 cdef void _bwd_in_cl(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] k,
                      floating[:, :, :, ::1] dx, Py_ssize_t sh, Py_ssize_t sw,
-                     Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw) noexcept nogil:
+                     Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
+        cb_intr* intr) noexcept nogil:
     # Gather form: each input pixel collects from the outputs that read it,
     # so rows of dx are independent tasks and nothing races.
     cdef Py_ssize_t N = dx.shape[0], H = dx.shape[1], W = dx.shape[2], C = dx.shape[3]
@@ -409,6 +427,8 @@ cdef void _bwd_in_cl(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::
     cdef const floating* kp
     cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     for r in prange(N * H, schedule='static', num_threads=nt):
+        if cb_intr_poll(intr):
+            continue
         n = r // H
         ih = r % H
         for iw in range(W):
@@ -461,7 +481,8 @@ cdef inline Py_ssize_t _ow_hi(Py_ssize_t off, Py_ssize_t sw, Py_ssize_t W, Py_ss
 
 cdef void _bwd_in_cf(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] k,
                      floating[:, :, :, ::1] dx, Py_ssize_t sh, Py_ssize_t sw,
-                     Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw) noexcept nogil:
+                     Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
+        cb_intr* intr) noexcept nogil:
     # One task per input plane (n, c): it owns dx[n, c] and scatters into it
     # from the M output planes that read it, so nothing races.
     cdef Py_ssize_t N = dx.shape[0], C = dx.shape[1], H = dx.shape[2], W = dx.shape[3]
@@ -473,6 +494,8 @@ cdef void _bwd_in_cf(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::
     cdef const floating* gr
     cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     for t in prange(N * C, schedule='static', num_threads=nt):
+        if cb_intr_poll(intr):
+            continue
         n = t // C
         c = t % C
         memset(&dx[n, c, 0, 0], 0, H * W * sizeof(floating))
@@ -499,7 +522,8 @@ cdef void _bwd_in_cf(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::
 
 cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] dy,
                     floating[:, :, :, ::1] dk, Py_ssize_t sh, Py_ssize_t sw,
-                    Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw) noexcept nogil:
+                    Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
+        cb_intr* intr) noexcept nogil:
     # One task per input channel c, summing over the batch in order: plane
     # x[n, c] is padded once, then correlated with its M output-gradient
     # planes. Each tap sums into 8 partial lanes (vector-wide), added up at
@@ -522,6 +546,8 @@ cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
         for c in prange(C, schedule='static'):
             memset(acc, 0, M * T * 8 * sizeof(floating))
             for n in range(N):
+                if cb_intr_poll(intr):
+                    break
                 rows = _pad_plane(&x[n, c, 0, 0], H, W, buf, Wp, pw)
                 rs = W if rows == &x[n, c, 0, 0] else Wp
                 for m in range(M):
@@ -643,6 +669,8 @@ def depthwise_forward(x, kernel, strides, dilation, pads, channels_last=True):
     strides, dilation: int or per-dim ints. pads: ((before, after), ...).
     Returns (N, OH, OW, C*M) / (N, C*M, OH, OW) (1-D: without OH).
     """
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     name = "depthwise_forward"
     x = np.asarray(x)
     kernel = np.asarray(kernel)
@@ -657,23 +685,29 @@ def depthwise_forward(x, kernel, strides, dilation, pads, channels_last=True):
         y[...] = 0
         return y
     xv, kv, yv = _img(x, nd, channels_last), _ker(kernel, nd), _img(y, nd, channels_last)
-    args = (ss[0], ss[1], ds[0], ds[1], ps[0][0], ps[1][0])
+    sh, sw, dh, dw, ph, pw = ss[0], ss[1], ds[0], ds[1], ps[0][0], ps[1][0]
     if channels_last:
         if x.dtype == np.float32:
-            _fwd_cl[float](xv, kv, yv, *args)
+            _fwd_cl[float](xv, kv, yv, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
         else:
-            _fwd_cl[double](xv, kv, yv, *args)
+            _fwd_cl[double](xv, kv, yv, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
     else:
         if x.dtype == np.float32:
-            _fwd_cf[float](xv, kv, yv, *args)
+            _fwd_cf[float](xv, kv, yv, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
         else:
-            _fwd_cf[double](xv, kv, yv, *args)
+            _fwd_cf[double](xv, kv, yv, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
     return y
 
 
 @cython.wraparound(True)
 def depthwise_backward_input(dy, kernel, x_shape, strides, dilation, pads, channels_last=True):
     """Gradient of depthwise_forward with respect to x; returns an array of x_shape."""
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     name = "depthwise_backward_input"
     dy = np.asarray(dy)
     kernel = np.asarray(kernel)
@@ -695,29 +729,37 @@ def depthwise_backward_input(dy, kernel, x_shape, strides, dilation, pads, chann
         # Stride 1: a forward pass over dy with the flipped kernel (see
         # _bwd_in_cl_s1), at forward speed and with no scatter.
         kf = np.ascontiguousarray(kv[::-1, ::-1])
-        fargs = (ds[0], ds[1], spans[0] - ps[0][0], spans[1] - ps[1][0])
+        fdh, fdw, fph, fpw = ds[0], ds[1], spans[0] - ps[0][0], spans[1] - ps[1][0]
         if channels_last:
             if dy.dtype == np.float32:
-                _bwd_in_cl_s1[float](dyv, kf, dxv, *fargs)
+                _bwd_in_cl_s1[float](dyv, kf, dxv, fdh, fdw, fph, fpw, &intr)
+                check_interrupt(&intr)
             else:
-                _bwd_in_cl_s1[double](dyv, kf, dxv, *fargs)
+                _bwd_in_cl_s1[double](dyv, kf, dxv, fdh, fdw, fph, fpw, &intr)
+                check_interrupt(&intr)
         else:
             if dy.dtype == np.float32:
-                _bwd_in_cf_s1[float](dyv, kf, dxv, *fargs)
+                _bwd_in_cf_s1[float](dyv, kf, dxv, fdh, fdw, fph, fpw, &intr)
+                check_interrupt(&intr)
             else:
-                _bwd_in_cf_s1[double](dyv, kf, dxv, *fargs)
+                _bwd_in_cf_s1[double](dyv, kf, dxv, fdh, fdw, fph, fpw, &intr)
+                check_interrupt(&intr)
         return dx
-    args = (ss[0], ss[1], ds[0], ds[1], ps[0][0], ps[1][0])
+    sh, sw, dh, dw, ph, pw = ss[0], ss[1], ds[0], ds[1], ps[0][0], ps[1][0]
     if channels_last:
         if dy.dtype == np.float32:
-            _bwd_in_cl[float](dyv, kv, dxv, *args)
+            _bwd_in_cl[float](dyv, kv, dxv, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
         else:
-            _bwd_in_cl[double](dyv, kv, dxv, *args)
+            _bwd_in_cl[double](dyv, kv, dxv, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
     else:
         if dy.dtype == np.float32:
-            _bwd_in_cf[float](dyv, kv, dxv, *args)
+            _bwd_in_cf[float](dyv, kv, dxv, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
         else:
-            _bwd_in_cf[double](dyv, kv, dxv, *args)
+            _bwd_in_cf[double](dyv, kv, dxv, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
     return dx
 
 
@@ -727,6 +769,8 @@ def depthwise_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, chan
 
     Deterministic: the same result for any thread count.
     """
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     name = "depthwise_backward_kernel"
     x = np.asarray(x)
     dy = np.asarray(dy)
@@ -747,20 +791,24 @@ def depthwise_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, chan
         return dk
     xv, dyv = _img(x, nd, channels_last), _img(dy, nd, channels_last)
     dkv = _ker(dk, nd)
-    args = (ss[0], ss[1], ds[0], ds[1], ps[0][0], ps[1][0])
+    sh, sw, dh, dw, ph, pw = ss[0], ss[1], ds[0], ds[1], ps[0][0], ps[1][0]
     if channels_last:
         rows = x.shape[0] * out[0]
         P = min(rows, KGRAD_CHUNKS)
         part = np.empty((P,) + dkv.shape, dtype=x.dtype)
         if x.dtype == np.float32:
-            _bwd_k_cl[float](xv, dyv, part, *args)
+            _bwd_k_cl[float](xv, dyv, part, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
             _reduce_parts[float](part.reshape(P, -1), dk.reshape(-1))
         else:
-            _bwd_k_cl[double](xv, dyv, part, *args)
+            _bwd_k_cl[double](xv, dyv, part, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
             _reduce_parts[double](part.reshape(P, -1), dk.reshape(-1))
     else:
         if x.dtype == np.float32:
-            _bwd_k_cf[float](xv, dyv, dkv, *args)
+            _bwd_k_cf[float](xv, dyv, dkv, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
         else:
-            _bwd_k_cf[double](xv, dyv, dkv, *args)
+            _bwd_k_cf[double](xv, dyv, dkv, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
     return dk
