@@ -31,6 +31,7 @@ from libc.string cimport memcpy, memset
 from cyback.kernels._blas cimport floating, gemm
 from contextlib import nullcontext
 from cyback.kernels._omp cimport cb_parallel_min_work, cb_threads_for
+from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 from cyback.kernels.blas_threads import blas_threads
 
 
@@ -303,11 +304,13 @@ cdef void _bwdx_item(const floating* dy, const floating* w, floating* dx, floati
 
 cdef void _bwdk_group(const floating* x, const floating* dy, floating* part, floating* buf,
                       const Geom* g, bint last, bint direct, Py_ssize_t c0, Py_ssize_t c1,
-                      Py_ssize_t B, Py_ssize_t nblk) noexcept nogil:
+                      Py_ssize_t B, Py_ssize_t nblk, cb_intr* intr) noexcept nogil:
     """part (K, F) = sum over blocks c0..c1-1 of patches^T @ dy."""
     cdef Py_ssize_t c, r0, m, n, p0
     cdef floating beta = 0
     for c in range(c0, c1):
+        if cb_intr_poll(intr):
+            return
         if last:
             r0 = c * B
             m = g.N * g.P - r0
@@ -483,7 +486,8 @@ cdef void _fwd_tap_item_first(const floating* xp, const floating* w, floating* y
 
 cdef void _forward_taps(floating[::1] x, floating[::1] w, floating[::1] y, floating[::1] xp,
                         floating[::1] bufs, Py_ssize_t bufstride, Geom g, bint last,
-                        bint copy, Py_ssize_t B, int nt) noexcept:
+                        bint copy, Py_ssize_t B, int nt,
+        cb_intr* intr) noexcept:
     cdef Py_ssize_t Dp, Hp, Wp, DpHpWp, Qn, nblk, it, n, q0, m, row
     cdef floating* buf = NULL
     cdef const floating* src
@@ -507,6 +511,8 @@ cdef void _forward_taps(floating[::1] x, floating[::1] w, floating[::1] y, float
         with parallel(num_threads=nt):
             buf = &bufs[0] + threadid() * bufstride
             for it in prange(g.N * nblk, schedule='static'):
+                if cb_intr_poll(intr):
+                    continue
                 n = it // nblk
                 q0 = (it - n * nblk) * B
                 m = Qn - q0
@@ -581,7 +587,8 @@ cdef void _bwdk_tap_item(const floating* xp, const floating* dy, floating* part,
 cdef void _backward_kernel_taps(floating[::1] x, floating[::1] dy, floating[::1] parts,
                                 floating[::1] dw, floating[::1] xp, floating[::1] bufs,
                                 Py_ssize_t bufstride, Geom g, bint last, bint copy,
-                                Py_ssize_t B, Py_ssize_t ngroups, int nt) noexcept:
+                                Py_ssize_t B, Py_ssize_t ngroups, int nt,
+        cb_intr* intr) noexcept:
     cdef Py_ssize_t Dp, Hp, Wp, DpHpWp, Qn, nblk, nitems, per, gi, c, n, q0, m, row, i
     cdef Py_ssize_t KF = g.K * g.F
     cdef floating s
@@ -611,6 +618,8 @@ cdef void _backward_kernel_taps(floating[::1] x, floating[::1] dy, floating[::1]
             buf = &bufs[0] + threadid() * bufstride
             for gi in prange(ngroups, schedule='static'):
                 for c in range(gi * per, min(gi * per + per, nitems)):
+                    if cb_intr_poll(intr):
+                        break
                     n = c // nblk
                     q0 = (c - n * nblk) * B
                     m = Qn - q0
@@ -629,7 +638,8 @@ cdef void _backward_kernel_taps(floating[::1] x, floating[::1] dy, floating[::1]
 
 cdef void _forward(floating[::1] x, floating[::1] w, floating[::1] y, floating[::1] bufs,
                    Py_ssize_t bufstride, Geom g, bint last, bint direct,
-                   Py_ssize_t B, int nt) noexcept:
+                   Py_ssize_t B, int nt,
+        cb_intr* intr) noexcept:
     cdef Py_ssize_t nitems, it, nblk = 1, r0, m, n, p0
     cdef floating* buf = NULL
     # The caller holds the GIL (it passes memoryviews); release it for the work.
@@ -642,6 +652,8 @@ cdef void _forward(floating[::1] x, floating[::1] w, floating[::1] y, floating[:
         with parallel(num_threads=nt):
             buf = &bufs[0] + threadid() * bufstride
             for it in prange(nitems, schedule='static'):
+                if cb_intr_poll(intr):
+                    continue
                 if last:
                     r0 = it * B
                     m = g.N * g.P - r0
@@ -669,7 +681,8 @@ cdef void _forward(floating[::1] x, floating[::1] w, floating[::1] y, floating[:
 cdef void _backward_input(floating[::1] dy, floating[::1] w, floating[::1] dx,
                           floating[::1] bufs, Py_ssize_t bufstride, Geom g, bint last,
                           Py_ssize_t B, Py_ssize_t T, Py_ssize_t axis_len,
-                          Py_ssize_t inner, int nt) noexcept:
+                          Py_ssize_t inner, int nt,
+        cb_intr* intr) noexcept:
     """Slabs of T positions along the outermost non-trivial output axis.
 
     T is large enough that the input footprints of slabs j and j + 2 never
@@ -688,6 +701,8 @@ cdef void _backward_input(floating[::1] dy, floating[::1] w, floating[::1] dx,
             with parallel(num_threads=nt):
                 buf = &bufs[0] + threadid() * bufstride
                 for it in prange(g.N * cnt, schedule='static'):
+                    if cb_intr_poll(intr):
+                        continue
                     n = it // cnt
                     j = 2 * (it - n * cnt) + phase
                     p0 = j * T * inner
@@ -701,7 +716,8 @@ cdef void _backward_input(floating[::1] dy, floating[::1] w, floating[::1] dx,
 cdef void _backward_kernel(floating[::1] x, floating[::1] dy, floating[::1] parts,
                            floating[::1] dw, floating[::1] bufs, Py_ssize_t bufstride,
                            Geom g, bint last, bint direct, Py_ssize_t B,
-                           Py_ssize_t ngroups, int nt) noexcept:
+                           Py_ssize_t ngroups, int nt,
+        cb_intr* intr) noexcept:
     cdef Py_ssize_t nblk = 1, nitems, per, gi, c0, c1, i, KF = g.K * g.F
     cdef floating s
     cdef floating* buf = NULL
@@ -723,7 +739,7 @@ cdef void _backward_kernel(floating[::1] x, floating[::1] dy, floating[::1] part
                 if c1 > nitems:
                     c1 = nitems
                 _bwdk_group(&x[0], &dy[0], &parts[gi * KF], buf, &g, last, direct, c0, c1, B,
-                            nblk)
+                            nblk, intr)
         for i in prange(KF, schedule='static', num_threads=nt_sum):
             s = parts[i]
             for gi in range(1, ngroups):
@@ -734,7 +750,7 @@ cdef void _backward_kernel(floating[::1] x, floating[::1] dy, floating[::1] part
 # ---------------------------------------------------------------- Python entries
 
 # Patch-buffer size per thread, a dict so that benchmarks can sweep it.
-_TUNE = {"buf_bytes": BUF_BYTES, "tap_min_c": 32, "tap_mnk": 1000000, "tap_min_rows": 96,
+_TUNE = {"buf_bytes": BUF_BYTES, "pointwise_gemm": False, "tap_min_c": 32, "tap_mnk": 1000000, "tap_min_rows": 96,
          "tap_rows": 1024, "tap_last_packed": False}
 
 
@@ -944,14 +960,36 @@ def conv_forward(x, kernel, strides, dilation, pads, channels_last=True, out=Non
     return y.astype(dt, copy=False)
 
 
+cdef void _gemm_rows(floating[::1] x, floating[::1] w, floating[::1] y, Py_ssize_t m,
+                     Py_ssize_t k, Py_ssize_t n) noexcept:
+    # y (m, n) = x (m, k) @ w (k, n), one GEMM on BLAS's own threads.
+    with nogil:
+        gemm(False, False, <int>m, <int>n, <int>k, <floating>1, &x[0], <int>k, &w[0], <int>n,
+             <floating>0, &y[0], <int>n)
+
+
 @cython.wraparound(True)
 @cython.boundscheck(True)
 def _run_forward(x, kernel, y, g, bint last, bint pointwise):
-    # A 1x1, stride-1, unpadded convolution needs no patches: the blocks of
-    # rows go straight to the GEMM (still on OpenMP threads: one BLAS-threaded
-    # GEMM was slower, having a short inner dimension).
     cdef Geom geo = g
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     nt, limit = _threads(g)
+    if pointwise and last and _TUNE["pointwise_gemm"]:
+        # A 1x1, stride-1, unpadded channels_last convolution as one GEMM of
+        # the (N*P, C) view of x with the (C, F) kernel on BLAS's threads.
+        # Off by default: OpenBLAS's threaded result differs in the last bits
+        # from its single-threaded one (results would depend on the thread
+        # count), and one BLAS call cannot be interrupted. The default runs
+        # the same view as fixed blocks of rows, one GEMM each, on OpenMP.
+        with blas_threads(nt):
+            if x.dtype == np.float32:
+                _gemm_rows[float](_flat(x), _flat(kernel), _flat(y), g["N"] * g["P"], g["C"],
+                                  g["F"])
+            else:
+                _gemm_rows[double](_flat(x), _flat(kernel), _flat(y), g["N"] * g["P"], g["C"],
+                                   g["F"])
+        return
     B = _tap_rows(g, pointwise, last)
     if B > 0:
         stride = (B * g["F"] + 15) // 16 * 16
@@ -960,20 +998,22 @@ def _run_forward(x, kernel, y, g, bint last, bint pointwise):
         with limit:
             if x.dtype == np.float32:
                 _forward_taps[float](_flat(x), _flat(kernel), _flat(y), xp, bufs, stride, geo,
-                                     last, copy, B, nt)
+                                     last, copy, B, nt, &intr)
             else:
                 _forward_taps[double](_flat(x), _flat(kernel), _flat(y), xp, bufs, stride, geo,
-                                      last, copy, B, nt)
+                                      last, copy, B, nt, &intr)
+            check_interrupt(&intr)
         return
     B = _block_rows(g, x.itemsize)
     bufs, stride = _work_bufs(g, 1 if pointwise else B, x.dtype, nt)
     with limit:
         if x.dtype == np.float32:
             _forward[float](_flat(x), _flat(kernel), _flat(y), bufs, stride, geo, last,
-                            pointwise, B, nt)
+                            pointwise, B, nt, &intr)
         else:
             _forward[double](_flat(x), _flat(kernel), _flat(y), bufs, stride, geo, last,
-                             pointwise, B, nt)
+                             pointwise, B, nt, &intr)
+        check_interrupt(&intr)
 
 
 @cython.wraparound(True)
@@ -1023,6 +1063,8 @@ def conv_backward_input(dy, kernel, x_shape, strides, dilation, pads, channels_l
     kernel = np.ascontiguousarray(kernel, dtype=cdt)
     cdef Geom geo = g
     cdef bint last = channels_last
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     dx = np.zeros(x_shape, dtype=cdt)
     # Slab axis: the outermost output axis longer than 1 (the ones before it
     # are 1, so a slab is a contiguous range of output positions).
@@ -1044,10 +1086,11 @@ def conv_backward_input(dy, kernel, x_shape, strides, dilation, pads, channels_l
     with limit:
         if cdt == np.float32:
             _backward_input[float](_flat(dy), _flat(kernel), _flat(dx), bufs, stride, geo,
-                                   last, B, T, outs[a], inner, nt)
+                                   last, B, T, outs[a], inner, nt, &intr)
         else:
             _backward_input[double](_flat(dy), _flat(kernel), _flat(dx), bufs, stride, geo,
-                                    last, B, T, outs[a], inner, nt)
+                                    last, B, T, outs[a], inner, nt, &intr)
+        check_interrupt(&intr)
     return dx.astype(dt, copy=False)
 
 
@@ -1084,6 +1127,8 @@ def conv_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, channels_
     dw = np.empty(kernel_shape, dtype=cdt)
     cdef Geom geo = g
     cdef bint last = channels_last
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     # A pointwise kernel gradient is one GEMM with a very long inner dimension,
     # which OpenBLAS does not split across threads; it goes through the
     # grouped path below with the input rows standing in for the patches.
@@ -1107,10 +1152,11 @@ def conv_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, channels_
         with limit:
             if cdt == np.float32:
                 _backward_kernel_taps[float](_flat(x), _flat(dy), parts, _flat(dw), xp, bufs,
-                                             stride, geo, last, copy, B, ngroups, nt)
+                                             stride, geo, last, copy, B, ngroups, nt, &intr)
             else:
                 _backward_kernel_taps[double](_flat(x), _flat(dy), parts, _flat(dw), xp, bufs,
-                                              stride, geo, last, copy, B, ngroups, nt)
+                                              stride, geo, last, copy, B, ngroups, nt, &intr)
+            check_interrupt(&intr)
         return dw.astype(dt, copy=False)
     B = _block_rows(g, x.itemsize)
     if last:
@@ -1127,8 +1173,9 @@ def conv_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, channels_
     with limit:
         if cdt == np.float32:
             _backward_kernel[float](_flat(x), _flat(dy), parts, _flat(dw), bufs, stride, geo,
-                                    last, direct, B, ngroups, nt)
+                                    last, direct, B, ngroups, nt, &intr)
         else:
             _backward_kernel[double](_flat(x), _flat(dy), parts, _flat(dw), bufs, stride, geo,
-                                     last, direct, B, ngroups, nt)
+                                     last, direct, B, ngroups, nt, &intr)
+        check_interrupt(&intr)
     return dw.astype(dt, copy=False)

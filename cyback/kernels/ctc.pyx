@@ -18,6 +18,7 @@ from libcpp.utility cimport pair
 
 from cyback.kernels._blas cimport floating
 from cyback.kernels._omp cimport cb_get_max_threads, cb_get_thread_num, cb_threads_for
+from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 
 cdef extern from "cyback_math.h" nogil:
     double cb_log_add_exp(double a, double b)
@@ -74,7 +75,7 @@ cdef inline void _log_softmax_row(const floating* x, int K, double* out) noexcep
 
 cdef void _ctc_one(const floating* x, int T, int Tmax, int K, const i64* lab, int L,
                    int blank, double* dscr, int* iscr, floating* grad,
-                   floating* loss) noexcept nogil:
+                   floating* loss, cb_intr* intr) noexcept nogil:
     """Loss and d loss / d logits for one sequence.
 
     States s = 0..S-1 (S = 2L+1) alternate blank / label; alpha rows carry two
@@ -130,6 +131,8 @@ cdef void _ctc_one(const floating* x, int T, int Tmax, int K, const i64* lab, in
 
     # Forward.
     for t in range(T):
+        if cb_intr_poll(intr):
+            return
         arow = alpha + <i64>t * W
         lrow = lsm + <i64>t * K
         lo = S - 2 * (T - t)
@@ -173,6 +176,8 @@ cdef void _ctc_one(const floating* x, int T, int Tmax, int K, const i64* lab, in
         bcur[S - 2] = 0.0
     t = T - 1
     while t >= 0:
+        if cb_intr_poll(intr):
+            return
         lo = S - 2 * (T - t)
         if lo < 0:
             lo = 0
@@ -208,14 +213,15 @@ cdef void _ctc_one(const floating* x, int T, int Tmax, int K, const i64* lab, in
 
 cdef void _ctc_batch(floating[:, :, ::1] x, i64[:, ::1] labels, i64[::1] in_len,
                      i64[::1] lab_len, int blank, double[:, ::1] dscr, int[:, ::1] iscr,
-                     floating[:, :, ::1] grad, floating[::1] loss, bint par) noexcept nogil:
+                     floating[:, :, ::1] grad, floating[::1] loss, bint par,
+        cb_intr* intr) noexcept nogil:
     cdef Py_ssize_t b, nb = x.shape[0]
     cdef int Tmax = x.shape[1], K = x.shape[2]
     cdef int tid
     for b in prange(nb, schedule='static', use_threads_if=par):
         tid = cb_get_thread_num()
         _ctc_one(&x[b, 0, 0], <int>in_len[b], Tmax, K, &labels[b, 0], <int>lab_len[b],
-                 blank, &dscr[tid, 0], &iscr[tid, 0], &grad[b, 0, 0], &loss[b])
+                 blank, &dscr[tid, 0], &iscr[tid, 0], &grad[b, 0, 0], &loss[b], intr)
 
 
 # ---------------------------------------------------------------------------
@@ -286,6 +292,8 @@ def ctc_loss(logits, labels, input_lengths, label_lengths, blank=-1):
     one blank between each pair of equal neighbours) gets loss +inf and a zero
     gradient instead of TensorFlow's error.
     """
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     name = "ctc_loss"
     x = _check_scores(name, logits)
     out_dtype = np.asarray(logits).dtype if np.asarray(logits).dtype == np.float16 else x.dtype
@@ -337,9 +345,11 @@ def ctc_loss(logits, labels, input_lengths, label_lengths, blank=-1):
     cells = int(np.sum(in_len * (2 * lab_len + 1 + K)))
     par = nb > 1 and cells > PAR_CELLS
     if x.dtype == np.float32:
-        _ctc_batch[float](x, lab, in_len, lab_len, blank, dscr, iscr, grad, loss, par)
+        _ctc_batch[float](x, lab, in_len, lab_len, blank, dscr, iscr, grad, loss, par, &intr)
+        check_interrupt(&intr)
     else:
-        _ctc_batch[double](x, lab, in_len, lab_len, blank, dscr, iscr, grad, loss, par)
+        _ctc_batch[double](x, lab, in_len, lab_len, blank, dscr, iscr, grad, loss, par, &intr)
+        check_interrupt(&intr)
     if out_dtype != x.dtype:
         return loss.astype(out_dtype), grad.astype(out_dtype)
     return loss, grad
@@ -350,7 +360,8 @@ def ctc_loss(logits, labels, input_lengths, label_lengths, blank=-1):
 # ---------------------------------------------------------------------------
 
 cdef void _greedy_batch(floating[:, :, ::1] x, i64[::1] in_len, int blank, bint merge,
-                        i64[:, ::1] out, i64[::1] count, double[::1] score) noexcept nogil:
+                        i64[:, ::1] out, i64[::1] count, double[::1] score,
+        cb_intr* intr) noexcept nogil:
     cdef Py_ssize_t b, nb = x.shape[0]
     cdef int K = x.shape[2]
     cdef int t, k, best, prev, n
@@ -360,6 +371,8 @@ cdef void _greedy_batch(floating[:, :, ::1] x, i64[::1] in_len, int blank, bint 
     # thread team costs more than it saves.
     cdef bint par = nb > 1 and <i64>nb * x.shape[1] * K > (1 << 20)
     for b in prange(nb, schedule='static', use_threads_if=par):
+        if cb_intr_poll(intr):
+            continue
         prev = -1
         n = 0
         s = 0.0
@@ -390,6 +403,8 @@ def ctc_greedy_decode(logits_or_logprobs, input_lengths, merge_repeated=True, bl
     log_prob (B, 1) in the input dtype, TensorFlow's convention: minus the sum
     over frames t < input_lengths[b] of the per-frame maximum score.
     """
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     name = "ctc_greedy_decode"
     x = _check_scores(name, logits_or_logprobs)
     out_dtype = np.asarray(logits_or_logprobs).dtype \
@@ -402,9 +417,11 @@ def ctc_greedy_decode(logits_or_logprobs, input_lengths, merge_repeated=True, bl
     score = np.zeros(nb, dtype=np.float64)
     if nb and T:
         if x.dtype == np.float32:
-            _greedy_batch[float](x, in_len, blank, bool(merge_repeated), out, count, score)
+            _greedy_batch[float](x, in_len, blank, bool(merge_repeated), out, count, score, &intr)
+            check_interrupt(&intr)
         else:
-            _greedy_batch[double](x, in_len, blank, bool(merge_repeated), out, count, score)
+            _greedy_batch[double](x, in_len, blank, bool(merge_repeated), out, count, score, &intr)
+            check_interrupt(&intr)
     n = int(count.max()) if nb else 0
     return np.ascontiguousarray(out[:, :n]), score.reshape(nb, 1).astype(out_dtype)
 
@@ -443,7 +460,7 @@ cdef int _child(BeamState* st, int node, int c) noexcept nogil:
 
 cdef int _beam_one(const floating* x, int T, int K, int blank, int width, int top,
                    bint merge, i64* out_lab, i64* out_len, double* out_lp,
-                   int Tmax) noexcept nogil:
+                   int Tmax, cb_intr* intr) noexcept nogil:
     """Beam search for one sequence; returns 0, or -1 when out of memory.
 
     Every beam entry keeps log P(prefix, path ends in blank) and log P(prefix,
@@ -510,6 +527,8 @@ cdef int _beam_one(const floating* x, int T, int K, int blank, int width, int to
     nbeam = 1
 
     for t in range(T):
+        if cb_intr_poll(intr):
+            break
         _log_softmax_row(x + <i64>t * K, K, lp)
         for c in range(K):
             if lp[c] != lp[c]:
@@ -667,12 +686,13 @@ cdef int _beam_one(const floating* x, int T, int K, int blank, int width, int to
 
 cdef void _beam_batch(floating[:, :, ::1] x, i64[::1] in_len, int blank, int width,
                       int top, bint merge, i64[:, :, ::1] out, i64[:, ::1] lens,
-                      double[:, ::1] lps, int[::1] status, int nt) noexcept nogil:
+                      double[:, ::1] lps, int[::1] status, int nt,
+        cb_intr* intr) noexcept nogil:
     cdef Py_ssize_t b, nb = x.shape[0]
     cdef int Tmax = x.shape[1], K = x.shape[2]
     for b in prange(nb, schedule='static', num_threads=nt):
         status[b] = _beam_one(&x[b, 0, 0], <int>in_len[b], K, blank, width, top, merge,
-                              &out[b, 0, 0], &lens[b, 0], &lps[b, 0], Tmax)
+                              &out[b, 0, 0], &lens[b, 0], &lps[b, 0], Tmax, intr)
 
 
 def ctc_beam_decode(logprobs, input_lengths, beam_width=100, top_paths=1, blank=-1,
@@ -693,6 +713,8 @@ def ctc_beam_decode(logprobs, input_lengths, beam_width=100, top_paths=1, blank=
     merge_repeated=True collapses equal neighbours in each returned path
     (TensorFlow v1's default, which Keras's ctc_decode does not override).
     """
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     name = "ctc_beam_decode"
     x = _check_scores(name, logprobs)
     out_dtype = np.asarray(logprobs).dtype if np.asarray(logprobs).dtype == np.float16 \
@@ -723,10 +745,12 @@ def ctc_beam_decode(logprobs, input_lengths, beam_width=100, top_paths=1, blank=
             lps[:, 1:] = -np.inf
         elif x.dtype == np.float32:
             _beam_batch[float](x, in_len, blank, beam_width, top_paths, bool(merge_repeated),
-                               out, lens, lps, status, nt)
+                               out, lens, lps, status, nt, &intr)
+            check_interrupt(&intr)
         else:
             _beam_batch[double](x, in_len, blank, beam_width, top_paths, bool(merge_repeated),
-                                out, lens, lps, status, nt)
+                                out, lens, lps, status, nt, &intr)
+            check_interrupt(&intr)
     if np.any(status != 0):
         raise MemoryError("%s: out of memory for beam_width=%d, T=%d, K=%d"
                           % (name, beam_width, T, K))

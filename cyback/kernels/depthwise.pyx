@@ -16,11 +16,46 @@ import numpy as np
 cimport cython
 from cython.parallel cimport prange, parallel
 from libc.stdlib cimport malloc, free
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 from cyback.kernels._blas cimport floating
 from cyback.kernels._checks import check_float
 from cyback.kernels._omp cimport cb_threads_for
+from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
+
+cdef extern from "cyback_depthwise.h" nogil:
+    int cb_dw_use_avx2(int on)
+    void cb_dw_fwd_cl_row_f(const float** xr, const float* k, float* y, Py_ssize_t C,
+                            Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
+                            Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw, const float* bias,
+                            int act)
+    void cb_dw_fwd_cl_row_d(const double** xr, const double* k, double* y, Py_ssize_t C,
+                            Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
+                            Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw, const double* bias,
+                            int act)
+    void cb_dw_fwd_cf_plane_f(const float* x, Py_ssize_t rs, Py_ssize_t Hs, const float* k,
+                              Py_ssize_t ks, float* y, Py_ssize_t OH, Py_ssize_t OW,
+                              Py_ssize_t sh, Py_ssize_t dh, Py_ssize_t ph, Py_ssize_t KH,
+                              Py_ssize_t KW, Py_ssize_t dw, int accumulate, float bias, int act)
+    void cb_dw_fwd_cf_plane_d(const double* x, Py_ssize_t rs, Py_ssize_t Hs, const double* k,
+                              Py_ssize_t ks, double* y, Py_ssize_t OH, Py_ssize_t OW,
+                              Py_ssize_t sh, Py_ssize_t dh, Py_ssize_t ph, Py_ssize_t KH,
+                              Py_ssize_t KW, Py_ssize_t dw, int accumulate, double bias,
+                              int act)
+    void cb_dw_kgrad_cf_plane_f(const float* x, Py_ssize_t rs, Py_ssize_t Hs, const float* dy,
+                                Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh, Py_ssize_t dh,
+                                Py_ssize_t ph, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t dw,
+                                float* acc)
+    void cb_dw_kgrad_cf_plane_d(const double* x, Py_ssize_t rs, Py_ssize_t Hs,
+                                const double* dy, Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh,
+                                Py_ssize_t dh, Py_ssize_t ph, Py_ssize_t KH, Py_ssize_t KW,
+                                Py_ssize_t dw, double* acc)
+    void cb_dw_kgrad_cl_row_f(const float** xr, const float* dy, float* part, Py_ssize_t C,
+                              Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
+                              Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw)
+    void cb_dw_kgrad_cl_row_d(const double** xr, const double* dy, double* part, Py_ssize_t C,
+                              Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
+                              Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw)
 
 # Fixed number of partial sums for the channels_last kernel gradient: fixed,
 # not per thread, so the reduction order (and the result) does not depend on
@@ -46,22 +81,6 @@ cdef inline Py_ssize_t _cdiv(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
     return (a + b - 1) // b
 
 
-cdef inline void _tap(floating* o, const floating* x, const floating* k,
-                      Py_ssize_t C, Py_ssize_t M) noexcept nogil:
-    # o[c*M + m] += x[c] * k[c*M + m]; M == 1 gets its own unit-stride loop
-    # so it vectorizes.
-    cdef Py_ssize_t c, m
-    cdef floating xv
-    if M == 1:
-        for c in range(C):
-            o[c] = o[c] + x[c] * k[c]
-    else:
-        for c in range(C):
-            xv = x[c]
-            for m in range(M):
-                o[c * M + m] = o[c * M + m] + xv * k[c * M + m]
-
-
 cdef inline void _tap_t(floating* dx, const floating* dy, const floating* k,
                         Py_ssize_t C, Py_ssize_t M) noexcept nogil:
     # Transposed tap: dx[c] += sum_m dy[c*M + m] * k[c*M + m]
@@ -78,38 +97,274 @@ cdef inline void _tap_t(floating* dx, const floating* dy, const floating* k,
             dx[c] = dx[c] + s
 
 
+# ---------------------------------------------------------------- row kernels
+# The vectorised row kernels live in include/cyback_depthwise.h; these pick
+# the float or double one.
+
+cdef inline void _cl_row(const floating** xr, const floating* k, floating* y, Py_ssize_t C,
+                         Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
+                         Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw) noexcept nogil:
+    if floating is float:
+        cb_dw_fwd_cl_row_f(xr, k, y, C, W, KH, KW, OW, sw, dw, pw, NULL, 0)
+    else:
+        cb_dw_fwd_cl_row_d(xr, k, y, C, W, KH, KW, OW, sw, dw, pw, NULL, 0)
+
+
+cdef inline void _kg_row(const floating** xr, const floating* dy, floating* part, Py_ssize_t C,
+                         Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
+                         Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw) noexcept nogil:
+    if floating is float:
+        cb_dw_kgrad_cl_row_f(xr, dy, part, C, W, KH, KW, OW, sw, dw, pw)
+    else:
+        cb_dw_kgrad_cl_row_d(xr, dy, part, C, W, KH, KW, OW, sw, dw, pw)
+
+
+cdef inline void _expand(const floating* x, floating* xe, Py_ssize_t W, Py_ssize_t C,
+                         Py_ssize_t M) noexcept nogil:
+    # xe[w, c*M + m] = x[w, c]: an input row with every channel repeated M
+    # times, so that a depth multiplier M runs as M == 1 over C*M channels
+    # with the kernel (KH, KW, C, M) read as (KH, KW, C*M).
+    cdef Py_ssize_t i, m
+    cdef floating v
+    if M == 2:
+        for i in range(W * C):
+            v = x[i]
+            xe[2 * i] = v
+            xe[2 * i + 1] = v
+        return
+    for i in range(W * C):
+        v = x[i]
+        for m in range(M):
+            xe[i * M + m] = v
+
+
+cdef inline void _cl_rows(const floating** xr, const floating[:, :, :, ::1] x, floating* xe,
+                          Py_ssize_t n, Py_ssize_t ih0, Py_ssize_t dh,
+                          Py_ssize_t KH, Py_ssize_t M) noexcept nogil:
+    # xr[ky] = row ih0 + ky*dh of sample n (expanded into xe when M > 1), or
+    # NULL where that row is padding.
+    cdef Py_ssize_t H = x.shape[1], W = x.shape[2], C = x.shape[3], ky, ih
+    for ky in range(KH):
+        ih = ih0 + ky * dh
+        if ih < 0 or ih >= H:
+            xr[ky] = NULL
+        elif M == 1:
+            xr[ky] = &x[n, ih, 0, 0]
+        else:
+            _expand(&x[n, ih, 0, 0], xe + ky * W * C * M, W, C, M)
+            xr[ky] = xe + ky * W * C * M
+
+
 cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
                   floating[:, :, :, ::1] y, Py_ssize_t sh, Py_ssize_t sw,
-                  Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw) noexcept nogil:
-    cdef Py_ssize_t N = x.shape[0], H = x.shape[1], W = x.shape[2], C = x.shape[3]
+                  Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
+        cb_intr* intr) noexcept nogil:
+    # One task per output row; its input rows (KH * W * C) stay in L1/L2.
+    cdef Py_ssize_t N = x.shape[0], W = x.shape[2], C = x.shape[3]
     cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], M = k.shape[3]
     cdef Py_ssize_t OH = y.shape[1], OW = y.shape[2]
-    cdef Py_ssize_t r, n, oh, ow, ky, kx, ih, iw, c0, c
-    cdef floating* yp
-    cdef const floating* xp
-    cdef const floating* kp
+    cdef Py_ssize_t r, n, oh
+    cdef const floating** xr
+    cdef floating* xe
     cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
-    for r in prange(N * OH, schedule='static', num_threads=nt):
-        n = r // OH
-        oh = r % OH
-        for ow in range(OW):
-            yp = &y[n, oh, ow, 0]
-            c0 = 0
-            if M == 1:
-                c0 = _fwd_pix_blocks(yp, &x[n, 0, 0, 0], &k[0, 0, 0, 0], C, H, W, KH, KW,
-                                     oh * sh - ph, ow * sw - pw, dh, dw)
-            if c0 == C:
+    with parallel(num_threads=nt):
+        xr = <const floating**>malloc(KH * sizeof(floating*))
+        xe = NULL
+        if M > 1:
+            xe = <floating*>malloc(KH * W * C * M * sizeof(floating))
+        for r in prange(N * OH, schedule='static'):
+            # Rows take well under a microsecond: poll every 8th.
+            if intr.stop or (r % 8 == 0 and cb_intr_poll(intr)):
                 continue
-            memset(yp + c0 * M, 0, (C - c0) * M * sizeof(floating))
+            n = r // OH
+            oh = r % OH
+            _cl_rows(xr, x, xe, n, oh * sh - ph, dh, KH, M)
+            _cl_row(xr, &k[0, 0, 0, 0], &y[n, oh, 0, 0], C * M, W, KH, KW, OW, sw, dw, pw)
+        free(xe)
+        free(<void*>xr)
+
+
+cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] kf,
+                        floating[:, :, :, ::1] dx, Py_ssize_t dh, Py_ssize_t dw,
+                        Py_ssize_t fph, Py_ssize_t fpw,
+        cb_intr* intr) noexcept nogil:
+    # Stride 1: the input gradient is the forward convolution of dy (C*M
+    # channels) with the spatially flipped kernel kf, padded by fph, fpw;
+    # with M > 1 each group of M channels of that product sums into its
+    # input channel.
+    cdef Py_ssize_t N = dx.shape[0], H = dx.shape[1], W = dx.shape[2], C = dx.shape[3]
+    cdef Py_ssize_t KH = kf.shape[0], KW = kf.shape[1], M = kf.shape[3]
+    cdef Py_ssize_t OW = dy.shape[2]
+    cdef Py_ssize_t r, n, ih, i, m
+    cdef const floating** xr
+    cdef floating* t
+    cdef floating* dxp
+    cdef floating s
+    cdef int nt = cb_threads_for(2.0 * N * H * W * C * M * KH * KW)
+    with parallel(num_threads=nt):
+        xr = <const floating**>malloc(KH * sizeof(floating*))
+        t = NULL
+        if M > 1:
+            t = <floating*>malloc(W * C * M * sizeof(floating))
+        for r in prange(N * H, schedule='static'):
+            if intr.stop or (r % 8 == 0 and cb_intr_poll(intr)):
+                continue
+            n = r // H
+            ih = r % H
+            # dy has C*M channels: read as a channels_last image with M == 1.
+            _cl_rows(xr, dy, NULL, n, ih - fph, dh, KH, 1)
+            dxp = &dx[n, ih, 0, 0]
+            if M == 1:
+                _cl_row(xr, &kf[0, 0, 0, 0], dxp, C, OW, KH, KW, W, 1, dw, fpw)
+            else:
+                _cl_row(xr, &kf[0, 0, 0, 0], t, C * M, OW, KH, KW, W, 1, dw, fpw)
+                for i in range(W * C):
+                    s = t[i * M]
+                    for m in range(1, M):
+                        s = s + t[i * M + m]
+                    dxp[i] = s
+        free(t)
+        free(<void*>xr)
+
+
+cdef void _bwd_k_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] dy,
+                    floating[:, :, :, :, ::1] part, Py_ssize_t sh, Py_ssize_t sw,
+                    Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
+        cb_intr* intr) noexcept nogil:
+    # part[p] = kernel gradient from the p-th contiguous block of output rows.
+    cdef Py_ssize_t N = x.shape[0], W = x.shape[2], C = x.shape[3]
+    cdef Py_ssize_t P = part.shape[0], KH = part.shape[1], KW = part.shape[2]
+    cdef Py_ssize_t M = part.shape[4]
+    cdef Py_ssize_t OH = dy.shape[1], OW = dy.shape[2]
+    cdef Py_ssize_t rows = N * OH
+    cdef Py_ssize_t p, r, n, oh
+    cdef const floating** xr
+    cdef floating* xe
+    cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
+    with parallel(num_threads=nt):
+        xr = <const floating**>malloc(KH * sizeof(floating*))
+        xe = NULL
+        if M > 1:
+            xe = <floating*>malloc(KH * W * C * M * sizeof(floating))
+        for p in prange(P, schedule='static'):
+            memset(&part[p, 0, 0, 0, 0], 0, KH * KW * C * M * sizeof(floating))
+            for r in range(p * rows // P, (p + 1) * rows // P):
+                if cb_intr_poll(intr):
+                    break
+                n = r // OH
+                oh = r % OH
+                _cl_rows(xr, x, xe, n, oh * sh - ph, dh, KH, M)
+                _kg_row(xr, &dy[n, oh, 0, 0], &part[p, 0, 0, 0, 0], C * M, W, KH, KW, OW,
+                        sw, dw, pw)
+        free(xe)
+        free(<void*>xr)
+
+
+cdef inline const floating* _pad_plane(const floating* src, Py_ssize_t Hs, Py_ssize_t Ws,
+                                       floating* buf, Py_ssize_t Wp,
+                                       Py_ssize_t pw) noexcept nogil:
+    # The rows of plane src (Hs, Ws) laid out Wp wide with pw zeros in front
+    # (and zeros after), so that the row kernels need no bounds checks.
+    # Returns src itself when it needs no padding.
+    cdef Py_ssize_t i, lead = _imin(pw, Wp), ncopy
+    cdef floating* b
+    if pw == 0 and Wp == Ws:
+        return src
+    ncopy = _imax(0, _imin(Ws, Wp - lead))
+    for i in range(Hs):
+        b = buf + i * Wp
+        memset(b, 0, lead * sizeof(floating))
+        memcpy(b + lead, src + i * Ws, ncopy * sizeof(floating))
+        memset(b + lead + ncopy, 0, (Wp - lead - ncopy) * sizeof(floating))
+    return buf
+
+
+cdef inline void _cf_plane(const floating* rows, Py_ssize_t rs, Py_ssize_t Hs,
+                           const floating* k, Py_ssize_t ks, floating* dst, Py_ssize_t OH,
+                           Py_ssize_t OW, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh,
+                           Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t KH, Py_ssize_t KW,
+                           bint accumulate) noexcept nogil:
+    # dst (OH, OW) (+)= the correlation of the padded plane rows (Hs rows,
+    # rs apart) with the taps k[(ky*KW + kx) * ks].
+    cdef Py_ssize_t oh, ky, kx, ih, ow
+    cdef floating s
+    if sw == 1:
+        if floating is float:
+            cb_dw_fwd_cf_plane_f(rows, rs, Hs, k, ks, dst, OH, OW, sh, dh, ph, KH, KW, dw,
+                                 accumulate, 0, 0)
+        else:
+            cb_dw_fwd_cf_plane_d(rows, rs, Hs, k, ks, dst, OH, OW, sh, dh, ph, KH, KW, dw,
+                                 accumulate, 0, 0)
+        return
+    for oh in range(OH):
+        for ow in range(OW):
+            s = dst[oh * OW + ow] if accumulate else 0
             for ky in range(KH):
                 ih = oh * sh - ph + ky * dh
-                if ih < 0 or ih >= H:
+                if ih < 0 or ih >= Hs:
                     continue
                 for kx in range(KW):
-                    iw = ow * sw - pw + kx * dw
-                    if iw < 0 or iw >= W:
-                        continue
-                    _tap(yp + c0 * M, &x[n, ih, iw, c0], &k[ky, kx, c0, 0], C - c0, M)
+                    s = s + rows[ih * rs + ow * sw + kx * dw] * k[(ky * KW + kx) * ks]
+            dst[oh * OW + ow] = s
+
+
+cdef void _fwd_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
+                  floating[:, :, :, ::1] y, Py_ssize_t sh, Py_ssize_t sw,
+                  Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
+        cb_intr* intr) noexcept nogil:
+    # One task per input plane (n, c): it is padded once into a per-thread
+    # buffer, then filtered into its M output planes row by row.
+    cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
+    cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], M = k.shape[3]
+    cdef Py_ssize_t OH = y.shape[2], OW = y.shape[3]
+    cdef Py_ssize_t Wp = (OW - 1) * sw + (KW - 1) * dw + 1
+    cdef Py_ssize_t t, n, c, m, rs
+    cdef floating* buf
+    cdef const floating* rows
+    cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
+    with parallel(num_threads=nt):
+        buf = <floating*>malloc(H * Wp * sizeof(floating))
+        for t in prange(N * C, schedule='static'):
+            if cb_intr_poll(intr):
+                continue
+            n = t // C
+            c = t % C
+            rows = _pad_plane(&x[n, c, 0, 0], H, W, buf, Wp, pw)
+            rs = W if rows == &x[n, c, 0, 0] else Wp
+            for m in range(M):
+                _cf_plane(rows, rs, H, &k[0, 0, c, m], C * M, &y[n, c * M + m, 0, 0], OH, OW,
+                          sh, sw, dh, dw, ph, KH, KW, False)
+        free(buf)
+
+
+cdef void _bwd_in_cf_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] kf,
+                        floating[:, :, :, ::1] dx, Py_ssize_t dh, Py_ssize_t dw,
+                        Py_ssize_t fph, Py_ssize_t fpw,
+        cb_intr* intr) noexcept nogil:
+    # Stride 1: plane dx[n, c] is the sum over m of the forward convolution of
+    # plane dy[n, c*M + m] with the flipped kernel kf[:, :, c, m].
+    cdef Py_ssize_t N = dx.shape[0], C = dx.shape[1], H = dx.shape[2], W = dx.shape[3]
+    cdef Py_ssize_t KH = kf.shape[0], KW = kf.shape[1], M = kf.shape[3]
+    cdef Py_ssize_t OH = dy.shape[2], OW = dy.shape[3]
+    cdef Py_ssize_t Wp = (W - 1) + (KW - 1) * dw + 1
+    cdef Py_ssize_t t, n, c, m, rs
+    cdef floating* buf
+    cdef const floating* rows
+    cdef int nt = cb_threads_for(2.0 * N * H * W * C * M * KH * KW)
+    with parallel(num_threads=nt):
+        buf = <floating*>malloc(OH * Wp * sizeof(floating))
+        for t in prange(N * C, schedule='static'):
+            if cb_intr_poll(intr):
+                continue
+            n = t // C
+            c = t % C
+            for m in range(M):
+                rows = _pad_plane(&dy[n, c * M + m, 0, 0], OH, OW, buf, Wp, fpw)
+                rs = OW if rows == &dy[n, c * M + m, 0, 0] else Wp
+                _cf_plane(rows, rs, OH, &kf[0, 0, c, m], C * M, &dx[n, c, 0, 0], H, W,
+                          1, 1, dh, dw, fph, KH, KW, m > 0)
+        free(buf)
+
 
 
 cdef inline Py_ssize_t _src(Py_ssize_t t, Py_ssize_t s, Py_ssize_t n) noexcept nogil:
@@ -124,46 +379,14 @@ cdef inline Py_ssize_t _src(Py_ssize_t t, Py_ssize_t s, Py_ssize_t n) noexcept n
     return t if t < n else -1
 
 
-cdef inline Py_ssize_t _fwd_pix_blocks(floating* yp, const floating* xn, const floating* k,
-                                       Py_ssize_t C, Py_ssize_t H, Py_ssize_t W,
-                                       Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t h0,
-                                       Py_ssize_t w0, Py_ssize_t dh, Py_ssize_t dw) noexcept nogil:
-    # One output pixel, M == 1, CB channels at a time: the accumulators stay
-    # in registers over all taps instead of a load and store of y per tap.
-    # They are locals of this function (not of the prange body) so each
-    # thread has its own. Returns the first channel left for the caller.
-    cdef floating acc[CB]
-    cdef Py_ssize_t c0 = 0, c, ky, kx, ih, iw
-    cdef const floating* xp
-    cdef const floating* kp
-    while c0 + CB <= C:
-        for c in range(CB):
-            acc[c] = 0
-        for ky in range(KH):
-            ih = h0 + ky * dh
-            if ih < 0 or ih >= H:
-                continue
-            for kx in range(KW):
-                iw = w0 + kx * dw
-                if iw < 0 or iw >= W:
-                    continue
-                xp = xn + (ih * W + iw) * C + c0
-                kp = k + (ky * KW + kx) * C + c0
-                for c in range(CB):
-                    acc[c] = acc[c] + xp[c] * kp[c]
-        for c in range(CB):
-            yp[c0 + c] = acc[c]
-        c0 = c0 + CB
-    return c0
-
-
 cdef inline Py_ssize_t _bin_pix_blocks(floating* dxp, const floating* gn, const floating* k,
                                        Py_ssize_t C, Py_ssize_t OH, Py_ssize_t OW,
                                        Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t th,
                                        Py_ssize_t tw, Py_ssize_t sh, Py_ssize_t sw,
                                        Py_ssize_t dh, Py_ssize_t dw) noexcept nogil:
-    # Input-gradient twin of _fwd_pix_blocks (gather from the outputs that
-    # read this pixel); th, tw are the pixel's padded coordinates.
+    # One input pixel's gradient, M == 1, CB channels at a time with the sums
+    # in registers (gather from the outputs that read this pixel); th, tw are
+    # the pixel's padded coordinates. Used for strides > 1.
     cdef floating acc[CB]
     cdef Py_ssize_t c0 = 0, c, ky, kx, oh, ow
     cdef const floating* gp
@@ -191,7 +414,8 @@ cdef inline Py_ssize_t _bin_pix_blocks(floating* dxp, const floating* gn, const 
 
 cdef void _bwd_in_cl(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] k,
                      floating[:, :, :, ::1] dx, Py_ssize_t sh, Py_ssize_t sw,
-                     Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw) noexcept nogil:
+                     Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
+        cb_intr* intr) noexcept nogil:
     # Gather form: each input pixel collects from the outputs that read it,
     # so rows of dx are independent tasks and nothing races.
     cdef Py_ssize_t N = dx.shape[0], H = dx.shape[1], W = dx.shape[2], C = dx.shape[3]
@@ -203,6 +427,8 @@ cdef void _bwd_in_cl(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::
     cdef const floating* kp
     cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     for r in prange(N * H, schedule='static', num_threads=nt):
+        if cb_intr_poll(intr):
+            continue
         n = r // H
         ih = r % H
         for iw in range(W):
@@ -223,83 +449,6 @@ cdef void _bwd_in_cl(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::
                     if ow < 0:
                         continue
                     _tap_t(dxp + c0, &dy[n, oh, ow, c0 * M], &k[ky, kx, c0, 0], C - c0, M)
-
-
-cdef void _bwd_k_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] dy,
-                    floating[:, :, :, :, ::1] part, Py_ssize_t sh, Py_ssize_t sw,
-                    Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw) noexcept nogil:
-    # part[p] = kernel gradient from the p-th contiguous block of output rows.
-    cdef Py_ssize_t N = x.shape[0], H = x.shape[1], W = x.shape[2], C = x.shape[3]
-    cdef Py_ssize_t P = part.shape[0], KH = part.shape[1], KW = part.shape[2]
-    cdef Py_ssize_t M = part.shape[4]
-    cdef Py_ssize_t OH = dy.shape[1], OW = dy.shape[2]
-    cdef Py_ssize_t rows = N * OH
-    cdef Py_ssize_t p, r, n, oh, ow, ky, kx, ih, iw, c, m
-    cdef floating* kp
-    cdef const floating* xp
-    cdef const floating* gp
-    cdef floating xv
-    cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
-    for p in prange(P, schedule='static', num_threads=nt):
-        memset(&part[p, 0, 0, 0, 0], 0, KH * KW * C * M * sizeof(floating))
-        for r in range(p * rows // P, (p + 1) * rows // P):
-            n = r // OH
-            oh = r % OH
-            if M == 1:
-                # Per tap, a whole output row at once: sums stay in registers.
-                for ky in range(KH):
-                    ih = oh * sh - ph + ky * dh
-                    if ih < 0 or ih >= H:
-                        continue
-                    for kx in range(KW):
-                        _bk_row(&part[p, ky, kx, 0, 0], &dy[n, oh, 0, 0], &x[n, ih, 0, 0],
-                                C, kx * dw - pw, sw, W, OW)
-                continue
-            for ow in range(OW):
-                gp = &dy[n, oh, ow, 0]
-                for ky in range(KH):
-                    ih = oh * sh - ph + ky * dh
-                    if ih < 0 or ih >= H:
-                        continue
-                    for kx in range(KW):
-                        iw = ow * sw - pw + kx * dw
-                        if iw < 0 or iw >= W:
-                            continue
-                        kp = &part[p, ky, kx, 0, 0]
-                        xp = &x[n, ih, iw, 0]
-                        for c in range(C):
-                            xv = xp[c]
-                            for m in range(M):
-                                kp[c * M + m] = kp[c * M + m] + gp[c * M + m] * xv
-
-
-cdef inline void _bk_row(floating* kp, const floating* gr, const floating* xr, Py_ssize_t C,
-                         Py_ssize_t off, Py_ssize_t sw, Py_ssize_t W,
-                         Py_ssize_t OW) noexcept nogil:
-    # kp[c] += sum over valid ow of gr[ow, c] * xr[ow*sw + off, c] (M == 1).
-    # acc is a local of this function so every thread has its own.
-    cdef floating acc[CB]
-    cdef Py_ssize_t lo = _ow_lo(off, sw)
-    cdef Py_ssize_t hi = _ow_hi(off, sw, W, OW, lo)
-    cdef Py_ssize_t c0 = 0, c, ow
-    cdef const floating* g
-    cdef const floating* xp
-    while c0 + CB <= C:
-        for c in range(CB):
-            acc[c] = 0
-        for ow in range(lo, hi):
-            g = gr + ow * C + c0
-            xp = xr + (ow * sw + off) * C + c0
-            for c in range(CB):
-                acc[c] = acc[c] + g[c] * xp[c]
-        for c in range(CB):
-            kp[c0 + c] = kp[c0 + c] + acc[c]
-        c0 = c0 + CB
-    for ow in range(lo, hi):
-        g = gr + ow * C
-        xp = xr + (ow * sw + off) * C
-        for c in range(c0, C):
-            kp[c] = kp[c] + g[c] * xp[c]
 
 
 cdef void _reduce_parts(const floating[:, ::1] part, floating[::1] out) noexcept nogil:
@@ -330,46 +479,10 @@ cdef inline Py_ssize_t _ow_hi(Py_ssize_t off, Py_ssize_t sw, Py_ssize_t W, Py_ss
     return _imax(_imin(_cdiv(W - off, sw), OW), lo)
 
 
-cdef void _fwd_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
-                  floating[:, :, :, ::1] y, Py_ssize_t sh, Py_ssize_t sw,
-                  Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw) noexcept nogil:
-    # One task per output plane (n, c*M + m); the inner loop runs along a row.
-    cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
-    cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], M = k.shape[3]
-    cdef Py_ssize_t OH = y.shape[2], OW = y.shape[3]
-    cdef Py_ssize_t t, n, cm, c, oh, ky, kx, ih, off, lo, hi, ow
-    cdef floating kv
-    cdef floating* yr
-    cdef const floating* xr
-    cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
-    for t in prange(N * C * M, schedule='static', num_threads=nt):
-        n = t // (C * M)
-        cm = t % (C * M)
-        c = cm // M
-        for oh in range(OH):
-            yr = &y[n, cm, oh, 0]
-            memset(yr, 0, OW * sizeof(floating))
-            for ky in range(KH):
-                ih = oh * sh - ph + ky * dh
-                if ih < 0 or ih >= H:
-                    continue
-                xr = &x[n, c, ih, 0]
-                for kx in range(KW):
-                    kv = k[ky, kx, c, cm % M]
-                    off = kx * dw - pw
-                    lo = _ow_lo(off, sw)
-                    hi = _ow_hi(off, sw, W, OW, lo)
-                    if sw == 1:
-                        for ow in range(lo, hi):
-                            yr[ow] = yr[ow] + kv * xr[ow + off]
-                    else:
-                        for ow in range(lo, hi):
-                            yr[ow] = yr[ow] + kv * xr[ow * sw + off]
-
-
 cdef void _bwd_in_cf(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] k,
                      floating[:, :, :, ::1] dx, Py_ssize_t sh, Py_ssize_t sw,
-                     Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw) noexcept nogil:
+                     Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
+        cb_intr* intr) noexcept nogil:
     # One task per input plane (n, c): it owns dx[n, c] and scatters into it
     # from the M output planes that read it, so nothing races.
     cdef Py_ssize_t N = dx.shape[0], C = dx.shape[1], H = dx.shape[2], W = dx.shape[3]
@@ -381,6 +494,8 @@ cdef void _bwd_in_cf(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::
     cdef const floating* gr
     cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     for t in prange(N * C, schedule='static', num_threads=nt):
+        if cb_intr_poll(intr):
+            continue
         n = t // C
         c = t % C
         memset(&dx[n, c, 0, 0], 0, H * W * sizeof(floating))
@@ -407,54 +522,72 @@ cdef void _bwd_in_cf(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::
 
 cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] dy,
                     floating[:, :, :, ::1] dk, Py_ssize_t sh, Py_ssize_t sw,
-                    Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw) noexcept nogil:
-    # One task per kernel channel (c, m), summing over the batch in order.
-    # Products go into a per-tap row buffer (vectorizable) that is summed
-    # once at the end, instead of a scalar reduction per row.
+                    Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
+        cb_intr* intr) noexcept nogil:
+    # One task per input channel c, summing over the batch in order: plane
+    # x[n, c] is padded once, then correlated with its M output-gradient
+    # planes. Each tap sums into 8 partial lanes (vector-wide), added up at
+    # the end; the order depends on the shapes only.
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t KH = dk.shape[0], KW = dk.shape[1], M = dk.shape[3]
     cdef Py_ssize_t OH = dy.shape[2], OW = dy.shape[3]
-    cdef Py_ssize_t t, n, c, m, oh, ky, kx, ih, off, lo, hi, ow, tap
+    cdef Py_ssize_t Wp = (OW - 1) * sw + (KW - 1) * dw + 1, T = KH * KW
+    cdef Py_ssize_t c, n, m, tap, rs, oh, ow, ky, kx, ih, j
     cdef floating* buf
-    cdef floating* br
+    cdef floating* acc
+    cdef floating* a
+    cdef const floating* rows
+    cdef const floating* g
     cdef floating s
-    cdef const floating* gr
-    cdef const floating* xr
     cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     with parallel(num_threads=nt):
-        buf = <floating*>malloc(KH * KW * OW * sizeof(floating))
-        for t in prange(C * M, schedule='static'):
-            c = t // M
-            m = t % M
-            memset(buf, 0, KH * KW * OW * sizeof(floating))
+        buf = <floating*>malloc(H * Wp * sizeof(floating))
+        acc = <floating*>malloc(M * T * 8 * sizeof(floating))
+        for c in prange(C, schedule='static'):
+            memset(acc, 0, M * T * 8 * sizeof(floating))
             for n in range(N):
-                for oh in range(OH):
-                    gr = &dy[n, t, oh, 0]
-                    for ky in range(KH):
-                        ih = oh * sh - ph + ky * dh
-                        if ih < 0 or ih >= H:
-                            continue
-                        xr = &x[n, c, ih, 0]
-                        for kx in range(KW):
-                            br = buf + (ky * KW + kx) * OW
-                            off = kx * dw - pw
-                            lo = _ow_lo(off, sw)
-                            hi = _ow_hi(off, sw, W, OW, lo)
-                            if sw == 1:
-                                for ow in range(lo, hi):
-                                    br[ow] = br[ow] + gr[ow] * xr[ow + off]
-                            else:
-                                for ow in range(lo, hi):
-                                    br[ow] = br[ow] + gr[ow] * xr[ow * sw + off]
-            for tap in range(KH * KW):
-                s = 0
-                for ow in range(OW):
-                    s = s + buf[tap * OW + ow]
-                dk[tap // KW, tap % KW, c, m] = s
+                if cb_intr_poll(intr):
+                    break
+                rows = _pad_plane(&x[n, c, 0, 0], H, W, buf, Wp, pw)
+                rs = W if rows == &x[n, c, 0, 0] else Wp
+                for m in range(M):
+                    a = acc + m * T * 8
+                    g = &dy[n, c * M + m, 0, 0]
+                    if sw == 1:
+                        if floating is float:
+                            cb_dw_kgrad_cf_plane_f(rows, rs, H, g, OH, OW, sh, dh, ph, KH, KW,
+                                                   dw, a)
+                        else:
+                            cb_dw_kgrad_cf_plane_d(rows, rs, H, g, OH, OW, sh, dh, ph, KH, KW,
+                                                   dw, a)
+                        continue
+                    for oh in range(OH):
+                        for ky in range(KH):
+                            ih = oh * sh - ph + ky * dh
+                            if ih < 0 or ih >= H:
+                                continue
+                            for kx in range(KW):
+                                s = 0
+                                for ow in range(OW):
+                                    s = s + g[oh * OW + ow] * rows[ih * rs + ow * sw + kx * dw]
+                                a[(ky * KW + kx) * 8] += s
+            for m in range(M):
+                for tap in range(T):
+                    s = 0
+                    for j in range(8):
+                        s = s + acc[(m * T + tap) * 8 + j]
+                    dk[tap // KW, tap % KW, c, m] = s
+        free(acc)
         free(buf)
 
 
 # ---------------------------------------------------------------- Python API
+
+def _use_avx2(bint on):
+    """Run the AVX2 + FMA row kernels when the CPU has them (the default), or
+    the baseline ones (for tests). Returns whether the AVX2 ones now run."""
+    return bool(cb_dw_use_avx2(on))
+
 
 @cython.wraparound(True)
 def _pair(name, what, v, nd):
@@ -536,6 +669,8 @@ def depthwise_forward(x, kernel, strides, dilation, pads, channels_last=True):
     strides, dilation: int or per-dim ints. pads: ((before, after), ...).
     Returns (N, OH, OW, C*M) / (N, C*M, OH, OW) (1-D: without OH).
     """
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     name = "depthwise_forward"
     x = np.asarray(x)
     kernel = np.asarray(kernel)
@@ -550,23 +685,29 @@ def depthwise_forward(x, kernel, strides, dilation, pads, channels_last=True):
         y[...] = 0
         return y
     xv, kv, yv = _img(x, nd, channels_last), _ker(kernel, nd), _img(y, nd, channels_last)
-    args = (ss[0], ss[1], ds[0], ds[1], ps[0][0], ps[1][0])
+    sh, sw, dh, dw, ph, pw = ss[0], ss[1], ds[0], ds[1], ps[0][0], ps[1][0]
     if channels_last:
         if x.dtype == np.float32:
-            _fwd_cl[float](xv, kv, yv, *args)
+            _fwd_cl[float](xv, kv, yv, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
         else:
-            _fwd_cl[double](xv, kv, yv, *args)
+            _fwd_cl[double](xv, kv, yv, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
     else:
         if x.dtype == np.float32:
-            _fwd_cf[float](xv, kv, yv, *args)
+            _fwd_cf[float](xv, kv, yv, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
         else:
-            _fwd_cf[double](xv, kv, yv, *args)
+            _fwd_cf[double](xv, kv, yv, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
     return y
 
 
 @cython.wraparound(True)
 def depthwise_backward_input(dy, kernel, x_shape, strides, dilation, pads, channels_last=True):
     """Gradient of depthwise_forward with respect to x; returns an array of x_shape."""
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     name = "depthwise_backward_input"
     dy = np.asarray(dy)
     kernel = np.asarray(kernel)
@@ -583,17 +724,42 @@ def depthwise_backward_input(dy, kernel, x_shape, strides, dilation, pads, chann
     if dx.size == 0:
         return dx
     dyv, kv, dxv = _img(dy, nd, channels_last), _ker(kernel, nd), _img(dx, nd, channels_last)
-    args = (ss[0], ss[1], ds[0], ds[1], ps[0][0], ps[1][0])
+    spans = ((kv.shape[0] - 1) * ds[0], (kv.shape[1] - 1) * ds[1])
+    if ss == (1, 1) and all(a <= e and b <= e for (a, b), e in zip(ps, spans)):
+        # Stride 1: a forward pass over dy with the flipped kernel (see
+        # _bwd_in_cl_s1), at forward speed and with no scatter.
+        kf = np.ascontiguousarray(kv[::-1, ::-1])
+        fdh, fdw, fph, fpw = ds[0], ds[1], spans[0] - ps[0][0], spans[1] - ps[1][0]
+        if channels_last:
+            if dy.dtype == np.float32:
+                _bwd_in_cl_s1[float](dyv, kf, dxv, fdh, fdw, fph, fpw, &intr)
+                check_interrupt(&intr)
+            else:
+                _bwd_in_cl_s1[double](dyv, kf, dxv, fdh, fdw, fph, fpw, &intr)
+                check_interrupt(&intr)
+        else:
+            if dy.dtype == np.float32:
+                _bwd_in_cf_s1[float](dyv, kf, dxv, fdh, fdw, fph, fpw, &intr)
+                check_interrupt(&intr)
+            else:
+                _bwd_in_cf_s1[double](dyv, kf, dxv, fdh, fdw, fph, fpw, &intr)
+                check_interrupt(&intr)
+        return dx
+    sh, sw, dh, dw, ph, pw = ss[0], ss[1], ds[0], ds[1], ps[0][0], ps[1][0]
     if channels_last:
         if dy.dtype == np.float32:
-            _bwd_in_cl[float](dyv, kv, dxv, *args)
+            _bwd_in_cl[float](dyv, kv, dxv, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
         else:
-            _bwd_in_cl[double](dyv, kv, dxv, *args)
+            _bwd_in_cl[double](dyv, kv, dxv, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
     else:
         if dy.dtype == np.float32:
-            _bwd_in_cf[float](dyv, kv, dxv, *args)
+            _bwd_in_cf[float](dyv, kv, dxv, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
         else:
-            _bwd_in_cf[double](dyv, kv, dxv, *args)
+            _bwd_in_cf[double](dyv, kv, dxv, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
     return dx
 
 
@@ -603,6 +769,8 @@ def depthwise_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, chan
 
     Deterministic: the same result for any thread count.
     """
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     name = "depthwise_backward_kernel"
     x = np.asarray(x)
     dy = np.asarray(dy)
@@ -623,20 +791,24 @@ def depthwise_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, chan
         return dk
     xv, dyv = _img(x, nd, channels_last), _img(dy, nd, channels_last)
     dkv = _ker(dk, nd)
-    args = (ss[0], ss[1], ds[0], ds[1], ps[0][0], ps[1][0])
+    sh, sw, dh, dw, ph, pw = ss[0], ss[1], ds[0], ds[1], ps[0][0], ps[1][0]
     if channels_last:
         rows = x.shape[0] * out[0]
         P = min(rows, KGRAD_CHUNKS)
         part = np.empty((P,) + dkv.shape, dtype=x.dtype)
         if x.dtype == np.float32:
-            _bwd_k_cl[float](xv, dyv, part, *args)
+            _bwd_k_cl[float](xv, dyv, part, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
             _reduce_parts[float](part.reshape(P, -1), dk.reshape(-1))
         else:
-            _bwd_k_cl[double](xv, dyv, part, *args)
+            _bwd_k_cl[double](xv, dyv, part, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
             _reduce_parts[double](part.reshape(P, -1), dk.reshape(-1))
     else:
         if x.dtype == np.float32:
-            _bwd_k_cf[float](xv, dyv, dkv, *args)
+            _bwd_k_cf[float](xv, dyv, dkv, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
         else:
-            _bwd_k_cf[double](xv, dyv, dkv, *args)
+            _bwd_k_cf[double](xv, dyv, dkv, sh, sw, dh, dw, ph, pw, &intr)
+            check_interrupt(&intr)
     return dk

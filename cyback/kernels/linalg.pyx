@@ -13,11 +13,33 @@ from cython.parallel cimport prange
 
 from cyback.kernels._blas cimport floating, gemm
 from cyback.kernels._omp cimport cb_threads_for
+from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 
 # Below this many multiply-adds per matrix, OpenMP over the batch beats
 # splitting each matrix across threads in turn (benchmarks/bench_linalg.py
 # measures both sides of the cutoff).
 cdef long SMALL_GEMM = 256 * 256 * 256
+# A large matmul runs as row blocks of about this many flops (tens of ms), so
+# that Ctrl-C is seen between blocks.
+cdef double CHUNK_FLOPS = 2.0 ** 31
+
+
+cdef void _chunked_gemm(bint ta, bint tb, int m, int n, int k, const floating* a, int lda,
+                        const floating* b, int ldb, floating* c, int ldc, int nt,
+                        cb_intr* intr) noexcept nogil:
+    """_split_gemm over blocks of rows of C (fixed by the shapes), polling for
+    Ctrl-C between blocks."""
+    cdef int rows = <int>(CHUNK_FLOPS / (2.0 * n * k)), r0, mr
+    if rows < 64 * nt:
+        rows = 64 * nt
+    r0 = 0
+    while r0 < m:
+        if cb_intr_poll(intr):
+            return
+        mr = m - r0 if m - r0 < rows else rows
+        _split_gemm(ta, tb, mr, n, k, a + (r0 if ta else <long>r0 * lda), lda, b, ldb,
+                    c + <long>r0 * ldc, ldc, nt)
+        r0 += mr
 
 
 cdef void _split_gemm(bint ta, bint tb, int m, int n, int k, const floating* a, int lda,
@@ -80,16 +102,19 @@ def matmul(a, b):
     cdef int nt = cb_threads_for(2.0 * m * n * k)
     cdef float[:, ::1] af, bf, of
     cdef double[:, ::1] ad, bd, od
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     if out.dtype == np.float32:
         af, bf, of = _writable(a), _writable(b), out
         with nogil:
-            _split_gemm[float](ta, tb, m, n, k, &af[0, 0], af.shape[1], &bf[0, 0], bf.shape[1],
-                               &of[0, 0], n, nt)
+            _chunked_gemm[float](ta, tb, m, n, k, &af[0, 0], af.shape[1], &bf[0, 0],
+                                 bf.shape[1], &of[0, 0], n, nt, &intr)
     else:
         ad, bd, od = _writable(a), _writable(b), out
         with nogil:
-            _split_gemm[double](ta, tb, m, n, k, &ad[0, 0], ad.shape[1], &bd[0, 0], bd.shape[1],
-                                &od[0, 0], n, nt)
+            _chunked_gemm[double](ta, tb, m, n, k, &ad[0, 0], ad.shape[1], &bd[0, 0],
+                                  bd.shape[1], &od[0, 0], n, nt, &intr)
+    check_interrupt(&intr)
     return out
 
 
@@ -100,7 +125,8 @@ def _writable(x):
 
 cdef void _batch_gemm(floating[:, :, ::1] a, floating[:, :, ::1] b,
                       floating[:, :, ::1] out, bint trans_a, bint trans_b,
-                      bint over_batch) noexcept nogil:
+                      bint over_batch,
+        cb_intr* intr) noexcept nogil:
     cdef Py_ssize_t i, nb = out.shape[0]
     cdef int m = out.shape[1], n = out.shape[2]
     cdef int k = a.shape[1] if trans_a else a.shape[2]
@@ -112,12 +138,16 @@ cdef void _batch_gemm(floating[:, :, ::1] a, floating[:, :, ::1] b,
     if ldc < 1: ldc = 1
     if over_batch:
         for i in prange(nb, schedule='static', num_threads=nt):
+            if cb_intr_poll(intr):
+                continue
             gemm(trans_a, trans_b, m, n, k, <floating>1, &a[i, 0, 0], lda,
                  &b[i, 0, 0], ldb, <floating>0, &out[i, 0, 0], ldc)
     else:
         for i in range(nb):
-            _split_gemm(trans_a, trans_b, m, n, k, &a[i, 0, 0], lda, &b[i, 0, 0], ldb,
-                        &out[i, 0, 0], ldc, nt_one)
+            _chunked_gemm(trans_a, trans_b, m, n, k, &a[i, 0, 0], lda, &b[i, 0, 0], ldb,
+                          &out[i, 0, 0], ldc, nt_one, intr)
+            if intr.stop:
+                break
 
 
 def batch_gemm(a, b, bint trans_a=False, bint trans_b=False, out=None):
@@ -126,6 +156,8 @@ def batch_gemm(a, b, bint trans_a=False, bint trans_b=False, out=None):
     ``op`` transposes the last two axes when the matching flag is set, so
     callers express ``x @ y.T`` without copying ``y``.
     """
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     a = _writable(np.ascontiguousarray(a))
     b = _writable(np.ascontiguousarray(b))
     if a.ndim != 3 or b.ndim != 3:
@@ -149,7 +181,9 @@ def batch_gemm(a, b, bint trans_a=False, bint trans_b=False, out=None):
         return out
     over_batch = nb > 1 and <long>m * n * ka <= SMALL_GEMM
     if a.dtype == np.float32:
-        _batch_gemm[float](a, b, out, trans_a, trans_b, over_batch)
+        _batch_gemm[float](a, b, out, trans_a, trans_b, over_batch, &intr)
+        check_interrupt(&intr)
     else:
-        _batch_gemm[double](a, b, out, trans_a, trans_b, over_batch)
+        _batch_gemm[double](a, b, out, trans_a, trans_b, over_batch, &intr)
+        check_interrupt(&intr)
     return out

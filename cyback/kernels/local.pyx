@@ -26,6 +26,7 @@ from cython.parallel cimport prange
 from cyback.kernels._blas cimport floating, gemm
 from cyback.kernels._checks import check_float
 from cyback.kernels._omp cimport cb_parallel_min_work, cb_threads_for
+from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 from cyback.kernels.blas_threads import blas_threads
 
 
@@ -118,7 +119,8 @@ cdef void _col2im_cf(const floating[:, :, ::1] pt, floating[:, :, :, ::1] dx,
 
 
 cdef void _gemms(int which, floating[:, :, ::1] a, floating[:, :, ::1] b,
-                 floating* g, Py_ssize_t g_pstride, int g_ld, int nt) noexcept nogil:
+                 floating* g, Py_ssize_t g_pstride, int g_ld, int nt,
+                 cb_intr* intr) noexcept nogil:
     """Per-position products; ``g`` is the (N, F) matrix of position p at
     g + p * g_pstride with leading dimension g_ld (the output or dy).
     nt > 0: OpenMP over positions on nt threads; 0: a plain loop on the
@@ -132,9 +134,13 @@ cdef void _gemms(int which, floating[:, :, ::1] a, floating[:, :, ::1] b,
     cdef int N = a.shape[1], K = a.shape[2], F = b.shape[2]
     if nt > 0:
         for p in prange(P, schedule='static', num_threads=nt):
+            if cb_intr_poll(intr):
+                continue
             _one(which, a, b, g, p, g_pstride, g_ld, N, K, F)
     else:
         for p in range(P):
+            if cb_intr_poll(intr):
+                break
             _one(which, a, b, g, p, g_pstride, g_ld, N, K, F)
 
 
@@ -152,8 +158,10 @@ cdef inline void _one(int which, floating[:, :, ::1] a, floating[:, :, ::1] b,
              <floating>0, &b[p, 0, 0], F)
 
 
-cdef void _run_gemms(int which, a, b, g, Py_ssize_t g_pstride, int g_ld):
+cdef int _run_gemms(int which, a, b, g, Py_ssize_t g_pstride, int g_ld) except -1:
     """Dispatch on dtype; OpenMP over positions unless the work is small."""
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     cdef long work = <long>a.shape[1] * a.shape[2] * b.shape[2]
     # BLAS runs single-threaded (one thread pool: OpenMP), so every
     # parallel case goes over positions.
@@ -181,19 +189,24 @@ cdef void _run_gemms(int which, a, b, g, Py_ssize_t g_pstride, int g_ld):
         if over_p:
             with blas_threads(1):
                 with nogil:
-                    _gemms[float](which, af, bf, &gf[0], g_pstride, g_ld, nt)
+                    _gemms[float](which, af, bf, &gf[0], g_pstride, g_ld, nt, &intr)
+                check_interrupt(&intr)
         else:
             with nogil:
-                _gemms[float](which, af, bf, &gf[0], g_pstride, g_ld, 0)
+                _gemms[float](which, af, bf, &gf[0], g_pstride, g_ld, 0, &intr)
+            check_interrupt(&intr)
     else:
         ad, bd, gd = a, b, g.reshape(-1)
         if over_p:
             with blas_threads(1):
                 with nogil:
-                    _gemms[double](which, ad, bd, &gd[0], g_pstride, g_ld, nt)
+                    _gemms[double](which, ad, bd, &gd[0], g_pstride, g_ld, nt, &intr)
+                check_interrupt(&intr)
         else:
             with nogil:
-                _gemms[double](which, ad, bd, &gd[0], g_pstride, g_ld, 0)
+                _gemms[double](which, ad, bd, &gd[0], g_pstride, g_ld, 0, &intr)
+            check_interrupt(&intr)
+    return 0
 
 
 # ---------------------------------------------------------------- Python API

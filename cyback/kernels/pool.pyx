@@ -20,6 +20,7 @@ from libc.math cimport INFINITY
 
 from cyback.kernels._blas cimport floating
 from cyback.kernels._omp cimport cb_threads_for
+from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 
 cnp.import_array()
 
@@ -128,7 +129,8 @@ cdef inline void _vmax_grad(floating* dx, floating* rem, const floating* x,
 cdef void _fwd(const floating[:, :, :, :, ::1] x, floating[:, :, :, :, ::1] y,
                Py_ssize_t kd, Py_ssize_t kh, Py_ssize_t kw,
                Py_ssize_t sd, Py_ssize_t sh, Py_ssize_t sw,
-               Py_ssize_t pd, Py_ssize_t ph, Py_ssize_t pw, bint is_max) noexcept nogil:
+               Py_ssize_t pd, Py_ssize_t ph, Py_ssize_t pw, bint is_max,
+        cb_intr* intr) noexcept nogil:
     cdef Py_ssize_t B = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t C = x.shape[4]
     cdef Py_ssize_t OD = y.shape[1], OH = y.shape[2], OW = y.shape[3]
@@ -140,6 +142,8 @@ cdef void _fwd(const floating[:, :, :, :, ::1] x, floating[:, :, :, :, ::1] y,
     # One task per output row: rows never share output, and B*OD*OH is large
     # enough to balance threads even when the batch is tiny.
     for r in prange(B * OD * OH, schedule='static', num_threads=nt):
+        if cb_intr_poll(intr):
+            continue
         b = r // (OD * OH)
         od = (r // OH) % OD
         oh = r % OH
@@ -226,7 +230,8 @@ cdef inline void _row_add(floating* y, const floating* x, Py_ssize_t off, Py_ssi
 cdef void _fwd_c1(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] y,
                   Py_ssize_t kd, Py_ssize_t kh, Py_ssize_t kw,
                   Py_ssize_t sd, Py_ssize_t sh, Py_ssize_t sw,
-                  Py_ssize_t pd, Py_ssize_t ph, Py_ssize_t pw, bint is_max) noexcept nogil:
+                  Py_ssize_t pd, Py_ssize_t ph, Py_ssize_t pw, bint is_max,
+        cb_intr* intr) noexcept nogil:
     # Single-channel planes (channels_first): a window is only a few cells,
     # so instead of looping over windows, each window offset sweeps a whole
     # output row at once.
@@ -237,6 +242,8 @@ cdef void _fwd_c1(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] y,
     cdef const floating* xr
     cdef int nt = cb_threads_for(<double>(B * OD * OH * OW) * (kd * kh * kw + 1))
     for r in prange(B * OD * OH, schedule='static', num_threads=nt):
+        if cb_intr_poll(intr):
+            continue
         b = r // (OD * OH)
         od = (r // OH) % OD
         oh = r % OH
@@ -270,7 +277,8 @@ cdef void _bwd(const floating[:, :, :, :, ::1] x, const floating[:, :, :, :, ::1
                Py_ssize_t kd, Py_ssize_t kh, Py_ssize_t kw,
                Py_ssize_t sd, Py_ssize_t sh, Py_ssize_t sw,
                Py_ssize_t pd, Py_ssize_t ph, Py_ssize_t pw, bint is_max,
-               Py_ssize_t cblk, int nt) noexcept nogil:
+               Py_ssize_t cblk, int nt,
+        cb_intr* intr) noexcept nogil:
     # Overlapping windows scatter into the same dx cells, so each task owns a
     # whole (sample, channel block) and walks its windows in order: no races,
     # and every cell accumulates in the same order whatever the thread count.
@@ -295,6 +303,8 @@ cdef void _bwd(const floating[:, :, :, :, ::1] x, const floating[:, :, :, :, ::1
                         for k in range(W):
                             memset(&dx[b, i, j, k, c0], 0, cn * sizeof(floating))
             for od in range(OD):
+                if cb_intr_poll(intr):
+                    break
                 d0 = _imax(od * sd - pd, 0)
                 d1 = _imin(od * sd - pd + kd, D)
                 for oh in range(OH):
@@ -325,7 +335,8 @@ cdef void _bwd_c1(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] y
                   const floating[:, :, :, ::1] dy, floating[:, :, :, ::1] dx,
                   Py_ssize_t kd, Py_ssize_t kh, Py_ssize_t kw,
                   Py_ssize_t sd, Py_ssize_t sh, Py_ssize_t sw,
-                  Py_ssize_t pd, Py_ssize_t ph, Py_ssize_t pw, bint is_max) noexcept nogil:
+                  Py_ssize_t pd, Py_ssize_t ph, Py_ssize_t pw, bint is_max,
+        cb_intr* intr) noexcept nogil:
     # Single-channel planes: one task per plane (so overlapping windows never
     # race), sweeping whole output rows per window offset as in _fwd_c1.
     # Offsets are visited in (d, h, w) order, so for every output column the
@@ -345,6 +356,8 @@ cdef void _bwd_c1(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] y
         for b in prange(B, schedule='static'):
             memset(&dx[b, 0, 0, 0], 0, D * H * W * sizeof(floating))
             for od in range(OD):
+                if cb_intr_poll(intr):
+                    break
                 d0 = _imax(od * sd - pd, 0)
                 d1 = _imin(od * sd - pd + kd, D)
                 for oh in range(OH):
@@ -465,6 +478,8 @@ def pool_forward(x, pool_size, strides, pads, channels_last=True, mode='max'):
     pads: ((before, after), ...) per spatial dim, each pad < pool size.
     Returns the pooled array in the same layout and dtype.
     """
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     name = "pool_forward"
     x, nd, k3, s3, p3, spatial, out, out_shape = _setup(
         name, x, pool_size, strides, pads, channels_last, mode)
@@ -477,17 +492,21 @@ def pool_forward(x, pool_size, strides, pads, channels_last=True, mode='max'):
     if channels_last:
         if x.dtype == np.float32:
             _fwd[float](xv, yv, k3[0], k3[1], k3[2], s3[0], s3[1], s3[2],
-                        p3[0], p3[1], p3[2], is_max)
+                        p3[0], p3[1], p3[2], is_max, &intr)
+            check_interrupt(&intr)
         else:
             _fwd[double](xv, yv, k3[0], k3[1], k3[2], s3[0], s3[1], s3[2],
-                         p3[0], p3[1], p3[2], is_max)
+                         p3[0], p3[1], p3[2], is_max, &intr)
+            check_interrupt(&intr)
     else:
         if x.dtype == np.float32:
             _fwd_c1[float](xv, yv, k3[0], k3[1], k3[2], s3[0], s3[1], s3[2],
-                           p3[0], p3[1], p3[2], is_max)
+                           p3[0], p3[1], p3[2], is_max, &intr)
+            check_interrupt(&intr)
         else:
             _fwd_c1[double](xv, yv, k3[0], k3[1], k3[2], s3[0], s3[1], s3[2],
-                            p3[0], p3[1], p3[2], is_max)
+                            p3[0], p3[1], p3[2], is_max, &intr)
+            check_interrupt(&intr)
     return y
 
 
@@ -499,6 +518,8 @@ def pool_backward(x, y, dy, pool_size, strides, pads, channels_last=True, mode='
     Max routes each window's gradient to the first cell (in D, H, W order)
     equal to the window max; average spreads dy / (number of real cells).
     """
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     name = "pool_backward"
     x, nd, k3, s3, p3, spatial, out, out_shape = _setup(
         name, x, pool_size, strides, pads, channels_last, mode)
@@ -541,15 +562,19 @@ def pool_backward(x, y, dy, pool_size, strides, pads, channels_last=True, mode='
             cblk = (c + nblk - 1) // nblk
         if x.dtype == np.float32:
             _bwd[float](xv, yv, dyv, dxv, k3[0], k3[1], k3[2], s3[0], s3[1], s3[2],
-                        p3[0], p3[1], p3[2], is_max, cblk, nt)
+                        p3[0], p3[1], p3[2], is_max, cblk, nt, &intr)
+            check_interrupt(&intr)
         else:
             _bwd[double](xv, yv, dyv, dxv, k3[0], k3[1], k3[2], s3[0], s3[1], s3[2],
-                         p3[0], p3[1], p3[2], is_max, cblk, nt)
+                         p3[0], p3[1], p3[2], is_max, cblk, nt, &intr)
+            check_interrupt(&intr)
     else:
         if x.dtype == np.float32:
             _bwd_c1[float](xv, yv, dyv, dxv, k3[0], k3[1], k3[2], s3[0], s3[1], s3[2],
-                           p3[0], p3[1], p3[2], is_max)
+                           p3[0], p3[1], p3[2], is_max, &intr)
+            check_interrupt(&intr)
         else:
             _bwd_c1[double](xv, yv, dyv, dxv, k3[0], k3[1], k3[2], s3[0], s3[1], s3[2],
-                            p3[0], p3[1], p3[2], is_max)
+                            p3[0], p3[1], p3[2], is_max, &intr)
+            check_interrupt(&intr)
     return dx

@@ -445,3 +445,26 @@ def test_taps_large_and_thread_invariant(channels_last):
         finally:
             set_num_threads(nmax)
         assert np.array_equal(ys[0], ys[1]), kshape
+
+
+# ---------------------------------------------------------------- 1x1 convolutions
+
+@pytest.mark.parametrize("one_gemm", [True, False])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_pointwise_one_gemm_and_blocks(one_gemm, dtype):
+    # A channels_last 1x1 convolution runs as one BLAS GEMM on the (N*P, C)
+    # view (the default) or as OpenMP blocks of rows; both against the
+    # reference, in 1-D to 3-D, with batches of one row-block and more.
+    old = dict(conv._TUNE)
+    conv._TUNE["pointwise_gemm"] = one_gemm
+    rng = np.random.default_rng(31)
+    try:
+        for spatial in ((5, 5), (7,), (3, 4, 2), (40, 60)):
+            r = len(spatial)
+            for n in (1, 3):
+                for cl in (True, False):
+                    check_all(rng, dtype, n, spatial, 5, 7, (1,) * r, (1,) * r, (1,) * r,
+                              [(0, 0)] * r, cl, noncontig=(n == 3))
+    finally:
+        conv._TUNE.clear()
+        conv._TUNE.update(old)

@@ -4,6 +4,7 @@ import zlib
 import numpy as np
 import pytest
 
+from cyback.kernels import depthwise as dw_module
 from cyback.kernels import runtime
 from cyback.kernels.depthwise import (depthwise_backward_input, depthwise_backward_kernel,
                                       depthwise_forward)
@@ -72,6 +73,15 @@ def ref_grads(x, k, dy, ss, ds, ps, cl):
     return (dx if cl else np.moveaxis(dx, -1, 1)), dk
 
 
+@pytest.fixture(params=["avx2", "baseline"])
+def isa(request):
+    """Each case runs with the AVX2 + FMA row kernels (where the CPU has them)
+    and with the baseline vector ones."""
+    dw_module._use_avx2(request.param == "avx2")
+    yield request.param
+    dw_module._use_avx2(True)
+
+
 def tol(dtype):
     return dict(rtol=2e-4, atol=2e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
 
@@ -128,14 +138,23 @@ def test_reference_adjoint_is_right():
     (2, 9, 8, 2, 1, 3, 2, (1, 1), (2, 3), 'same'),
     (1, 5, 11, 7, 1, 1, 5, (3, 2), (1, 1), 'valid'),
     (2, 4, 4, 33, 1, 3, 3, (1, 1), (1, 1), 'same'),
+    # Rows long enough for the vector paths of the row kernels (4-pixel
+    # blocks channels_last; two-vector, overlapping-last and scalar-tail
+    # columns channels_first), channel counts with a vector tail, and depth
+    # multipliers > 1 at stride 1 (expanded rows; flipped-kernel gradient).
+    (2, 5, 37, 9, 1, 3, 3, (1, 1), (1, 1), 'same'),
+    (1, 4, 19, 13, 2, 3, 3, (1, 1), (1, 1), 'same'),
+    (2, 6, 23, 8, 3, 3, 3, (1, 1), (1, 2), 'same'),
+    (1, 7, 21, 16, 2, 2, 5, (1, 1), (2, 1), 'valid'),
+    (1, 3, 9, 24, 1, 3, 3, (1, 3), (1, 1), 'same'),
 ])
-def test_configs(cfg, cl, dtype):
+def test_configs(isa, cfg, cl, dtype):
     rng = np.random.default_rng(zlib.crc32(repr(cfg).encode()))
     n, h, w, c, m, kh, kw, ss, ds, padding = cfg
     run_case(rng, n, h, w, c, m, kh, kw, ss, ds, padding, cl, dtype)
 
 
-def test_random_noncontiguous():
+def test_random_noncontiguous(isa):
     rng = np.random.default_rng(1)
     for _ in range(20):
         kh, kw = (int(v) for v in rng.integers(1, 4, 2))
@@ -169,7 +188,7 @@ def test_1d_matches_2d_height_one(cl):
 
 
 @pytest.mark.parametrize("cl", [True, False])
-def test_thread_count_invariant(cl):
+def test_thread_count_invariant(isa, cl):
     rng = np.random.default_rng(4)
     x = rng.standard_normal((3, 17, 15, 40) if cl else (3, 40, 17, 15)).astype(np.float32)
     k = rng.standard_normal((3, 3, 40, 1)).astype(np.float32)
@@ -225,3 +244,21 @@ def test_bad_arguments():
         depthwise_backward_input(y[:, :2], k, x.shape, 1, 1, p)
     with pytest.raises(ValueError, match="dy has shape"):
         depthwise_backward_kernel(x, y[:1], k.shape, 1, 1, p)
+
+
+@pytest.mark.parametrize("cl", [True, False])
+def test_stride1_pads_beyond_kernel(isa, cl):
+    # Pads wider than the kernel span: outputs that read only padding, and a
+    # stride-1 input gradient that cannot be the flipped-kernel forward pass.
+    rng = np.random.default_rng(5)
+    for ps in (((3, 0), (4, 1)), ((0, 2), (1, 3))):
+        x = rng.standard_normal((2, 4, 6, 10) if cl else (2, 10, 4, 6))
+        k = rng.standard_normal((2, 3, 10, 2))
+        y = depthwise_forward(x, k, 1, 1, ps, cl)
+        np.testing.assert_allclose(y, ref_forward(x, k, (1, 1), (1, 1), ps, cl), atol=1e-12)
+        dy = rng.standard_normal(y.shape)
+        dxr, dkr = ref_grads(x, k, dy, (1, 1), (1, 1), ps, cl)
+        np.testing.assert_allclose(depthwise_backward_input(dy, k, x.shape, 1, 1, ps, cl), dxr,
+                                   atol=1e-12)
+        np.testing.assert_allclose(depthwise_backward_kernel(x, dy, k.shape, 1, 1, ps, cl), dkr,
+                                   atol=1e-12)

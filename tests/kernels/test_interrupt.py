@@ -1,0 +1,111 @@
+"""Ctrl-C during one long kernel call raises KeyboardInterrupt promptly.
+
+A child process runs one long call per kernel family; the test sends it
+SIGINT shortly after each call starts. Kernels poll for signals between tiles
+(include/cyback_interrupt.h), so the call must end long before it would have
+finished: the child estimates the full duration from a call with an eighth
+of the work, run first (which also warms up, so it errs long). (A kernel that ignored the signal would still raise
+KeyboardInterrupt, but only once the whole call had returned.)
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+CHILD = textwrap.dedent(r"""
+    import sys, time
+    import numpy as np
+    from cyback.kernels import conv, ctc, depthwise, linalg, local, pool
+    from cyback.kernels.blas_threads import get_blas_threads
+
+    rng = np.random.default_rng(0)
+
+    def f32(*shape):
+        return rng.standard_normal(shape, dtype=np.float32)
+
+    def conv_case(n):
+        x, w = f32(n, 28, 28, 256), f32(3, 3, 256, 256)
+        return lambda: conv.conv_forward(x, w, (1, 1), (1, 1), [(1, 1), (1, 1)])
+
+    def depthwise_case(n):
+        x, k = f32(n, 64, 64, 32), f32(21, 21, 32, 4)
+        return lambda: depthwise.depthwise_forward(x, k, 1, 1, ((10, 10), (10, 10)))
+
+    def pool_case(n):
+        x = f32(n, 64, 64, 64)
+        return lambda: pool.pool_forward(x, (15, 15), (1, 1), ((7, 7), (7, 7)), True, 'avg')
+
+    def local_case(n):
+        x, k = f32(n, 10, 10, 64), f32(64, 576, 256)
+        return lambda: local.local_forward(x, k, (3, 3), 1)
+
+    def ctc_case(n):
+        x = f32(n, 2000, 100)
+        lab = rng.integers(0, 99, (n, 400))
+        return lambda: ctc.ctc_loss(x, lab, np.full(n, 2000), np.full(n, 400))
+
+    def linalg_case(n):
+        a, b = f32(384 * n, 3072), f32(3072, 3072)
+        return lambda: linalg.matmul(a, b)
+
+    cases = dict(conv=(conv_case, 32), depthwise=(depthwise_case, 16), pool=(pool_case, 32),
+                 local=(local_case, 256), ctc=(ctc_case, 16), linalg=(linalg_case, 8))
+    blas0 = get_blas_threads()
+    for name in sys.argv[1:]:
+        make, n = cases[name]
+        small = make(n // 8)
+        t0 = time.perf_counter()
+        small()
+        est = 8 * (time.perf_counter() - t0)
+        big = make(n)
+        print("go", name, flush=True)
+        t0 = time.perf_counter()
+        try:
+            big()
+            state = "completed"
+        except KeyboardInterrupt:
+            state = "interrupted"
+        elapsed = time.perf_counter() - t0
+        small()  # the kernels still work afterwards
+        print(name, state, "%.3f" % elapsed, "%.3f" % est, get_blas_threads() == blas0,
+              flush=True)
+""")
+
+FAMILIES = ["conv", "depthwise", "pool", "local", "ctc", "linalg"]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process is POSIX")
+def test_ctrl_c_stops_long_kernel_calls():
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.Popen([sys.executable, "-c", CHILD] + FAMILIES, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    results = {}
+    try:
+        for line in proc.stdout:
+            words = line.split()
+            if words[0] == "go":
+                time.sleep(0.1)
+                proc.send_signal(signal.SIGINT)
+            else:
+                results[words[0]] = (words[1], float(words[2]), float(words[3]), words[4])
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, proc.stderr.read()
+    slow = []
+    for name in FAMILIES:
+        state, elapsed, est, blas_ok = results[name]
+        assert state == "interrupted", (name, results[name])
+        assert blas_ok == "True", (name, "BLAS thread count not restored")
+        # Uninterrupted, the call takes `est`; SIGINT comes 0.1 s in, and the
+        # kernels poll every 50 ms. Calls too short to tell are not judged.
+        if est > 0.6 and elapsed > 0.5 * est:
+            slow.append((name, elapsed, est))
+    assert not slow, "calls ran on after SIGINT (name, seconds, full call): %s" % slow
