@@ -37,6 +37,7 @@ def main(argv=None):
     with contextlib.redirect_stderr(io.StringIO()):
         import keras  # noqa: F401  (prints "Using cyback backend.")
     import cyback
+    _bench_package()
     from cyback.bench import charts, machine
     from cyback.bench.models import MODELS, load_peers, peer_versions, run_models, summary
 
@@ -76,6 +77,24 @@ def main(argv=None):
     if png:
         print("wrote", png)
     return rows
+
+
+def _bench_package():
+    """Make cyback.bench importable even when PYTHONPATH points at a checkout that
+    predates it (an A/B run of an older cyback): load it from beside this script."""
+    import importlib.util
+    try:
+        import cyback.bench  # noqa: F401
+        return
+    except ImportError:
+        pass
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cyback",
+                        "bench", "__init__.py")
+    spec = importlib.util.spec_from_file_location("cyback.bench", here,
+                                                  submodule_search_locations=[os.path.dirname(here)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["cyback.bench"] = module
+    spec.loader.exec_module(module)
 
 
 def models_chart(rows, path, charts):
