@@ -18,7 +18,7 @@ import sys
 os.environ.setdefault("KERAS_BACKEND", "cyback")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import RESULTS_DIR, print_table, write_json  # noqa: E402
+from _common import RESULTS_DIR, print_table, write_json  # noqa: E402  (loads cyback.bench)
 
 
 def main(argv=None):
@@ -37,7 +37,6 @@ def main(argv=None):
     with contextlib.redirect_stderr(io.StringIO()):
         import keras  # noqa: F401  (prints "Using cyback backend.")
     import cyback
-    _bench_package()
     from cyback.bench import charts, machine
     from cyback.bench.models import MODELS, load_peers, peer_versions, run_models, summary
 
@@ -77,24 +76,6 @@ def main(argv=None):
     if png:
         print("wrote", png)
     return rows
-
-
-def _bench_package():
-    """Make cyback.bench importable even when PYTHONPATH points at a checkout that
-    predates it (an A/B run of an older cyback): load it from beside this script."""
-    import importlib.util
-    try:
-        import cyback.bench  # noqa: F401
-        return
-    except ImportError:
-        pass
-    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cyback",
-                        "bench", "__init__.py")
-    spec = importlib.util.spec_from_file_location("cyback.bench", here,
-                                                  submodule_search_locations=[os.path.dirname(here)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["cyback.bench"] = module
-    spec.loader.exec_module(module)
 
 
 def models_chart(rows, path, charts):

@@ -19,7 +19,7 @@ METHOD = """\
 - Roofline: NumPy's float32 matmul (sgemm, n={sgemm_n}) measured in the same
   run with the same threads; GFLOPS of the op cases are shown against it.
 - The machine is shared: the load average at the start and end of the run is
-  given below; figures taken with load above the core count are indicative.
+  given above; figures taken with load above the core count are indicative.
 """
 
 
