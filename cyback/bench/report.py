@@ -17,7 +17,8 @@ METHOD = """\
 - Alternation: the engines take turns block by block, the order rotating, so
   load from other processes falls on all of them alike.
 - Roofline: NumPy's float32 matmul (sgemm, n={sgemm_n}) measured in the same
-  run with the same threads; GFLOPS of the op cases are shown against it.
+  run with the same threads, best of 9 (a peak); GFLOPS of the op cases are
+  shown against it.
 - The machine is shared: the load average at the start and end of the run is
   given above; figures taken with load above the core count are indicative.
 """
