@@ -3,7 +3,6 @@ import contextlib
 import json
 import os
 import platform
-import statistics
 import time
 
 import numpy as np
@@ -11,16 +10,29 @@ import numpy as np
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
-def median_time(fn, repeats=5, warmup=1):
-    """Median wall time of ``fn()`` in seconds over ``repeats`` runs after ``warmup``."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def bench_package():
+    """Import cyback.bench, which holds the timing method and the cases; when
+    PYTHONPATH points at a cyback checkout that predates it (an A/B run of an
+    older cyback), load it from beside this script instead."""
+    import importlib.util
+    import sys
+    try:
+        import cyback.bench
+        return cyback.bench
+    except ImportError:
+        pass
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cyback",
+                        "bench", "__init__.py")
+    spec = importlib.util.spec_from_file_location("cyback.bench", here,
+                                                  submodule_search_locations=[os.path.dirname(here)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["cyback.bench"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench_package()
+from cyback.bench.timing import median_time  # noqa: E402,F401  (one timing method for all)
 
 
 def try_import_torch():

@@ -1,0 +1,159 @@
+"""cyback.bench: the quick mode's code path on tiny sizes without peers, the
+timing method, output checks, the report and --compare. No timing is asserted."""
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+
+from cyback.bench import __main__ as cli
+from cyback.bench import compare, machine, ops, timing
+
+
+def test_check_close_passes_matching_and_raises_naming_the_peer():
+    ref = np.array([[1.0, -2.0], [3.0, 4.0]], np.float32)
+    assert timing.check_close("peer", ref + 1e-6, ref) <= 1e-4
+    with pytest.raises(AssertionError, match="peer"):
+        timing.check_close("peer", ref + 1e-2, ref)
+    with pytest.raises(AssertionError, match="shape"):
+        timing.check_close("peer", ref[:1], ref)
+    # a NaN never passes
+    with pytest.raises(AssertionError):
+        timing.check_close("peer", np.full_like(ref, np.nan), ref)
+
+
+def test_time_alternated_rotates_engines_and_keeps_latencies():
+    order = []
+    engines = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    stats = timing.time_alternated(engines, blocks=4, block_seconds=1e-4, warmup_seconds=0,
+                                   keep_latencies=True, max_calls=3)
+    assert set(stats) == {"a", "b"}
+    for s in stats.values():
+        assert s["blocks"] == 4 and 1 <= s["calls"] <= 3
+        assert len(s["latencies_s"]) == 4 * s["calls"]
+        assert s["p90_s"] >= s["median_s"] > 0
+    # after the warm-up the blocks run a, b then b, a: the first engine alternates
+    timed = order[-4 * (stats["a"]["calls"] + stats["b"]["calls"]):]
+    firsts = [timed[0]]
+    i = stats["a"]["calls"] + stats["b"]["calls"]
+    firsts.append(timed[i])
+    assert firsts == ["a", "b"]
+
+
+def test_percentile_and_summary():
+    s = timing.summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert s["median_s"] == 3.0
+    assert s["p90_s"] == pytest.approx(np.percentile([1, 2, 3, 4, 100], 90))
+
+
+@pytest.mark.parametrize("make", ops.CASES, ids=lambda f: f.__name__)
+def test_op_cases_agree_with_numpy_on_tiny_sizes(make):
+    case = make("tiny", None, 1)
+    assert "cyback" in case.engines
+    errors = ops.checked(case)
+    assert all(e <= 1e-4 for e in errors.values())
+    if case.family != "ctc":
+        assert "numpy" in errors
+
+
+def test_numpy_conv_reference_matches_a_direct_loop(rng):
+    x = rng.standard_normal((2, 5, 4, 3)).astype(np.float32)
+    w = rng.standard_normal((3, 2, 3, 4)).astype(np.float32)
+    got = ops.numpy_conv(x, w, (2, 1), "valid")
+    want = np.zeros((2, 2, 3, 4), np.float32)
+    for i in range(2):
+        for j in range(3):
+            want[:, i, j] = np.tensordot(x[:, 2 * i:2 * i + 3, j:j + 2], w, axes=3)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_quick_run_writes_json_and_report(tmp_path):
+    args = cli.parse_args(["--quick", "--suites", "ops", "--peers", "numpy", "--threads", "1",
+                           "--cases", "dot,conv2d,overhead", "--out", str(tmp_path)])
+    stream = io.StringIO()
+    doc = cli.run(args, stream)
+    with open(tmp_path / "results.json") as f:
+        saved = json.load(f)
+    assert saved["threads"] == 1 and saved["sgemm_gflops"] > 0
+    cases = {r["case"] for r in saved["rows"]}
+    assert len(cases) == 3
+    assert {r["engine"] for r in saved["rows"]} == {"cyback", "numpy"}
+    for r in saved["rows"]:
+        assert r["p90_us"] >= r["median_us"] > 0
+        if r["engine"] == "cyback":
+            assert r["cyback_speedup"] == 1.0
+    assert any(r.get("gflops") for r in saved["rows"])
+    assert any(r.get("latencies_us") for r in saved["rows"])
+    report = open(doc["report"]).read()
+    assert "## Method" in report and "## Machine" in report and "dot " in report
+    assert "100%" in stream.getvalue()  # the progress bar reached its end
+
+
+def test_bad_suite_and_threads_are_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        cli.run(cli.parse_args(["--quick", "--suites", "nope", "--out", str(tmp_path)]),
+                io.StringIO())
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--threads", "0"])
+
+
+def _doc(path, rows):
+    with open(path, "w") as f:
+        json.dump({"rows": rows}, f)
+    return str(path)
+
+
+def test_compare_reports_changes_beyond_noise_only(tmp_path):
+    def row(case, med, p90):
+        return {"suite": "ops", "case": case, "engine": "cyback", "median_us": med, "p90_us": p90}
+    old = _doc(tmp_path / "old.json", [row("a", 100, 105), row("b", 100, 105), row("c", 100, 160),
+                                       row("d", 100, 105)])
+    new = _doc(tmp_path / "new.json", [row("a", 150, 155), row("b", 50, 52), row("c", 140, 150),
+                                       row("d", 104, 108)])
+    slower, faster, same = compare.compare(old, new, threshold=0.10)
+    assert [k[1] for k, *_ in slower] == ["a"]
+    assert [k[1] for k, *_ in faster] == ["b"]
+    assert sorted(k[1] for k, *_ in same) == ["c", "d"]  # c moved within its own 60% spread
+    text = compare.format_comparison(old, new)
+    assert "1 slower, 1 faster" in text
+    assert cli.main(["--compare", old, new]) == 0
+
+
+def test_progress_bar_plain_lines():
+    out = io.StringIO()
+    bar = cli.Progress(2, out)
+    bar.step("first")
+    bar.step("second")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and "50%" in lines[0] and "100%" in lines[1]
+
+
+def test_machine_description():
+    d = machine.describe(threads=2)
+    assert d["logical_cores"] >= 1 and d["threads"] == 2
+    assert "numpy" in d["versions"] and len(d["load"]) == 3
+
+
+def test_model_suite_mlp_without_peers():
+    keras = pytest.importorskip("keras")
+    if keras.backend.backend() != "cyback":
+        pytest.skip("Keras was imported with another backend")
+    from cyback.bench import models
+    rows = models.run_models(["mlp", "resnet"], [1], threads=1, quick=True, peers={}, blocks=2)
+    engines = {(r["model"], r["engine"]) for r in rows}
+    assert ("mlp", "cyback K.function") in engines and ("resnet", "cyback predict_on_batch") in engines
+    assert "mlp_b1_kfunction_us" in models.summary(rows)
+
+
+def test_model_peers_match_cyback_when_installed():
+    torch = pytest.importorskip("torch")
+    keras = pytest.importorskip("keras")
+    if keras.backend.backend() != "cyback":
+        pytest.skip("Keras was imported with another backend")
+    from cyback.bench import models
+    peers = {"torch": torch}
+    for name in models.MODELS:
+        # model_engines raises if a peer's output differs from cyback's
+        engines, errors, skipped = models.model_engines(name, 2, peers, wanted=("torch",))
+        assert not skipped and errors["torch"] <= 1e-4
