@@ -28,16 +28,25 @@ for f in $(cd "$root" && ls cyback/kernels/*.pyx cyback/kernels/*.pxd include/*.
 done
 if grep -E '\.(c|cpp|so|o|html)$' "$work/sdist.txt"; then fail "generated files in the sdist"; fi
 
-# The wheel: one extension module per kernel.
+# The wheel: one extension module per kernel, no sources or headers.
 "$work/tools/bin/python" -m zipfile -l "$wheel" | awk 'NR > 1 {print $1}' > "$work/wheel.txt"
 for k in $kernels; do
     grep -q "^cyback/kernels/$k\..*\.so$" "$work/wheel.txt" || fail "kernel $k missing from the wheel"
 done
+if grep -E '\.(c|cpp|pyx|pxd|h)$' "$work/wheel.txt"; then fail "sources in the wheel"; fi
+wheel_kb=$(du -k "$wheel" | cut -f1)
+echo "wheel $(basename "$wheel"): ${wheel_kb} kB"
+[ "$wheel_kb" -lt 2048 ] || fail "wheel is ${wheel_kb} kB, over 2 MB"
 
 "$py" -m venv "$work/venv"
 "$work/venv/bin/pip" install -q "$wheel[test]"
+site=$("$work/venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['platlib'])")
+installed_kb=$(du -sk "$site/cyback" | cut -f1)
+echo "installed cyback: ${installed_kb} kB"
+[ "$installed_kb" -lt 6144 ] || fail "installed package is ${installed_kb} kB, over 6 MB"
+
 cd "$work"
-"$work/venv/bin/python" - "$("$work/venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['platlib'])")" $kernels <<'PY'
+"$work/venv/bin/python" - "$site" $kernels <<'PY'
 import importlib, os, sys
 site, kernels = os.path.realpath(sys.argv[1]), sys.argv[2:]
 import cyback
