@@ -4,7 +4,7 @@ The module itself is the backend namespace: ``import cyback as K`` gives the
 Keras backend API, and ``KERAS_BACKEND=cyback`` makes multi-backend Keras load
 it. See README.md.
 """
-__version__ = "0.1.0"
+from cyback._version import __version__  # noqa: F401
 
 from cyback import _keras_compat as _compat  # noqa: E402
 
