@@ -280,7 +280,7 @@ def peer_versions(peers):
 
 
 def model_engines(name, batch, peers, seed=0, wanted=("ort", "torch", "torch.jit", "tf"),
-                  cyback_paths=("K.function", "predict_on_batch")):
+                  cyback_paths=("K.function", "predict_on_batch", "unoptimized")):
     """Build model ``name`` on cyback and on every peer; returns (engines, errors, skipped).
 
     engines maps an engine name to a zero-argument callable; every peer's output
@@ -299,6 +299,17 @@ def model_engines(name, batch, peers, seed=0, wanted=("ort", "torch", "torch.jit
     if "predict_on_batch" in cyback_paths:
         check_close("cyback predict_on_batch", model.predict_on_batch(x), ref, tol=1e-5)
         engines["cyback predict_on_batch"] = lambda: model.predict_on_batch(x)
+    switch = getattr(K, "set_graph_optimizer", None)
+    if "unoptimized" in cyback_paths and switch is not None:
+        # the same K.function with the plan optimizer off (an A/B in the same run)
+        def unoptimized():
+            switch(False)
+            try:
+                return f([x])
+            finally:
+                switch(True)
+        check_close("cyback unoptimized", unoptimized()[0], ref, tol=1e-4)
+        engines["cyback unoptimized"] = unoptimized
     weights = keras_weights(model)
     xp = to_peer_layout(name, x)
 
