@@ -8,6 +8,10 @@ the per-step pre-activation gradients ``dz`` (which are the gradients of the
 input projection), the initial-state gradients and the recurrent kernel's
 gradient as one GEMM over all steps after the loop.
 
+Threads: the batch rows of a recurrent layer are independent sequences, so
+each OpenMP thread runs every step for its own block of rows (its own GEMMs
+included) and the threads meet once, at the end, not at every step.
+
 Layouts (time-major, C-contiguous):
     zx      (T, B, G*u)  input projection (+ bias); G = 4 for LSTM (gates
                          i, f, c, o as in Keras), 1 for SimpleRNN
@@ -93,12 +97,13 @@ cdef inline floating _dact(floating y, int kind) noexcept nogil:
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
-cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0, const floating[:, ::1] c0,
-                    const floating[:, ::1] y0, const floating[:, ::1] R, const floating[:, ::1] rmask,
-                    const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask,
-                    int act, int ract, floating[:, :, ::1] hs, floating[:, :, ::1] cs,
-                    floating[:, :, ::1] ys, floating[:, :, ::1] gates,
-                    floating[:, ::1] hm) noexcept nogil:
+cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] zx,
+                         const floating[:, ::1] h0, const floating[:, ::1] c0,
+                         const floating[:, ::1] y0, const floating[:, ::1] R,
+                         const floating[:, ::1] rmask, const unsigned char[:, ::1] mask,
+                         bint use_rmask, bint use_mask, int act, int ract, floating[:, :, ::1] hs,
+                         floating[:, :, ::1] cs, floating[:, :, ::1] ys, floating[:, :, ::1] gates,
+                         floating[:, ::1] hm) noexcept nogil:
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0]
     cdef Py_ssize_t t, b, j, G = 4 * u
     cdef const floating *hp
@@ -106,17 +111,18 @@ cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0, con
     cdef const floating *yp
     cdef floating *z
     cdef floating ig, fg, gg, og, c, h
-    cdef int nt = cb_threads_for(30.0 * B * u)
+    if b1 <= b0:
+        return
     for t in range(T):
-        hp = &h0[0, 0] if t == 0 else &hs[t - 1, 0, 0]
+        hp = &h0[b0, 0] if t == 0 else &hs[t - 1, b0, 0]
         if use_rmask:
-            for b in range(B):
+            for b in range(b0, b1):
                 for j in range(u):
-                    hm[b, j] = hp[b * u + j] * rmask[b, j]
-            hp = &hm[0, 0]
-        memcpy(&gates[t, 0, 0], &zx[t, 0, 0], B * G * sizeof(floating))
-        _rec_product(False, B, u, G, hp, &R[0, 0], 1, &gates[t, 0, 0])
-        for b in prange(B, schedule='static', num_threads=nt):
+                    hm[b, j] = hp[(b - b0) * u + j] * rmask[b, j]
+            hp = &hm[b0, 0]
+        memcpy(&gates[t, b0, 0], &zx[t, b0, 0], (b1 - b0) * G * sizeof(floating))
+        _rec_product(False, b1 - b0, u, G, hp, &R[0, 0], 1, &gates[t, b0, 0])
+        for b in range(b0, b1):
             hp = &h0[b, 0] if t == 0 else &hs[t - 1, b, 0]
             cp = &c0[b, 0] if t == 0 else &cs[t - 1, b, 0]
             yp = &y0[b, 0] if t == 0 else &ys[t - 1, b, 0]
@@ -143,8 +149,31 @@ cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0, con
                 ys[t, b, j] = h
 
 
-def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0, const floating[:, ::1] c0,
-                 const floating[:, ::1] y0, const floating[:, ::1] R, rmask, mask, int act, int ract):
+cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
+                    const floating[:, ::1] c0, const floating[:, ::1] y0, const floating[:, ::1] R,
+                    const floating[:, ::1] rmask, const unsigned char[:, ::1] mask, bint use_rmask,
+                    bint use_mask, int act, int ract, floating[:, :, ::1] hs,
+                    floating[:, :, ::1] cs, floating[:, :, ::1] ys, floating[:, :, ::1] gates,
+                    floating[:, ::1] hm) noexcept nogil:
+    # Batch rows are independent sequences: each thread runs all steps of its
+    # own rows, with no barrier between steps (a descheduled thread delays
+    # only its rows, not every step of the others).
+    cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0], G = R.shape[1]
+    cdef Py_ssize_t ci, nchunk = cb_threads_for(2.0 * T * B * G * u)
+    if nchunk > B:
+        nchunk = B if B > 0 else 1
+    if nchunk <= 1:
+        _lstm_fwd_rows(0, B, zx, h0, c0, y0, R, rmask, mask, use_rmask, use_mask, act, ract, hs,
+                       cs, ys, gates, hm)
+        return
+    for ci in prange(nchunk, schedule='static', num_threads=nchunk):
+        _lstm_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, zx, h0, c0, y0, R, rmask, mask,
+                       use_rmask, use_mask, act, ract, hs, cs, ys, gates, hm)
+
+
+def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
+                 const floating[:, ::1] c0, const floating[:, ::1] y0, const floating[:, ::1] R,
+                 rmask, mask, int act, int ract):
     """Run the sequence; returns ``(hs, cs, ys, gates)`` (see the module doc)."""
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0]
     dt = np.float32 if floating is float else np.float64
@@ -168,23 +197,24 @@ def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0, const 
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
-cdef void _lstm_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating[:, ::1] dc,
-                    floating[:, ::1] dy, const floating[:, ::1] h0, const floating[:, ::1] c0,
-                    const floating[:, ::1] R, const floating[:, ::1] rmask,
-                    const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask,
-                    int act, int ract, const floating[:, :, ::1] hs,
-                    const floating[:, :, ::1] cs, const floating[:, :, ::1] gates,
-                    floating[:, :, ::1] dz,
-                    floating[:, ::1] dhm, floating[:, ::1] tcs) noexcept nogil:
+cdef void _lstm_bwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] dys,
+                         floating[:, ::1] dh, floating[:, ::1] dc, floating[:, ::1] dy,
+                         const floating[:, ::1] h0, const floating[:, ::1] c0,
+                         const floating[:, ::1] R, const floating[:, ::1] rmask,
+                         const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask, int act,
+                         int ract, const floating[:, :, ::1] hs, const floating[:, :, ::1] cs,
+                         const floating[:, :, ::1] gates, floating[:, :, ::1] dz,
+                         floating[:, ::1] dhm, floating[:, ::1] tcs) noexcept nogil:
     cdef Py_ssize_t T = dys.shape[0], B = dys.shape[1], u = R.shape[0]
     cdef Py_ssize_t t, b, j, G = 4 * u
     cdef const floating *cp
     cdef const floating *g
     cdef floating *d
     cdef floating ig, fg, gg, og, tc, dH, dC
-    cdef int nt = cb_threads_for(30.0 * B * u)
+    if b1 <= b0:
+        return
     for t in range(T - 1, -1, -1):
-        for b in prange(B, schedule='static', num_threads=nt):
+        for b in range(b0, b1):
             d = &dz[t, b, 0]
             if use_mask and not mask[t, b]:
                 # States pass through; the output's gradient goes to the
@@ -214,17 +244,39 @@ cdef void _lstm_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating
                 dy[b, j] = 0
         # dh_{t-1} += (dz_t @ R^T) * rmask
         if use_rmask:
-            _rec_product(True, B, u, G, &dz[t, 0, 0], &R[0, 0], 0, &dhm[0, 0])
-            for b in range(B):
+            _rec_product(True, b1 - b0, u, G, &dz[t, b0, 0], &R[0, 0], 0, &dhm[b0, 0])
+            for b in range(b0, b1):
                 for j in range(u):
                     dh[b, j] += dhm[b, j] * rmask[b, j]
         else:
-            _rec_product(True, B, u, G, &dz[t, 0, 0], &R[0, 0], 1, &dh[0, 0])
+            _rec_product(True, b1 - b0, u, G, &dz[t, b0, 0], &R[0, 0], 1, &dh[b0, 0])
 
+
+cdef void _lstm_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating[:, ::1] dc,
+                    floating[:, ::1] dy, const floating[:, ::1] h0, const floating[:, ::1] c0,
+                    const floating[:, ::1] R, const floating[:, ::1] rmask,
+                    const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask, int act,
+                    int ract, const floating[:, :, ::1] hs, const floating[:, :, ::1] cs,
+                    const floating[:, :, ::1] gates, floating[:, :, ::1] dz, floating[:, ::1] dhm,
+                    floating[:, ::1] tcs) noexcept nogil:
+    # Batch rows are independent sequences: each thread runs all steps of its
+    # own rows, with no barrier between steps (a descheduled thread delays
+    # only its rows, not every step of the others).
+    cdef Py_ssize_t T = dys.shape[0], B = dys.shape[1], u = R.shape[0], G = R.shape[1]
+    cdef Py_ssize_t ci, nchunk = cb_threads_for(2.0 * T * B * G * u)
+    if nchunk > B:
+        nchunk = B if B > 0 else 1
+    if nchunk <= 1:
+        _lstm_bwd_rows(0, B, dys, dh, dc, dy, h0, c0, R, rmask, mask, use_rmask, use_mask, act,
+                       ract, hs, cs, gates, dz, dhm, tcs)
+        return
+    for ci in prange(nchunk, schedule='static', num_threads=nchunk):
+        _lstm_bwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, dys, dh, dc, dy, h0, c0, R, rmask,
+                       mask, use_rmask, use_mask, act, ract, hs, cs, gates, dz, dhm, tcs)
 
 def lstm_backward(const floating[:, :, ::1] dys, dhT, dcT, dyT, const floating[:, ::1] h0,
-                  const floating[:, ::1] c0, const floating[:, ::1] R, rmask, mask, int act, int ract,
-                  const floating[:, :, ::1] hs, const floating[:, :, ::1] cs,
+                  const floating[:, ::1] c0, const floating[:, ::1] R, rmask, mask, int act,
+                  int ract, const floating[:, :, ::1] hs, const floating[:, :, ::1] cs,
                   const floating[:, :, ::1] gates):
     """Backprop through time: ``(dz, dh0, dc0, dy0, dR)`` from the gradients of
     the outputs ``dys`` and of the final states (h, c, and the last output,
@@ -248,27 +300,29 @@ def lstm_backward(const floating[:, :, ::1] dys, dhT, dcT, dyT, const floating[:
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
-cdef void _simple_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0, const floating[:, ::1] y0,
-                      const floating[:, ::1] R, const floating[:, ::1] rmask,
-                      const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask, int act,
-                      floating[:, :, ::1] hs, floating[:, :, ::1] ys, floating[:, :, ::1] pre,
-                      floating[:, ::1] hm) noexcept nogil:
+cdef void _simple_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] zx,
+                           const floating[:, ::1] h0, const floating[:, ::1] y0,
+                           const floating[:, ::1] R, const floating[:, ::1] rmask,
+                           const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask,
+                           int act, floating[:, :, ::1] hs, floating[:, :, ::1] ys,
+                           floating[:, :, ::1] pre, floating[:, ::1] hm) noexcept nogil:
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0]
     cdef Py_ssize_t t, b, j
     cdef const floating *hp
     cdef const floating *yp
     cdef floating h
-    cdef int nt = cb_threads_for(10.0 * B * u)
+    if b1 <= b0:
+        return
     for t in range(T):
-        hp = &h0[0, 0] if t == 0 else &hs[t - 1, 0, 0]
+        hp = &h0[b0, 0] if t == 0 else &hs[t - 1, b0, 0]
         if use_rmask:
-            for b in range(B):
+            for b in range(b0, b1):
                 for j in range(u):
-                    hm[b, j] = hp[b * u + j] * rmask[b, j]
-            hp = &hm[0, 0]
-        memcpy(&pre[t, 0, 0], &zx[t, 0, 0], B * u * sizeof(floating))
-        _rec_product(False, B, u, u, hp, &R[0, 0], 1, &pre[t, 0, 0])
-        for b in prange(B, schedule='static', num_threads=nt):
+                    hm[b, j] = hp[(b - b0) * u + j] * rmask[b, j]
+            hp = &hm[b0, 0]
+        memcpy(&pre[t, b0, 0], &zx[t, b0, 0], (b1 - b0) * u * sizeof(floating))
+        _rec_product(False, b1 - b0, u, u, hp, &R[0, 0], 1, &pre[t, b0, 0])
+        for b in range(b0, b1):
             hp = &h0[b, 0] if t == 0 else &hs[t - 1, b, 0]
             yp = &y0[b, 0] if t == 0 else &ys[t - 1, b, 0]
             if use_mask and not mask[t, b]:
@@ -282,8 +336,29 @@ cdef void _simple_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0, c
                 ys[t, b, j] = pre[t, b, j]
 
 
-def simple_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0, const floating[:, ::1] y0,
-                   const floating[:, ::1] R, rmask, mask, int act):
+cdef void _simple_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
+                      const floating[:, ::1] y0, const floating[:, ::1] R,
+                      const floating[:, ::1] rmask, const unsigned char[:, ::1] mask,
+                      bint use_rmask, bint use_mask, int act, floating[:, :, ::1] hs,
+                      floating[:, :, ::1] ys, floating[:, :, ::1] pre,
+                      floating[:, ::1] hm) noexcept nogil:
+    # Batch rows are independent sequences: each thread runs all steps of its
+    # own rows, with no barrier between steps (a descheduled thread delays
+    # only its rows, not every step of the others).
+    cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0], G = R.shape[1]
+    cdef Py_ssize_t ci, nchunk = cb_threads_for(2.0 * T * B * G * u)
+    if nchunk > B:
+        nchunk = B if B > 0 else 1
+    if nchunk <= 1:
+        _simple_fwd_rows(0, B, zx, h0, y0, R, rmask, mask, use_rmask, use_mask, act, hs, ys, pre,
+                         hm)
+        return
+    for ci in prange(nchunk, schedule='static', num_threads=nchunk):
+        _simple_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, zx, h0, y0, R, rmask, mask,
+                         use_rmask, use_mask, act, hs, ys, pre, hm)
+
+def simple_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
+                   const floating[:, ::1] y0, const floating[:, ::1] R, rmask, mask, int act):
     """SimpleRNN: ``h = act(zx_t + (h * rmask) @ R)``; returns ``(hs, ys, acts)``."""
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0]
     dt = np.float32 if floating is float else np.float64
@@ -305,16 +380,17 @@ def simple_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0, cons
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
-cdef void _simple_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating[:, ::1] dy,
-                      const floating[:, ::1] R, const floating[:, ::1] rmask,
-                      const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask, int act,
-                      const floating[:, :, ::1] acts, floating[:, :, ::1] dz,
-                      floating[:, ::1] dhm) noexcept nogil:
+cdef void _simple_bwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] dys,
+                           floating[:, ::1] dh, floating[:, ::1] dy, const floating[:, ::1] R,
+                           const floating[:, ::1] rmask, const unsigned char[:, ::1] mask,
+                           bint use_rmask, bint use_mask, int act, const floating[:, :, ::1] acts,
+                           floating[:, :, ::1] dz, floating[:, ::1] dhm) noexcept nogil:
     cdef Py_ssize_t T = dys.shape[0], B = dys.shape[1], u = R.shape[0]
     cdef Py_ssize_t t, b, j
-    cdef int nt = cb_threads_for(10.0 * B * u)
+    if b1 <= b0:
+        return
     for t in range(T - 1, -1, -1):
-        for b in prange(B, schedule='static', num_threads=nt):
+        for b in range(b0, b1):
             if use_mask and not mask[t, b]:
                 for j in range(u):
                     dz[t, b, j] = 0
@@ -325,13 +401,33 @@ cdef void _simple_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floati
                 dh[b, j] = 0
                 dy[b, j] = 0
         if use_rmask:
-            _rec_product(True, B, u, u, &dz[t, 0, 0], &R[0, 0], 0, &dhm[0, 0])
-            for b in range(B):
+            _rec_product(True, b1 - b0, u, u, &dz[t, b0, 0], &R[0, 0], 0, &dhm[b0, 0])
+            for b in range(b0, b1):
                 for j in range(u):
                     dh[b, j] += dhm[b, j] * rmask[b, j]
         else:
-            _rec_product(True, B, u, u, &dz[t, 0, 0], &R[0, 0], 1, &dh[0, 0])
+            _rec_product(True, b1 - b0, u, u, &dz[t, b0, 0], &R[0, 0], 1, &dh[b0, 0])
 
+
+cdef void _simple_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating[:, ::1] dy,
+                      const floating[:, ::1] R, const floating[:, ::1] rmask,
+                      const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask, int act,
+                      const floating[:, :, ::1] acts, floating[:, :, ::1] dz,
+                      floating[:, ::1] dhm) noexcept nogil:
+    # Batch rows are independent sequences: each thread runs all steps of its
+    # own rows, with no barrier between steps (a descheduled thread delays
+    # only its rows, not every step of the others).
+    cdef Py_ssize_t T = dys.shape[0], B = dys.shape[1], u = R.shape[0], G = R.shape[1]
+    cdef Py_ssize_t ci, nchunk = cb_threads_for(2.0 * T * B * G * u)
+    if nchunk > B:
+        nchunk = B if B > 0 else 1
+    if nchunk <= 1:
+        _simple_bwd_rows(0, B, dys, dh, dy, R, rmask, mask, use_rmask, use_mask, act, acts, dz,
+                         dhm)
+        return
+    for ci in prange(nchunk, schedule='static', num_threads=nchunk):
+        _simple_bwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, dys, dh, dy, R, rmask, mask,
+                         use_rmask, use_mask, act, acts, dz, dhm)
 
 def simple_backward(const floating[:, :, ::1] dys, dhT, dyT, const floating[:, ::1] h0,
                     const floating[:, ::1] R, rmask, mask, int act, const floating[:, :, ::1] hs,
