@@ -388,6 +388,8 @@ class Function(object):
         self._updates = self._normalize_updates(updates or [])
         assigns = self._find_assigns(self.outputs + self._fetches + self._updates)
         self._assigns = assigns
+        # update, update_add, ...: the function each update came from, for errors.
+        self._assign_names = [a.node.op.api or "update" for a in assigns]
         self._targets = self.outputs + self._fetches + [a for a in assigns]
         for ph in self._feed_dict:
             if not isinstance(ph, Placeholder):
@@ -518,8 +520,8 @@ class Function(object):
                          % (_fn_label(self.name), ph.name, _shape_str(ph.shape)))
 
     def _apply(self, values):
-        assign_all([(t.node.inputs[0], v) for t, v in zip(self._assigns, values)], "update",
-                   lock=False)
+        assign_all([(t.node.inputs[0], v) for t, v in zip(self._assigns, values)],
+                   self._assign_names, lock=False)
 
 
 def _to_output(x):

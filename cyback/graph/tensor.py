@@ -300,10 +300,14 @@ class locked_variables(object):
 def assign_all(pairs, what, lock=True):
     """Assign ``(variable, value)`` pairs all or nothing: every value is
     converted and checked before any variable changes. ``what`` names the
-    caller in errors. ``lock=False`` when the caller already holds the
-    variables' lock groups (a Function applying its updates)."""
+    caller in errors (or is a list with a name per pair). ``lock=False`` when
+    the caller already holds the variables' lock groups (a Function applying
+    its updates)."""
     checked = []
-    for pair in pairs:
+    names = what if isinstance(what, list) else None
+    for i, pair in enumerate(pairs):
+        if names is not None:
+            what = names[i]
         try:
             var, value = pair
         except (TypeError, ValueError):

@@ -149,3 +149,45 @@ def test_versions_never_repeat_across_variables():
     K.batch_set_value([(v, 1.0) for v in vs])
     versions = [v._version for v in vs]
     assert len(set(versions)) == 3
+
+
+# ------------------------------------------------------------------ update ops
+
+@pytest.mark.parametrize("api,args", [
+    ("update_add", (np.zeros(3), np.ones(2))),
+    ("update_sub", (np.zeros(3), np.ones(2))),
+    ("moving_average_update", (np.zeros(3), np.ones(2), 0.9)),
+    ("update", (np.zeros(3), np.ones(2))),
+])
+def test_update_shape_errors_name_the_function(api, args):
+    v = K.variable(args[0])
+    rest = [K.constant(a) if isinstance(a, np.ndarray) else a for a in args[1:]]
+    with pytest.raises(ValueError, match="^%s: " % api):
+        getattr(K, api)(v, *rest)
+
+
+@pytest.mark.parametrize("api,args,name", [
+    ("update_add", ("x",), "increment"), ("update_sub", (None,), "decrement"),
+    ("update", ("s",), "new_x"),
+    ("moving_average_update", ("a", 0.9), "value"),
+    ("moving_average_update", (1.0, "m"), "momentum"),
+])
+def test_update_operands_must_be_numbers(api, args, name):
+    v = K.variable(np.zeros(3))
+    with pytest.raises(TypeError, match="^%s: %s must be a tensor or a number" % (api, name)):
+        getattr(K, api)(v, *args)
+
+
+def test_moving_average_update_value():
+    v = K.variable(np.full(3, 2.0))
+    K.function([], [], updates=[K.moving_average_update(v, np.array([0.0, 1.0, 2.0]), 0.75)])([])
+    np.testing.assert_allclose(K.get_value(v), 2.0 * 0.75 + np.array([0.0, 1.0, 2.0]) * 0.25)
+
+
+def test_run_time_update_shape_error_names_the_update_function():
+    v = K.variable(np.zeros((1, 2)), name="v")
+    x = K.placeholder((None, None))
+    f = K.function([x], [], updates=[K.update_add(v, x)])
+    with pytest.raises(ValueError, match=r"^update_add: variable 'v' has shape \(1, 2\), the new "
+                       r"value has shape \(3, 2\)"):
+        f([np.ones((3, 2), "float32")])
