@@ -31,8 +31,11 @@ REPEATS = 3 if QUICK else 5
 CASES = [
     ("resnet3x3 NHWC", (32, 56, 56, 64), (3, 3, 64, 64), (1, 1), "same", True, False),
     ("resnet3x3 NCHW", (32, 56, 56, 64), (3, 3, 64, 64), (1, 1), "same", False, False),
+    ("narrow3x3 16 NHWC", (32, 56, 56, 16), (3, 3, 16, 16), (1, 1), "same", True, False),
+    ("narrow3x3 32 NHWC", (32, 56, 56, 32), (3, 3, 32, 32), (1, 1), "same", True, False),
     ("1x1 64->256", (32, 56, 56, 64), (1, 1, 64, 256), (1, 1), "valid", True, False),
     ("stem 7x7/2", (8, 224, 224, 3), (7, 7, 3, 64), (2, 2), "same", True, False),
+    ("3x3/2 64->128", (32, 56, 56, 64), (3, 3, 64, 128), (2, 2), "same", True, False),
     ("conv1d text k5", (32, 200, 128), (5, 128, 128), (1,), "same", True, False),
     ("conv3d video k3", (4, 16, 56, 56, 32), (3, 3, 3, 32, 32), (1, 1, 1), "same", True, False),
     ("conv2d_T 3x3/2", (16, 28, 28, 64), (3, 3, 32, 64), (2, 2), "same", True, True),
@@ -162,6 +165,42 @@ def run_case(name, xshape, kshape, strides, padding, channels_last, transposed, 
                 torch=torch_fns)
 
 
+def pointwise_vs_sgemm():
+    """A 1x1 channels_last convolution is a GEMM of the (N*H*W, C) view of x
+    with the (C, F) kernel: cyback's default (fixed blocks of rows, one GEMM
+    each, on OpenMP threads), its one-GEMM option and NumPy's sgemm of the
+    same shape on all threads, alternated in one loop; medians of the rounds."""
+    rng = np.random.default_rng(2)
+    rows = []
+    for n, hw, c, f in ((32, 56, 64, 64), (32, 56, 64, 256), (32, 28, 128, 512),
+                        (32, 14, 256, 1024)):
+        x = rng.standard_normal((n, hw, hw, c), dtype=np.float32)
+        w = rng.standard_normal((1, 1, c, f), dtype=np.float32)
+        x2, w2 = x.reshape(-1, c), w.reshape(c, f)
+        y2 = np.empty((x2.shape[0], f), np.float32)
+        pads = [(0, 0), (0, 0)]
+        ref = x2 @ w2
+        np.testing.assert_allclose(conv.conv_forward(x, w, (1, 1), (1, 1), pads).reshape(ref.shape),
+                                   ref, rtol=1e-4, atol=1e-3)
+        t = {"blocks": [], "one_gemm": [], "sgemm": []}
+        for _ in range(REPEATS):
+            for mode in ("blocks", "one_gemm"):
+                conv._TUNE["pointwise_gemm"] = mode == "one_gemm"
+                try:
+                    t[mode].append(median_time(
+                        lambda: conv.conv_forward(x, w, (1, 1), (1, 1), pads), 1, 1))
+                finally:
+                    conv._TUNE["pointwise_gemm"] = False
+            with reference_blas():
+                t["sgemm"].append(median_time(lambda: np.matmul(x2, w2, out=y2), 1, 1))
+        med = {k: float(np.median(v)) for k, v in t.items()}
+        rows.append(dict(case="1x1 %d->%d %dx%d" % (c, f, hw, hw), blocks_ms=med["blocks"] * 1e3,
+                         one_gemm_ms=med["one_gemm"] * 1e3, sgemm_ms=med["sgemm"] * 1e3,
+                         blocks_vs_sgemm=med["blocks"] / med["sgemm"],
+                         one_gemm_vs_sgemm=med["one_gemm"] / med["sgemm"]))
+    return rows
+
+
 def settle():
     """Let the previous library's idle worker threads go to sleep: they spin
     for a while after their work and would steal the next timing's cores."""
@@ -230,9 +269,16 @@ def main():
     print_table(rows, columns, title="conv kernels, float32 (np_*_x: NumPy im2col time / cyback time)")
     print("\nresnet3x3 NHWC forward: %d threads %.1f ms, 1 thread %.1f ms, speedup %.2fx"
           % (nthreads, times[nthreads] * 1e3, times[1] * 1e3, speedup))
+    settle()
+    pw_rows = pointwise_vs_sgemm()
+    print()
+    print_table(pw_rows, ["case", "blocks_ms", "one_gemm_ms", "sgemm_ms", "blocks_vs_sgemm",
+                          "one_gemm_vs_sgemm"],
+                title="1x1 NHWC forward against the same-shape sgemm (x_vs_sgemm: time / "
+                      "sgemm time; blocks: the default, one_gemm: _TUNE['pointwise_gemm'])")
     load = os.getloadavg()[0]
     print("load average at the end: %.1f (a shared machine makes every figure noisy)" % load)
-    path = write_json("conv", rows, threads=nthreads, thread_speedup=speedup,
+    path = write_json("conv", rows, pointwise=pw_rows, threads=nthreads, thread_speedup=speedup,
                       torch=torch.__version__ if torch else None, load_average=load)
     print("wrote", path)
 

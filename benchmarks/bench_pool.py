@@ -210,48 +210,65 @@ def bench_pool(rows, rng, shape, ks, ss, cl, mode, repeats, np_repeats):
                      x_torch=None if tt_b is None else tt_b / t_b))
 
 
-def bench_depthwise(rows, rng, shape, repeats, np_repeats):
+def bench_depthwise(rows, rng, shape, repeats, np_repeats, m=1):
+    """3x3/1 'same' depthwise, depth multiplier m: NHWC and NCHW forward and
+    backward (input + kernel gradients), against NumPy and torch (NHWC:
+    channels_last memory format; NCHW: contiguous), outputs checked first."""
     n, h, w, c = shape
     x = rng.standard_normal(shape, dtype=np.float32)
-    k = rng.standard_normal((3, 3, c, 1), dtype=np.float32)
+    k = rng.standard_normal((3, 3, c, m), dtype=np.float32)
     ps = ((1, 1), (1, 1))
     y = depthwise_forward(x, k, 1, 1, ps)
     dy = rng.standard_normal(y.shape, dtype=np.float32)
-    label = "depthwise 3x3/1 NHWC %s" % "x".join(map(str, shape))
-    t_f = median_time(lambda: depthwise_forward(x, k, 1, 1, ps), repeats)
-    t_b = median_time(lambda: (depthwise_backward_input(dy, k, x.shape, 1, 1, ps),
-                               depthwise_backward_kernel(x, dy, k.shape, 1, 1, ps)), repeats)
-    n_f = median_time(lambda: np_dw_fwd(x, k, ps), np_repeats, 0)
-    n_b = median_time(lambda: np_dw_bwd(x, k, dy, ps), np_repeats, 0)
-    tt_f = tt_b = None
     xcf = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
-    t_fc = median_time(lambda: depthwise_forward(xcf, k, 1, 1, ps, False), repeats)
+    dycf = np.ascontiguousarray(dy.transpose(0, 3, 1, 2))
+    np.testing.assert_allclose(depthwise_forward(xcf, k, 1, 1, ps, False),
+                               y.transpose(0, 3, 1, 2), rtol=1e-4, atol=1e-4)
+    label = "depthwise 3x3/1 M=%d %%s %s" % (m, "x".join(map(str, shape)))
+    t = {}
+    t["f"] = median_time(lambda: depthwise_forward(x, k, 1, 1, ps), repeats)
+    t["fc"] = median_time(lambda: depthwise_forward(xcf, k, 1, 1, ps, False), repeats)
+    t["b"] = median_time(lambda: (depthwise_backward_input(dy, k, x.shape, 1, 1, ps),
+                                  depthwise_backward_kernel(x, dy, k.shape, 1, 1, ps)), repeats)
+    t["bc"] = median_time(lambda: (depthwise_backward_input(dycf, k, xcf.shape, 1, 1, ps, False),
+                                   depthwise_backward_kernel(xcf, dycf, k.shape, 1, 1, ps, False)),
+                          repeats)
+    n_f = n_b = None
+    if m == 1:
+        n_f = median_time(lambda: np_dw_fwd(x, k, ps), np_repeats, 0)
+        n_b = median_time(lambda: np_dw_bwd(x, k, dy, ps), np_repeats, 0)
+    tt = {}
     if torch is not None:
-        tx = torch.from_numpy(x).permute(0, 3, 1, 2)
-        tk = torch.from_numpy(np.ascontiguousarray(k.transpose(2, 3, 0, 1)))
+        tk = torch.from_numpy(np.ascontiguousarray(k.transpose(2, 3, 0, 1).reshape(c * m, 1, 3, 3)))
         conv = torch.nn.functional.conv2d
-        with torch.no_grad():
-            tt_f = median_time(lambda: conv(tx, tk, padding=1, groups=c), repeats)
-        txg = tx.detach().requires_grad_(True)
-        tkg = tk.detach().requires_grad_(True)
-        tdy = torch.from_numpy(dy).permute(0, 3, 1, 2)
+        for key, arr, g in (("f", x, dy), ("fc", xcf, dycf)):
+            tx = torch.from_numpy(arr)
+            tdy = torch.from_numpy(g)
+            if key == "f":
+                tx, tdy = tx.permute(0, 3, 1, 2), tdy.permute(0, 3, 1, 2)  # channels_last
+            with torch.no_grad():
+                ty = conv(tx, tk, padding=1, groups=c)
+                np.testing.assert_allclose(ty.numpy(), y.transpose(0, 3, 1, 2), rtol=1e-4,
+                                           atol=1e-4)
+                tt[key] = median_time(lambda: conv(tx, tk, padding=1, groups=c), repeats)
+            txg = tx.detach().requires_grad_(True)
+            tkg = tk.detach().requires_grad_(True)
 
-        def tb():
-            txg.grad = tkg.grad = None
-            conv(txg, tkg, padding=1, groups=c).backward(tdy)
-        tt_b = max(median_time(tb, repeats) - tt_f, 1e-9)
-    rows.append(dict(case=label, pass_="fwd", ms=t_f * 1e3, GBs=nbytes(x, y) / t_f / 1e9,
-                     numpy_ms=n_f * 1e3, x_numpy=n_f / t_f,
-                     torch_ms=None if tt_f is None else tt_f * 1e3,
-                     x_torch=None if tt_f is None else tt_f / t_f))
-    rows.append(dict(case=label.replace("NHWC", "NCHW"), pass_="fwd", ms=t_fc * 1e3,
-                     GBs=nbytes(x, y) / t_fc / 1e9, numpy_ms=None, x_numpy=None,
-                     torch_ms=None, x_torch=None))
-    rows.append(dict(case=label, pass_="bwd(in+k)", ms=t_b * 1e3,
-                     GBs=nbytes(dy, x, x, dy) / t_b / 1e9,
-                     numpy_ms=n_b * 1e3, x_numpy=n_b / t_b,
-                     torch_ms=None if tt_b is None else tt_b * 1e3,
-                     x_torch=None if tt_b is None else tt_b / t_b))
+            def tb():
+                txg.grad = tkg.grad = None
+                conv(txg, tkg, padding=1, groups=c).backward(tdy)
+            tt["b" if key == "f" else "bc"] = max(median_time(tb, repeats) - tt[key], 1e-9)
+    for key, pass_, layout, nb, ref in (("f", "fwd", "NHWC", nbytes(x, y), n_f),
+                                         ("fc", "fwd", "NCHW", nbytes(x, y), None),
+                                         ("b", "bwd(in+k)", "NHWC", nbytes(dy, x, x, dy), n_b),
+                                         ("bc", "bwd(in+k)", "NCHW", nbytes(dy, x, x, dy), None)):
+        rows.append(dict(case=label % layout, pass_=pass_, ms=t[key] * 1e3, GBs=nb / t[key] / 1e9,
+                         numpy_ms=None if ref is None else ref * 1e3,
+                         x_numpy=None if ref is None else ref / t[key],
+                         torch_ms=tt[key] * 1e3 if key in tt else None,
+                         x_torch=tt[key] / t[key] if key in tt else None))
+    rows.append(dict(case=label % "NCHW/NHWC", pass_="fwd", ms=t["fc"] * 1e3,
+                     x_numpy=None, x_torch=None, cf_over_cl=t["fc"] / t["f"]))
 
 
 def bench_local(rows, rng, shape, ks, f, repeats, np_repeats):
@@ -281,24 +298,35 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="smaller batch (8) for a smoke run")
+    ap.add_argument("--only", choices=["pool", "depthwise", "local"], help="one family only")
     args = ap.parse_args()
+    if torch is not None:
+        torch.set_num_threads(get_max_threads())
+    print("load average %.1f" % os.getloadavg()[0])
     rng = np.random.default_rng(0)
     nb = 8 if args.quick else 32
     r, nr = args.repeats, max(1, args.repeats // 2)
     rows = []
-    for cl in (True, False):
-        for mode in ('max', 'avg'):
-            for ks in ((2, 2), (3, 3)):
-                bench_pool(rows, rng, (nb, 112, 112, 64), ks, (2, 2), cl, mode, r, nr)
-    for cl in (True, False):
-        for mode in ('max', 'avg'):
-            bench_pool(rows, rng, (4, 16, 56, 56, 32), (2, 2, 2), (2, 2, 2), cl, mode, r, nr)
-    bench_depthwise(rows, rng, (nb, 112, 112, 32), r, nr)
-    bench_depthwise(rows, rng, (nb, 14, 14, 512), r, nr)
-    bench_local(rows, rng, (nb, 16, 16, 16), (3, 3), 32, r, nr)
+    want = lambda fam: args.only in (None, fam)  # noqa: E731
+    if want("pool"):
+        for cl in (True, False):
+            for mode in ('max', 'avg'):
+                for ks in ((2, 2), (3, 3)):
+                    bench_pool(rows, rng, (nb, 112, 112, 64), ks, (2, 2), cl, mode, r, nr)
+        for cl in (True, False):
+            for mode in ('max', 'avg'):
+                bench_pool(rows, rng, (4, 16, 56, 56, 32), (2, 2, 2), (2, 2, 2), cl, mode, r, nr)
+    if want("depthwise"):
+        bench_depthwise(rows, rng, (32, 32, 32, 16), max(r, 20), nr)
+        bench_depthwise(rows, rng, (32, 32, 32, 16), max(r, 20), nr, m=2)
+        bench_depthwise(rows, rng, (nb, 112, 112, 32), r, nr)
+        bench_depthwise(rows, rng, (nb, 14, 14, 512), r, nr)
+    if want("local"):
+        bench_local(rows, rng, (nb, 16, 16, 16), (3, 3), 32, r, nr)
     for row in rows:
         row["pass"] = row.pop("pass_")
-    cols = ["case", "pass", "ms", "GBs", "GFLOPs", "numpy_ms", "x_numpy", "torch_ms", "x_torch"]
+    cols = ["case", "pass", "ms", "GBs", "GFLOPs", "numpy_ms", "x_numpy", "torch_ms", "x_torch",
+            "cf_over_cl"]
     print_table(rows, cols, title="float32, %d threads, median of %d (NumPy: %d); "
                 "x_* = reference time / cyback time" % (get_max_threads(), r, nr))
     path = write_json("pool", rows, threads=get_max_threads(), repeats=r,

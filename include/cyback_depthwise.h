@@ -73,6 +73,21 @@ static inline ptrdiff_t cb_dw_cdiv(ptrdiff_t a, ptrdiff_t b) {
     return a <= 0 ? -((-a) / b) : (a + b - 1) / b;
 }
 
+/* Output columns [*lo, *hi) whose input column ow*sw + off lies in [0, W)
+ * (an empty range may have hi < lo). Stride 1 needs no division. */
+static inline void cb_dw_valid(ptrdiff_t off, ptrdiff_t sw, ptrdiff_t W, ptrdiff_t OW,
+                               ptrdiff_t *lo, ptrdiff_t *hi) {
+    if (sw == 1) {
+        *lo = off < 0 ? -off : 0;
+        *hi = W - off < OW ? W - off : OW;
+    } else {
+        *lo = cb_dw_cdiv(-off, sw);
+        if (*lo < 0) *lo = 0;
+        *hi = cb_dw_cdiv(W - off, sw);
+        if (*hi > OW) *hi = OW;
+    }
+}
+
 /* Output columns [*lo, *hi) whose taps all fall inside [0, W). */
 static inline void cb_dw_interior(ptrdiff_t W, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw,
                                   ptrdiff_t dw, ptrdiff_t pw, ptrdiff_t *lo, ptrdiff_t *hi) {
@@ -256,34 +271,44 @@ ATTR static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, ptrdiff_t Hs
 
 /* channels_last kernel-gradient row: part[ky, kx, c] += sum over ow of
  * dy[ow, c] * x[ky][ow*sw - pw + kx*dw, c] (the valid ow only). */
-#define CB_DW_KGRAD_CL(T, V, VL, SUF, ATTR)                                                     \
-ATTR static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy,       \
+#define CB_DW_KGRAD_CL(T, V, VL, SUF, ATTR)                                               \
+ATTR static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy,               \
         T *part, ptrdiff_t C, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW,      \
         ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw) {                                       \
-    ptrdiff_t c, ow, ky, kx, lo, hi, off, CV = C - C % VL;                                \
+    ptrdiff_t c, c0, c1, ow, ky, kx, lo, hi, off, CV = C - C % VL;                        \
+    /* Blocks of 64 channels: the strided walks along the row then stay in */             \
+    /* L1 for all taps even when C is large.                                */            \
+    for (c0 = 0; c0 < CV; c0 += 64) {                                                     \
+        c1 = c0 + 64 < CV ? c0 + 64 : CV;                                                 \
+        for (ky = 0; ky < KH; ky++) {                                                     \
+            if (!xr[ky]) continue;                                                        \
+            for (kx = 0; kx < KW; kx++) {                                                 \
+                T *kp = part + (ky * KW + kx) * C;                                        \
+                off = kx * dw - pw;                                                       \
+                cb_dw_valid(off, sw, W, OW, &lo, &hi);                                    \
+                for (c = c0; c < c1; c += VL) {                                           \
+                    /* Two accumulators: the adds of one row are not one chain. */        \
+                    V a0 = (V){0}, a1 = a0;                                               \
+                    for (ow = lo; ow + 1 < hi; ow += 2) {                                 \
+                        a0 += *(const V *)(dy + ow * C + c)                               \
+                              * *(const V *)(xr[ky] + (ow * sw + off) * C + c);           \
+                        a1 += *(const V *)(dy + (ow + 1) * C + c)                         \
+                              * *(const V *)(xr[ky] + ((ow + 1) * sw + off) * C + c);     \
+                    }                                                                     \
+                    if (ow < hi)                                                          \
+                        a0 += *(const V *)(dy + ow * C + c)                               \
+                              * *(const V *)(xr[ky] + (ow * sw + off) * C + c);           \
+                    *(V *)(kp + c) += a0 + a1;                                            \
+                }                                                                         \
+            }                                                                             \
+        }                                                                                 \
+    }                                                                                     \
     for (ky = 0; ky < KH; ky++) {                                                         \
         if (!xr[ky]) continue;                                                            \
         for (kx = 0; kx < KW; kx++) {                                                     \
             T *kp = part + (ky * KW + kx) * C;                                            \
             off = kx * dw - pw;                                                           \
-            lo = cb_dw_cdiv(-off, sw);                                                    \
-            if (lo < 0) lo = 0;                                                           \
-            hi = cb_dw_cdiv(W - off, sw);                                                 \
-            if (hi > OW) hi = OW;                                                         \
-            for (c = 0; c < CV; c += VL) {                                                \
-                /* Two accumulators: the adds of one row are not one chain. */            \
-                V a0 = (V){0} * (T)0, a1 = a0;                                            \
-                for (ow = lo; ow + 1 < hi; ow += 2) {                                     \
-                    a0 += *(const V *)(dy + ow * C + c)                                   \
-                          * *(const V *)(xr[ky] + (ow * sw + off) * C + c);               \
-                    a1 += *(const V *)(dy + (ow + 1) * C + c)                             \
-                          * *(const V *)(xr[ky] + ((ow + 1) * sw + off) * C + c);         \
-                }                                                                         \
-                if (ow < hi)                                                              \
-                    a0 += *(const V *)(dy + ow * C + c)                                   \
-                          * *(const V *)(xr[ky] + (ow * sw + off) * C + c);               \
-                *(V *)(kp + c) += a0 + a1;                                                \
-            }                                                                             \
+            cb_dw_valid(off, sw, W, OW, &lo, &hi);                                        \
             for (c = CV; c < C; c++) {                                                    \
                 T s = 0;                                                                  \
                 for (ow = lo; ow < hi; ow++)                                              \
@@ -405,10 +430,7 @@ static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy, T *part,  
         if (!xr[ky]) continue;                                                            \
         for (kx = 0; kx < KW; kx++) {                                                     \
             off = kx * dw - pw;                                                           \
-            lo = cb_dw_cdiv(-off, sw);                                                    \
-            if (lo < 0) lo = 0;                                                           \
-            hi = cb_dw_cdiv(W - off, sw);                                                 \
-            if (hi > OW) hi = OW;                                                         \
+            cb_dw_valid(off, sw, W, OW, &lo, &hi);                                        \
             for (c = 0; c < C; c++) {                                                     \
                 T s = 0;                                                                  \
                 for (ow = lo; ow < hi; ow++)                                              \

@@ -103,11 +103,12 @@ cdef inline void _tap_t(floating* dx, const floating* dy, const floating* k,
 
 cdef inline void _cl_row(const floating** xr, const floating* k, floating* y, Py_ssize_t C,
                          Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
-                         Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw) noexcept nogil:
+                         Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw,
+                         const floating* bias=NULL, int act=0) noexcept nogil:
     if floating is float:
-        cb_dw_fwd_cl_row_f(xr, k, y, C, W, KH, KW, OW, sw, dw, pw, NULL, 0)
+        cb_dw_fwd_cl_row_f(xr, k, y, C, W, KH, KW, OW, sw, dw, pw, bias, act)
     else:
-        cb_dw_fwd_cl_row_d(xr, k, y, C, W, KH, KW, OW, sw, dw, pw, NULL, 0)
+        cb_dw_fwd_cl_row_d(xr, k, y, C, W, KH, KW, OW, sw, dw, pw, bias, act)
 
 
 cdef inline void _kg_row(const floating** xr, const floating* dy, floating* part, Py_ssize_t C,
@@ -158,8 +159,10 @@ cdef inline void _cl_rows(const floating** xr, const floating[:, :, :, ::1] x, f
 cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
                   floating[:, :, :, ::1] y, Py_ssize_t sh, Py_ssize_t sw,
                   Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
-        cb_intr* intr) noexcept nogil:
+        const floating[::1] bias, int act, cb_intr* intr) noexcept nogil:
     # One task per output row; its input rows (KH * W * C) stay in L1/L2.
+    # bias (C*M values, or none) and the activation code act are applied to
+    # each finished output row while it is in registers (cyback_depthwise.h).
     cdef Py_ssize_t N = x.shape[0], W = x.shape[2], C = x.shape[3]
     cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], M = k.shape[3]
     cdef Py_ssize_t OH = y.shape[1], OW = y.shape[2]
@@ -179,7 +182,8 @@ cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
             n = r // OH
             oh = r % OH
             _cl_rows(xr, x, xe, n, oh * sh - ph, dh, KH, M)
-            _cl_row(xr, &k[0, 0, 0, 0], &y[n, oh, 0, 0], C * M, W, KH, KW, OW, sw, dw, pw)
+            _cl_row(xr, &k[0, 0, 0, 0], &y[n, oh, 0, 0], C * M, W, KH, KW, OW, sw, dw, pw,
+                    &bias[0] if bias.shape[0] > 0 else NULL, act)
         free(xe)
         free(<void*>xr)
 
@@ -283,35 +287,40 @@ cdef inline void _cf_plane(const floating* rows, Py_ssize_t rs, Py_ssize_t Hs,
                            const floating* k, Py_ssize_t ks, floating* dst, Py_ssize_t OH,
                            Py_ssize_t OW, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh,
                            Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t KH, Py_ssize_t KW,
-                           bint accumulate) noexcept nogil:
+                           bint accumulate, floating bias=0, int act=0) noexcept nogil:
     # dst (OH, OW) (+)= the correlation of the padded plane rows (Hs rows,
-    # rs apart) with the taps k[(ky*KW + kx) * ks].
+    # rs apart) with the taps k[(ky*KW + kx) * ks], plus bias, through the
+    # activation act (bias and act only when not accumulating).
     cdef Py_ssize_t oh, ky, kx, ih, ow
     cdef floating s
     if sw == 1:
         if floating is float:
             cb_dw_fwd_cf_plane_f(rows, rs, Hs, k, ks, dst, OH, OW, sh, dh, ph, KH, KW, dw,
-                                 accumulate, 0, 0)
+                                 accumulate, bias, act)
         else:
             cb_dw_fwd_cf_plane_d(rows, rs, Hs, k, ks, dst, OH, OW, sh, dh, ph, KH, KW, dw,
-                                 accumulate, 0, 0)
+                                 accumulate, bias, act)
         return
     for oh in range(OH):
         for ow in range(OW):
-            s = dst[oh * OW + ow] if accumulate else 0
+            s = dst[oh * OW + ow] if accumulate else bias
             for ky in range(KH):
                 ih = oh * sh - ph + ky * dh
                 if ih < 0 or ih >= Hs:
                     continue
                 for kx in range(KW):
                     s = s + rows[ih * rs + ow * sw + kx * dw] * k[(ky * KW + kx) * ks]
+            if act != 0 and s < 0:
+                s = 0
+            if act == 2 and s > 6:
+                s = 6
             dst[oh * OW + ow] = s
 
 
 cdef void _fwd_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
                   floating[:, :, :, ::1] y, Py_ssize_t sh, Py_ssize_t sw,
                   Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
-        cb_intr* intr) noexcept nogil:
+        const floating[::1] bias, int act, cb_intr* intr) noexcept nogil:
     # One task per input plane (n, c): it is padded once into a per-thread
     # buffer, then filtered into its M output planes row by row.
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
@@ -333,7 +342,8 @@ cdef void _fwd_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
             rs = W if rows == &x[n, c, 0, 0] else Wp
             for m in range(M):
                 _cf_plane(rows, rs, H, &k[0, 0, c, m], C * M, &y[n, c * M + m, 0, 0], OH, OW,
-                          sh, sw, dh, dw, ph, KH, KW, False)
+                          sh, sw, dh, dw, ph, KH, KW, False,
+                          bias[c * M + m] if bias.shape[0] > 0 else 0, act)
         free(buf)
 
 
@@ -660,13 +670,20 @@ def _out_shape(n, ch, out, nd, channels_last):
     return (n,) + sp + (ch,) if channels_last else (n, ch) + sp
 
 
+_ACTIVATIONS = {None: 0, "linear": 0, "relu": 1, "relu6": 2}
+
+
 @cython.wraparound(True)
-def depthwise_forward(x, kernel, strides, dilation, pads, channels_last=True):
+def depthwise_forward(x, kernel, strides, dilation, pads, channels_last=True, bias=None,
+                      activation=None):
     """Depthwise convolution.
 
     x: (N, H, W, C) if channels_last else (N, C, H, W); or 1-D (N, W, C) /
     (N, C, W). kernel: (kh, kw, C, M) (1-D: (kw, C, M)), same float dtype.
     strides, dilation: int or per-dim ints. pads: ((before, after), ...).
+    Optional epilogue, fused into the pass over each output row: bias, (C*M,)
+    of the same dtype, added per output channel; then activation None,
+    'linear', 'relu' or 'relu6' (min(max(v, 0), 6)).
     Returns (N, OH, OW, C*M) / (N, C*M, OH, OW) (1-D: without OH).
     """
     cdef cb_intr intr
@@ -678,27 +695,35 @@ def depthwise_forward(x, kernel, strides, dilation, pads, channels_last=True):
     nd, ss, ds, ps, spatial, out = _params(name, x.shape, kernel.shape, strides, dilation,
                                            pads, channels_last)
     C, M = kernel.shape[-2], kernel.shape[-1]
+    if activation not in _ACTIVATIONS:
+        raise ValueError("%s: activation must be one of None, 'linear', 'relu', 'relu6', got %r"
+                         % (name, activation))
+    act = _ACTIVATIONS[activation]
+    if bias is None:
+        bias = np.empty(0, dtype=x.dtype)
+    else:
+        bias = np.ascontiguousarray(bias)
+        if bias.dtype != x.dtype or bias.shape != (C * M,):
+            raise ValueError("%s: bias must be a %s array of shape (%d,), got %s %s"
+                             % (name, x.dtype, C * M, bias.dtype, bias.shape))
     y = np.empty(_out_shape(x.shape[0], C * M, out, nd, channels_last), dtype=x.dtype)
     if y.size == 0:
-        return y
-    if x.size == 0:  # C == 0 cannot happen with y non-empty; kept for safety
-        y[...] = 0
         return y
     xv, kv, yv = _img(x, nd, channels_last), _ker(kernel, nd), _img(y, nd, channels_last)
     sh, sw, dh, dw, ph, pw = ss[0], ss[1], ds[0], ds[1], ps[0][0], ps[1][0]
     if channels_last:
         if x.dtype == np.float32:
-            _fwd_cl[float](xv, kv, yv, sh, sw, dh, dw, ph, pw, &intr)
+            _fwd_cl[float](xv, kv, yv, sh, sw, dh, dw, ph, pw, bias, act, &intr)
             check_interrupt(&intr)
         else:
-            _fwd_cl[double](xv, kv, yv, sh, sw, dh, dw, ph, pw, &intr)
+            _fwd_cl[double](xv, kv, yv, sh, sw, dh, dw, ph, pw, bias, act, &intr)
             check_interrupt(&intr)
     else:
         if x.dtype == np.float32:
-            _fwd_cf[float](xv, kv, yv, sh, sw, dh, dw, ph, pw, &intr)
+            _fwd_cf[float](xv, kv, yv, sh, sw, dh, dw, ph, pw, bias, act, &intr)
             check_interrupt(&intr)
         else:
-            _fwd_cf[double](xv, kv, yv, sh, sw, dh, dw, ph, pw, &intr)
+            _fwd_cf[double](xv, kv, yv, sh, sw, dh, dw, ph, pw, bias, act, &intr)
             check_interrupt(&intr)
     return y
 

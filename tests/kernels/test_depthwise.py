@@ -262,3 +262,51 @@ def test_stride1_pads_beyond_kernel(isa, cl):
                                    atol=1e-12)
         np.testing.assert_allclose(depthwise_backward_kernel(x, dy, k.shape, 1, 1, ps, cl), dkr,
                                    atol=1e-12)
+
+
+@pytest.mark.parametrize("activation", [None, "linear", "relu", "relu6"])
+@pytest.mark.parametrize("cl", [True, False])
+def test_bias_and_activation_epilogue(isa, cl, activation):
+    # The fused epilogue equals bias + activation applied afterwards, on the
+    # vector and scalar paths (stride 1 and 2, channel tails, M > 1).
+    rng = np.random.default_rng(6)
+    for dtype, (n, h, w, c, m, ss) in [(np.float32, (2, 5, 19, 11, 1, (1, 1))),
+                                       (np.float64, (1, 6, 9, 5, 3, (2, 2))),
+                                       (np.float32, (2, 4, 21, 8, 2, (1, 2)))]:
+        x = (3 * rng.standard_normal((n, h, w, c) if cl else (n, c, h, w))).astype(dtype)
+        k = rng.standard_normal((3, 3, c, m)).astype(dtype)
+        b = (3 * rng.standard_normal(c * m)).astype(dtype)
+        ps = ((1, 1), (1, 1))
+        plain = depthwise_forward(x, k, ss, 1, ps, cl)
+        want = plain + (b if cl else b[:, None, None])
+        if activation in ("relu", "relu6"):
+            want = np.maximum(want, 0)
+        if activation == "relu6":
+            want = np.minimum(want, 6)
+        got = depthwise_forward(x, k, ss, 1, ps, cl, bias=b, activation=activation)
+        np.testing.assert_allclose(got, want, **tol(dtype))
+    # The default epilogue is none: the same bits as before.
+    np.testing.assert_array_equal(depthwise_forward(x, k, ss, 1, ps, cl, bias=None), plain)
+
+
+@pytest.mark.parametrize("cl", [True, False])
+def test_empty_rows_read_only_padding(cl):
+    # H == 0 with padding: every output reads only padding, so it is the bias.
+    x = np.zeros((2, 0, 4, 3) if cl else (2, 3, 0, 4), np.float32)
+    k = np.ones((3, 3, 3, 2), np.float32)
+    b = np.arange(6, dtype=np.float32)
+    y = depthwise_forward(x, k, 1, 1, ((2, 2), (1, 1)), cl, bias=b)
+    assert y.shape == ((2, 2, 4, 6) if cl else (2, 6, 2, 4))
+    np.testing.assert_array_equal(y, np.broadcast_to(b if cl else b[:, None, None], y.shape))
+
+
+def test_bad_epilogue_arguments():
+    x = np.zeros((2, 5, 5, 3), np.float32)
+    k = np.zeros((3, 3, 3, 2), np.float32)
+    p = ((1, 1), (1, 1))
+    with pytest.raises(ValueError, match="depthwise_forward: activation"):
+        depthwise_forward(x, k, 1, 1, p, activation="tanh")
+    with pytest.raises(ValueError, match="depthwise_forward: bias"):
+        depthwise_forward(x, k, 1, 1, p, bias=np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match="depthwise_forward: bias"):
+        depthwise_forward(x, k, 1, 1, p, bias=np.zeros(6, np.float64))
