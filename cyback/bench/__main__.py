@@ -55,6 +55,9 @@ def parse_args(argv):
                    help="list the cases slower/faster beyond noise between two results.json")
     p.add_argument("--threshold", type=float, default=0.10,
                    help="--compare: smallest relative change reported (default 0.10)")
+    p.add_argument("--scripts", action="store_true",
+                   help="also run the checkout's kernel scripts benchmarks/bench_*.py "
+                        "(their smoke sizes with --quick) and fold their tables into the report")
     p.add_argument("--no-charts", action="store_true")
     args = p.parse_args(argv)
     if args.threads < 1:
@@ -110,7 +113,13 @@ def run(args, stream=sys.stderr):
         except ImportError as e:
             print("models suite skipped: Keras on cyback is not importable (%s)" % e, file=stream)
     batches = (1,) if args.quick else (1, 32)
-    total = 1 + (len(op_cases) if "ops" in suites else 0) + len(model_names) * len(batches)
+    from . import scripts
+    script_names = scripts.script_names() if args.scripts else []
+    if args.scripts and not script_names:
+        print("--scripts: no benchmarks/ folder beside this cyback (an installed package)",
+              file=stream)
+    total = (1 + (len(op_cases) if "ops" in suites else 0) + len(model_names) * len(batches)
+             + len(script_names))
     bar = Progress(total, stream)
 
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
@@ -165,12 +174,16 @@ def run(args, stream=sys.stderr):
                                        progress=progress, blocks=blocks):
             r["suite"] = "models"
             rows.append(r)
+    script_results = []
+    for name in script_names:
+        script_results.append(scripts.run_script(name, args.threads, args.quick))
+        bar.step(name)
     doc = {"command": "python -m cyback.bench " + " ".join(sys.argv[1:] if args is not None else []),
            "started": started, "seconds": time.perf_counter() - t_start,
            "load_start": load_start, "load_end": machine.load_average(),
            "threads": args.threads, "scale": scale, "blocks": blocks, "block_seconds": block_s,
            "sgemm_n": sgemm_n, "sgemm_gflops": sgemm, "machine": machine.describe(args.threads),
-           "versions": versions, "rows": rows}
+           "versions": versions, "rows": rows, "scripts": script_results}
     if model_names:
         doc["summary"] = models_mod.summary([r for r in rows if r["suite"] == "models"])
     os.makedirs(args.out, exist_ok=True)

@@ -123,6 +123,19 @@ def write_report(outdir, doc):
     if skipped:
         lines += ["## Skipped", ""] + ["- %s %s: %s" % (r.get("case") or r.get("model"), r["engine"],
                                                           r["skipped"]) for r in skipped] + [""]
+    for sr in doc.get("scripts", []):
+        lines += ["## Kernel script %s" % sr["script"], ""]
+        if "error" in sr:
+            lines += ["Failed: %s" % sr["error"], ""]
+            continue
+        lines += ["`%s` (%.0f s)" % (sr["command"], sr["seconds"]), ""]
+        cols = []
+        for r in sr["rows"]:
+            for k, v in r.items():
+                if k not in cols and not isinstance(v, (list, dict)):
+                    cols.append(k)
+        if sr["rows"]:
+            lines += [_table(sr["rows"], cols), ""]
     lines += ["`cyback_speedup` = the peer's median time / cyback's (>1: cyback is faster).", ""]
     path = os.path.join(outdir, "report.md")
     with open(path, "w") as f:

@@ -157,3 +157,13 @@ def test_model_peers_match_cyback_when_installed():
         # model_engines raises if a peer's output differs from cyback's
         engines, errors, skipped = models.model_engines(name, 2, peers, wanted=("torch",))
         assert not skipped and errors["torch"] <= 1e-4
+
+
+def test_kernel_scripts_are_found_in_a_checkout():
+    from cyback.bench import scripts
+    if scripts.benchmarks_dir() is None:
+        pytest.skip("cyback installed without its benchmarks/ folder")
+    names = scripts.script_names()
+    assert "bench_conv.py" in names and "bench_models.py" not in names
+    # every script's smoke command line is one it accepts
+    assert set(scripts.QUICK_ARGS) <= set(names)
