@@ -245,7 +245,7 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
     if n_outputs is None:
         lines.append("    return (%s)" % "".join(name_of(t) + ", " for t in targets))
     else:
-        ns["_out"], ns["_copy"] = _to_output, np.array
+        ns["_out"], ns["_copy"] = _to_output, _copy_value
         outs_src = []
         for t in targets[:n_outputs]:
             src = name_of(t)
@@ -522,6 +522,11 @@ class Function(object):
     def _apply(self, values):
         assign_all([(t.node.inputs[0], v) for t, v in zip(self._assigns, values)],
                    self._assign_names, lock=False)
+
+
+def _copy_value(x):
+    """A copy the caller may modify: of an array, or of a sparse matrix as such."""
+    return x.copy() if hasattr(x, "tocsr") else np.array(x)
 
 
 def _to_output(x):
