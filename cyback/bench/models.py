@@ -299,7 +299,8 @@ def model_engines(name, batch, peers, seed=0, wanted=("ort", "torch", "torch.jit
     if "predict_on_batch" in cyback_paths:
         check_close("cyback predict_on_batch", model.predict_on_batch(x), ref, tol=1e-5)
         engines["cyback predict_on_batch"] = lambda: model.predict_on_batch(x)
-    switch = getattr(K, "set_graph_optimizer", None)
+    import cyback
+    switch = getattr(cyback, "set_graph_optimizer", None)
     if "unoptimized" in cyback_paths and switch is not None:
         # the same K.function with the plan optimizer off (an A/B in the same run)
         def unoptimized():
