@@ -182,7 +182,17 @@ class Fused(Op):
     def infer(self, *inputs):
         return [self.out_spec]
 
+    in_kernel = None    # (bias operand, activation) the base op's kernel applies itself
+
     def compute(self, *arrays):
+        if self.in_kernel is not None:
+            bias, act = self.in_kernel
+            y = self.base.compute_epilogue(
+                arrays[:self.n_base],
+                None if bias is None else arrays[self.n_base + bias - (bias > self.inplace)],
+                act)
+            if y is not None:
+                return (y,)
         if self.base is not None:
             # the base op's output is operand ``inplace``
             y = self.base.compute(*arrays[:self.n_base])[0]
@@ -314,8 +324,43 @@ def _build(steps, members, root, exact, producer, users, keep, taken):
         ins = list(steps[base_k][1]) + [t for j, t in enumerate(operands) if j != inplace]
     op = Fused(base, n_base, code, n_regs, list(b.kinds), list(b.consts), b.axis, inplace,
                members_refs, (root.shape, root.dtype))
+    if base is not None:
+        op.in_kernel = _in_kernel_epilogue(b, base, inplace, root)
     absorbed = list(members) + ([base_k] if base is not None else [])
     return (op, ins, [root]), absorbed
+
+
+def _in_kernel_epilogue(b, base, slot, out):
+    """``(bias operand index or None, activation)`` when the program is a
+    bias add and/or relu / relu6 on the base op's output that the base op can
+    apply inside its kernel (its ``kernel_epilogue`` hook), else None."""
+    hook = getattr(base, "kernel_epilogue", None)
+    if hook is None:
+        return None
+    code, cur, bias = list(b.code), ("in", slot), None
+    if code and code[0][0] == "add":
+        srcs = code[0][2]
+        other = srcs[1] if srcs[0] == cur else srcs[0] if srcs[1] == cur else None
+        if other is None or other[0] != "in" or b.kinds[other[1]] != CHAN:
+            return None
+        bias, cur, code = other[1], code[0][1], code[1:]
+    act = None
+    consts = [float(c) for c in b.consts]
+    def is_max0(row):
+        return row[0] == "maximum" and row[2][0] == cur and row[2][1][0] == "const" and \
+            consts[row[2][1][1]] == 0
+
+    while code and is_max0(code[0]):    # Relu(max_value) clamps at 0 twice
+        act, cur, code = "relu", code[0][1], code[1:]
+    if act == "relu":
+        if code and code[0][0] == "minimum" and code[0][2][0] == cur and \
+                code[0][2][1][0] == "const" and consts[code[0][2][1][1]] == 6:
+            act, code = "relu6", code[1:]
+    if code or (bias is None and act is None):
+        return None
+    if not hook(b.axis if bias is not None else None, act, out):
+        return None
+    return bias, act
 
 
 def _ref(x, member_out, operands):

@@ -255,6 +255,34 @@ class Conv(Op):
     def compute(self, x, k):
         return (self.geom.forward(x, k),)
 
+    def kernel_epilogue(self, bias_axis, activation, out):
+        """Whether the kernel can add a per-channel bias (on ``bias_axis``,
+        counted from the end, or None for no bias) and apply ``activation``
+        ('relu', 'relu6' or None) to each output row itself: depthwise can."""
+        if self.geom.family != "depthwise" or self.geom.rank > 2:
+            return False
+        if bias_axis is not None:
+            want = -1 if self.geom.channels_last else -(len(out.shape) - 1)
+            if bias_axis != want:
+                return False
+        return activation in (None, "relu", "relu6")
+
+    def compute_epilogue(self, inputs, bias, activation):
+        """conv(x, k) + bias, then the activation, in one kernel pass; None
+        when these arrays do not suit the kernel (the caller falls back)."""
+        x, k = inputs
+        g = self.geom
+        if x.dtype != k.dtype or x.dtype.char not in "fd" or 0 in x.shape or \
+                (bias is not None and (bias.dtype != x.dtype or bias.size != g.out_channels(k.shape))):
+            return None
+        x, k, dt = _operands(x, k)
+        sizes = g.spatial(x.shape)
+        g.check(x.shape, k.shape)
+        g._check_run(sizes, k.shape)
+        return _dw.depthwise_forward(x, k, g.strides, g.dilation, g.pads(sizes, k.shape),
+                                     g.channels_last, None if bias is None else bias.reshape(-1),
+                                     activation)
+
     def scale_output(self, inputs, out, v, ctx):
         """conv(x, k) * v for a vector v along the output channels: the
         kernel's output channels scaled (BatchNorm folding)."""

@@ -683,3 +683,45 @@ def test_readers_see_old_or_new_weights_never_a_mix():
     assert not errors, errors
     assert not bad, "%d mixed results, e.g. %s" % (len(bad), bad[0])
     assert sum(counts) == 600
+
+
+# ------------------------------------------------------------------ in-kernel epilogues
+
+@pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
+@pytest.mark.parametrize("act", [None, "relu", "relu6"])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_depthwise_bias_and_activation_run_in_the_kernel(data_format, act, with_bias):
+    rng = np.random.default_rng(11)
+    last = data_format == "channels_last"
+    x = K.placeholder((None, 6, 7, 3) if last else (None, 3, 6, 7))
+    k = K.variable(rng.standard_normal((3, 3, 3, 2)).astype("float32"))
+    y = K.depthwise_conv2d(x, k, padding="same", data_format=data_format)
+    if with_bias:
+        y = K.bias_add(y, K.variable(rng.standard_normal(6).astype("float32")),
+                       data_format=data_format)
+    if act == "relu":
+        y = K.relu(y)
+    elif act == "relu6":
+        y = K.relu(y, max_value=6.0)
+    if not with_bias and act is None:
+        pytest.skip("nothing to fuse")
+    feed = [(rng.standard_normal((2, 6, 7, 3) if last else (2, 3, 6, 7)) * 4).astype("float32")]
+    f, got = _run([x], [y], feed, True)
+    _, ref = _run([x], [y], feed, False)
+    fused = [op for op, _, _ in f._plan(0).steps if getattr(op, "in_kernel", None)]
+    assert len(fused) == 1 and fused[0].in_kernel[1] == act
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-6)
+    # batch 0 and a non-contiguous feed take the same step
+    np.testing.assert_allclose(f([feed[0][::-1]])[0], _run([x], [y], [feed[0][::-1]], False)[1][0],
+                               rtol=1e-5, atol=1e-6)
+    assert f([feed[0][:0]])[0].shape[0] == 0
+
+
+def test_conv_epilogue_stays_a_separate_pass():
+    # ordinary convolutions have no in-kernel epilogue (yet): the fused step
+    # runs the conv, then the program in place
+    x = K.placeholder((None, 5, 5, 2))
+    k = K.variable(np.ones((3, 3, 2, 4), "float32"))
+    f, _ = _run([x], [K.relu(K.conv2d(x, k) - 1.0)], [np.ones((1, 5, 5, 2), "float32")], True)
+    (op, _, _), = f._plan(0).steps
+    assert op.base is not None and op.in_kernel is None
