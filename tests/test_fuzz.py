@@ -330,6 +330,8 @@ KNOWN = [
     ("cumsum", "TypeError", "'NoneType' object is not subscriptable"),
     ("clip", "TypeError", "'<' not supported"), ("clip", "UFuncTypeError", ""),
     ("pow", "TypeError", "data type 'str"),
+    ("all", "AxisError", "axis 0 is out of bounds for array of dimension 0"),
+    ("any", "AxisError", "axis 0 is out of bounds for array of dimension 0"),
     ("bias_add", "IndexError", "tuple index out of range"),
     # A negative Python number combined with an unsigned tensor.
     ("equal", "OverflowError", ""), ("not_equal", "OverflowError", ""),
