@@ -207,10 +207,9 @@ def _model_source(model):
 # ------------------------------------------------------------- threads
 
 def _cores():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    # the process's CPUs: its affinity mask, capped by a container's CPU quota
+    from cyback.kernels.cpu_budget import default_threads
+    return default_threads()
 
 
 def _host_threads():
