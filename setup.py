@@ -22,6 +22,7 @@ Environment:
 import glob
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -179,11 +180,14 @@ class BuildExt(build_ext):
         h.update(repr((ext.name, ext.language, ext.extra_compile_args, ext.extra_link_args,
                        ext.define_macros, include_dirs)).encode())
         # The generated source names the .pxd files it read (SciPy's cython_blas.pxd) by
-        # their path in that temporary environment too.
+        # their path in that temporary environment too, and its metadata header records the
+        # include path of the build that translated it (the key covers both otherwise).
         site = os.path.dirname(os.path.dirname(numpy.__file__)).encode()
         for src in ext.sources:
             with open(src, "rb") as f:
-                h.update(f.read().replace(site, b"<site-packages>"))
+                text = re.sub(rb"/\* BEGIN: Cython Metadata.*?END: Cython Metadata \*/", b"",
+                              f.read(), count=1, flags=re.S)
+            h.update(text.replace(site, b"<site-packages>"))
         suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
         return os.path.join(CACHE_DIR, "%s-%s%s" % (ext.name, h.hexdigest()[:20], suffix))
 
