@@ -36,7 +36,7 @@ def calls_per_block(fn, block_seconds, warmup_seconds, min_warmup=2):
 
 
 def time_alternated(engines, blocks=7, block_seconds=0.02, warmup_seconds=0.05,
-                    keep_latencies=False, max_calls=20000):
+                    keep_latencies=False, max_calls=20000, settle_seconds=0.03):
     """Time ``engines`` ({name: fn}) in alternation; returns {name: stats}.
 
     stats holds ``median_s`` and ``p90_s`` (per call, over ``blocks`` block
@@ -52,6 +52,10 @@ def time_alternated(engines, blocks=7, block_seconds=0.02, warmup_seconds=0.05,
     for b in range(blocks):
         k = b % len(names)
         for name in names[k:] + names[:k]:
+            # Idle time before each block: the previous engine's worker threads
+            # (ONNX Runtime's and TF's spin after a call) go to sleep instead
+            # of taking the cores this block runs on.
+            time.sleep(settle_seconds)
             fn, n = engines[name], counts[name]
             times = [0.0] * n
             for i in range(n):
