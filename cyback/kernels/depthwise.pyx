@@ -167,8 +167,8 @@ cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
     cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], M = k.shape[3]
     cdef Py_ssize_t OH = y.shape[1], OW = y.shape[2]
     cdef Py_ssize_t r, n, oh
-    cdef const floating** xr
-    cdef floating* xe
+    cdef const floating** xr = NULL
+    cdef floating* xe = NULL
     cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     with parallel(num_threads=nt):
         xr = <const floating**>malloc(KH * sizeof(floating*))
@@ -200,8 +200,8 @@ cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
     cdef Py_ssize_t KH = kf.shape[0], KW = kf.shape[1], M = kf.shape[3]
     cdef Py_ssize_t OW = dy.shape[2]
     cdef Py_ssize_t r, n, ih, i, m
-    cdef const floating** xr
-    cdef floating* t
+    cdef const floating** xr = NULL
+    cdef floating* t = NULL
     cdef floating* dxp
     cdef floating s
     cdef int nt = cb_threads_for(2.0 * N * H * W * C * M * KH * KW)
@@ -242,8 +242,8 @@ cdef void _bwd_k_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
     cdef Py_ssize_t OH = dy.shape[1], OW = dy.shape[2]
     cdef Py_ssize_t rows = N * OH
     cdef Py_ssize_t p, r, n, oh
-    cdef const floating** xr
-    cdef floating* xe
+    cdef const floating** xr = NULL
+    cdef floating* xe = NULL
     cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     with parallel(num_threads=nt):
         xr = <const floating**>malloc(KH * sizeof(floating*))
@@ -328,7 +328,7 @@ cdef void _fwd_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
     cdef Py_ssize_t OH = y.shape[2], OW = y.shape[3]
     cdef Py_ssize_t Wp = (OW - 1) * sw + (KW - 1) * dw + 1
     cdef Py_ssize_t t, n, c, m, rs
-    cdef floating* buf
+    cdef floating* buf = NULL
     cdef const floating* rows
     cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     with parallel(num_threads=nt):
@@ -358,7 +358,7 @@ cdef void _bwd_in_cf_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
     cdef Py_ssize_t OH = dy.shape[2], OW = dy.shape[3]
     cdef Py_ssize_t Wp = (W - 1) + (KW - 1) * dw + 1
     cdef Py_ssize_t t, n, c, m, rs
-    cdef floating* buf
+    cdef floating* buf = NULL
     cdef const floating* rows
     cdef int nt = cb_threads_for(2.0 * N * H * W * C * M * KH * KW)
     with parallel(num_threads=nt):
@@ -543,8 +543,8 @@ cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
     cdef Py_ssize_t OH = dy.shape[2], OW = dy.shape[3]
     cdef Py_ssize_t Wp = (OW - 1) * sw + (KW - 1) * dw + 1, T = KH * KW
     cdef Py_ssize_t c, n, m, tap, rs, oh, ow, ky, kx, ih, j
-    cdef floating* buf
-    cdef floating* acc
+    cdef floating* buf = NULL
+    cdef floating* acc = NULL
     cdef floating* a
     cdef const floating* rows
     cdef const floating* g

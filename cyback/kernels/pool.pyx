@@ -287,7 +287,7 @@ cdef void _bwd(const floating[:, :, :, :, ::1] x, const floating[:, :, :, :, ::1
     cdef Py_ssize_t OD = dy.shape[1], OH = dy.shape[2], OW = dy.shape[3]
     cdef Py_ssize_t nblk = (C + cblk - 1) // cblk
     cdef Py_ssize_t t, b, c0, cn, od, oh, ow, d0, d1, h0, h1, w0, w1, i, j, k
-    cdef floating* rem
+    cdef floating* rem = NULL
     cdef floating inv
     with parallel(num_threads=nt):
         rem = <floating*>malloc(cblk * sizeof(floating))
@@ -344,7 +344,7 @@ cdef void _bwd_c1(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] y
     cdef Py_ssize_t B = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t OD = dy.shape[1], OH = dy.shape[2], OW = dy.shape[3]
     cdef Py_ssize_t b, od, oh, ow, d0, d1, h0, h1, i, j, kx, off, lo, hi, n
-    cdef floating* rem
+    cdef floating* rem = NULL
     cdef floating* dxr
     cdef const floating* xr
     cdef const floating* yr
