@@ -12,6 +12,10 @@ os.environ.setdefault("KERAS_HOME", tempfile.mkdtemp(prefix="cyback-keras-home-"
 # Kernels keep small problems on one thread; the tests' problems are small, so
 # lift the cutoff to run (and check thread-invariance of) every parallel path.
 os.environ.setdefault("CYBACK_PARALLEL_MIN_WORK", "0")
+# Child interpreters (``python -c``) must import the installed cyback, not the
+# source tree in the working directory, which has no compiled kernels after a
+# plain `pip install .` (Python 3.11+ honours this; older ones need cwd=).
+os.environ["PYTHONSAFEPATH"] = "1"
 
 
 @pytest.fixture

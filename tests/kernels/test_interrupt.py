@@ -70,6 +70,13 @@ CHILD = textwrap.dedent(r"""
         except KeyboardInterrupt:
             state = "interrupted"
         elapsed = time.perf_counter() - t0
+        if state == "completed":
+            # a call shorter than the parent's 0.1 s delay: take the signal
+            # here, not in the next call
+            try:
+                time.sleep(2.0)
+            except KeyboardInterrupt:
+                pass
         small()  # the kernels still work afterwards
         print(name, state, "%.3f" % elapsed, "%.3f" % est, get_blas_threads() == blas0,
               flush=True)
@@ -80,9 +87,7 @@ FAMILIES = ["conv", "depthwise", "pool", "local", "ctc", "linalg"]
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process is POSIX")
 def test_ctrl_c_stops_long_kernel_calls():
-    env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env = dict(os.environ)     # the child imports the installed cyback (see conftest)
     proc = subprocess.Popen([sys.executable, "-c", CHILD] + FAMILIES, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     results = {}
@@ -102,7 +107,9 @@ def test_ctrl_c_stops_long_kernel_calls():
     slow = []
     for name in FAMILIES:
         state, elapsed, est, blas_ok = results[name]
-        assert state == "interrupted", (name, results[name])
+        # a call that ends before the signal comes (a fast machine) has
+        # nothing to interrupt
+        assert state == "interrupted" or elapsed < 0.1, (name, results[name])
         assert blas_ok == "True", (name, "BLAS thread count not restored")
         # Uninterrupted, the call takes `est`; SIGINT comes 0.1 s in, and the
         # kernels poll every 50 ms. Calls too short to tell are not judged.

@@ -7,7 +7,6 @@ import pytest
 
 from cyback.kernels import cpu_budget
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def _write(path, text):
@@ -93,7 +92,6 @@ def _fresh(code, **env):
     for var in ("CYBACK_NUM_THREADS", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
         full.pop(var, None)
     full.update(env)
-    full["PYTHONPATH"] = ROOT + os.pathsep + full.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-c", code], env=full, check=True,
                           stdout=subprocess.PIPE, text=True).stdout.split()
 
