@@ -481,25 +481,13 @@ class Function(object):
             plan = self._plan(lp_value)
         feeds = [inputs[i] for i in plan.feed_slots]
         if self._group is None:
-            try:
-                outs, rest = plan.run(*feeds)
-            except Exception as e:
-                new = _annotate(e, plan)
-                if new is e:
-                    raise
-                raise new from e    # the chain keeps the traceback into the op
+            outs, rest = _run_plan(plan, feeds)
             if self._assigns:   # only with the lock disabled (benchmarks)
                 self._apply(rest[self._n_fetch:])
         else:
             group = self._group = acquire_group(self._group)   # start at the root next time
             try:
-                try:
-                    outs, rest = plan.run(*feeds)
-                except Exception as e:
-                    new = _annotate(e, plan)
-                    if new is e:
-                        raise
-                    raise new from e
+                outs, rest = _run_plan(plan, feeds)
                 self._apply(rest[self._n_fetch:])
             finally:
                 group.lock.release()
@@ -522,6 +510,16 @@ class Function(object):
     def _apply(self, values):
         assign_all([(t.node.inputs[0], v) for t, v in zip(self._assigns, values)],
                    self._assign_names, lock=False)
+
+
+def _run_plan(plan, feeds):
+    try:
+        return plan.run(*feeds)
+    except Exception as e:
+        new = _annotate(e, plan)
+        if new is e:
+            raise
+        raise new from e    # the chain keeps the traceback into the op
 
 
 def _copy_value(x):
