@@ -163,15 +163,10 @@ class Fused(Op):
                  out_spec):
         self.base = base
         self.n_base = n_base
-        self.code = code
-        self.n_regs = n_regs
-        self.kinds = np.asarray(kinds + [SCALAR] * len(consts), dtype=np.int32)
-        self.program = _kernel.Program(code, n_regs, self.kinds, consts, axis, inplace,
-                                       out_spec[1])
-        self.n_tensor = len(kinds)
-        self.consts = tuple(consts)
-        self.dtype = np.dtype(out_spec[1])
-        self.axis = axis
+        # the checked program with its operand kinds (baked constants last),
+        # channel axis and in-place operand
+        self.program = _kernel.Program(code, n_regs, kinds + [SCALAR] * len(consts), consts,
+                                       axis, inplace, out_spec[1])
         self.inplace = inplace      # operand index whose buffer may take the result
         self.members = members
         self.out_spec = out_spec

@@ -107,10 +107,9 @@ class Context(object):
     def channel_vector(v, out, axis):
         """``v`` flattened to the size of ``out``'s ``axis`` when it broadcasts
         along that axis only, else None."""
-        from cyback.graph.fusion import classify, Unfusable
         try:
-            kind, ax = classify(v.shape, out.shape)
-        except Unfusable:
+            kind, ax = fusion.classify(v.shape, out.shape)
+        except fusion.Unfusable:
             return None
         if kind != fusion.CHAN or len(out.shape) + ax != axis % len(out.shape):
             return None

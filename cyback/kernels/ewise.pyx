@@ -307,18 +307,17 @@ def check(const int[:, ::1] code, int n_regs, int n_ops):
             raise ValueError("ewise: bad instruction %d: %s" % (j, list(code[j])))
 
 
-cdef object _dispatch(cnp.ndarray out, const int[:, ::1] code, int n_regs, list operands,
-                      const int[::1] kinds, Py_ssize_t P, Py_ssize_t C, Py_ssize_t Q):
-    cdef int n_ops = len(operands), j, rc
-    cdef void* ptrs[MAXREG]
+cdef object _dispatch(cnp.ndarray out, const int[:, ::1] code, int n_regs, void** ptrs,
+                      const int[::1] kinds, int n_ops, Py_ssize_t P, Py_ssize_t C, Py_ssize_t Q):
+    """Run ``code`` into ``out`` over the operand pointers ``ptrs``."""
+    cdef int rc
     cdef int threads = cb_threads_for(4.0 * P * C * Q * code.shape[0])
-    for j in range(n_ops):
-        ptrs[j] = cnp.PyArray_DATA(<cnp.ndarray> operands[j])
-    if out.dtype == np.float32:
+    cdef int type_num = cnp.PyArray_TYPE(out)
+    if type_num == cnp.NPY_FLOAT:
         with nogil:
             rc = _run(<float*> cnp.PyArray_DATA(out), &code[0, 0], <int> code.shape[0], n_regs,
                       <float**> ptrs, &kinds[0] if n_ops else NULL, n_ops, P, C, Q, threads)
-    elif out.dtype == np.float64:
+    elif type_num == cnp.NPY_DOUBLE:
         with nogil:
             rc = _run(<double*> cnp.PyArray_DATA(out), &code[0, 0], <int> code.shape[0], n_regs,
                       <double**> ptrs, &kinds[0] if n_ops else NULL, n_ops, P, C, Q, threads)
@@ -338,6 +337,7 @@ def run(cnp.ndarray out, const int[:, ::1] code, int n_regs, operands, const int
     len(operands) counts operands and scratch registers."""
     cdef int j
     cdef cnp.ndarray a
+    cdef void* ptrs[MAXREG]
     operands = list(operands)
     check(code, n_regs, len(operands))
     _check_kinds(kinds)
@@ -351,7 +351,8 @@ def run(cnp.ndarray out, const int[:, ::1] code, int n_regs, operands, const int
         if a.dtype != out.dtype or not a.flags.c_contiguous or a.size != want:
             raise ValueError("ewise.run: operand %d must be C-contiguous %s of size %d, got %s "
                              "of size %d" % (j, out.dtype, want, a.dtype, a.size))
-    return _dispatch(out, code, n_regs, operands, kinds, P, C, Q)
+        ptrs[j] = cnp.PyArray_DATA(a)
+    return _dispatch(out, code, n_regs, ptrs, kinds, len(operands), P, C, Q)
 
 
 cdef class Program:
@@ -400,7 +401,7 @@ cdef class Program:
         cdef Py_ssize_t n_arr = len(arrays), j, P, C = 1, Q = 1, total = 1, ax, d
         cdef cnp.ndarray a, out = None
         cdef object shape = None
-        cdef int kind, rc, threads
+        cdef int kind
         cdef void* ptrs[MAXREG]
         if n_arr != self.n_tensor:
             raise ValueError("ewise: %d operands for a program of %d" % (n_arr, self.n_tensor))
@@ -448,17 +449,5 @@ cdef class Program:
             out = np.empty(shape, self.dtype)
         if total == 0:
             return out
-        threads = cb_threads_for(4.0 * total * self.code.shape[0])
-        if self.is_float:
-            with nogil:
-                rc = _run(<float*> cnp.PyArray_DATA(out), &self.code[0, 0],
-                          <int> self.code.shape[0], self.n_regs, <float**> ptrs,
-                          &self.kinds[0], n_arr + self.n_consts, P, C, Q, threads)
-        else:
-            with nogil:
-                rc = _run(<double*> cnp.PyArray_DATA(out), &self.code[0, 0],
-                          <int> self.code.shape[0], self.n_regs, <double**> ptrs,
-                          &self.kinds[0], n_arr + self.n_consts, P, C, Q, threads)
-        if rc:
-            raise MemoryError("ewise: no memory for the block buffers")
-        return out
+        return _dispatch(out, self.code, self.n_regs, ptrs, self.kinds, n_arr + self.n_consts,
+                         P, C, Q)

@@ -149,7 +149,9 @@ class Geometry(object):
 
     # -------------------------------------------------------------- kernels
 
-    def forward(self, x, k):
+    def forward(self, x, k, bias=None, activation=None):
+        """The convolution; for depthwise, optionally + a per-channel ``bias``
+        and then ``activation`` ('relu', 'relu6') inside the kernel."""
         x, k, dt = _operands(x, k)
         sizes = self.spatial(x.shape)
         self.check(x.shape, k.shape)
@@ -161,7 +163,8 @@ class Geometry(object):
             if 0 in x.shape:
                 return np.zeros(self.y_shape(x.shape, k.shape), dt)
             y = _dw.depthwise_forward(x, k, self.strides, self.dilation,
-                                      self.pads(sizes, k.shape), self.channels_last)
+                                      self.pads(sizes, k.shape), self.channels_last, bias,
+                                      activation)
         else:
             y = _local.local_forward(x, k, self.kernel_size, self.strides, self.channels_last)
         return y.astype(dt, copy=False)
@@ -271,17 +274,11 @@ class Conv(Op):
         """conv(x, k) + bias, then the activation, in one kernel pass; None
         when these arrays do not suit the kernel (the caller falls back)."""
         x, k = inputs
-        g = self.geom
         if x.dtype != k.dtype or x.dtype.char not in "fd" or 0 in x.shape or \
-                (bias is not None and (bias.dtype != x.dtype or bias.size != g.out_channels(k.shape))):
+                (bias is not None and (bias.dtype != x.dtype or
+                                       bias.size != self.geom.out_channels(k.shape))):
             return None
-        x, k, dt = _operands(x, k)
-        sizes = g.spatial(x.shape)
-        g.check(x.shape, k.shape)
-        g._check_run(sizes, k.shape)
-        return _dw.depthwise_forward(x, k, g.strides, g.dilation, g.pads(sizes, k.shape),
-                                     g.channels_last, None if bias is None else bias.reshape(-1),
-                                     activation)
+        return self.geom.forward(x, k, None if bias is None else bias.reshape(-1), activation)
 
     def scale_output(self, inputs, out, v, ctx):
         """conv(x, k) * v for a vector v along the output channels: the
