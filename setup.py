@@ -249,6 +249,9 @@ def extensions():
             name, [pyx],
             include_dirs=[numpy.get_include(), "include"],
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+            # Without these, a changed header leaves an older module "up to
+            # date" (setuptools compares the sources' times only).
+            depends=sorted(glob.glob(os.path.join("include", "*.h"))),
         ))
     if not exts and not only:
         raise SystemExit("cyback: no cyback/kernels/*.pyx found: this source tree is incomplete")

@@ -5,8 +5,9 @@
 For each shape: forward and backward (input + kernel gradients) GFLOPS of
 cyback, a NumPy im2col + matmul reference, PyTorch CPU if it is installed, and
 the machine's sgemm rate measured in the same run (the roofline). Also the
-2-thread over 1-thread speedup of the ResNet 3x3 forward. Writes
-benchmarks/results/conv.json.
+2-thread over 1-thread speedup of the ResNet 3x3 forward, the direct kernel
+against the GEMM paths on the narrow layers of the model benchmark, and
+1 against 2 threads at batch 1. Writes benchmarks/results/conv.json.
 """
 import os
 import sys
@@ -18,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (median_time, print_table, reference_blas, sgemm_gflops,  # noqa
                      try_import_torch, write_json)
 
+from cyback.bench.timing import time_alternated  # noqa: E402
 from cyback.kernels import conv  # noqa: E402
 from cyback.kernels.conv_utils import conv_pads  # noqa: E402
 from cyback.kernels.runtime import get_max_threads, set_num_threads  # noqa: E402
@@ -201,6 +203,65 @@ def pointwise_vs_sgemm():
     return rows
 
 
+# Narrow layers of benchmarks/bench_models.py and a few strided ones: name,
+# x, kernel, strides, pads (channels_last).
+DIRECT_CASES = [
+    ("resnet 3x3 16 b1", (1, 32, 32, 16), (3, 3, 16, 16), (1, 1), [(1, 1), (1, 1)]),
+    ("resnet 3x3 16 b32", (32, 32, 32, 16), (3, 3, 16, 16), (1, 1), [(1, 1), (1, 1)]),
+    ("cnn 3x3 1->32 b1", (1, 28, 28, 1), (3, 3, 1, 32), (1, 1), [(0, 0), (0, 0)]),
+    ("cnn 3x3 32 b1", (1, 26, 26, 32), (3, 3, 32, 32), (1, 1), [(0, 0), (0, 0)]),
+    ("cnn 3x3 32 b32", (32, 26, 26, 32), (3, 3, 32, 32), (1, 1), [(0, 0), (0, 0)]),
+    ("1x1 16->32 b1", (1, 32, 32, 16), (1, 1, 16, 32), (1, 1), [(0, 0), (0, 0)]),
+    ("1x1 32->64 b32", (32, 32, 32, 32), (1, 1, 32, 64), (1, 1), [(0, 0), (0, 0)]),
+    ("conv1d k12/4 1->16 b32", (32, 400, 1), (12, 1, 16), (4,), [(0, 0)]),
+    ("conv1d k12/4 16 b32", (32, 98, 16), (12, 16, 16), (4,), [(0, 0)]),
+    ("3x3 64 b8", (8, 56, 56, 64), (3, 3, 64, 64), (1, 1), [(1, 1), (1, 1)]),
+    ("stem 7x7/2 b8", (8, 112, 112, 3), (7, 7, 3, 64), (2, 2), [(3, 3), (3, 3)]),
+]
+
+
+def _tuned(run, **tune):
+    """run() with conv._TUNE entries changed for the call."""
+    def call():
+        old = {k: conv._TUNE[k] for k in tune}
+        conv._TUNE.update(tune)
+        try:
+            return run()
+        finally:
+            conv._TUNE.update(old)
+    return call
+
+
+def direct_vs_gemm(nthreads):
+    """The direct kernel (the default for these shapes) against the GEMM
+    paths (_TUNE['direct'] off), alternated in blocks; and at batch 1, one
+    thread against the whole team (whose wake-up a small conv may not repay).
+    Outputs are checked against each other first."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for name, xs, ks, strides, pads in DIRECT_CASES:
+        x = rng.standard_normal(xs, dtype=np.float32)
+        w = rng.standard_normal(ks, dtype=np.float32)
+        dil = (1,) * len(strides)
+        run = lambda: conv.conv_forward(x, w, strides, dil, pads)
+        engines = {"direct": _tuned(run, direct=True), "gemm": _tuned(run, direct=False)}
+        if xs[0] == 1:
+            engines["one_thread"] = _tuned(run, flops_per_byte=1e30)
+            engines["team"] = _tuned(run, flops_per_byte=1e-30)
+        y = engines["direct"]()
+        np.testing.assert_allclose(y, engines["gemm"](), rtol=1e-4, atol=1e-3)
+        flops = 2.0 * y.size * np.prod(ks[:-1])
+        st = time_alternated(engines, blocks=3 if QUICK else 9, block_seconds=0.05)
+        med = {k: v["median_s"] for k, v in st.items()}
+        row = dict(case=name, direct_us=med["direct"] * 1e6, gemm_us=med["gemm"] * 1e6,
+                   gemm_over_direct=med["gemm"] / med["direct"],
+                   direct_gflops=flops / med["direct"] / 1e9)
+        if xs[0] == 1:
+            row.update(b1_1thread_us=med["one_thread"] * 1e6, b1_team_us=med["team"] * 1e6)
+        rows.append(row)
+    return rows
+
+
 def settle():
     """Let the previous library's idle worker threads go to sleep: they spin
     for a while after their work and would steal the next timing's cores."""
@@ -276,9 +337,16 @@ def main():
                           "one_gemm_vs_sgemm"],
                 title="1x1 NHWC forward against the same-shape sgemm (x_vs_sgemm: time / "
                       "sgemm time; blocks: the default, one_gemm: _TUNE['pointwise_gemm'])")
+    settle()
+    d_rows = direct_vs_gemm(nthreads)
+    print()
+    print_table(d_rows, ["case", "direct_us", "gemm_us", "gemm_over_direct", "direct_gflops",
+                         "b1_1thread_us", "b1_team_us"],
+                title="direct kernel against the GEMM paths (gemm_over_direct > 1: direct "
+                      "is faster); batch 1 on one thread and on %d" % nthreads)
     load = os.getloadavg()[0]
     print("load average at the end: %.1f (a shared machine makes every figure noisy)" % load)
-    path = write_json("conv", rows, pointwise=pw_rows, threads=nthreads, thread_speedup=speedup,
+    path = write_json("conv", rows, pointwise=pw_rows, direct=d_rows, threads=nthreads, thread_speedup=speedup,
                       torch=torch.__version__ if torch else None, load_average=load)
     print("wrote", path)
 

@@ -26,47 +26,7 @@
 
 #include <stddef.h>
 
-#define CB_ACT_NONE 0
-#define CB_ACT_RELU 1
-#define CB_ACT_RELU6 2
-
-#if defined(__GNUC__)
-#define CB_DW_VECTOR 1
-typedef float cb_v8f __attribute__((vector_size(32), aligned(4)));
-typedef double cb_v4d __attribute__((vector_size(32), aligned(8)));
-typedef float cb_v4f __attribute__((vector_size(16), aligned(4)));
-typedef double cb_v2d __attribute__((vector_size(16), aligned(8)));
-#else
-#define CB_DW_VECTOR 0
-#endif
-
-#if CB_DW_VECTOR && (defined(__x86_64__) || defined(__i386__))
-#define CB_DW_AVX2 1
-#define CB_DW_AVX2_ATTR __attribute__((target("avx2,fma")))
-static int cb_dw_avx2_state = -1;
-
-/* 1 when the AVX2 + FMA kernels run: the CPU has them (checked once; a
- * benign race) and cb_dw_use_avx2(0) has not turned them off. */
-static int cb_dw_has_avx2(void) {
-    if (cb_dw_avx2_state < 0) {
-        __builtin_cpu_init();
-        cb_dw_avx2_state = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    }
-    return cb_dw_avx2_state;
-}
-
-/* Tests run both kernel sets: on = 0 forces the baseline one. Returns
- * whether the AVX2 set now runs. */
-static int cb_dw_use_avx2(int on) {
-    cb_dw_avx2_state = -1;
-    if (on) return cb_dw_has_avx2();
-    cb_dw_avx2_state = 0;
-    return 0;
-}
-#else
-#define CB_DW_AVX2 0
-static int cb_dw_use_avx2(int on) { (void)on; return 0; }
-#endif
+#include "cyback_simd.h"
 
 static inline ptrdiff_t cb_dw_cdiv(ptrdiff_t a, ptrdiff_t b) {
     /* ceil(a / b) for b > 0 and any sign of a */
@@ -102,10 +62,6 @@ static inline void cb_dw_interior(ptrdiff_t W, ptrdiff_t KW, ptrdiff_t OW, ptrdi
     *hi = b;
 }
 
-#define CB_DW_ACT(T, v, act) \
-    ((act) == CB_ACT_RELU ? ((v) > (T)0 ? (v) : (T)0) \
-     : (act) == CB_ACT_RELU6 ? ((v) > (T)0 ? ((v) < (T)6 ? (v) : (T)6) : (T)0) : (v))
-
 /* One output pixel, channels [c0, c1), scalar, with bounds checks. */
 #define CB_DW_PIXEL_SCALAR(T, SUF, ATTR)                                                  \
 ATTR static inline void cb_dw_pixel_##SUF(const T *const *xr, const T *k, T *yp, ptrdiff_t C,  \
@@ -122,23 +78,14 @@ ATTR static inline void cb_dw_pixel_##SUF(const T *const *xr, const T *k, T *yp,
                 s += xr[ky][iw * C + c] * k[(ky * KW + kx) * C + c];                      \
             }                                                                             \
         }                                                                                 \
-        yp[c] = CB_DW_ACT(T, s, act);                                                     \
+        yp[c] = CB_ACT(T, s, act);                                                     \
     }                                                                                     \
 }
 
 CB_DW_PIXEL_SCALAR(float, f, )
 CB_DW_PIXEL_SCALAR(double, d, )
 
-#if CB_DW_VECTOR
-
-#define CB_DW_VACT(V, T, v, act)                                                          \
-    do {                                                                                  \
-        if ((act) != CB_ACT_NONE) {                                                       \
-            int i_;                                                                       \
-            for (i_ = 0; i_ < (int)(sizeof(V) / sizeof(T)); i_++)                         \
-                v[i_] = CB_DW_ACT(T, v[i_], act);                                         \
-        }                                                                                 \
-    } while (0)
+#if CB_SIMD_VECTOR
 
 /* channels_last forward row: y[ow, c] for ow in [0, OW), c in [0, C).
  * xr[ky]: input row (W, C) read by kernel row ky, or NULL when it is padding.
@@ -173,10 +120,10 @@ ATTR static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y,   
                         a3 += *(const V *)(xp + 3 * sC) * kv;                             \
                     }                                                                     \
                 }                                                                         \
-                CB_DW_VACT(V, T, a0, act);                                                \
-                CB_DW_VACT(V, T, a1, act);                                                \
-                CB_DW_VACT(V, T, a2, act);                                                \
-                CB_DW_VACT(V, T, a3, act);                                                \
+                CB_VACT(a0, act);                                                \
+                CB_VACT(a1, act);                                                \
+                CB_VACT(a2, act);                                                \
+                CB_VACT(a3, act);                                                \
                 *(V *)(y + ow * C + c) = a0;                                              \
                 *(V *)(y + (ow + 1) * C + c) = a1;                                        \
                 *(V *)(y + (ow + 2) * C + c) = a2;                                        \
@@ -202,7 +149,7 @@ ATTR static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y,   
                           * *(const V *)(k + (ky * KW + kx) * C + c);                     \
                 }                                                                         \
             }                                                                             \
-            CB_DW_VACT(V, T, a0, act);                                                    \
+            CB_VACT(a0, act);                                                    \
             *(V *)(y + ow * C + c) = a0;                                                  \
         }                                                                                 \
         if (CV < C)                                                                       \
@@ -241,8 +188,8 @@ ATTR static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, ptrdiff_t Hs
                     a1 += *(const V *)(xp + kx * dw + VL) * kv;                           \
                 }                                                                         \
             }                                                                             \
-            CB_DW_VACT(V, T, a0, act);                                                    \
-            CB_DW_VACT(V, T, a1, act);                                                    \
+            CB_VACT(a0, act);                                                    \
+            CB_VACT(a1, act);                                                    \
             *(V *)(yr + ow) = a0;                                                         \
             *(V *)(yr + ow + VL) = a1;                                                    \
         }                                                                                 \
@@ -256,7 +203,7 @@ ATTR static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, ptrdiff_t Hs
                 for (kx = 0; kx < KW; kx++)                                               \
                     a0 += *(const V *)(x + (ih0 + ky * dh) * rs + ow + kx * dw)               \
                           * k[(ky * KW + kx) * ks];                                       \
-            CB_DW_VACT(V, T, a0, act);                                                    \
+            CB_VACT(a0, act);                                                    \
             *(V *)(yr + ow) = a0;                                                         \
         }                                                                                 \
         for (; ow < OW; ow++) {                                                           \
@@ -264,7 +211,7 @@ ATTR static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, ptrdiff_t Hs
             for (ky = ky0; ky < ky1; ky++)                                                \
                 for (kx = 0; kx < KW; kx++)                                               \
                     s += x[(ih0 + ky * dh) * rs + ow + kx * dw] * k[(ky * KW + kx) * ks];      \
-            yr[ow] = CB_DW_ACT(T, s, act);                                                \
+            yr[ow] = CB_ACT(T, s, act);                                                \
         }                                                                                 \
     }                                                                                     \
 }
@@ -358,10 +305,10 @@ ATTR static void cb_dw_kgrad_cf_plane_##SUF(const T *x, ptrdiff_t rs, ptrdiff_t 
 
 CB_DW_INSTANCE(float, cb_v4f, 4, f_base, )
 CB_DW_INSTANCE(double, cb_v2d, 2, d_base, )
-#if CB_DW_AVX2
-CB_DW_INSTANCE(float, cb_v8f, 8, f_avx2, CB_DW_AVX2_ATTR)
-CB_DW_INSTANCE(double, cb_v4d, 4, d_avx2, CB_DW_AVX2_ATTR)
-#define CB_DW_PICK(name, SUF) (cb_dw_has_avx2() ? name##SUF##_avx2 : name##SUF##_base)
+#if CB_SIMD_AVX2
+CB_DW_INSTANCE(float, cb_v8f, 8, f_avx2, CB_AVX2_ATTR)
+CB_DW_INSTANCE(double, cb_v4d, 4, d_avx2, CB_AVX2_ATTR)
+#define CB_DW_PICK(name, SUF) (cb_simd_has_avx2() ? name##SUF##_avx2 : name##SUF##_base)
 #else
 #define CB_DW_PICK(name, SUF) name##SUF##_base
 #endif
@@ -419,7 +366,7 @@ static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, ptrdiff_t Hs, con
                 for (kx = 0; kx < KW; kx++)                                               \
                     s += x[ih * rs + ow + kx * dw] * k[(ky * KW + kx) * ks];              \
             }                                                                             \
-            y[oh * OW + ow] = CB_DW_ACT(T, s, act);                                       \
+            y[oh * OW + ow] = CB_ACT(T, s, act);                                       \
         }                                                                                 \
 }                                                                                         \
 static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy, T *part,            \

@@ -35,6 +35,25 @@ from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, chec
 from cyback.kernels.blas_threads import blas_threads
 
 
+cdef extern from "cyback_conv_direct.h" nogil:
+    ctypedef struct cb_cd_geom:
+        Py_ssize_t N, C, F, D, H, W, Wp, pw, OD, OH, OW, KD, KH, KW
+        Py_ssize_t sd, sh, sw, dd, dh, dw, pd, ph, FB, nfb
+    enum: CB_CD_MAX_ROWS
+    int cb_simd_use_avx2(int on)
+    Py_ssize_t cb_cd_block(int dbl)
+    void cb_cd_pack_f(const float* k, const float* bias, float* wp, float* bp,
+                      const cb_cd_geom* g)
+    void cb_cd_pack_d(const double* k, const double* bias, double* wp, double* bp,
+                      const cb_cd_geom* g)
+    void cb_cd_pad_row_f(const float* x, float* xp, const cb_cd_geom* g, Py_ssize_t row)
+    void cb_cd_pad_row_d(const double* x, double* xp, const cb_cd_geom* g, Py_ssize_t row)
+    void cb_cd_item_f(const float* x, const float* wp, const float* bp, int act, float* y,
+                      const cb_cd_geom* g, Py_ssize_t it)
+    void cb_cd_item_d(const double* x, const double* wp, const double* bp, int act, double* y,
+                      const cb_cd_geom* g, Py_ssize_t it)
+
+
 cdef struct Geom:
     Py_ssize_t N, C, F
     Py_ssize_t D, H, W
@@ -750,8 +769,95 @@ cdef void _backward_kernel(floating[::1] x, floating[::1] dy, floating[::1] part
 # ---------------------------------------------------------------- Python entries
 
 # Patch-buffer size per thread, a dict so that benchmarks can sweep it.
-_TUNE = {"buf_bytes": BUF_BYTES, "pointwise_gemm": False, "tap_min_c": 32, "tap_mnk": 1000000, "tap_min_rows": 96,
+_TUNE = {"buf_bytes": BUF_BYTES, "pointwise_gemm": False, "direct": True, "direct_max_c": 64, "flops_per_byte": 8.0,
+         "direct_max_k": 1024, "tap_min_c": 32, "tap_mnk": 1000000, "tap_min_rows": 96,
          "tap_rows": 1024, "tap_last_packed": False}
+
+
+# ---------------------------------------------------------------- direct (channels_last)
+
+cdef void _forward_direct(floating[::1] x, floating[::1] xp, bint copy, floating[::1] wp,
+                          floating[::1] bp, bint has_bias, int act, floating[::1] y,
+                          cb_cd_geom g, int nt, cb_intr* intr) noexcept:
+    """include/cyback_conv_direct.h over work items of one output row and
+    one block of output channels; xp is the W-padded input when copy."""
+    cdef Py_ssize_t row, it
+    cdef const floating* src = &x[0]
+    cdef const floating* b = &bp[0] if has_bias else NULL
+    if copy:
+        src = &xp[0]
+    # One parallel region: waking a sleeping team costs more than a small
+    # convolution, so the padding and the rows share one wake-up.
+    with nogil, parallel(num_threads=nt):
+        if copy:
+            for row in prange(g.N * g.D * g.H, schedule='static'):
+                if floating is float:
+                    cb_cd_pad_row_f(&x[0], &xp[0], &g, row)
+                else:
+                    cb_cd_pad_row_d(&x[0], &xp[0], &g, row)
+        for it in prange(g.N * g.OD * g.OH * g.nfb, schedule='static'):
+            if cb_intr_poll(intr):
+                continue
+            if floating is float:
+                cb_cd_item_f(src, &wp[0], b, act, &y[0], &g, it)
+            else:
+                cb_cd_item_d(src, &wp[0], b, act, &y[0], &g, it)
+
+
+cdef void _pack_direct(floating[::1] k, floating[::1] bias, bint has_bias, floating[::1] wp,
+                       floating[::1] bp, cb_cd_geom* g) noexcept:
+    if floating is float:
+        cb_cd_pack_f(&k[0], &bias[0] if has_bias else NULL, &wp[0],
+                     &bp[0] if has_bias else NULL, g)
+    else:
+        cb_cd_pack_d(&k[0], &bias[0] if has_bias else NULL, &wp[0],
+                     &bp[0] if has_bias else NULL, g)
+
+
+@cython.wraparound(True)
+@cython.boundscheck(True)
+def _use_direct(g, last):
+    """Whether a forward convolution runs the direct kernel.
+
+    It reads the input in place (no patch matrix) and keeps a 6 x FB output
+    tile in registers, which wins while the patch length K = taps * C is
+    short; past that, im2col + BLAS's packed GEMM is faster (see
+    benchmarks/bench_conv.py, "direct" rows)."""
+    if not last or not _TUNE["direct"] or g["KD"] * g["KH"] > CB_CD_MAX_ROWS:
+        return False
+    return g["C"] <= _TUNE["direct_max_c"] and g["K"] <= _TUNE["direct_max_k"]
+
+
+@cython.wraparound(True)
+@cython.boundscheck(True)
+def _run_direct(x, kernel, y, g, bias, int act, int nt):
+    cdef cb_cd_geom cg
+    cdef cb_intr intr
+    cb_intr_init(&intr)
+    dbl = x.dtype == np.float64
+    FB = cb_cd_block(dbl)
+    nfb = (g["F"] + FB - 1) // FB
+    reach = (g["OW"] - 1) * g["sw"] + (g["KW"] - 1) * g["dw"] + 1
+    wp_len = max(reach, g["pw"] + g["W"])
+    cg = dict(N=g["N"], C=g["C"], F=g["F"], D=g["D"], H=g["H"], W=g["W"], Wp=wp_len,
+              pw=g["pw"], OD=g["OD"], OH=g["OH"], OW=g["OW"], KD=g["KD"], KH=g["KH"],
+              KW=g["KW"], sd=g["sd"], sh=g["sh"], sw=g["sw"], dd=g["dd"], dh=g["dh"],
+              dw=g["dw"], pd=g["pd"], ph=g["ph"], FB=FB, nfb=nfb)
+    wp = np.empty(nfb * FB * g["K"], dtype=x.dtype)
+    has_bias = bias is not None
+    bp = np.empty(nfb * FB if has_bias else 1, dtype=x.dtype)
+    bias = bias if has_bias else bp
+    copy = wp_len != g["W"]
+    xp = np.empty(g["N"] * g["D"] * g["H"] * wp_len * g["C"] if copy else 1, dtype=x.dtype)
+    if dbl:
+        _pack_direct[double](_flat(kernel), bias, has_bias, wp, bp, &cg)
+        _forward_direct[double](_flat(x), xp, copy, wp, bp, has_bias, act, _flat(y), cg, nt,
+                                &intr)
+    else:
+        _pack_direct[float](_flat(kernel), bias, has_bias, wp, bp, &cg)
+        _forward_direct[float](_flat(x), xp, copy, wp, bp, has_bias, act, _flat(y), cg, nt,
+                               &intr)
+    check_interrupt(&intr)
 
 
 @cython.wraparound(True)
@@ -817,10 +923,33 @@ def _dtype(fname, *arrays):
     return dt
 
 
+_GEOMETRIES = {}
+
+
+def _geometry(x_shape, k_shape, strides, dilation, pads, channels_last, fname):
+    """Validated Geom fields as a dict (shared: read it, never write it), the
+    output spatial shape and whether the convolution is pointwise.
+
+    Remembered per argument tuple: a model calls the same few geometries
+    over and over, and validating one takes longer than a batch-1 kernel."""
+    try:
+        key = (x_shape, k_shape, strides, dilation, pads, bool(channels_last))
+        return _GEOMETRIES[key]
+    except TypeError:       # unhashable arguments (lists): no caching
+        return _compute_geometry(x_shape, k_shape, strides, dilation, pads, channels_last,
+                                 fname)
+    except KeyError:
+        pass
+    r = _compute_geometry(x_shape, k_shape, strides, dilation, pads, channels_last, fname)
+    if len(_GEOMETRIES) >= 512:
+        _GEOMETRIES.clear()
+    _GEOMETRIES[key] = r
+    return r
+
+
 @cython.wraparound(True)
 @cython.boundscheck(True)
-def _geometry(x_shape, k_shape, strides, dilation, pads, channels_last, fname):
-    """Validated Geom fields as a dict, plus the output spatial shape."""
+def _compute_geometry(x_shape, k_shape, strides, dilation, pads, channels_last, fname):
     x_shape = tuple(int(s) for s in x_shape)
     k_shape = tuple(int(s) for s in k_shape)
     rank = len(x_shape) - 2
@@ -914,7 +1043,11 @@ def _threads(g):
     exactly as they do on more threads.
     """
     cdef double work = 2.0 * g["N"] * g["P"] * g["K"] * g["F"]
-    return (cb_threads_for(work),
+    # The team's cutoff is counted in bytes moved; a convolution's flop is
+    # about 8x cheaper than a byte, and waking the team (OMP_WAIT_POLICY is
+    # PASSIVE) took longer than a 4.7 MFLOP batch-1 3x3 conv on one thread
+    # (94 us on 2 threads, 80 us on 1; benchmarks/bench_conv.py, batch-1 rows).
+    return (cb_threads_for(work / _TUNE["flops_per_byte"]),
             nullcontext() if work < cb_parallel_min_work() else blas_threads(1))
 
 
@@ -922,15 +1055,28 @@ def _flat(a):
     return a.reshape(-1)
 
 
+def _use_avx2(bint on):
+    """Run the direct kernel's AVX2 + FMA set when the CPU has it (the
+    default), or the baseline one (for tests). Returns whether AVX2 now runs."""
+    return bool(cb_simd_use_avx2(on))
+
+
+_ACTIVATIONS = {None: 0, "linear": 0, "relu": 1, "relu6": 2}
+
+
 @cython.wraparound(True)
 @cython.boundscheck(True)
-def conv_forward(x, kernel, strides, dilation, pads, channels_last=True, out=None):
+def conv_forward(x, kernel, strides, dilation, pads, channels_last=True, out=None, bias=None,
+                 activation=None):
     """N-D convolution (cross-correlation, as in Keras), 1 to 3 spatial axes.
 
     x: (N, *spatial, C) if channels_last else (N, C, *spatial); kernel (*k, C, F);
     strides, dilation: one int per spatial axis; pads: one (before, after) pair
     per spatial axis. Returns y: (N, *out, F) or (N, F, *out), with
     out = (size + before + after - (k - 1) * dilation - 1) // stride + 1.
+    Optional epilogue: bias, (F,) of x's dtype, added per output channel after
+    the sum; then activation None, 'linear', 'relu' or 'relu6'. The direct
+    kernel applies it in registers, the other paths in one pass over y.
     """
     fname = "conv_forward"
     x = np.asarray(x)
@@ -938,8 +1084,18 @@ def conv_forward(x, kernel, strides, dilation, pads, channels_last=True, out=Non
     dt = _dtype(fname, x, kernel)
     g, osp, pointwise = _geometry(x.shape, kernel.shape, strides, dilation, pads,
                                   channels_last, fname)
+    if activation not in _ACTIVATIONS:
+        raise ValueError("%s: activation must be one of None, 'linear', 'relu', 'relu6', got %r"
+                         % (fname, activation))
+    act = _ACTIVATIONS[activation]
     yshape = _y_shape(g, osp, channels_last)
     cdt = np.float32 if dt == np.float16 else dt
+    if bias is not None:
+        bias = np.asarray(bias)
+        if bias.dtype != dt or bias.shape != (g["F"],):
+            raise ValueError("%s: bias must be a %s array of shape (%d,), got %s %s"
+                             % (fname, dt, g["F"], bias.dtype, bias.shape))
+        bias = np.ascontiguousarray(bias, dtype=cdt)
     if out is not None:
         if (not isinstance(out, np.ndarray) or out.shape != yshape or out.dtype != dt
                 or not out.flags.c_contiguous):
@@ -948,16 +1104,28 @@ def conv_forward(x, kernel, strides, dilation, pads, channels_last=True, out=Non
     y = out if (out is not None and cdt == dt) else np.empty(yshape, dtype=cdt)
     if y.size == 0:
         return out if out is not None else y
+    done = False
     if g["K"] == 0:
         y[...] = 0
     else:
         x = np.ascontiguousarray(x, dtype=cdt)
         kernel = np.ascontiguousarray(kernel, dtype=cdt)
-        _run_forward(x, kernel, y, g, channels_last, pointwise)
+        done = _run_forward(x, kernel, y, g, channels_last, pointwise, bias, act)
+    if not done:
+        _epilogue(y, bias, act, channels_last)
     if y is not out and out is not None:
         out[...] = y
         return out
     return y.astype(dt, copy=False)
+
+
+def _epilogue(y, bias, int act, bint channels_last):
+    if bias is not None:
+        y += bias if channels_last else bias.reshape((-1,) + (1,) * (y.ndim - 2))
+    if act:
+        np.maximum(y, 0, out=y)
+        if act == 2:
+            np.minimum(y, 6, out=y)
 
 
 cdef void _gemm_rows(floating[::1] x, floating[::1] w, floating[::1] y, Py_ssize_t m,
@@ -970,11 +1138,15 @@ cdef void _gemm_rows(floating[::1] x, floating[::1] w, floating[::1] y, Py_ssize
 
 @cython.wraparound(True)
 @cython.boundscheck(True)
-def _run_forward(x, kernel, y, g, bint last, bint pointwise):
+def _run_forward(x, kernel, y, g, bint last, bint pointwise, bias=None, int act=0):
+    """y = conv(x, kernel); True when the bias and activation went in too."""
     cdef Geom geo = g
     cdef cb_intr intr
     cb_intr_init(&intr)
     nt, limit = _threads(g)
+    if _use_direct(g, last):
+        _run_direct(x, kernel, y, g, bias, act, nt)
+        return True
     if pointwise and last and _TUNE["pointwise_gemm"]:
         # A 1x1, stride-1, unpadded channels_last convolution as one GEMM of
         # the (N*P, C) view of x with the (C, F) kernel on BLAS's threads.
@@ -989,7 +1161,7 @@ def _run_forward(x, kernel, y, g, bint last, bint pointwise):
             else:
                 _gemm_rows[double](_flat(x), _flat(kernel), _flat(y), g["N"] * g["P"], g["C"],
                                    g["F"])
-        return
+        return False
     B = _tap_rows(g, pointwise, last)
     if B > 0:
         stride = (B * g["F"] + 15) // 16 * 16
@@ -1003,7 +1175,7 @@ def _run_forward(x, kernel, y, g, bint last, bint pointwise):
                 _forward_taps[double](_flat(x), _flat(kernel), _flat(y), xp, bufs, stride, geo,
                                       last, copy, B, nt, &intr)
             check_interrupt(&intr)
-        return
+        return False
     B = _block_rows(g, x.itemsize)
     bufs, stride = _work_bufs(g, 1 if pointwise else B, x.dtype, nt)
     with limit:
@@ -1014,6 +1186,7 @@ def _run_forward(x, kernel, y, g, bint last, bint pointwise):
             _forward[double](_flat(x), _flat(kernel), _flat(y), bufs, stride, geo, last,
                              pointwise, B, nt, &intr)
         check_interrupt(&intr)
+    return False
 
 
 @cython.wraparound(True)

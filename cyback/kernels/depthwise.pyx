@@ -24,7 +24,7 @@ from cyback.kernels._omp cimport cb_threads_for
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 
 cdef extern from "cyback_depthwise.h" nogil:
-    int cb_dw_use_avx2(int on)
+    int cb_simd_use_avx2(int on)
     void cb_dw_fwd_cl_row_f(const float** xr, const float* k, float* y, Py_ssize_t C,
                             Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
                             Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw, const float* bias,
@@ -596,7 +596,7 @@ cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
 def _use_avx2(bint on):
     """Run the AVX2 + FMA row kernels when the CPU has them (the default), or
     the baseline ones (for tests). Returns whether the AVX2 ones now run."""
-    return bool(cb_dw_use_avx2(on))
+    return bool(cb_simd_use_avx2(on))
 
 
 @cython.wraparound(True)

@@ -150,15 +150,15 @@ class Geometry(object):
     # -------------------------------------------------------------- kernels
 
     def forward(self, x, k, bias=None, activation=None):
-        """The convolution; for depthwise, optionally + a per-channel ``bias``
-        and then ``activation`` ('relu', 'relu6') inside the kernel."""
+        """The convolution; for conv and depthwise, optionally + a per-channel
+        ``bias`` and then ``activation`` ('relu', 'relu6') inside the kernel."""
         x, k, dt = _operands(x, k)
         sizes = self.spatial(x.shape)
         self.check(x.shape, k.shape)
         self._check_run(sizes, k.shape)
         if self.family == "conv":
             y = _conv.conv_forward(x, k, self.strides, self.dilation, self.pads(sizes, k.shape),
-                                   self.channels_last)
+                                   self.channels_last, bias=bias, activation=activation)
         elif self.family == "depthwise":
             if 0 in x.shape:
                 return np.zeros(self.y_shape(x.shape, k.shape), dt)
@@ -261,8 +261,10 @@ class Conv(Op):
     def kernel_epilogue(self, bias_axis, activation, out):
         """Whether the kernel can add a per-channel bias (on ``bias_axis``,
         counted from the end, or None for no bias) and apply ``activation``
-        ('relu', 'relu6' or None) to each output row itself: depthwise can."""
-        if self.geom.family != "depthwise" or self.geom.rank > 2:
+        ('relu', 'relu6' or None) to each output row itself: conv and
+        depthwise can."""
+        g = self.geom
+        if g.family == "local" or (g.family == "depthwise" and g.rank > 2):
             return False
         if bias_axis is not None:
             want = -1 if self.geom.channels_last else -(len(out.shape) - 1)

@@ -184,10 +184,23 @@ CASES = [
 ]
 
 
+@pytest.fixture(params=["direct", "im2col"])
+def forward_path(request):
+    """channels_last forwards through the direct kernel (the default for
+    these channel counts) or through im2col + GEMM."""
+    old = dict(conv._TUNE)
+    conv._TUNE["direct"] = request.param == "direct"
+    try:
+        yield request.param
+    finally:
+        conv._TUNE.clear()
+        conv._TUNE.update(old)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("channels_last", [True, False])
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_fixed_cases(case, channels_last, dtype):
+def test_fixed_cases(forward_path, case, channels_last, dtype):
     spatial, c, f, k, s, d, p = CASES[case]
     rng = np.random.default_rng(case)
     for n in (1, 3):
@@ -397,7 +410,8 @@ def taps_everywhere():
     """Every stride-1 convolution through the per-tap GEMM path, with small
     tiles so that tiles end mid-row and mid-plane."""
     old = dict(conv._TUNE)
-    conv._TUNE.update(tap_min_c=1, tap_min_rows=10 ** 9, tap_last_packed=True, tap_rows=7)
+    conv._TUNE.update(tap_min_c=1, tap_min_rows=10 ** 9, tap_last_packed=True, tap_rows=7,
+                      direct=False)
     try:
         yield
     finally:
@@ -468,3 +482,153 @@ def test_pointwise_one_gemm_and_blocks(one_gemm, dtype):
     finally:
         conv._TUNE.clear()
         conv._TUNE.update(old)
+
+
+# ---------------------------------------------------------------- direct kernel
+
+@pytest.fixture(params=["avx2", "baseline"])
+def direct_isa(request):
+    """The direct kernel's AVX2 set (where the CPU has it) and its baseline
+    set; the packing block width follows the set that runs."""
+    if request.param == "avx2" and not conv._use_avx2(True):
+        pytest.skip("this CPU has no AVX2 + FMA")
+    conv._use_avx2(request.param == "avx2")
+    try:
+        yield request.param
+    finally:
+        conv._use_avx2(True)
+
+
+def _ref_epilogue(y, bias, activation):
+    if bias is not None:
+        y = y + bias
+    if activation in ("relu", "relu6"):
+        y = np.maximum(y, 0)
+    if activation == "relu6":
+        y = np.minimum(y, 6)
+    return y
+
+
+# spatial, c, f, k, strides, dilation, pads: channel counts around the block
+# widths (4, 8, 16 floats; 2, 4, 8 doubles), rows shorter and longer than
+# the 6-pixel tile, strided and dilated taps, D/H padding rows skipped.
+DIRECT_CASES = [
+    ((32, 32), 16, 16, (3, 3), (1, 1), (1, 1), [(1, 1), (1, 1)]),
+    ((28, 28), 1, 32, (3, 3), (1, 1), (1, 1), [(0, 0), (0, 0)]),
+    ((5, 7), 3, 17, (3, 3), (1, 1), (1, 1), [(1, 1), (1, 1)]),
+    ((9, 13), 5, 33, (3, 2), (2, 3), (2, 1), [(2, 1), (0, 3)]),
+    ((400,), 1, 16, (12,), (4,), (1,), [(0, 0)]),
+    ((98,), 16, 7, (12,), (4,), (1,), [(0, 0)]),
+    ((11,), 4, 1, (5,), (1,), (2,), [(4, 4)]),
+    ((3, 4, 5), 2, 9, (2, 3, 3), (1, 1, 2), (2, 1, 1), [(1, 1), (1, 1), (2, 0)]),
+    ((6, 5), 64, 10, (1, 1), (1, 1), (1, 1), [(0, 0), (0, 0)]),
+    ((2, 2), 3, 4, (3, 3), (1, 1), (1, 1), [(2, 2), (2, 2)]),   # some rows all padding
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("activation", [None, "relu", "relu6"])
+@pytest.mark.parametrize("case", range(len(DIRECT_CASES)))
+def test_direct_kernel_with_epilogue(direct_isa, case, activation, dtype):
+    spatial, c, f, k, s, d, p = DIRECT_CASES[case]
+    rng = np.random.default_rng(300 + case)
+    for n, with_bias in ((1, True), (3, False)):
+        x = (3 * rng.standard_normal((n,) + spatial + (c,))).astype(dtype)
+        w = rng.standard_normal(k + (c, f)).astype(dtype)
+        bias = rng.standard_normal(f).astype(dtype) if with_bias else None
+        g, _, _ = conv._geometry(x.shape, w.shape, s, d, p, True, "test")
+        assert conv._use_direct(g, True)
+        y = conv.conv_forward(x, w, s, d, p, True, bias=bias, activation=activation)
+        want = _ref_epilogue(ref_forward(x, w, s, d, p), bias, activation)
+        assert y.dtype == dtype and y.shape == want.shape
+        np.testing.assert_allclose(y, want, **tol(dtype))
+        if activation == "relu6":
+            assert y.min() >= 0 and y.max() <= 6
+
+
+def test_direct_matches_im2col_and_ignores_threads():
+    # Same sums in a different order than the GEMM path: equal to rounding;
+    # bit-identical for 1, 2 and 3 threads (rows are split, sums are not).
+    rng = np.random.default_rng(41)
+    x = rng.standard_normal((3, 17, 19, 24)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 24, 40)).astype(np.float32)
+    args = ((1, 1), (1, 1), [(1, 1), (1, 1)])
+    old = get_max_threads()
+    try:
+        outs = []
+        for nt in (1, 2, 3):
+            set_num_threads(nt)
+            outs.append(conv.conv_forward(x, w, *args))
+    finally:
+        set_num_threads(old)
+    for y in outs[1:]:
+        assert np.array_equal(y, outs[0])
+    conv._TUNE["direct"] = False
+    try:
+        y_gemm = conv.conv_forward(x, w, *args)
+    finally:
+        conv._TUNE["direct"] = True
+    np.testing.assert_allclose(outs[0], y_gemm, rtol=1e-5, atol=1e-4)
+
+
+def test_direct_epilogue_off_the_direct_path():
+    # channels_first and wide channels apply bias + activation after the GEMM
+    # path, float16 runs widened to float32: all as the reference.
+    rng = np.random.default_rng(42)
+    for c, last, dtype in ((3, False, np.float32), (80, True, np.float32),
+                           (3, True, np.float16)):
+        x = rng.standard_normal((2, 6, 5, c)).astype(dtype)
+        w = rng.standard_normal((3, 3, c, 5)).astype(dtype)
+        bias = rng.standard_normal(5).astype(dtype)
+        args = ((1, 1), (1, 1), [(1, 1), (1, 1)])
+        want = _ref_epilogue(ref_forward(x, w, *args), bias, "relu6")
+        xin = x if last else to_first(x)
+        y = conv.conv_forward(xin, w, *args, channels_last=last, bias=bias,
+                              activation="relu6")
+        y = y if last else to_last(y)
+        assert y.dtype == dtype
+        t = dict(rtol=2e-2, atol=5e-2) if dtype == np.float16 else tol(dtype)
+        np.testing.assert_allclose(y.astype(np.float64), want, **t)
+
+
+def test_direct_many_tap_rows_fall_back():
+    # More tap rows (KD * KH) than the direct kernel takes: the GEMM path.
+    x = np.ones((1, 9, 9, 4, 2), np.float32)
+    w = np.ones((9, 9, 1, 2, 3), np.float32)
+    g, _, _ = conv._geometry(x.shape, w.shape, (1, 1, 1), (1, 1, 1), [(0, 0)] * 3, True, "t")
+    assert not conv._use_direct(g, True)
+    y = conv.conv_forward(x, w, (1, 1, 1), (1, 1, 1), [(0, 0)] * 3)
+    np.testing.assert_allclose(y, 162.0)
+
+
+def test_direct_bad_epilogue_arguments():
+    x = np.ones((1, 5, 5, 2), np.float32)
+    w = np.ones((3, 3, 2, 4), np.float32)
+    args = ((1, 1), (1, 1), [(0, 0), (0, 0)])
+    with pytest.raises(ValueError, match="bias must be a float32 array of shape \\(4,\\)"):
+        conv.conv_forward(x, w, *args, bias=np.ones(3, np.float32))
+    with pytest.raises(ValueError, match="bias must be"):
+        conv.conv_forward(x, w, *args, bias=np.ones(4, np.float64))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        conv.conv_forward(x, w, *args, activation="tanh")
+
+
+@pytest.mark.parametrize("activation", ["relu", "relu6"])
+def test_in_kernel_activations_keep_nan_like_numpy(direct_isa, activation):
+    # The fused epilogue must agree with the unfused np.maximum / np.minimum,
+    # NaN included, for the direct conv and for depthwise.
+    from cyback.kernels import depthwise
+    x = np.ones((1, 3, 8, 16), np.float32)
+    x[0, 1, 2, 5] = np.nan
+    x[0, 2, 6, 0] = np.inf
+    x[0, 0, 0, 3] = -np.inf
+    pads = [(1, 1), (1, 1)]
+    bias = np.linspace(-8, 8, 16).astype(np.float32)
+    k = np.full((3, 3, 16, 16), 0.5, np.float32)
+    kd = np.full((3, 3, 16, 1), 0.5, np.float32)
+    for fwd, kern in ((conv.conv_forward, k), (depthwise.depthwise_forward, kd)):
+        plain = fwd(x, kern, (1, 1), (1, 1), pads, True)
+        want = _ref_epilogue(plain + bias, None, activation)
+        got = fwd(x, kern, (1, 1), (1, 1), pads, True, bias=bias, activation=activation)
+        np.testing.assert_array_equal(got, want)
+        assert np.isnan(got).any()

@@ -1,0 +1,242 @@
+/* Direct channels_last convolution (cyback/kernels/conv.pyx, forward).
+ *
+ * A convolution with few channels is a GEMM with a short inner dimension
+ * (K = taps * C): im2col spends as long building the patch matrix as the
+ * GEMM spends on it, and BLAS's packing does not pay off. Here each output
+ * row is computed straight from the input rows it reads:
+ *
+ *   - the kernel is packed once per call into blocks of FB output channels,
+ *     (blocks, R, KW, C, FB), R = KD * KH rows of taps, zero-filled past F;
+ *   - a tile of 6 output pixels x FB channels lives in 12 vector registers
+ *     (FB is two vectors); each input value is broadcast once per tile and
+ *     multiplied into both vectors, each kernel vector is loaded once per tile;
+ *   - strides and dilations are only address arithmetic, so strided
+ *     convolutions need no im2col either;
+ *   - padding along W comes from a zero-padded copy of the input rows (made
+ *     by the caller when needed); input rows above or below the image (D, H
+ *     padding) are NULL and skipped.
+ *
+ * Epilogue in registers: + a per-channel bias (packed like a kernel block),
+ * then CB_ACT_RELU / CB_ACT_RELU6. The bias is added after the whole sum, as
+ * a separate add would.
+ *
+ * The sum for one output runs over (r, kw, c) in that order in every path and
+ * for every thread count, so results never depend on either.
+ */
+#ifndef CYBACK_CONV_DIRECT_H
+#define CYBACK_CONV_DIRECT_H
+
+#include <stddef.h>
+#include <string.h>
+#include "cyback_simd.h"
+
+/* Most tap rows (KD * KH) a row of outputs may read. */
+#define CB_CD_MAX_ROWS 64
+/* Output pixels per register tile. */
+#define CB_CD_TILE 6
+
+typedef struct {
+    ptrdiff_t N, C, F;
+    ptrdiff_t D, H, W, Wp;   /* input extent; Wp: length of a (padded) input row */
+    ptrdiff_t pw;            /* zero columns before the input in a padded row */
+    ptrdiff_t OD, OH, OW;
+    ptrdiff_t KD, KH, KW;
+    ptrdiff_t sd, sh, sw;
+    ptrdiff_t dd, dh, dw;
+    ptrdiff_t pd, ph;
+    ptrdiff_t FB, nfb;       /* output channels per block, number of blocks */
+} cb_cd_geom;
+
+/* Output channels per block for the kernel set that runs now. */
+static ptrdiff_t cb_cd_block(int dbl) {
+#if CB_SIMD_AVX2
+    if (cb_simd_has_avx2()) return dbl ? 8 : 16;
+#endif
+    return dbl ? 4 : 8;
+}
+
+#define CB_CD_COMMON(T, SUF)                                                              \
+/* wp[b][r][kw][c][j] = k[r][kw][c][b*FB + j] (0 past F); bp likewise for bias. */        \
+static void cb_cd_pack_##SUF(const T *k, const T *bias, T *wp, T *bp,                    \
+                             const cb_cd_geom *g) {                                       \
+    ptrdiff_t taps = g->KD * g->KH * g->KW * g->C, b, t, j, f;                            \
+    for (b = 0; b < g->nfb; b++)                                                          \
+        for (t = 0; t < taps; t++)                                                        \
+            for (j = 0; j < g->FB; j++) {                                                 \
+                f = b * g->FB + j;                                                        \
+                wp[(b * taps + t) * g->FB + j] = f < g->F ? k[t * g->F + f] : (T)0;       \
+            }                                                                             \
+    if (bp)                                                                               \
+        for (f = 0; f < g->nfb * g->FB; f++)                                              \
+            bp[f] = f < g->F ? bias[f] : (T)0;                                            \
+}                                                                                         \
+                                                                                          \
+/* Row `row` (over N * D * H) of the input, zero-padded along W into xp. */               \
+static void cb_cd_pad_row_##SUF(const T *x, T *xp, const cb_cd_geom *g, ptrdiff_t row) {  \
+    ptrdiff_t C = g->C, right = g->Wp - g->pw - g->W;                                     \
+    T *dst = xp + row * g->Wp * C;                                                        \
+    if (g->pw > 0) memset(dst, 0, g->pw * C * sizeof(T));                                 \
+    memcpy(dst + g->pw * C, x + row * g->W * C, g->W * C * sizeof(T));                    \
+    if (right > 0) memset(dst + (g->pw + g->W) * C, 0, right * C * sizeof(T));            \
+}                                                                                         \
+                                                                                          \
+/* Scalar tile of np pixels, for compilers without vector extensions. */                  \
+static void cb_cd_tile_scalar_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,         \
+        const T *bp, int act, T *y, ptrdiff_t nf, ptrdiff_t np, const cb_cd_geom *g) {    \
+    ptrdiff_t p, j, r, kw, c, FB = g->FB, C = g->C;                                       \
+    for (p = 0; p < np; p++)                                                              \
+        for (j = 0; j < nf; j++) {                                                        \
+            T s = 0;                                                                      \
+            for (r = 0; r < R; r++) {                                                     \
+                const T *xb = xr[r];                                                      \
+                if (!xb) continue;                                                        \
+                for (kw = 0; kw < g->KW; kw++)                                            \
+                    for (c = 0; c < C; c++)                                               \
+                        s += xb[(p * g->sw + kw * g->dw) * C + c]                         \
+                             * wp[((r * g->KW + kw) * C + c) * FB + j];                   \
+            }                                                                             \
+            if (bp) s += bp[j];                                                           \
+            y[p * g->F + j] = CB_ACT(T, s, act);                                                          \
+        }                                                                                 \
+}
+
+CB_CD_COMMON(float, f)
+CB_CD_COMMON(double, d)
+
+#if CB_SIMD_VECTOR
+
+/* Finish one pixel: bias, activation, store nf of the 2*VL channels. */
+#define CB_CD_STORE(T, V, VL, a, b, dst)                                              \
+    do {                                                                                  \
+        a += bv0; b += bv1;                                                               \
+        CB_VACT(a, act);                                                                  \
+        CB_VACT(b, act);                                                                  \
+        if (nf == 2 * VL) {                                                               \
+            *(V *)(dst) = a;                                                              \
+            *(V *)((dst) + VL) = b;                                                       \
+        } else {                                                                          \
+            T tmp_[2 * VL];                                                               \
+            *(V *)tmp_ = a;                                                               \
+            *(V *)(tmp_ + VL) = b;                                                        \
+            memcpy(dst, tmp_, nf * sizeof(T));                                            \
+        }                                                                                 \
+    } while (0)
+
+/* One output row (all OW pixels) of one channel block. xr[r]: padded input
+ * row of tap row r (pixel 0 of the output reads column 0), or NULL; wp: the
+ * block's packed kernel; bp: its packed bias or NULL; y: output pixel 0 of
+ * the block (pixel stride F); nf: channels of the block that exist. */
+#define CB_CD_ROW(T, V, VL, SUF, ATTR)                                                \
+ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,            \
+        const T *bp, int act, T *y, ptrdiff_t nf, const cb_cd_geom *g) {                  \
+    const ptrdiff_t C = g->C, KW = g->KW, F = g->F, OW = g->OW;                           \
+    const ptrdiff_t sC = g->sw * C, dC = g->dw * C, tap = C * 2 * VL;                     \
+    const V zero = (V){0};                                                                \
+    V bv0 = zero, bv1 = zero;                                                             \
+    ptrdiff_t ow = 0, r, kw, c;                                                           \
+    if (bp) { bv0 = *(const V *)bp; bv1 = *(const V *)(bp + VL); }                        \
+    for (; ow + CB_CD_TILE <= OW; ow += CB_CD_TILE) {                                     \
+        V a0 = zero, b0 = zero, a1 = zero, b1 = zero, a2 = zero, b2 = zero;               \
+        V a3 = zero, b3 = zero, a4 = zero, b4 = zero, a5 = zero, b5 = zero;               \
+        T *yo = y + ow * F;                                                               \
+        for (r = 0; r < R; r++) {                                                         \
+            const T *xb = xr[r];                                                          \
+            const T *wr = wp + r * KW * tap;                                              \
+            if (!xb) continue;                                                            \
+            xb += ow * sC;                                                                \
+            for (kw = 0; kw < KW; kw++) {                                                 \
+                const T *xk = xb + kw * dC;                                               \
+                const T *wk = wr + kw * tap;                                              \
+                for (c = 0; c < C; c++) {                                                 \
+                    const V w0 = *(const V *)(wk + c * 2 * VL);                           \
+                    const V w1 = *(const V *)(wk + c * 2 * VL + VL);                      \
+                    T x;                                                                  \
+                    x = xk[c];          a0 += x * w0; b0 += x * w1;                       \
+                    x = xk[sC + c];     a1 += x * w0; b1 += x * w1;                       \
+                    x = xk[2 * sC + c]; a2 += x * w0; b2 += x * w1;                       \
+                    x = xk[3 * sC + c]; a3 += x * w0; b3 += x * w1;                       \
+                    x = xk[4 * sC + c]; a4 += x * w0; b4 += x * w1;                       \
+                    x = xk[5 * sC + c]; a5 += x * w0; b5 += x * w1;                       \
+                }                                                                         \
+            }                                                                             \
+        }                                                                                 \
+        CB_CD_STORE(T, V, VL, a0, b0, yo);                                            \
+        CB_CD_STORE(T, V, VL, a1, b1, yo + F);                                        \
+        CB_CD_STORE(T, V, VL, a2, b2, yo + 2 * F);                                    \
+        CB_CD_STORE(T, V, VL, a3, b3, yo + 3 * F);                                    \
+        CB_CD_STORE(T, V, VL, a4, b4, yo + 4 * F);                                    \
+        CB_CD_STORE(T, V, VL, a5, b5, yo + 5 * F);                                    \
+    }                                                                                     \
+    for (; ow < OW; ow++) {                                                               \
+        V a0 = zero, b0 = zero;                                                           \
+        for (r = 0; r < R; r++) {                                                         \
+            const T *xb = xr[r];                                                          \
+            const T *wr = wp + r * KW * tap;                                              \
+            if (!xb) continue;                                                            \
+            xb += ow * sC;                                                                \
+            for (kw = 0; kw < KW; kw++) {                                                 \
+                const T *xk = xb + kw * dC;                                               \
+                const T *wk = wr + kw * tap;                                              \
+                for (c = 0; c < C; c++) {                                                 \
+                    T x = xk[c];                                                          \
+                    a0 += x * *(const V *)(wk + c * 2 * VL);                              \
+                    b0 += x * *(const V *)(wk + c * 2 * VL + VL);                         \
+                }                                                                         \
+            }                                                                             \
+        }                                                                                 \
+        CB_CD_STORE(T, V, VL, a0, b0, y + ow * F);                                    \
+    }                                                                                     \
+}
+
+CB_CD_ROW(float, cb_v4f, 4, f_base, )
+CB_CD_ROW(double, cb_v2d, 2, d_base, )
+#if CB_SIMD_AVX2
+CB_CD_ROW(float, cb_v8f, 8, f_avx2, CB_AVX2_ATTR)
+CB_CD_ROW(double, cb_v4d, 4, d_avx2, CB_AVX2_ATTR)
+#endif
+#endif  /* CB_SIMD_VECTOR */
+
+/* Work item `it` over N * OD * OH * nfb: one output row of one channel block.
+ * x: the input, or its W-padded copy (rows of Wp * C); wp, bp: packed kernel
+ * and bias (bp may be NULL); y: the (N, OD, OH, OW, F) output. */
+#define CB_CD_ITEM(T, SUF, VL_AVX2, VL_BASE)                                              \
+static void cb_cd_item_##SUF(const T *x, const T *wp, const T *bp, int act, T *y,         \
+                             const cb_cd_geom *g, ptrdiff_t it) {                          \
+    const T *xr[CB_CD_MAX_ROWS];                                                          \
+    ptrdiff_t b = it % g->nfb, row = it / g->nfb, oh, od, n, kd, kh, id, ih, R = 0, nf;   \
+    ptrdiff_t taps = g->KD * g->KH * g->KW * g->C;                                        \
+    T *yb;                                                                                \
+    oh = row % g->OH;                                                                     \
+    od = (row / g->OH) % g->OD;                                                           \
+    n = row / (g->OH * g->OD);                                                            \
+    for (kd = 0; kd < g->KD; kd++)                                                        \
+        for (kh = 0; kh < g->KH; kh++) {                                                  \
+            id = od * g->sd - g->pd + kd * g->dd;                                         \
+            ih = oh * g->sh - g->ph + kh * g->dh;                                         \
+            xr[R++] = (id < 0 || id >= g->D || ih < 0 || ih >= g->H) ? NULL               \
+                : x + ((n * g->D + id) * g->H + ih) * g->Wp * g->C;                       \
+        }                                                                                 \
+    nf = g->F - b * g->FB;                                                                \
+    if (nf > g->FB) nf = g->FB;                                                           \
+    yb = y + ((n * g->OD + od) * g->OH + oh) * g->OW * g->F + b * g->FB;                  \
+    wp += b * taps * g->FB;                                                               \
+    if (bp) bp += b * g->FB;                                                              \
+    CB_CD_DISPATCH(SUF, VL_AVX2, VL_BASE)                                                 \
+}
+
+#if CB_SIMD_VECTOR && CB_SIMD_AVX2
+#define CB_CD_DISPATCH(SUF, VL_AVX2, VL_BASE)                                             \
+    if (g->FB == 2 * VL_AVX2) cb_cd_row_##SUF##_avx2(xr, R, wp, bp, act, yb, nf, g);       \
+    else cb_cd_row_##SUF##_base(xr, R, wp, bp, act, yb, nf, g);
+#elif CB_SIMD_VECTOR
+#define CB_CD_DISPATCH(SUF, VL_AVX2, VL_BASE)                                             \
+    cb_cd_row_##SUF##_base(xr, R, wp, bp, act, yb, nf, g);
+#else
+#define CB_CD_DISPATCH(SUF, VL_AVX2, VL_BASE)                                             \
+    cb_cd_tile_scalar_##SUF(xr, R, wp, bp, act, yb, nf, g->OW, g);
+#endif
+
+CB_CD_ITEM(float, f, 8, 4)
+CB_CD_ITEM(double, d, 4, 2)
+
+#endif
