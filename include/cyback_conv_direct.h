@@ -17,8 +17,8 @@
  *     padding) are NULL and skipped.
  *
  * Epilogue in registers: + a per-channel bias (packed like a kernel block),
- * then CB_ACT_RELU / CB_ACT_RELU6. The bias is added after the whole sum, as
- * a separate add would.
+ * + a residual array shaped like the output, then CB_ACT_RELU / CB_ACT_RELU6.
+ * Each is added after the whole sum, in that order, as separate adds would.
  *
  * The sum for one output runs over (r, kw, c) in that order in every path and
  * for every thread count, so results never depend on either.
@@ -82,7 +82,8 @@ static void cb_cd_pad_row_##SUF(const T *x, T *xp, const cb_cd_geom *g, ptrdiff_
                                                                                           \
 /* Scalar tile of np pixels, for compilers without vector extensions. */                  \
 static void cb_cd_tile_scalar_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,         \
-        const T *bp, int act, T *y, ptrdiff_t nf, ptrdiff_t np, const cb_cd_geom *g) {    \
+        const T *bp, const T *res, int act, T *y, ptrdiff_t nf, ptrdiff_t np,             \
+        const cb_cd_geom *g) {                                                            \
     ptrdiff_t p, j, r, kw, c, FB = g->FB, C = g->C;                                       \
     for (p = 0; p < np; p++)                                                              \
         for (j = 0; j < nf; j++) {                                                        \
@@ -96,6 +97,7 @@ static void cb_cd_tile_scalar_##SUF(const T *const *xr, ptrdiff_t R, const T *wp
                              * wp[((r * g->KW + kw) * C + c) * FB + j];                   \
             }                                                                             \
             if (bp) s += bp[j];                                                           \
+            if (res) s += res[p * g->F + j];                                              \
             y[p * g->F + j] = CB_ACT(T, s, act);                                                          \
         }                                                                                 \
 }
@@ -105,10 +107,23 @@ CB_CD_COMMON(double, d)
 
 #if CB_SIMD_VECTOR
 
-/* Finish one pixel: bias, activation, store nf of the 2*VL channels. */
-#define CB_CD_STORE(T, V, VL, a, b, dst)                                              \
+/* Finish one pixel: + bias, + residual, activation; store nf of the 2*VL
+ * channels. */
+#define CB_CD_STORE(T, V, VL, a, b, dst, rsp)                                             \
     do {                                                                                  \
-        a += bv0; b += bv1;                                                               \
+        const T *rs_ = (rsp);                                                             \
+        if (bp) { a += bv0; b += bv1; }                                                   \
+        if (rs_) {                                                                        \
+            if (nf == 2 * VL) {                                                           \
+                a += *(const V *)rs_;                                                     \
+                b += *(const V *)(rs_ + VL);                                              \
+            } else {                                                                      \
+                T tr_[2 * VL] = {0};                                                      \
+                memcpy(tr_, rs_, nf * sizeof(T));                                         \
+                a += *(const V *)tr_;                                                     \
+                b += *(const V *)(tr_ + VL);                                              \
+            }                                                                             \
+        }                                                                                 \
         CB_VACT(a, act);                                                                  \
         CB_VACT(b, act);                                                                  \
         if (nf == 2 * VL) {                                                               \
@@ -124,50 +139,60 @@ CB_CD_COMMON(double, d)
 
 /* One output row (all OW pixels) of one channel block. xr[r]: padded input
  * row of tap row r (pixel 0 of the output reads column 0), or NULL; wp: the
- * block's packed kernel; bp: its packed bias or NULL; y: output pixel 0 of
- * the block (pixel stride F); nf: channels of the block that exist. */
-#define CB_CD_ROW(T, V, VL, SUF, ATTR)                                                \
+ * block's packed kernel; bp: its packed bias or NULL; res: a residual laid
+ * out like y, or NULL (it may be y itself); y: output pixel 0 of the block
+ * (pixel stride F); nf: channels of the block that exist.
+ * A row's last tile of 2 to 5 pixels runs as a full tile whose missing
+ * pixels repeat its last one (read, never stored): cheaper than pixels one
+ * at a time, which load two kernel vectors per broadcast. */
+#define CB_CD_ROW(T, V, VL, SUF, ATTR)                                                    \
 ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,            \
-        const T *bp, int act, T *y, ptrdiff_t nf, const cb_cd_geom *g) {                  \
+        const T *bp, const T *res, int act, T *y, ptrdiff_t nf, const cb_cd_geom *g) {    \
     const ptrdiff_t C = g->C, KW = g->KW, F = g->F, OW = g->OW;                           \
     const ptrdiff_t sC = g->sw * C, dC = g->dw * C, tap = C * 2 * VL;                     \
     const V zero = (V){0};                                                                \
     V bv0 = zero, bv1 = zero;                                                             \
-    ptrdiff_t ow = 0, r, kw, c;                                                           \
+    ptrdiff_t ow = 0, r, kw, c, np, p;                                                    \
     if (bp) { bv0 = *(const V *)bp; bv1 = *(const V *)(bp + VL); }                        \
-    for (; ow + CB_CD_TILE <= OW; ow += CB_CD_TILE) {                                     \
+    for (; ow + 1 < OW; ow += CB_CD_TILE) {                                               \
         V a0 = zero, b0 = zero, a1 = zero, b1 = zero, a2 = zero, b2 = zero;               \
         V a3 = zero, b3 = zero, a4 = zero, b4 = zero, a5 = zero, b5 = zero;               \
+        ptrdiff_t o[CB_CD_TILE];                                                          \
         T *yo = y + ow * F;                                                               \
+        const T *ro = res ? res + ow * F : NULL;                                          \
+        np = OW - ow < CB_CD_TILE ? OW - ow : CB_CD_TILE;                                 \
+        for (p = 0; p < CB_CD_TILE; p++) o[p] = (p < np ? p : np - 1) * sC;               \
         for (r = 0; r < R; r++) {                                                         \
             const T *xb = xr[r];                                                          \
             const T *wr = wp + r * KW * tap;                                              \
             if (!xb) continue;                                                            \
             xb += ow * sC;                                                                \
             for (kw = 0; kw < KW; kw++) {                                                 \
-                const T *xk = xb + kw * dC;                                               \
+                const T *x0 = xb + kw * dC + o[0], *x1 = xb + kw * dC + o[1];             \
+                const T *x2 = xb + kw * dC + o[2], *x3 = xb + kw * dC + o[3];             \
+                const T *x4 = xb + kw * dC + o[4], *x5 = xb + kw * dC + o[5];             \
                 const T *wk = wr + kw * tap;                                              \
                 for (c = 0; c < C; c++) {                                                 \
                     const V w0 = *(const V *)(wk + c * 2 * VL);                           \
                     const V w1 = *(const V *)(wk + c * 2 * VL + VL);                      \
                     T x;                                                                  \
-                    x = xk[c];          a0 += x * w0; b0 += x * w1;                       \
-                    x = xk[sC + c];     a1 += x * w0; b1 += x * w1;                       \
-                    x = xk[2 * sC + c]; a2 += x * w0; b2 += x * w1;                       \
-                    x = xk[3 * sC + c]; a3 += x * w0; b3 += x * w1;                       \
-                    x = xk[4 * sC + c]; a4 += x * w0; b4 += x * w1;                       \
-                    x = xk[5 * sC + c]; a5 += x * w0; b5 += x * w1;                       \
+                    x = x0[c]; a0 += x * w0; b0 += x * w1;                                \
+                    x = x1[c]; a1 += x * w0; b1 += x * w1;                                \
+                    x = x2[c]; a2 += x * w0; b2 += x * w1;                                \
+                    x = x3[c]; a3 += x * w0; b3 += x * w1;                                \
+                    x = x4[c]; a4 += x * w0; b4 += x * w1;                                \
+                    x = x5[c]; a5 += x * w0; b5 += x * w1;                                \
                 }                                                                         \
             }                                                                             \
         }                                                                                 \
-        CB_CD_STORE(T, V, VL, a0, b0, yo);                                            \
-        CB_CD_STORE(T, V, VL, a1, b1, yo + F);                                        \
-        CB_CD_STORE(T, V, VL, a2, b2, yo + 2 * F);                                    \
-        CB_CD_STORE(T, V, VL, a3, b3, yo + 3 * F);                                    \
-        CB_CD_STORE(T, V, VL, a4, b4, yo + 4 * F);                                    \
-        CB_CD_STORE(T, V, VL, a5, b5, yo + 5 * F);                                    \
+        CB_CD_STORE(T, V, VL, a0, b0, yo, ro);                                            \
+        CB_CD_STORE(T, V, VL, a1, b1, yo + F, ro ? ro + F : NULL);                        \
+        if (np > 2) CB_CD_STORE(T, V, VL, a2, b2, yo + 2 * F, ro ? ro + 2 * F : NULL);    \
+        if (np > 3) CB_CD_STORE(T, V, VL, a3, b3, yo + 3 * F, ro ? ro + 3 * F : NULL);    \
+        if (np > 4) CB_CD_STORE(T, V, VL, a4, b4, yo + 4 * F, ro ? ro + 4 * F : NULL);    \
+        if (np > 5) CB_CD_STORE(T, V, VL, a5, b5, yo + 5 * F, ro ? ro + 5 * F : NULL);    \
     }                                                                                     \
-    for (; ow < OW; ow++) {                                                               \
+    if (ow < OW) {      /* one pixel left */                                              \
         V a0 = zero, b0 = zero;                                                           \
         for (r = 0; r < R; r++) {                                                         \
             const T *xb = xr[r];                                                          \
@@ -184,7 +209,7 @@ ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,  
                 }                                                                         \
             }                                                                             \
         }                                                                                 \
-        CB_CD_STORE(T, V, VL, a0, b0, y + ow * F);                                    \
+        CB_CD_STORE(T, V, VL, a0, b0, y + ow * F, res ? res + ow * F : NULL);             \
     }                                                                                     \
 }
 
@@ -198,10 +223,11 @@ CB_CD_ROW(double, cb_v4d, 4, d_avx2, CB_AVX2_ATTR)
 
 /* Work item `it` over N * OD * OH * nfb: one output row of one channel block.
  * x: the input, or its W-padded copy (rows of Wp * C); wp, bp: packed kernel
- * and bias (bp may be NULL); y: the (N, OD, OH, OW, F) output. */
+ * and bias (bp may be NULL); res: NULL or a residual shaped like y (it may
+ * be y); y: the (N, OD, OH, OW, F) output. */
 #define CB_CD_ITEM(T, SUF, VL_AVX2, VL_BASE)                                              \
-static void cb_cd_item_##SUF(const T *x, const T *wp, const T *bp, int act, T *y,         \
-                             const cb_cd_geom *g, ptrdiff_t it) {                          \
+static void cb_cd_item_##SUF(const T *x, const T *wp, const T *bp, const T *res, int act,  \
+                             T *y, const cb_cd_geom *g, ptrdiff_t it) {                    \
     const T *xr[CB_CD_MAX_ROWS];                                                          \
     ptrdiff_t b = it % g->nfb, row = it / g->nfb, oh, od, n, kd, kh, id, ih, R = 0, nf;   \
     ptrdiff_t taps = g->KD * g->KH * g->KW * g->C;                                        \
@@ -219,6 +245,7 @@ static void cb_cd_item_##SUF(const T *x, const T *wp, const T *bp, int act, T *y
     nf = g->F - b * g->FB;                                                                \
     if (nf > g->FB) nf = g->FB;                                                           \
     yb = y + ((n * g->OD + od) * g->OH + oh) * g->OW * g->F + b * g->FB;                  \
+    if (res) res += yb - y;                                                               \
     wp += b * taps * g->FB;                                                               \
     if (bp) bp += b * g->FB;                                                              \
     CB_CD_DISPATCH(SUF, VL_AVX2, VL_BASE)                                                 \
@@ -226,14 +253,14 @@ static void cb_cd_item_##SUF(const T *x, const T *wp, const T *bp, int act, T *y
 
 #if CB_SIMD_VECTOR && CB_SIMD_AVX2
 #define CB_CD_DISPATCH(SUF, VL_AVX2, VL_BASE)                                             \
-    if (g->FB == 2 * VL_AVX2) cb_cd_row_##SUF##_avx2(xr, R, wp, bp, act, yb, nf, g);       \
-    else cb_cd_row_##SUF##_base(xr, R, wp, bp, act, yb, nf, g);
+    if (g->FB == 2 * VL_AVX2) cb_cd_row_##SUF##_avx2(xr, R, wp, bp, res, act, yb, nf, g);       \
+    else cb_cd_row_##SUF##_base(xr, R, wp, bp, res, act, yb, nf, g);
 #elif CB_SIMD_VECTOR
 #define CB_CD_DISPATCH(SUF, VL_AVX2, VL_BASE)                                             \
-    cb_cd_row_##SUF##_base(xr, R, wp, bp, act, yb, nf, g);
+    cb_cd_row_##SUF##_base(xr, R, wp, bp, res, act, yb, nf, g);
 #else
 #define CB_CD_DISPATCH(SUF, VL_AVX2, VL_BASE)                                             \
-    cb_cd_tile_scalar_##SUF(xr, R, wp, bp, act, yb, nf, g->OW, g);
+    cb_cd_tile_scalar_##SUF(xr, R, wp, bp, res, act, yb, nf, g->OW, g);
 #endif
 
 CB_CD_ITEM(float, f, 8, 4)

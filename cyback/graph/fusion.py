@@ -177,15 +177,15 @@ class Fused(Op):
     def infer(self, *inputs):
         return [self.out_spec]
 
-    in_kernel = None    # (bias operand, activation) the base op's kernel applies itself
+    # (bias operand, residual operand, activation) the base op's kernel
+    # applies itself
+    in_kernel = None
 
     def compute(self, *arrays):
         if self.in_kernel is not None:
-            bias, act = self.in_kernel
-            y = self.base.compute_epilogue(
-                arrays[:self.n_base],
-                None if bias is None else arrays[self.n_base + bias - (bias > self.inplace)],
-                act)
+            bias, res, act = self.in_kernel
+            y = self.base.compute_epilogue(arrays[:self.n_base], self._operand(arrays, bias),
+                                           act, self._operand(arrays, res))
             if y is not None:
                 return (y,)
         if self.base is not None:
@@ -199,6 +199,11 @@ class Fused(Op):
         if out is None:
             out = self._run_members(arrays)
         return (out,)
+
+    def _operand(self, arrays, i):
+        # program operand i among the step's inputs (the base op's output,
+        # operand ``inplace``, is not one of them)
+        return None if i is None else arrays[self.n_base + i - (i > self.inplace)]
 
     def _run_members(self, arrays):
         results = []
@@ -326,21 +331,35 @@ def _build(steps, members, root, exact, producer, users, keep, taken):
 
 
 def _in_kernel_epilogue(b, base, slot, out):
-    """``(bias operand index or None, activation)`` when the program is a
-    bias add and/or relu / relu6 on the base op's output that the base op can
-    apply inside its kernel (its ``kernel_epilogue`` hook), else None."""
+    """``(bias operand or None, residual operand or None, activation)`` when
+    the program is, on the base op's output, a per-channel bias add, then an
+    add of a full-size operand, then relu / relu6 (each optional) that the
+    base op can apply inside its kernel (its ``kernel_epilogue`` hook), else
+    None."""
     hook = getattr(base, "kernel_epilogue", None)
     if hook is None:
         return None
-    code, cur, bias = list(b.code), ("in", slot), None
-    if code and code[0][0] == "add":
+    code, cur = list(b.code), ("in", slot)
+
+    def add_of(kind):
+        # the other operand of an add of ``cur`` and an input of this kind
+        if not code or code[0][0] != "add":
+            return None
         srcs = code[0][2]
         other = srcs[1] if srcs[0] == cur else srcs[0] if srcs[1] == cur else None
-        if other is None or other[0] != "in" or b.kinds[other[1]] != CHAN:
+        if other is None or other[0] != "in" or other[1] == slot or b.kinds[other[1]] != kind:
             return None
-        bias, cur, code = other[1], code[0][1], code[1:]
+        return other[1]
+
+    bias = add_of(CHAN)
+    if bias is not None:
+        cur, code = code[0][1], code[1:]
+    res = add_of(FULL)
+    if res is not None:
+        cur, code = code[0][1], code[1:]
     act = None
     consts = [float(c) for c in b.consts]
+
     def is_max0(row):
         return row[0] == "maximum" and row[2][0] == cur and row[2][1][0] == "const" and \
             consts[row[2][1][1]] == 0
@@ -351,11 +370,11 @@ def _in_kernel_epilogue(b, base, slot, out):
         if code and code[0][0] == "minimum" and code[0][2][0] == cur and \
                 code[0][2][1][0] == "const" and consts[code[0][2][1][1]] == 6:
             act, code = "relu6", code[1:]
-    if code or (bias is None and act is None):
+    if code or (bias is None and res is None and act is None):
         return None
-    if not hook(b.axis if bias is not None else None, act, out):
+    if not hook(b.axis if bias is not None else None, act, out, residual=res is not None):
         return None
-    return bias, act
+    return bias, res, act
 
 
 def _ref(x, member_out, operands):

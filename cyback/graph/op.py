@@ -33,6 +33,12 @@ same way). Plans (``graph/function.py``, ``graph/optimize.py``):
 - ``fresh_output`` / ``epilogue_host`` (class flags): compute returns a new
   array, so a fused step may write into it / run the op and its element-wise
   tail as one step.
+- ``kernel_epilogue(bias_axis, activation, out, residual=False)`` and
+  ``compute_epilogue(inputs, bias, activation, residual=None)``: whether the
+  op's kernel applies a tail of + per-channel bias, + a full-size residual and
+  relu / relu6 to its output itself, and the compute that does it (None when
+  the run-time arrays do not suit it; the step then runs its program). Conv
+  and depthwise.
 
 Loops (``graph/scan.py``):
 

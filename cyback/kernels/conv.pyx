@@ -48,10 +48,10 @@ cdef extern from "cyback_conv_direct.h" nogil:
                       const cb_cd_geom* g)
     void cb_cd_pad_row_f(const float* x, float* xp, const cb_cd_geom* g, Py_ssize_t row)
     void cb_cd_pad_row_d(const double* x, double* xp, const cb_cd_geom* g, Py_ssize_t row)
-    void cb_cd_item_f(const float* x, const float* wp, const float* bp, int act, float* y,
-                      const cb_cd_geom* g, Py_ssize_t it)
-    void cb_cd_item_d(const double* x, const double* wp, const double* bp, int act, double* y,
-                      const cb_cd_geom* g, Py_ssize_t it)
+    void cb_cd_item_f(const float* x, const float* wp, const float* bp, const float* res,
+                      int act, float* y, const cb_cd_geom* g, Py_ssize_t it)
+    void cb_cd_item_d(const double* x, const double* wp, const double* bp, const double* res,
+                      int act, double* y, const cb_cd_geom* g, Py_ssize_t it)
 
 
 cdef struct Geom:
@@ -777,13 +777,15 @@ _TUNE = {"buf_bytes": BUF_BYTES, "pointwise_gemm": False, "direct": True, "direc
 # ---------------------------------------------------------------- direct (channels_last)
 
 cdef void _forward_direct(floating[::1] x, floating[::1] xp, bint copy, floating[::1] wp,
-                          floating[::1] bp, bint has_bias, int act, floating[::1] y,
-                          cb_cd_geom g, int nt, cb_intr* intr) noexcept:
+                          floating[::1] bp, bint has_bias, floating[::1] res, bint has_res,
+                          int act, floating[::1] y, cb_cd_geom g, int nt,
+                          cb_intr* intr) noexcept:
     """include/cyback_conv_direct.h over work items of one output row and
     one block of output channels; xp is the W-padded input when copy."""
     cdef Py_ssize_t row, it
     cdef const floating* src = &x[0]
     cdef const floating* b = &bp[0] if has_bias else NULL
+    cdef const floating* r = &res[0] if has_res else NULL
     if copy:
         src = &xp[0]
     # One parallel region: waking a sleeping team costs more than a small
@@ -799,9 +801,9 @@ cdef void _forward_direct(floating[::1] x, floating[::1] xp, bint copy, floating
             if cb_intr_poll(intr):
                 continue
             if floating is float:
-                cb_cd_item_f(src, &wp[0], b, act, &y[0], &g, it)
+                cb_cd_item_f(src, &wp[0], b, r, act, &y[0], &g, it)
             else:
-                cb_cd_item_d(src, &wp[0], b, act, &y[0], &g, it)
+                cb_cd_item_d(src, &wp[0], b, r, act, &y[0], &g, it)
 
 
 cdef void _pack_direct(floating[::1] k, floating[::1] bias, bint has_bias, floating[::1] wp,
@@ -830,7 +832,7 @@ def _use_direct(g, last):
 
 @cython.wraparound(True)
 @cython.boundscheck(True)
-def _run_direct(x, kernel, y, g, bias, int act, int nt):
+def _run_direct(x, kernel, y, g, bias, residual, int act, int nt):
     cdef cb_cd_geom cg
     cdef cb_intr intr
     cb_intr_init(&intr)
@@ -847,16 +849,18 @@ def _run_direct(x, kernel, y, g, bias, int act, int nt):
     has_bias = bias is not None
     bp = np.empty(nfb * FB if has_bias else 1, dtype=x.dtype)
     bias = bias if has_bias else bp
+    has_res = residual is not None
+    res = _flat(residual) if has_res else bp
     copy = wp_len != g["W"]
     xp = np.empty(g["N"] * g["D"] * g["H"] * wp_len * g["C"] if copy else 1, dtype=x.dtype)
     if dbl:
         _pack_direct[double](_flat(kernel), bias, has_bias, wp, bp, &cg)
-        _forward_direct[double](_flat(x), xp, copy, wp, bp, has_bias, act, _flat(y), cg, nt,
-                                &intr)
+        _forward_direct[double](_flat(x), xp, copy, wp, bp, has_bias, res, has_res, act,
+                                _flat(y), cg, nt, &intr)
     else:
         _pack_direct[float](_flat(kernel), bias, has_bias, wp, bp, &cg)
-        _forward_direct[float](_flat(x), xp, copy, wp, bp, has_bias, act, _flat(y), cg, nt,
-                               &intr)
+        _forward_direct[float](_flat(x), xp, copy, wp, bp, has_bias, res, has_res, act,
+                               _flat(y), cg, nt, &intr)
     check_interrupt(&intr)
 
 
@@ -1067,7 +1071,7 @@ _ACTIVATIONS = {None: 0, "linear": 0, "relu": 1, "relu6": 2}
 @cython.wraparound(True)
 @cython.boundscheck(True)
 def conv_forward(x, kernel, strides, dilation, pads, channels_last=True, out=None, bias=None,
-                 activation=None):
+                 residual=None, activation=None):
     """N-D convolution (cross-correlation, as in Keras), 1 to 3 spatial axes.
 
     x: (N, *spatial, C) if channels_last else (N, C, *spatial); kernel (*k, C, F);
@@ -1075,8 +1079,9 @@ def conv_forward(x, kernel, strides, dilation, pads, channels_last=True, out=Non
     per spatial axis. Returns y: (N, *out, F) or (N, F, *out), with
     out = (size + before + after - (k - 1) * dilation - 1) // stride + 1.
     Optional epilogue: bias, (F,) of x's dtype, added per output channel after
-    the sum; then activation None, 'linear', 'relu' or 'relu6'. The direct
-    kernel applies it in registers, the other paths in one pass over y.
+    the sum; residual, an array of y's shape and x's dtype, added next; then
+    activation None, 'linear', 'relu' or 'relu6'. The direct kernel applies
+    it in registers, the other paths in one pass over y.
     """
     fname = "conv_forward"
     x = np.asarray(x)
@@ -1096,6 +1101,12 @@ def conv_forward(x, kernel, strides, dilation, pads, channels_last=True, out=Non
             raise ValueError("%s: bias must be a %s array of shape (%d,), got %s %s"
                              % (fname, dt, g["F"], bias.dtype, bias.shape))
         bias = np.ascontiguousarray(bias, dtype=cdt)
+    if residual is not None:
+        residual = np.asarray(residual)
+        if residual.dtype != dt or residual.shape != yshape:
+            raise ValueError("%s: residual must be a %s array of shape %s, got %s %s"
+                             % (fname, dt, yshape, residual.dtype, residual.shape))
+        residual = np.ascontiguousarray(residual, dtype=cdt)
     if out is not None:
         if (not isinstance(out, np.ndarray) or out.shape != yshape or out.dtype != dt
                 or not out.flags.c_contiguous):
@@ -1110,18 +1121,20 @@ def conv_forward(x, kernel, strides, dilation, pads, channels_last=True, out=Non
     else:
         x = np.ascontiguousarray(x, dtype=cdt)
         kernel = np.ascontiguousarray(kernel, dtype=cdt)
-        done = _run_forward(x, kernel, y, g, channels_last, pointwise, bias, act)
+        done = _run_forward(x, kernel, y, g, channels_last, pointwise, bias, residual, act)
     if not done:
-        _epilogue(y, bias, act, channels_last)
+        _epilogue(y, bias, residual, act, channels_last)
     if y is not out and out is not None:
         out[...] = y
         return out
     return y.astype(dt, copy=False)
 
 
-def _epilogue(y, bias, int act, bint channels_last):
+def _epilogue(y, bias, residual, int act, bint channels_last):
     if bias is not None:
         y += bias if channels_last else bias.reshape((-1,) + (1,) * (y.ndim - 2))
+    if residual is not None:
+        y += residual
     if act:
         np.maximum(y, 0, out=y)
         if act == 2:
@@ -1138,14 +1151,16 @@ cdef void _gemm_rows(floating[::1] x, floating[::1] w, floating[::1] y, Py_ssize
 
 @cython.wraparound(True)
 @cython.boundscheck(True)
-def _run_forward(x, kernel, y, g, bint last, bint pointwise, bias=None, int act=0):
-    """y = conv(x, kernel); True when the bias and activation went in too."""
+def _run_forward(x, kernel, y, g, bint last, bint pointwise, bias=None, residual=None,
+                 int act=0):
+    """y = conv(x, kernel); True when the epilogue (bias, residual,
+    activation) went in too."""
     cdef Geom geo = g
     cdef cb_intr intr
     cb_intr_init(&intr)
     nt, limit = _threads(g)
     if _use_direct(g, last):
-        _run_direct(x, kernel, y, g, bias, act, nt)
+        _run_direct(x, kernel, y, g, bias, residual, act, nt)
         return True
     if pointwise and last and _TUNE["pointwise_gemm"]:
         # A 1x1, stride-1, unpadded channels_last convolution as one GEMM of

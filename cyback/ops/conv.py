@@ -149,16 +149,18 @@ class Geometry(object):
 
     # -------------------------------------------------------------- kernels
 
-    def forward(self, x, k, bias=None, activation=None):
+    def forward(self, x, k, bias=None, activation=None, residual=None):
         """The convolution; for conv and depthwise, optionally + a per-channel
-        ``bias`` and then ``activation`` ('relu', 'relu6') inside the kernel."""
+        ``bias`` (for conv, then + a ``residual`` shaped like the output) and
+        then ``activation`` ('relu', 'relu6') inside the kernel."""
         x, k, dt = _operands(x, k)
         sizes = self.spatial(x.shape)
         self.check(x.shape, k.shape)
         self._check_run(sizes, k.shape)
         if self.family == "conv":
             y = _conv.conv_forward(x, k, self.strides, self.dilation, self.pads(sizes, k.shape),
-                                   self.channels_last, bias=bias, activation=activation)
+                                   self.channels_last, bias=bias, residual=residual,
+                                   activation=activation)
         elif self.family == "depthwise":
             if 0 in x.shape:
                 return np.zeros(self.y_shape(x.shape, k.shape), dt)
@@ -258,29 +260,36 @@ class Conv(Op):
     def compute(self, x, k):
         return (self.geom.forward(x, k),)
 
-    def kernel_epilogue(self, bias_axis, activation, out):
+    def kernel_epilogue(self, bias_axis, activation, out, residual=False):
         """Whether the kernel can add a per-channel bias (on ``bias_axis``,
-        counted from the end, or None for no bias) and apply ``activation``
-        ('relu', 'relu6' or None) to each output row itself: conv and
-        depthwise can."""
+        counted from the end, or None for no bias), then (``residual``) an
+        array shaped like the output, and apply ``activation`` ('relu',
+        'relu6' or None) to each output row itself: conv can; depthwise can
+        without the residual."""
         g = self.geom
-        if g.family == "local" or (g.family == "depthwise" and g.rank > 2):
+        if g.family == "local" or (g.family == "depthwise" and (g.rank > 2 or residual)):
             return False
         if bias_axis is not None:
-            want = -1 if self.geom.channels_last else -(len(out.shape) - 1)
+            want = -1 if g.channels_last else -(len(out.shape) - 1)
             if bias_axis != want:
                 return False
         return activation in (None, "relu", "relu6")
 
-    def compute_epilogue(self, inputs, bias, activation):
-        """conv(x, k) + bias, then the activation, in one kernel pass; None
-        when these arrays do not suit the kernel (the caller falls back)."""
+    def compute_epilogue(self, inputs, bias, activation, residual=None):
+        """conv(x, k) + bias + residual, then the activation, in one kernel
+        pass; None when these arrays do not suit the kernel (the caller falls
+        back)."""
         x, k = inputs
-        if x.dtype != k.dtype or x.dtype.char not in "fd" or 0 in x.shape or \
-                (bias is not None and (bias.dtype != x.dtype or
-                                       bias.size != self.geom.out_channels(k.shape))):
+        dt = x.dtype
+        if k.dtype != dt or dt.char not in "fd" or 0 in x.shape or \
+                (bias is not None and (bias.dtype != dt or
+                                       bias.size != self.geom.out_channels(k.shape))) or \
+                (residual is not None and (residual.dtype != dt or
+                                           residual.shape != self.geom.y_shape(x.shape,
+                                                                               k.shape))):
             return None
-        return self.geom.forward(x, k, None if bias is None else bias.reshape(-1), activation)
+        return self.geom.forward(x, k, None if bias is None else bias.reshape(-1), activation,
+                                 residual)
 
     def scale_output(self, inputs, out, v, ctx):
         """conv(x, k) * v for a vector v along the output channels: the

@@ -709,7 +709,7 @@ def test_depthwise_bias_and_activation_run_in_the_kernel(data_format, act, with_
     f, got = _run([x], [y], feed, True)
     _, ref = _run([x], [y], feed, False)
     fused = [op for op, _, _ in f._plan(0).steps if getattr(op, "in_kernel", None)]
-    assert len(fused) == 1 and fused[0].in_kernel[1] == act
+    assert len(fused) == 1 and fused[0].in_kernel[-1] == act
     np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-6)
     # batch 0 and a non-contiguous feed take the same step
     np.testing.assert_allclose(f([feed[0][::-1]])[0], _run([x], [y], [feed[0][::-1]], False)[1][0],
@@ -717,9 +717,41 @@ def test_depthwise_bias_and_activation_run_in_the_kernel(data_format, act, with_
     assert f([feed[0][:0]])[0].shape[0] == 0
 
 
+@pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
+@pytest.mark.parametrize("rank", [1, 2, 3])
+@pytest.mark.parametrize("act", [None, "relu", "relu6"])
+def test_conv_bias_residual_and_activation_run_in_the_kernel(data_format, rank, act):
+    # A ResNet tail, conv + bias + shortcut -> relu, is one kernel pass with
+    # the same bits as the ops one by one (the adds are done in the same order).
+    rng = np.random.default_rng(12)
+    last = data_format == "channels_last"
+    sp = (7, 6, 5)[:rank]
+    shape = (None,) + (sp + (3,) if last else (3,) + sp)
+    x = K.placeholder(shape)
+    k = K.variable(rng.standard_normal((3,) * rank + (3, 3)).astype("float32"))
+    conv = {1: K.conv1d, 2: K.conv2d, 3: K.conv3d}[rank]
+    y = conv(x, k, padding="same", data_format=data_format)
+    y = K.bias_add(y, K.variable(rng.standard_normal(3).astype("float32")),
+                   data_format=data_format)
+    y = y + x
+    if act == "relu":
+        y = K.relu(y)
+    elif act == "relu6":
+        y = K.relu(y, max_value=6.0)
+    feed = [(rng.standard_normal((2,) + shape[1:]) * 3).astype("float32")]
+    f, got = _run([x], [y], feed, True)
+    _, ref = _run([x], [y], feed, False)
+    (op, _, _), = f._plan(0).steps
+    assert op.in_kernel is not None and op.in_kernel[1] is not None
+    assert op.in_kernel[-1] == act
+    np.testing.assert_array_equal(got[0], ref[0])
+    # an empty batch takes the same step
+    assert f([feed[0][:0]])[0].shape[0] == 0
+
+
 def test_conv_epilogue_stays_a_separate_pass():
-    # ordinary convolutions have no in-kernel epilogue (yet): the fused step
-    # runs the conv, then the program in place
+    # a scalar offset is not a bias: the fused step runs the conv, then the
+    # program in place
     x = K.placeholder((None, 5, 5, 2))
     k = K.variable(np.ones((3, 3, 2, 4), "float32"))
     f, _ = _run([x], [K.relu(K.conv2d(x, k) - 1.0)], [np.ones((1, 5, 5, 2), "float32")], True)

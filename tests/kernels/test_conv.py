@@ -499,9 +499,11 @@ def direct_isa(request):
         conv._use_avx2(True)
 
 
-def _ref_epilogue(y, bias, activation):
+def _ref_epilogue(y, bias, activation, residual=None):
     if bias is not None:
         y = y + bias
+    if residual is not None:
+        y = y + residual
     if activation in ("relu", "relu6"):
         y = np.maximum(y, 0)
     if activation == "relu6":
@@ -532,14 +534,17 @@ DIRECT_CASES = [
 def test_direct_kernel_with_epilogue(direct_isa, case, activation, dtype):
     spatial, c, f, k, s, d, p = DIRECT_CASES[case]
     rng = np.random.default_rng(300 + case)
-    for n, with_bias in ((1, True), (3, False)):
+    for n, with_bias, with_res in ((1, True, False), (3, False, True), (2, True, True)):
         x = (3 * rng.standard_normal((n,) + spatial + (c,))).astype(dtype)
         w = rng.standard_normal(k + (c, f)).astype(dtype)
         bias = rng.standard_normal(f).astype(dtype) if with_bias else None
         g, _, _ = conv._geometry(x.shape, w.shape, s, d, p, True, "test")
         assert conv._use_direct(g, True)
-        y = conv.conv_forward(x, w, s, d, p, True, bias=bias, activation=activation)
-        want = _ref_epilogue(ref_forward(x, w, s, d, p), bias, activation)
+        plain = ref_forward(x, w, s, d, p)
+        res = rng.standard_normal(plain.shape).astype(dtype) if with_res else None
+        y = conv.conv_forward(x, w, s, d, p, True, bias=bias, residual=res,
+                              activation=activation)
+        want = _ref_epilogue(plain, bias, activation, res)
         assert y.dtype == dtype and y.shape == want.shape
         np.testing.assert_allclose(y, want, **tol(dtype))
         if activation == "relu6":
@@ -581,10 +586,12 @@ def test_direct_epilogue_off_the_direct_path():
         w = rng.standard_normal((3, 3, c, 5)).astype(dtype)
         bias = rng.standard_normal(5).astype(dtype)
         args = ((1, 1), (1, 1), [(1, 1), (1, 1)])
-        want = _ref_epilogue(ref_forward(x, w, *args), bias, "relu6")
+        plain = ref_forward(x, w, *args)
+        res = rng.standard_normal(plain.shape).astype(dtype)
+        want = _ref_epilogue(plain, bias, "relu6", res)
         xin = x if last else to_first(x)
         y = conv.conv_forward(xin, w, *args, channels_last=last, bias=bias,
-                              activation="relu6")
+                              residual=res if last else to_first(res), activation="relu6")
         y = y if last else to_last(y)
         assert y.dtype == dtype
         t = dict(rtol=2e-2, atol=5e-2) if dtype == np.float16 else tol(dtype)
@@ -611,6 +618,9 @@ def test_direct_bad_epilogue_arguments():
         conv.conv_forward(x, w, *args, bias=np.ones(4, np.float64))
     with pytest.raises(ValueError, match="activation must be one of"):
         conv.conv_forward(x, w, *args, activation="tanh")
+    with pytest.raises(ValueError, match="residual must be a float32 array of shape "
+                                         "\\(1, 3, 3, 4\\)"):
+        conv.conv_forward(x, w, *args, residual=np.ones((1, 3, 3, 3), np.float32))
 
 
 @pytest.mark.parametrize("activation", ["relu", "relu6"])
