@@ -43,14 +43,100 @@ ACTIVATIONS = {"tanh": 0, "sigmoid": 1, "hard_sigmoid": 2, "linear": 3}
 DEF GEMV_ROWS = 4
 
 
+cdef extern from "cyback_conv_direct.h" nogil:
+    ctypedef struct cb_cd_geom:
+        Py_ssize_t N, C, F, D, H, W, Wp, pw, OD, OH, OW, KD, KH, KW
+        Py_ssize_t sd, sh, sw, dd, dh, dw, pd, ph, FB, nfb
+    Py_ssize_t cb_cd_block(int dbl)
+    void cb_cd_pack_f(const float* k, const float* bias, float* wp, float* bp,
+                      const cb_cd_geom* g)
+    void cb_cd_pack_d(const double* k, const double* bias, double* wp, double* bp,
+                      const cb_cd_geom* g)
+    void cb_cd_item_f(const float* x, const float* wp, const float* bp, const float* res,
+                      int act, float* y, const cb_cd_geom* g, Py_ssize_t it)
+    void cb_cd_item_d(const double* x, const double* wp, const double* bp, const double* res,
+                      int act, double* y, const cb_cd_geom* g, Py_ssize_t it)
+
+
+cdef inline cb_cd_geom _product_geom(Py_ssize_t rows, Py_ssize_t K, Py_ssize_t N,
+                                     Py_ssize_t FB) noexcept nogil:
+    # (rows, K) @ (K, N) as a 1x1 convolution over a row of `rows` pixels
+    cdef cb_cd_geom g
+    memset(&g, 0, sizeof(g))
+    g.N = g.D = g.H = g.OD = g.OH = 1
+    g.KD = g.KH = g.KW = g.sd = g.sh = g.sw = g.dd = g.dh = g.dw = 1
+    g.W = g.Wp = g.OW = rows
+    g.C, g.F, g.FB, g.nfb = K, N, FB, (N + FB - 1) // FB
+    return g
+
+
+def _pack_product(W, int FB=0):
+    """W (K, N) packed for the direct kernel's products (see
+    include/cyback_conv_direct.h), as ``(packed, FB)``: packed once per
+    sequence, the recurrent kernel is not re-packed by BLAS at every step."""
+    W = np.ascontiguousarray(W)
+    cdef bint dbl = W.dtype == np.float64
+    if FB == 0:
+        FB = cb_cd_block(dbl)
+    cdef cb_cd_geom g = _product_geom(1, W.shape[0], W.shape[1], FB)
+    packed = np.zeros(max(1, g.nfb * FB * W.shape[0]), W.dtype)
+    cdef float[::1] wf, pf
+    cdef double[::1] wd, pd
+    if W.size:
+        if dbl:
+            wd, pd = W.reshape(-1), packed
+            cb_cd_pack_d(&wd[0], NULL, &pd[0], NULL, &g)
+        else:
+            wf, pf = W.reshape(-1), packed
+            cb_cd_pack_f(&wf[0], NULL, &pf[0], NULL, &g)
+    return packed, FB
+
+
+# The recurrent product on R packed once per sequence (the direct kernel of
+# include/cyback_conv_direct.h) rather than BLAS, which packs R at every step
+# of every thread; off for tests of the BLAS path.
+_TUNE = {"packed": True}
+
+
+def _recurrent_operand(R, Py_ssize_t B, bint trans):
+    """(packed R, or R^T with ``trans``, and its block width) for a batch of
+    B rows, or (None, 0) where the rows go to GEMV or BLAS."""
+    if B <= GEMV_ROWS or not _TUNE["packed"]:
+        return None, 0
+    R = np.asarray(R)
+    return _pack_product(R.T if trans else R)
+
+
+cdef inline void _packed_product(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, const floating *h,
+                                 const floating *Wp, Py_ssize_t FB, bint acc,
+                                 floating *out) noexcept nogil:
+    """out = h @ W (+ out when acc): h (B, K), out (B, N), W packed by
+    _pack_product."""
+    cdef cb_cd_geom g = _product_geom(B, K, N, FB)
+    cdef Py_ssize_t it
+    for it in range(g.nfb):
+        if floating is float:
+            cb_cd_item_f(h, Wp, NULL, out if acc else NULL, 0, out, &g, it)
+        else:
+            cb_cd_item_d(h, Wp, NULL, out if acc else NULL, 0, out, &g, it)
+
+
 cdef inline void _rec_product(bint trans, Py_ssize_t B, Py_ssize_t u, Py_ssize_t G,
-                              const floating *h, const floating *R, floating beta,
-                              floating *out) noexcept nogil:
+                              const floating *h, const floating *R, const floating *Wp,
+                              Py_ssize_t FB, floating beta, floating *out) noexcept nogil:
     """out = h @ R + beta * out (h: (B, u), out: (B, G)), or with ``trans``
-    out = h @ R^T + beta * out (h: (B, G), out: (B, u)); all row-major."""
+    out = h @ R^T + beta * out (h: (B, G), out: (B, u)); all row-major; beta
+    is 0 or 1. Wp: the product's right operand (R, or R^T with ``trans``)
+    packed by _pack_product, or NULL for BLAS."""
     cdef int m = <int>G, n = <int>u, one = 1, b
     cdef char op = b'T' if trans else b'N'
     cdef floating alpha = 1
+    if B > GEMV_ROWS and Wp != NULL:
+        if trans:
+            _packed_product(B, G, u, h, Wp, FB, beta != 0, out)
+        else:
+            _packed_product(B, u, G, h, Wp, FB, beta != 0, out)
+        return
     if B > GEMV_ROWS:
         if trans:
             gemm(False, True, <int>B, <int>u, <int>G, alpha, h, <int>G, R, <int>G, beta,
@@ -100,6 +186,7 @@ cdef inline floating _dact(floating y, int kind) noexcept nogil:
 cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] zx,
                          const floating[:, ::1] h0, const floating[:, ::1] c0,
                          const floating[:, ::1] y0, const floating[:, ::1] R,
+        const floating *Wp, Py_ssize_t FB,
                          const floating[:, ::1] rmask, const unsigned char[:, ::1] mask,
                          bint use_rmask, bint use_mask, int act, int ract, floating[:, :, ::1] hs,
                          floating[:, :, ::1] cs, floating[:, :, ::1] ys, floating[:, :, ::1] gates,
@@ -121,7 +208,7 @@ cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1]
                     hm[b, j] = hp[(b - b0) * u + j] * rmask[b, j]
             hp = &hm[b0, 0]
         memcpy(&gates[t, b0, 0], &zx[t, b0, 0], (b1 - b0) * G * sizeof(floating))
-        _rec_product(False, b1 - b0, u, G, hp, &R[0, 0], 1, &gates[t, b0, 0])
+        _rec_product(False, b1 - b0, u, G, hp, &R[0, 0], Wp, FB, 1, &gates[t, b0, 0])
         for b in range(b0, b1):
             hp = &h0[b, 0] if t == 0 else &hs[t - 1, b, 0]
             cp = &c0[b, 0] if t == 0 else &cs[t - 1, b, 0]
@@ -151,6 +238,7 @@ cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1]
 
 cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                     const floating[:, ::1] c0, const floating[:, ::1] y0, const floating[:, ::1] R,
+        const floating *Wp, Py_ssize_t FB,
                     const floating[:, ::1] rmask, const unsigned char[:, ::1] mask, bint use_rmask,
                     bint use_mask, int act, int ract, floating[:, :, ::1] hs,
                     floating[:, :, ::1] cs, floating[:, :, ::1] ys, floating[:, :, ::1] gates,
@@ -163,11 +251,11 @@ cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     if nchunk > B:
         nchunk = B if B > 0 else 1
     if nchunk <= 1:
-        _lstm_fwd_rows(0, B, zx, h0, c0, y0, R, rmask, mask, use_rmask, use_mask, act, ract, hs,
+        _lstm_fwd_rows(0, B, zx, h0, c0, y0, R, Wp, FB, rmask, mask, use_rmask, use_mask, act, ract, hs,
                        cs, ys, gates, hm)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
-        _lstm_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, zx, h0, c0, y0, R, rmask, mask,
+        _lstm_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, zx, h0, c0, y0, R, Wp, FB, rmask, mask,
                        use_rmask, use_mask, act, ract, hs, cs, ys, gates, hm)
 
 
@@ -189,8 +277,15 @@ def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef floating[:, ::1] hm = np.empty((B, u), dt)
     cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
     cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
+    cdef floating[::1] packed
+    cdef const floating *Wp = NULL
+    cdef Py_ssize_t FB = 0
+    arr, FB = _recurrent_operand(R, B, False)
+    if arr is not None:
+        packed = arr
+        Wp = &packed[0]
     with nogil:
-        _lstm_fwd(zx, h0, c0, y0, R, rm, mk, rmask is not None, mask is not None, act, ract,
+        _lstm_fwd(zx, h0, c0, y0, R, Wp, FB, rm, mk, rmask is not None, mask is not None, act, ract,
                   hs, cs, ys, gates, hm)
     return np.asarray(hs), np.asarray(cs), np.asarray(ys), np.asarray(gates)
 
@@ -200,7 +295,8 @@ def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
 cdef void _lstm_bwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] dys,
                          floating[:, ::1] dh, floating[:, ::1] dc, floating[:, ::1] dy,
                          const floating[:, ::1] h0, const floating[:, ::1] c0,
-                         const floating[:, ::1] R, const floating[:, ::1] rmask,
+                         const floating[:, ::1] R,
+        const floating *Wp, Py_ssize_t FB, const floating[:, ::1] rmask,
                          const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask, int act,
                          int ract, const floating[:, :, ::1] hs, const floating[:, :, ::1] cs,
                          const floating[:, :, ::1] gates, floating[:, :, ::1] dz,
@@ -244,17 +340,18 @@ cdef void _lstm_bwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1]
                 dy[b, j] = 0
         # dh_{t-1} += (dz_t @ R^T) * rmask
         if use_rmask:
-            _rec_product(True, b1 - b0, u, G, &dz[t, b0, 0], &R[0, 0], 0, &dhm[b0, 0])
+            _rec_product(True, b1 - b0, u, G, &dz[t, b0, 0], &R[0, 0], Wp, FB, 0, &dhm[b0, 0])
             for b in range(b0, b1):
                 for j in range(u):
                     dh[b, j] += dhm[b, j] * rmask[b, j]
         else:
-            _rec_product(True, b1 - b0, u, G, &dz[t, b0, 0], &R[0, 0], 1, &dh[b0, 0])
+            _rec_product(True, b1 - b0, u, G, &dz[t, b0, 0], &R[0, 0], Wp, FB, 1, &dh[b0, 0])
 
 
 cdef void _lstm_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating[:, ::1] dc,
                     floating[:, ::1] dy, const floating[:, ::1] h0, const floating[:, ::1] c0,
-                    const floating[:, ::1] R, const floating[:, ::1] rmask,
+                    const floating[:, ::1] R,
+        const floating *Wp, Py_ssize_t FB, const floating[:, ::1] rmask,
                     const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask, int act,
                     int ract, const floating[:, :, ::1] hs, const floating[:, :, ::1] cs,
                     const floating[:, :, ::1] gates, floating[:, :, ::1] dz, floating[:, ::1] dhm,
@@ -267,11 +364,12 @@ cdef void _lstm_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating
     if nchunk > B:
         nchunk = B if B > 0 else 1
     if nchunk <= 1:
-        _lstm_bwd_rows(0, B, dys, dh, dc, dy, h0, c0, R, rmask, mask, use_rmask, use_mask, act,
+        _lstm_bwd_rows(0, B, dys, dh, dc, dy, h0, c0, R, Wp, FB, rmask, mask, use_rmask, use_mask, act,
                        ract, hs, cs, gates, dz, dhm, tcs)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
-        _lstm_bwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, dys, dh, dc, dy, h0, c0, R, rmask,
+        _lstm_bwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, dys, dh, dc, dy, h0, c0, R, Wp, FB,
+                       rmask,
                        mask, use_rmask, use_mask, act, ract, hs, cs, gates, dz, dhm, tcs)
 
 def lstm_backward(const floating[:, :, ::1] dys, dhT, dcT, dyT, const floating[:, ::1] h0,
@@ -291,8 +389,15 @@ def lstm_backward(const floating[:, :, ::1] dys, dhT, dcT, dyT, const floating[:
     cdef floating[:, ::1] tcs = np.empty((B, u), dt)
     cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
     cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
+    cdef floating[::1] packed
+    cdef const floating *Wp = NULL
+    cdef Py_ssize_t FB = 0
+    arr, FB = _recurrent_operand(R, B, True)
+    if arr is not None:
+        packed = arr
+        Wp = &packed[0]
     with nogil:
-        _lstm_bwd(dys, dh, dc, dy, h0, c0, R, rm, mk, rmask is not None, mask is not None,
+        _lstm_bwd(dys, dh, dc, dy, h0, c0, R, Wp, FB, rm, mk, rmask is not None, mask is not None,
                   act, ract, hs, cs, gates, dz, dhm, tcs)
     dR = _recurrent_grad(np.asarray(hs), np.asarray(h0), rmask, np.asarray(dz), dt)
     return np.asarray(dz), np.asarray(dh), np.asarray(dc), np.asarray(dy), dR
@@ -302,7 +407,8 @@ def lstm_backward(const floating[:, :, ::1] dys, dhT, dcT, dyT, const floating[:
 @cython.wraparound(False)
 cdef void _simple_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] zx,
                            const floating[:, ::1] h0, const floating[:, ::1] y0,
-                           const floating[:, ::1] R, const floating[:, ::1] rmask,
+                           const floating[:, ::1] R,
+        const floating *Wp, Py_ssize_t FB, const floating[:, ::1] rmask,
                            const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask,
                            int act, floating[:, :, ::1] hs, floating[:, :, ::1] ys,
                            floating[:, :, ::1] pre, floating[:, ::1] hm) noexcept nogil:
@@ -321,7 +427,7 @@ cdef void _simple_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::
                     hm[b, j] = hp[(b - b0) * u + j] * rmask[b, j]
             hp = &hm[b0, 0]
         memcpy(&pre[t, b0, 0], &zx[t, b0, 0], (b1 - b0) * u * sizeof(floating))
-        _rec_product(False, b1 - b0, u, u, hp, &R[0, 0], 1, &pre[t, b0, 0])
+        _rec_product(False, b1 - b0, u, u, hp, &R[0, 0], Wp, FB, 1, &pre[t, b0, 0])
         for b in range(b0, b1):
             hp = &h0[b, 0] if t == 0 else &hs[t - 1, b, 0]
             yp = &y0[b, 0] if t == 0 else &ys[t - 1, b, 0]
@@ -338,6 +444,7 @@ cdef void _simple_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::
 
 cdef void _simple_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                       const floating[:, ::1] y0, const floating[:, ::1] R,
+        const floating *Wp, Py_ssize_t FB,
                       const floating[:, ::1] rmask, const unsigned char[:, ::1] mask,
                       bint use_rmask, bint use_mask, int act, floating[:, :, ::1] hs,
                       floating[:, :, ::1] ys, floating[:, :, ::1] pre,
@@ -350,11 +457,11 @@ cdef void _simple_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     if nchunk > B:
         nchunk = B if B > 0 else 1
     if nchunk <= 1:
-        _simple_fwd_rows(0, B, zx, h0, y0, R, rmask, mask, use_rmask, use_mask, act, hs, ys, pre,
+        _simple_fwd_rows(0, B, zx, h0, y0, R, Wp, FB, rmask, mask, use_rmask, use_mask, act, hs, ys, pre,
                          hm)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
-        _simple_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, zx, h0, y0, R, rmask, mask,
+        _simple_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, zx, h0, y0, R, Wp, FB, rmask, mask,
                          use_rmask, use_mask, act, hs, ys, pre, hm)
 
 def simple_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
@@ -372,8 +479,15 @@ def simple_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef floating[:, ::1] hm = np.empty((B, u), dt)
     cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
     cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
+    cdef floating[::1] packed
+    cdef const floating *Wp = NULL
+    cdef Py_ssize_t FB = 0
+    arr, FB = _recurrent_operand(R, B, False)
+    if arr is not None:
+        packed = arr
+        Wp = &packed[0]
     with nogil:
-        _simple_fwd(zx, h0, y0, R, rm, mk, rmask is not None, mask is not None, act,
+        _simple_fwd(zx, h0, y0, R, Wp, FB, rm, mk, rmask is not None, mask is not None, act,
                     hs, ys, pre, hm)
     return np.asarray(hs), np.asarray(ys), np.asarray(pre)
 
@@ -382,6 +496,7 @@ def simple_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
 @cython.wraparound(False)
 cdef void _simple_bwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] dys,
                            floating[:, ::1] dh, floating[:, ::1] dy, const floating[:, ::1] R,
+        const floating *Wp, Py_ssize_t FB,
                            const floating[:, ::1] rmask, const unsigned char[:, ::1] mask,
                            bint use_rmask, bint use_mask, int act, const floating[:, :, ::1] acts,
                            floating[:, :, ::1] dz, floating[:, ::1] dhm) noexcept nogil:
@@ -401,16 +516,17 @@ cdef void _simple_bwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::
                 dh[b, j] = 0
                 dy[b, j] = 0
         if use_rmask:
-            _rec_product(True, b1 - b0, u, u, &dz[t, b0, 0], &R[0, 0], 0, &dhm[b0, 0])
+            _rec_product(True, b1 - b0, u, u, &dz[t, b0, 0], &R[0, 0], Wp, FB, 0, &dhm[b0, 0])
             for b in range(b0, b1):
                 for j in range(u):
                     dh[b, j] += dhm[b, j] * rmask[b, j]
         else:
-            _rec_product(True, b1 - b0, u, u, &dz[t, b0, 0], &R[0, 0], 1, &dh[b0, 0])
+            _rec_product(True, b1 - b0, u, u, &dz[t, b0, 0], &R[0, 0], Wp, FB, 1, &dh[b0, 0])
 
 
 cdef void _simple_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating[:, ::1] dy,
-                      const floating[:, ::1] R, const floating[:, ::1] rmask,
+                      const floating[:, ::1] R,
+        const floating *Wp, Py_ssize_t FB, const floating[:, ::1] rmask,
                       const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask, int act,
                       const floating[:, :, ::1] acts, floating[:, :, ::1] dz,
                       floating[:, ::1] dhm) noexcept nogil:
@@ -422,11 +538,11 @@ cdef void _simple_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floati
     if nchunk > B:
         nchunk = B if B > 0 else 1
     if nchunk <= 1:
-        _simple_bwd_rows(0, B, dys, dh, dy, R, rmask, mask, use_rmask, use_mask, act, acts, dz,
+        _simple_bwd_rows(0, B, dys, dh, dy, R, Wp, FB, rmask, mask, use_rmask, use_mask, act, acts, dz,
                          dhm)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
-        _simple_bwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, dys, dh, dy, R, rmask, mask,
+        _simple_bwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, dys, dh, dy, R, Wp, FB, rmask, mask,
                          use_rmask, use_mask, act, acts, dz, dhm)
 
 def simple_backward(const floating[:, :, ::1] dys, dhT, dyT, const floating[:, ::1] h0,
@@ -441,8 +557,15 @@ def simple_backward(const floating[:, :, ::1] dys, dhT, dyT, const floating[:, :
     cdef floating[:, ::1] dhm = np.empty((B, u), dt)
     cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
     cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
+    cdef floating[::1] packed
+    cdef const floating *Wp = NULL
+    cdef Py_ssize_t FB = 0
+    arr, FB = _recurrent_operand(R, B, True)
+    if arr is not None:
+        packed = arr
+        Wp = &packed[0]
     with nogil:
-        _simple_bwd(dys, dh, dy, R, rm, mk, rmask is not None, mask is not None, act,
+        _simple_bwd(dys, dh, dy, R, Wp, FB, rm, mk, rmask is not None, mask is not None, act,
                     acts, dz, dhm)
     dR = _recurrent_grad(np.asarray(hs), np.asarray(h0), rmask, np.asarray(dz), dt)
     return np.asarray(dz), np.asarray(dh), np.asarray(dy), dR

@@ -61,7 +61,21 @@ def _case(T, B, u, G, dtype, with_rmask, with_mask, seed=0):
 
 CASES = [(5, 3, 4, False, False), (5, 3, 4, True, True), (1, 1, 1, False, True),
          (4, 2, 7, True, False), (0, 3, 4, False, False), (3, 0, 4, True, True),
-         (3, 9, 5, True, True)]   # batch > GEMV_ROWS: one GEMM per step
+         # batch > GEMV_ROWS: a product per step; pixel tiles and channel
+         # blocks with remainders
+         (3, 9, 5, True, True), (3, 13, 20, True, True), (2, 40, 17, False, True)]
+
+
+@pytest.fixture(autouse=True, params=["packed", "blas"])
+def recurrent_product(request):
+    """Batches above GEMV_ROWS multiply by R packed once per sequence (the
+    default) or through BLAS: every test runs both."""
+    old = dict(rc._TUNE)
+    rc._TUNE["packed"] = request.param == "packed"
+    try:
+        yield request.param
+    finally:
+        rc._TUNE.update(old)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
