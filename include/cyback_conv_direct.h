@@ -148,8 +148,11 @@ CB_CD_COMMON(double, d)
 #define CB_CD_ROW(T, V, VL, SUF, ATTR)                                                    \
 ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,            \
         const T *bp, const T *res, int act, T *y, ptrdiff_t nf, const cb_cd_geom *g) {    \
-    const ptrdiff_t C = g->C, KW = g->KW, F = g->F, OW = g->OW;                           \
+    const ptrdiff_t C = g->C, F = g->F, OW = g->OW;                                       \
     const ptrdiff_t sC = g->sw * C, dC = g->dw * C, tap = C * 2 * VL;                     \
+    /* Undilated taps of a row are one run of KW * C inputs and of kernel    */          \
+    /* vectors: one loop instead of two (few channels: the first layer).     */          \
+    const ptrdiff_t KW = g->dw == 1 ? 1 : g->KW, CK = g->dw == 1 ? g->KW * C : C;         \
     const V zero = (V){0};                                                                \
     V bv0 = zero, bv1 = zero;                                                             \
     ptrdiff_t ow = 0, r, kw, c, np, p;                                                    \
@@ -164,7 +167,7 @@ ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,  
         for (p = 0; p < CB_CD_TILE; p++) o[p] = (p < np ? p : np - 1) * sC;               \
         for (r = 0; r < R; r++) {                                                         \
             const T *xb = xr[r];                                                          \
-            const T *wr = wp + r * KW * tap;                                              \
+            const T *wr = wp + r * g->KW * tap;                                           \
             if (!xb) continue;                                                            \
             xb += ow * sC;                                                                \
             for (kw = 0; kw < KW; kw++) {                                                 \
@@ -172,7 +175,7 @@ ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,  
                 const T *x2 = xb + kw * dC + o[2], *x3 = xb + kw * dC + o[3];             \
                 const T *x4 = xb + kw * dC + o[4], *x5 = xb + kw * dC + o[5];             \
                 const T *wk = wr + kw * tap;                                              \
-                for (c = 0; c < C; c++) {                                                 \
+                for (c = 0; c < CK; c++) {                                                \
                     const V w0 = *(const V *)(wk + c * 2 * VL);                           \
                     const V w1 = *(const V *)(wk + c * 2 * VL + VL);                      \
                     T x;                                                                  \
@@ -196,13 +199,13 @@ ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,  
         V a0 = zero, b0 = zero;                                                           \
         for (r = 0; r < R; r++) {                                                         \
             const T *xb = xr[r];                                                          \
-            const T *wr = wp + r * KW * tap;                                              \
+            const T *wr = wp + r * g->KW * tap;                                           \
             if (!xb) continue;                                                            \
             xb += ow * sC;                                                                \
             for (kw = 0; kw < KW; kw++) {                                                 \
                 const T *xk = xb + kw * dC;                                               \
                 const T *wk = wr + kw * tap;                                              \
-                for (c = 0; c < C; c++) {                                                 \
+                for (c = 0; c < CK; c++) {                                                \
                     T x = xk[c];                                                          \
                     a0 += x * *(const V *)(wk + c * 2 * VL);                              \
                     b0 += x * *(const V *)(wk + c * 2 * VL + VL);                         \

@@ -1,7 +1,7 @@
 # Row-major GEMM on top of SciPy's Fortran BLAS (the OpenBLAS SciPy ships).
 # Declared inline in a .pxd so that every kernel module gets its own copy and
 # calls BLAS with no Python in between.
-from scipy.linalg.cython_blas cimport sgemm, dgemm
+from scipy.linalg.cython_blas cimport sgemm, dgemm, sgemv, dgemv
 
 ctypedef fused floating:
     float
@@ -19,7 +19,25 @@ cdef inline void gemm(bint trans_a, bint trans_b, int m, int n, int k,
     """
     cdef char ta = b'T' if trans_a else b'N'
     cdef char tb = b'T' if trans_b else b'N'
+    cdef int inc = lda if trans_a else 1, one = 1
     if m <= 0 or n <= 0:
+        return
+    if m == 1 and k > 0:
+        # One row (batch-1 Dense layers): GEMV. OpenBLAS's GEMM would pack
+        # all of B first, which costs ten times the product. Row-major B is
+        # column-major B^T, so op(B)^T a is GEMV 'N' on it (and 'T' on a
+        # stored transpose).
+        tb = b'T' if trans_b else b'N'
+        if floating is float:
+            if trans_b:
+                sgemv(&tb, &k, &n, &alpha, <float*>b, &ldb, <float*>a, &inc, &beta, c, &one)
+            else:
+                sgemv(&tb, &n, &k, &alpha, <float*>b, &ldb, <float*>a, &inc, &beta, c, &one)
+        else:
+            if trans_b:
+                dgemv(&tb, &k, &n, &alpha, <double*>b, &ldb, <double*>a, &inc, &beta, c, &one)
+            else:
+                dgemv(&tb, &n, &k, &alpha, <double*>b, &ldb, <double*>a, &inc, &beta, c, &one)
         return
     if floating is float:
         sgemm(&tb, &ta, &n, &m, &k, &alpha, <float*>b, &ldb, <float*>a, &lda,

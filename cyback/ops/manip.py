@@ -10,6 +10,8 @@ Sizes that are only known at run time are None in static shapes; ops that
 need a size at run time read it from their input arrays or from a shape
 tensor (``shape.shape_of``), never from the static shape.
 """
+import math
+
 import numpy as np
 
 from cyback.graph.op import Op
@@ -347,7 +349,7 @@ class BatchFlatten(Op):
 
     def compute(self, x):
         # Reshape with an explicit inner size: (0, -1) is ambiguous to NumPy.
-        return (x.reshape(x.shape[0], int(np.prod(x.shape[1:]))),)
+        return (x.reshape(x.shape[0], math.prod(x.shape[1:])),)
 
     def grad(self, inputs, outputs, grads):
         return [reshape_like(grads[0], inputs[0])]
