@@ -35,8 +35,9 @@ class Geometry(object):
     """What the three ops of one convolution share: a plain value (tuples and
     strings only) so that ops built from the same call merge under CSE."""
 
-    __slots__ = ("api", "family", "rank", "strides", "dilation", "padding", "channels_last",
-                 "kernel_size", "local_out")
+    _FIELDS = ("api", "family", "rank", "strides", "dilation", "padding", "channels_last",
+               "kernel_size", "local_out")
+    __slots__ = _FIELDS + ("_checked",)
 
     def __init__(self, api, family, rank, strides, dilation, padding, channels_last,
                  kernel_size=None, local_out=None):
@@ -51,9 +52,12 @@ class Geometry(object):
         # local only: the output positions (Keras's output_shape), known even
         # when the input's spatial sizes are not
         self.local_out = None if local_out is None else tuple(local_out)
+        # (x shape, kernel shape) -> pads, for shapes already checked: a
+        # batch-1 convolution is over in microseconds, checking it is not
+        self._checked = {}
 
     def as_tuple(self):
-        return tuple(getattr(self, s) for s in self.__slots__)
+        return tuple(getattr(self, s) for s in self._FIELDS)
 
     def __eq__(self, other):
         return isinstance(other, Geometry) and self.as_tuple() == other.as_tuple()
@@ -154,22 +158,32 @@ class Geometry(object):
         ``bias`` (for conv, then + a ``residual`` shaped like the output) and
         then ``activation`` ('relu', 'relu6') inside the kernel."""
         x, k, dt = _operands(x, k)
-        sizes = self.spatial(x.shape)
-        self.check(x.shape, k.shape)
-        self._check_run(sizes, k.shape)
+        pads = self._checked.get((x.shape, k.shape))
+        if pads is None:
+            pads = self._check_forward(x.shape, k.shape)
         if self.family == "conv":
-            y = _conv.conv_forward(x, k, self.strides, self.dilation, self.pads(sizes, k.shape),
+            y = _conv.conv_forward(x, k, self.strides, self.dilation, pads,
                                    self.channels_last, bias=bias, residual=residual,
                                    activation=activation)
         elif self.family == "depthwise":
             if 0 in x.shape:
                 return np.zeros(self.y_shape(x.shape, k.shape), dt)
-            y = _dw.depthwise_forward(x, k, self.strides, self.dilation,
-                                      self.pads(sizes, k.shape), self.channels_last, bias,
-                                      activation)
+            y = _dw.depthwise_forward(x, k, self.strides, self.dilation, pads,
+                                      self.channels_last, bias, activation)
         else:
             y = _local.local_forward(x, k, self.kernel_size, self.strides, self.channels_last)
         return y.astype(dt, copy=False)
+
+    def _check_forward(self, xshape, kshape):
+        """The pads of a forward pass, after the checks; remembered."""
+        sizes = self.spatial(xshape)
+        self.check(xshape, kshape)
+        self._check_run(sizes, kshape)
+        pads = self.pads(sizes, kshape)
+        if len(self._checked) >= 64:
+            self._checked.clear()
+        self._checked[(xshape, kshape)] = pads
+        return pads
 
     def backward_input(self, dy, k, xshape):
         dy, k, dt = _operands(dy, k)
