@@ -166,8 +166,11 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
     frozen = None
     if n_outputs is not None and optimize.graph_optimizer():
         inference = not any(isinstance(op, Assign) for op, _, _ in steps)
+        # Re-walking a rewritten graph must substitute the same givens: the
+        # steps' outputs are the graph's own tensors, whose nodes still read
+        # the placeholders (the learning phase) the first walk replaced.
         steps, targets = optimize.optimize(steps, targets, inference,
-                                           lambda t: rewritten_steps(t, {}))
+                                           lambda t: rewritten_steps(t, givens))
         if inference:
             steps, frozen = _freeze(steps, targets)
 

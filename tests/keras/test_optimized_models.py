@@ -225,3 +225,22 @@ def test_training_is_bit_identical_with_the_optimizer():
     assert loss_on == loss_off
     for a, b in zip(weights_on, weights_off):
         np.testing.assert_array_equal(a, b)
+
+
+def test_learning_phase_function_with_a_rewrite_after_dropout():
+    # A rewrite (BatchNorm folded into the Dense after a Dropout) re-walks
+    # the graph; the walk must keep the learning phase the plan was built
+    # for, or the Dropout's switch reads an unbound phase (it did).
+    import keras.backend as K
+    rng = np.random.default_rng(7)
+    model = Sequential([L.Dense(8, input_shape=(4,)), L.Dropout(0.5), L.Dense(6),
+                        L.BatchNormalization(), L.Dense(2)])
+    _randomize_batchnorm(model, rng)
+    x = rng.standard_normal((5, 4)).astype('float32')
+    f = K.function(model.inputs + [K.learning_phase()], model.outputs)
+    got = f([x, 0])[0]
+    cyback.set_graph_optimizer(False)
+    want = K.function(model.inputs + [K.learning_phase()], model.outputs)([x, 0])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.predict(x), want, rtol=1e-5, atol=1e-6)
+    assert f([x, 1])[0].shape == (5, 2)
