@@ -55,12 +55,30 @@ class Context(object):
     def __init__(self, steps, targets, inference):
         self.inference = inference
         self._users = {}
-        for _, ins, _ in steps:
+        self._producer = {}
+        for op, ins, outs in steps:
             for x in ins:
                 self._users[x] = self._users.get(x, 0) + 1
+            for o in outs:
+                self._producer[o] = (op, ins)
         for t in targets:
             self._users[t] = self._users.get(t, 0) + 1
         self._weight = {}
+
+    #: the replacement of a tensor by the rewrites so far (set by the pass)
+    resolve = staticmethod(lambda t: t)
+
+    def producer(self, t):
+        """``(op, inputs)`` of the step that makes ``t``, its inputs as the
+        plan reads them (after the plan's substitutions, such as the learning
+        phase, and the rewrites so far; a graph node's own inputs may still
+        be the unsubstituted ones), or None for a leaf."""
+        step = self._producer.get(t)
+        if step is not None:
+            return step[0], [self.resolve(x) for x in step[1]]
+        if t.node is None:
+            return None
+        return t.node.op, list(t.node.inputs)     # made by a rewrite
 
     def users(self, t):
         """Readers of ``t`` in the plan as written (a tensor made by a rewrite
@@ -137,6 +155,8 @@ def _local_rewrites(steps, targets):
 
     def resolve(t):
         return repl.get(t, t)
+
+    ctx.resolve = resolve
 
     changed = False
     for op, ins, outs in steps:

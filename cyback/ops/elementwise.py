@@ -531,20 +531,44 @@ def clip(x, lo, hi):
 
 
 class Fill(Op):
-    """An array of ``shape(like)`` filled with ``value``, in ``dtype``."""
+    """An array filled with ``value``, in ``dtype``, of the shape of ``like``;
+    or, given ``dims``, of a shape made from like's: one ``(axis, factor)``
+    per output axis, ``like.shape[axis] * factor``, or ``factor`` itself when
+    axis is None. (The plan optimizer folds reductions, expand_dims and tiles
+    of a fill into a fill: Keras builds an RNN's zero initial state that way.)"""
 
     api = "ones_like"
     shape_only_inputs = (0,)
 
-    def __init__(self, value, dtype):
+    def __init__(self, value, dtype, dims=None):
         self.value = value
         self.dtype = dtype
+        self.dims = dims
+
+    def dims_of(self, rank):
+        """``dims`` spelled out for a ``like`` of this rank."""
+        return self.dims if self.dims is not None else tuple((i, 1) for i in range(rank))
+
+    def _shape(self, shape):
+        if self.dims is None:
+            return tuple(shape)
+        return tuple(f if a is None else None if shape[a] is None else shape[a] * f
+                     for a, f in self.dims)
 
     def infer(self, like):
-        return [(like.shape, self.dtype)]
+        return [(self._shape(like.shape), self.dtype)]
 
     def compute(self, like):
-        return (np.full(np.shape(like), self.value, dtype=self.dtype),)
+        return (np.full(self._shape(np.shape(like)), self.value, dtype=self.dtype),)
+
+
+def as_fill(t, ctx):
+    """``(Fill op, its like tensor)`` when the plan that ``ctx`` optimizes
+    makes ``t`` with a Fill, else None."""
+    step = ctx.producer(t)
+    if step is None or not isinstance(step[0], Fill):
+        return None
+    return step[0], step[1][0]
 
 
 def ones_like(x, dtype=None):

@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from cyback.graph.op import Op
+from cyback.ops import elementwise as ew
 from cyback.ops.shape import (GetItem, _fmt, reshape_like, reshape_static_dims, shape_of,
                               static_entries)
 
@@ -84,6 +85,17 @@ class Tile(Op):
         if any(r < 0 for r in reps):
             raise ValueError("tile: negative repetition count in %s" % (reps,))
         return (np.tile(x, reps),)
+
+    def rewrite(self, inputs, ctx):
+        # a fill tiled by static counts: a fill
+        src = ew.as_fill(inputs[0], ctx)
+        if src is None or len(inputs) > 1 or None in self.reps or \
+                len(self.reps) != inputs[0].ndim:
+            return None
+        fill, like = src
+        dims = fill.dims_of(like.ndim)
+        return [ew.Fill(fill.value, fill.dtype,
+                        tuple((a, f * r) for (a, f), r in zip(dims, self.reps)))(like)]
 
     def grad(self, inputs, outputs, grads):
         x = inputs[0]

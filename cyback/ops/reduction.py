@@ -69,6 +69,25 @@ class Reduce(Op):
             y = y.astype(x.dtype)
         return (y,)
 
+    def rewrite(self, inputs, ctx):
+        # A reduction of a fill is a fill: over static, non-empty axes, the
+        # max, min or mean of one value is that value, the sum of zeros zero.
+        src = ew.as_fill(inputs[0], ctx)
+        if src is None or self.kind not in ("sum", "mean", "max", "min"):
+            return None
+        fill, like = src
+        shape = inputs[0].shape
+        axes = tuple(range(len(shape))) if self.axes is None else self.axes
+        if any(shape[a] is None or shape[a] == 0 for a in axes) or \
+                (self.kind == "sum" and fill.value != 0):
+            return None
+        dims = fill.dims_of(like.ndim)
+        if self.keepdims:
+            dims = tuple((None, 1) if i in axes else d for i, d in enumerate(dims))
+        else:
+            dims = tuple(d for i, d in enumerate(dims) if i not in axes)
+        return [ew.Fill(fill.value, fill.dtype, dims)(like)]
+
     def grad(self, inputs, outputs, grads):
         x, y, g = inputs[0], outputs[0], grads[0]
         if self.kind in ("any", "all"):

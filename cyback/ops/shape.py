@@ -362,6 +362,17 @@ class ExpandTo(Op):
         index = tuple(None if p[0] == "new" else slice(None) for p in self.pattern)
         return (x[index],)
 
+    def rewrite(self, inputs, ctx):
+        # new axes of a fill: a fill
+        src = ew.as_fill(inputs[0], ctx)
+        if src is None:
+            return None
+        fill, like = src
+        dims = fill.dims_of(like.ndim)
+        return [ew.Fill(fill.value, fill.dtype,
+                        tuple((None, 1) if p[0] == "new" else dims[p[1]]
+                              for p in self.pattern))(like)]
+
     def grad(self, inputs, outputs, grads):
         return [reshape_like(grads[0], inputs[0])]
 

@@ -757,3 +757,38 @@ def test_conv_epilogue_stays_a_separate_pass():
     f, _ = _run([x], [K.relu(K.conv2d(x, k) - 1.0)], [np.ones((1, 5, 5, 2), "float32")], True)
     (op, _, _), = f._plan(0).steps
     assert op.base is not None and op.in_kernel is None
+
+
+def test_reductions_expand_dims_and_tiles_of_a_fill_fold_into_one_fill():
+    # Keras's RNN zero state: zeros_like(x) -> sum over time and features ->
+    # expand_dims -> tile to the units. One step in an inference plan.
+    x = K.placeholder((None, 5, 3))
+    z = K.tile(K.expand_dims(K.sum(K.zeros_like(x), axis=(1, 2))), [1, 4])
+    f, _ = _run([x], [z], [np.ones((2, 5, 3), "float32")], True)
+    assert _steps(f) == [repr(f._plan(0).steps[0][0])] and "Fill" in _steps(f)[0]
+    for n in (0, 1, 3):
+        feed = [np.random.rand(n, 5, 3).astype("float32")]
+        got = f(feed)[0]
+        want = _run([x], [z], feed, False)[1][0]
+        assert got.shape == want.shape == (n, 4) and got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("build, folds", [
+    (lambda x: K.mean(K.ones_like(x), axis=1, keepdims=True), True),
+    (lambda x: K.max(K.ones_like(x), axis=2), True),
+    (lambda x: K.min(K.ones_like(x), axis=(1, 2)), True),
+    (lambda x: K.sum(K.ones_like(x), axis=1), False),        # a sum of ones is not one
+    (lambda x: K.prod(K.zeros_like(x), axis=1), False),
+    (lambda x: K.max(K.zeros_like(x), axis=0), False),       # the batch axis: unknown size
+    (lambda x: K.tile(K.ones_like(x), K.stack([K.shape(x)[0], 1, 1])), False),  # symbolic reps
+])
+def test_fill_folding_keeps_values(build, folds):
+    x = K.placeholder((None, 5, 3))
+    y = build(x)
+    f, _ = _run([x], [y], [np.ones((2, 5, 3), "float32")], True)
+    steps = _steps(f)
+    assert (len(steps) == 1 and "Fill" in steps[0]) == folds, steps
+    for n in (1, 3):
+        feed = [np.random.rand(n, 5, 3).astype("float32")]
+        np.testing.assert_array_equal(f(feed)[0], _run([x], [y], feed, False)[1][0])
