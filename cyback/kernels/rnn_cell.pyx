@@ -160,6 +160,14 @@ cdef inline void _rec_product(bint trans, Py_ssize_t B, Py_ssize_t u, Py_ssize_t
 cdef extern from "cyback_act.h" nogil:
     void cb_act_row_f(float *p, Py_ssize_t n, int kind)
     void cb_act_row_d(double *p, Py_ssize_t n, int kind)
+    int cb_simd_use_avx2(int on)
+
+
+def _use_avx2(bint on):
+    """Run the AVX2 + FMA gate activations and products when the CPU has them
+    (the default), or the baseline ones (for tests). Returns whether AVX2
+    now runs."""
+    return bool(cb_simd_use_avx2(on))
 
 
 cdef inline void _act_row(floating *p, Py_ssize_t n, int kind) noexcept nogil:

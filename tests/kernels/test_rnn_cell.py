@@ -66,6 +66,18 @@ CASES = [(5, 3, 4, False, False), (5, 3, 4, True, True), (1, 1, 1, False, True),
          (3, 9, 5, True, True), (3, 13, 20, True, True), (2, 40, 17, False, True)]
 
 
+@pytest.fixture(autouse=True, params=["avx2", "baseline"])
+def instruction_set(request):
+    """The AVX2 + FMA kernels (where the CPU has them) and the baseline ones."""
+    if request.param == "avx2" and not rc._use_avx2(True):
+        pytest.skip("this CPU has no AVX2 + FMA")
+    rc._use_avx2(request.param == "avx2")
+    try:
+        yield request.param
+    finally:
+        rc._use_avx2(True)
+
+
 @pytest.fixture(autouse=True, params=["packed", "blas"])
 def recurrent_product(request):
     """Batches above GEMV_ROWS multiply by R packed once per sequence (the
