@@ -830,37 +830,64 @@ def _use_direct(g, last):
     return g["C"] <= _TUNE["direct_max_c"] and g["K"] <= _TUNE["direct_max_k"]
 
 
+cdef class _DirectGeom:
+    """The direct kernel's geometry for one convolution geometry and block
+    width, with its buffer sizes: built once, not on every call."""
+    cdef cb_cd_geom g
+    cdef Py_ssize_t wp_size, bp_size, xp_size
+    cdef bint copy
+
+
+# (id of a cached geometry dict, block width) -> (that dict, _DirectGeom);
+# the dict is held so that its id is not reused while the entry lives.
+_DIRECT_GEOMS = {}
+
+
 @cython.wraparound(True)
 @cython.boundscheck(True)
-def _run_direct(x, kernel, y, g, bias, residual, int act, int nt):
-    cdef cb_cd_geom cg
-    cdef cb_intr intr
-    cb_intr_init(&intr)
-    dbl = x.dtype == np.float64
-    FB = cb_cd_block(dbl)
+cdef _DirectGeom _direct_geom(g, Py_ssize_t FB):
+    cdef _DirectGeom d
+    entry = _DIRECT_GEOMS.get((id(g), FB))
+    if entry is not None and entry[0] is g:
+        return entry[1]
+    d = _DirectGeom()
     nfb = (g["F"] + FB - 1) // FB
     reach = (g["OW"] - 1) * g["sw"] + (g["KW"] - 1) * g["dw"] + 1
-    wp_len = max(reach, g["pw"] + g["W"])
-    cg = dict(N=g["N"], C=g["C"], F=g["F"], D=g["D"], H=g["H"], W=g["W"], Wp=wp_len,
-              pw=g["pw"], OD=g["OD"], OH=g["OH"], OW=g["OW"], KD=g["KD"], KH=g["KH"],
-              KW=g["KW"], sd=g["sd"], sh=g["sh"], sw=g["sw"], dd=g["dd"], dh=g["dh"],
-              dw=g["dw"], pd=g["pd"], ph=g["ph"], FB=FB, nfb=nfb)
-    wp = np.empty(nfb * FB * g["K"], dtype=x.dtype)
+    row = max(reach, g["pw"] + g["W"])
+    d.g = dict(N=g["N"], C=g["C"], F=g["F"], D=g["D"], H=g["H"], W=g["W"], Wp=row,
+               pw=g["pw"], OD=g["OD"], OH=g["OH"], OW=g["OW"], KD=g["KD"], KH=g["KH"],
+               KW=g["KW"], sd=g["sd"], sh=g["sh"], sw=g["sw"], dd=g["dd"], dh=g["dh"],
+               dw=g["dw"], pd=g["pd"], ph=g["ph"], FB=FB, nfb=nfb)
+    d.wp_size = nfb * FB * g["K"]
+    d.bp_size = nfb * FB
+    d.copy = row != g["W"]
+    d.xp_size = g["N"] * g["D"] * g["H"] * row * g["C"] if d.copy else 1
+    if len(_DIRECT_GEOMS) >= 512:
+        _DIRECT_GEOMS.clear()
+    _DIRECT_GEOMS[(id(g), FB)] = (g, d)
+    return d
+
+
+def _run_direct(x, kernel, y, g, bias, residual, int act, int nt):
+    cdef cb_intr intr
+    cb_intr_init(&intr)
+    cdef bint dbl = x.dtype == np.float64
+    cdef _DirectGeom d = _direct_geom(g, cb_cd_block(dbl))
+    wp = np.empty(d.wp_size, dtype=x.dtype)
     has_bias = bias is not None
-    bp = np.empty(nfb * FB if has_bias else 1, dtype=x.dtype)
+    bp = np.empty(d.bp_size if has_bias else 1, dtype=x.dtype)
     bias = bias if has_bias else bp
     has_res = residual is not None
     res = _flat(residual) if has_res else bp
-    copy = wp_len != g["W"]
-    xp = np.empty(g["N"] * g["D"] * g["H"] * wp_len * g["C"] if copy else 1, dtype=x.dtype)
+    xp = np.empty(d.xp_size, dtype=x.dtype) if d.copy else bp
     if dbl:
-        _pack_direct[double](_flat(kernel), bias, has_bias, wp, bp, &cg)
-        _forward_direct[double](_flat(x), xp, copy, wp, bp, has_bias, res, has_res, act,
-                                _flat(y), cg, nt, &intr)
+        _pack_direct[double](_flat(kernel), bias, has_bias, wp, bp, &d.g)
+        _forward_direct[double](_flat(x), xp, d.copy, wp, bp, has_bias, res, has_res, act,
+                                _flat(y), d.g, nt, &intr)
     else:
-        _pack_direct[float](_flat(kernel), bias, has_bias, wp, bp, &cg)
-        _forward_direct[float](_flat(x), xp, copy, wp, bp, has_bias, res, has_res, act,
-                               _flat(y), cg, nt, &intr)
+        _pack_direct[float](_flat(kernel), bias, has_bias, wp, bp, &d.g)
+        _forward_direct[float](_flat(x), xp, d.copy, wp, bp, has_bias, res, has_res, act,
+                               _flat(y), d.g, nt, &intr)
     check_interrupt(&intr)
 
 
