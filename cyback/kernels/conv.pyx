@@ -818,16 +818,19 @@ cdef void _pack_direct(floating[::1] k, floating[::1] bias, bint has_bias, float
 
 @cython.wraparound(True)
 @cython.boundscheck(True)
-def _use_direct(g, last):
+def _use_direct(g, last, bint dbl=False):
     """Whether a forward convolution runs the direct kernel.
 
     It reads the input in place (no patch matrix) and keeps a 6 x FB output
     tile in registers, which wins while the patch length K = taps * C is
     short; past that, im2col + BLAS's packed GEMM is faster (see
-    benchmarks/bench_conv.py, "direct" rows)."""
+    benchmarks/bench_conv.py, "direct" rows). With half a block of output
+    channels or fewer, most of the tile's lanes would be idle: 3x3, 32
+    channels in, 8 out ran 1.1x faster through im2col, 1 out 1.6x."""
     if not last or not _TUNE["direct"] or g["KD"] * g["KH"] > CB_CD_MAX_ROWS:
         return False
-    return g["C"] <= _TUNE["direct_max_c"] and g["K"] <= _TUNE["direct_max_k"]
+    return g["C"] <= _TUNE["direct_max_c"] and g["K"] <= _TUNE["direct_max_k"] and \
+        2 * g["F"] > cb_cd_block(dbl)
 
 
 cdef class _DirectGeom:
@@ -1086,6 +1089,11 @@ def _flat(a):
     return a.reshape(-1)
 
 
+def _direct_block_width(bint dbl):
+    """Output channels per block of the direct kernel set that runs now."""
+    return cb_cd_block(dbl)
+
+
 def _use_avx2(bint on):
     """Run the direct kernel's AVX2 + FMA set when the CPU has it (the
     default), or the baseline one (for tests). Returns whether AVX2 now runs."""
@@ -1186,7 +1194,7 @@ def _run_forward(x, kernel, y, g, bint last, bint pointwise, bias=None, residual
     cdef cb_intr intr
     cb_intr_init(&intr)
     nt, limit = _threads(g)
-    if _use_direct(g, last):
+    if _use_direct(g, last, x.dtype == np.float64):
         _run_direct(x, kernel, y, g, bias, residual, act, nt)
         return True
     if pointwise and last and _TUNE["pointwise_gemm"]:

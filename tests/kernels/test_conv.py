@@ -520,11 +520,11 @@ DIRECT_CASES = [
     ((5, 7), 3, 17, (3, 3), (1, 1), (1, 1), [(1, 1), (1, 1)]),
     ((9, 13), 5, 33, (3, 2), (2, 3), (2, 1), [(2, 1), (0, 3)]),
     ((400,), 1, 16, (12,), (4,), (1,), [(0, 0)]),
-    ((98,), 16, 7, (12,), (4,), (1,), [(0, 0)]),
-    ((11,), 4, 1, (5,), (1,), (2,), [(4, 4)]),
+    ((98,), 16, 9, (12,), (4,), (1,), [(0, 0)]),
+    ((11,), 4, 10, (5,), (1,), (2,), [(4, 4)]),
     ((3, 4, 5), 2, 9, (2, 3, 3), (1, 1, 2), (2, 1, 1), [(1, 1), (1, 1), (2, 0)]),
     ((6, 5), 64, 10, (1, 1), (1, 1), (1, 1), [(0, 0), (0, 0)]),
-    ((2, 2), 3, 4, (3, 3), (1, 1), (1, 1), [(2, 2), (2, 2)]),   # some rows all padding
+    ((2, 2), 3, 12, (3, 3), (1, 1), (1, 1), [(2, 2), (2, 2)]),   # some rows all padding
 ]
 
 
@@ -539,7 +539,7 @@ def test_direct_kernel_with_epilogue(direct_isa, case, activation, dtype):
         w = rng.standard_normal(k + (c, f)).astype(dtype)
         bias = rng.standard_normal(f).astype(dtype) if with_bias else None
         g, _, _ = conv._geometry(x.shape, w.shape, s, d, p, True, "test")
-        assert conv._use_direct(g, True)
+        assert conv._use_direct(g, True, dtype == np.float64)
         plain = ref_forward(x, w, s, d, p)
         res = rng.standard_normal(plain.shape).astype(dtype) if with_res else None
         y = conv.conv_forward(x, w, s, d, p, True, bias=bias, residual=res,
@@ -596,6 +596,14 @@ def test_direct_epilogue_off_the_direct_path():
         assert y.dtype == dtype
         t = dict(rtol=2e-2, atol=5e-2) if dtype == np.float16 else tol(dtype)
         np.testing.assert_allclose(y.astype(np.float64), want, **t)
+
+
+def test_direct_needs_more_than_half_a_block_of_output_channels():
+    x = np.ones((1, 9, 9, 4), np.float32)
+    fb = conv._direct_block_width(False)
+    for f, want in ((fb // 2, False), (fb // 2 + 1, True)):
+        g, _, _ = conv._geometry(x.shape, (3, 3, 4, f), (1, 1), (1, 1), [(1, 1)] * 2, True, "t")
+        assert conv._use_direct(g, True) == want
 
 
 def test_direct_many_tap_rows_fall_back():
