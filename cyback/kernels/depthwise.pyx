@@ -612,8 +612,30 @@ def _pair(name, what, v, nd):
     return v
 
 
-@cython.wraparound(True)
+_PARAMS = {}
+
+
 def _params(name, x_shape, k_shape, strides, dilation, pads, channels_last):
+    """_compute_params, remembered per argument tuple (the same few shapes
+    come back on every call of a model; checking them again cost as long as
+    a batch-1 depthwise kernel)."""
+    try:
+        key = (tuple(x_shape), tuple(k_shape), strides, dilation, pads, bool(channels_last))
+        return _PARAMS[key]
+    except TypeError:       # unhashable arguments (lists): no caching
+        return _compute_params(name, x_shape, k_shape, strides, dilation, pads,
+                               channels_last)
+    except KeyError:
+        pass
+    r = _compute_params(name, x_shape, k_shape, strides, dilation, pads, channels_last)
+    if len(_PARAMS) >= 512:
+        _PARAMS.clear()
+    _PARAMS[key] = r
+    return r
+
+
+@cython.wraparound(True)
+def _compute_params(name, x_shape, k_shape, strides, dilation, pads, channels_last):
     """Validate and return 2-D params plus out spatial shape."""
     nd = len(x_shape) - 2
     if nd not in (1, 2):
