@@ -418,22 +418,43 @@ def _norm_pads(name, pads, nd):
     return pads
 
 
-@cython.wraparound(True)
+_GEOMETRIES = {}
+
+
 def _setup(name, x, pool_size, strides, pads, channels_last, mode):
-    """Validate; return (x as float array, 3-D params, out spatial, out shape)."""
+    """Validate; return (x as float array, 3-D params, out spatial, out shape).
+    The geometry is remembered per argument tuple: a model pools the same
+    few shapes on every call, and checking them again cost as long as a
+    batch-1 pooling."""
     if mode not in ('max', 'avg'):
         raise ValueError("%s: mode must be 'max' or 'avg', got %r" % (name, mode))
     x = np.asarray(x)
     if x.dtype not in (np.float32, np.float64):
         raise TypeError("%s: expected float32 or float64 input, got %s" % (name, x.dtype))
-    nd = x.ndim - 2
+    try:
+        key = (x.shape, pool_size, strides, pads, bool(channels_last))
+        geo = _GEOMETRIES.get(key)
+    except TypeError:       # unhashable arguments (lists): no caching
+        key, geo = None, None
+    if geo is None:
+        geo = _geometry(name, x.shape, pool_size, strides, pads, channels_last)
+        if key is not None:
+            if len(_GEOMETRIES) >= 512:
+                _GEOMETRIES.clear()
+            _GEOMETRIES[key] = geo
+    return (x,) + geo
+
+
+@cython.wraparound(True)
+def _geometry(name, shape, pool_size, strides, pads, channels_last):
+    nd = len(shape) - 2
     if nd not in (1, 2, 3):
         raise ValueError("%s: expected a 3-D, 4-D or 5-D input (1-3 spatial dims), got shape %s"
-                         % (name, x.shape))
+                         % (name, shape))
     ks = _norm_tuple(name, pool_size, nd, "pool_size")
     ss = _norm_tuple(name, strides, nd, "strides")
     ps = _norm_pads(name, pads, nd)
-    spatial = x.shape[1:-1] if channels_last else x.shape[2:]
+    spatial = shape[1:-1] if channels_last else shape[2:]
     out = []
     for d in range(nd):
         k, s, (pb, pa) = ks[d], ss[d], ps[d]
@@ -451,12 +472,12 @@ def _setup(name, x, pool_size, strides, pads, channels_last, mode):
     k3 = (1,) * (3 - nd) + ks
     s3 = (1,) * (3 - nd) + ss
     p3 = (0,) * (3 - nd) + tuple(p[0] for p in ps)
-    n, c = x.shape[0], (x.shape[-1] if channels_last else x.shape[1])
+    n, c = shape[0], (shape[-1] if channels_last else shape[1])
     if channels_last:
         out_shape = (n,) + tuple(out) + (c,)
     else:
         out_shape = (n, c) + tuple(out)
-    return x, nd, k3, s3, p3, tuple(spatial), tuple(out), out_shape
+    return nd, k3, s3, p3, tuple(spatial), tuple(out), out_shape
 
 
 @cython.wraparound(True)
