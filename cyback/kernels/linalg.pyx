@@ -99,7 +99,10 @@ def matmul(a, b):
         return out
     a, ta = _operand(a)
     b, tb = _operand(b)
-    cdef int nt = cb_threads_for(2.0 * m * n * k)
+    # A product of a few rows (batch-1 Dense layers) streams B once: its
+    # cost is B's size, not the flops, and a woken team took longer than the
+    # CNN benchmark's 4608 x 128 one alone (73 us on 2 threads, 52 on 1).
+    cdef int nt = cb_threads_for(2.0 * m * n * k if m > 4 else 1.0 * n * k)
     cdef float[:, ::1] af, bf, of
     cdef double[:, ::1] ad, bd, od
     cdef cb_intr intr
