@@ -243,7 +243,9 @@ def direct_vs_gemm(nthreads):
         x = rng.standard_normal(xs, dtype=np.float32)
         w = rng.standard_normal(ks, dtype=np.float32)
         dil = (1,) * len(strides)
-        run = lambda: conv.conv_forward(x, w, strides, dil, pads)
+
+        def run(x=x, w=w, strides=strides, dil=dil, pads=pads):
+            return conv.conv_forward(x, w, strides, dil, pads)
         engines = {"direct": _tuned(run, direct=True), "gemm": _tuned(run, direct=False)}
         if xs[0] == 1:
             engines["one_thread"] = _tuned(run, flops_per_byte=1e30)
