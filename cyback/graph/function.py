@@ -21,7 +21,6 @@ update; a Function without updates takes no lock.
 import collections
 import itertools
 import linecache
-import sys
 import threading
 
 import numpy as np
@@ -236,8 +235,8 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
         outs_src = ", ".join(name_of(o) if n else "_" for o, n in zip(outs, needed))
         step_lines[len(lines) + 1] = op
         # The comment names the op in tracebacks (see _annotate).
-        lines.append("    %s, = %s(%s)  # %s" % (outs_src, fname, ", ".join(name_of(x) for x in ins),
-                                                 _op_label(op)))
+        args_src = ", ".join(name_of(x) for x in ins)
+        lines.append("    %s, = %s(%s)  # %s" % (outs_src, fname, args_src, _op_label(op)))
         dead = [name_of(x) for x in dict.fromkeys(ins)
                 if last_use.get(x) == i and x not in keep and type(x) is not Constant]
         if dead:

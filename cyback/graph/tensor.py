@@ -117,7 +117,8 @@ class Tensor(object):
         if not self.shape:
             raise TypeError("iteration over a 0-d tensor")
         if self.shape[0] is None:
-            raise TypeError("cannot iterate over a tensor of unknown leading size %s" % (self.shape,))
+            raise TypeError("cannot iterate over a tensor of unknown leading size %s"
+                            % (self.shape,))
         return (self[i] for i in range(self.shape[0]))
 
     def __bool__(self):
