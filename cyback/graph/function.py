@@ -384,7 +384,7 @@ class Function(object):
         self.outputs = [as_tensor(o) for o in outputs]
         self._fetches = [as_tensor(f) for f in fetches if isinstance(f, Tensor)]
         self._feed_dict = dict(kwargs.get("feed_dict") or {})
-        self._updates = self._normalize_updates(updates or [])
+        self._updates = self._check_updates(updates or [])
         assigns = self._find_assigns(self.outputs + self._fetches + self._updates)
         self._assigns = assigns
         # update, update_add, ...: the function each update came from, for errors.
@@ -413,23 +413,13 @@ class Function(object):
             self._only_optimized = optimize.graph_optimizer()
 
     @staticmethod
-    def _normalize_updates(updates):
-        from cyback.ops.state import update as make_update
-        if isinstance(updates, dict):
-            updates = list(updates.items())
-        out = []
+    def _check_updates(updates):
+        # K.function (api/core.py) has made (variable, new_value) pairs update tensors.
         for u in updates:
-            if isinstance(u, (list, tuple)):
-                if len(u) != 2:
-                    raise ValueError("function: an update must be a (variable, new_value) pair, "
-                                     "got %r" % (u,))
-                out.append(make_update(u[0], u[1]))
-            elif isinstance(u, Tensor):
-                out.append(u)
-            else:
+            if not isinstance(u, Tensor):
                 raise TypeError("function: an update must be a (variable, new_value) pair or "
                                 "the result of K.update/update_add/update_sub, got %r" % (u,))
-        return out
+        return list(updates)
 
     @staticmethod
     def _find_assigns(targets):
