@@ -395,8 +395,6 @@ def test_no_states_and_input_length_ignored():
 
 def test_learning_phase_inside_step():
     """A dropout-like in_train_phase inside the step follows the fed learning phase."""
-    if not hasattr(K, "in_train_phase"):
-        pytest.skip("in_train_phase not available yet")
     x = K.placeholder((None, 3, 2))
     h0 = K.placeholder((None, 2))
 
