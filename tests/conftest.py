@@ -35,6 +35,15 @@ def one_thread():
     K.set_num_threads(saved)
 
 
+@pytest.fixture
+def fresh_learning_phase():
+    """No fixed learning phase and a new placeholder, before and after the test."""
+    from cyback import config
+    config.reset_learning_phase()
+    yield
+    config.reset_learning_phase()
+
+
 @pytest.fixture(params=["cloudpickle", "pickle"])
 def round_trip(request):
     """``obj -> loads(dumps(obj))`` with pickle and with cloudpickle."""

@@ -5,13 +5,9 @@ import numpy as np
 import pytest
 
 import cyback as K
-from cyback import config
 
 
-@pytest.fixture(autouse=True)
-def _fresh_learning_phase():
-    yield
-    config.reset_learning_phase()
+pytestmark = pytest.mark.usefixtures("fresh_learning_phase")
 
 
 def test_intro_backend_code():

@@ -15,10 +15,6 @@ from cyback.ops import elementwise as ew
 from cyback.ops.reduction import Reduce
 
 
-def _static_dim(d):
-    return None if d is None else int(d)
-
-
 def format_shape(shape):
     """``(2, None, 3)`` for error messages."""
     return "(%s)" % ", ".join("None" if d is None else str(d) for d in shape)
