@@ -429,6 +429,12 @@ class Function(object):
                 found.append(node.outputs[0])
         return found
 
+    def plan_ops(self, learning_phase=0):
+        """The ops a call with this learning phase runs, in order: what folding,
+        common subexpressions and the plan optimizer left of the graph (with the
+        optimizer setting in force now)."""
+        return [op for op, _, _ in self._plan(learning_phase).steps]
+
     def _plan(self, lp_value):
         key = (lp_value, optimize.graph_optimizer())
         plan = self._plans.get(key)

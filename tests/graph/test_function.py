@@ -16,7 +16,7 @@ def _step_names(f, lp=0):
     """The ops of f's plan as written (the optimizer fuses them otherwise)."""
     K.set_graph_optimizer(False)
     try:
-        return [getattr(op, "name", type(op).__name__) for op, _, _ in f._plan(lp).steps]
+        return [getattr(op, "name", type(op).__name__) for op in f.plan_ops(lp)]
     finally:
         K.set_graph_optimizer(True)
 
