@@ -267,7 +267,7 @@ def direct_vs_gemm(nthreads):
         w = rng.standard_normal(ks, dtype=np.float32)
         dil = (1,) * len(strides)
 
-        def run():
+        def run(x=x, w=w, strides=strides, dil=dil, pads=pads):
             return conv.conv_forward(x, w, strides, dil, pads)
         engines = {"direct": _tuned(run, direct=True), "gemm": _tuned(run, direct=False)}
         if xs[0] == 1:
