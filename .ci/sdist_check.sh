@@ -56,4 +56,4 @@ for k in kernels:
 print("cyback", cyback.__version__, "from", os.path.dirname(cyback.__file__), "with kernels", *kernels)
 PY
 "$work/venv/bin/python" -m pytest -q -p no:cacheprovider \
-    "$root/tests/kernels" "$root/tests/api" "$root/tests/graph" "$root"/tests/test_*.py
+    "$root/tests/kernels" "$root/tests/api" "$root/tests/graph" "$root/tests/ops" "$root"/tests/test_*.py

@@ -93,7 +93,8 @@ def main():
     fixed = [int(t) for t in args.threads.split(",") if t]
     extra = dict(e.split("=", 1) for e in args.env)
     configs = [("default", None, extra)] + [("%d threads" % t, t, {}) for t in fixed]
-    workloads = [("keras demo training (%d epochs)" % args.epochs, TRAIN % dict(epochs=args.epochs)),
+    workloads = [("keras demo training (%d epochs)" % args.epochs,
+                  TRAIN % dict(epochs=args.epochs)),
                  ("conv2d 3x3 32ch fwd+bwd x%d" % args.conv_iters,
                   CONV % dict(iters=args.conv_iters))]
     load = open("/proc/loadavg").read().split()[:3]

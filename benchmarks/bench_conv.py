@@ -48,7 +48,8 @@ def im2col_forward(x, w, strides, pads):
     """NumPy reference: full patch matrix via sliding windows, one matmul."""
     rank = x.ndim - 2
     xp = np.pad(x, [(0, 0)] + list(pads) + [(0, 0)])
-    win = np.lib.stride_tricks.sliding_window_view(xp, w.shape[:rank], axis=tuple(range(1, rank + 1)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, w.shape[:rank],
+                                                   axis=tuple(range(1, rank + 1)))
     win = win[(slice(None),) + tuple(slice(None, None, s) for s in strides)]
     # win: (N, *out, C, *k) -> patches ordered like the kernel (*k, C)
     perm = (0,) + tuple(range(1, rank + 1)) + tuple(range(rank + 2, 2 * rank + 2)) + (rank + 1,)
@@ -60,7 +61,8 @@ def im2col_backward(x, w, dy, strides, pads):
     """NumPy reference gradients: dW from the patch matrix, dx by per-tap scatter."""
     rank = x.ndim - 2
     xp = np.pad(x, [(0, 0)] + list(pads) + [(0, 0)])
-    win = np.lib.stride_tricks.sliding_window_view(xp, w.shape[:rank], axis=tuple(range(1, rank + 1)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, w.shape[:rank],
+                                                   axis=tuple(range(1, rank + 1)))
     win = win[(slice(None),) + tuple(slice(None, None, s) for s in strides)]
     perm = (0,) + tuple(range(1, rank + 1)) + tuple(range(rank + 2, 2 * rank + 2)) + (rank + 1,)
     cols = np.ascontiguousarray(win.transpose(perm)).reshape(-1, w[..., 0].size)
@@ -92,7 +94,9 @@ def torch_funcs(torch, x, w, strides, pads, channels_last, transposed):
         # torch crops symmetrically: same work and output size, shifted by a row.
         p = [(a + b + 1) // 2 for a, b in pads]
         op = [2 * q - a - b for q, (a, b) in zip(p, pads)]
-        fwd = lambda: convt_fn(xt, wt, stride=strides, padding=p, output_padding=op)
+
+        def fwd():
+            return convt_fn(xt, wt, stride=strides, padding=p, output_padding=op)
         y = fwd()
         xt.requires_grad_(True)
         wt.requires_grad_(True)
@@ -101,7 +105,9 @@ def torch_funcs(torch, x, w, strides, pads, channels_last, transposed):
         xt = torch.from_numpy(np.ascontiguousarray(np.moveaxis(xp, -1, 1)))
         if mf is not None:
             xt, wt = xt.contiguous(memory_format=mf), wt.contiguous(memory_format=mf)
-        fwd = lambda: conv_fn(xt, wt, stride=strides)
+
+        def fwd():
+            return conv_fn(xt, wt, stride=strides)
         y = fwd()
         xt.requires_grad_(True)
         wt.requires_grad_(True)
@@ -139,28 +145,45 @@ def run_case(name, xshape, kshape, strides, padding, channels_last, transposed, 
         oshape = out_shape if channels_last else (out_shape[0], out_shape[-1]) + out_shape[1:-1]
         gy = rng.standard_normal(out_shape, dtype=np.float32)
         gyin = gy if channels_last else np.ascontiguousarray(np.moveaxis(gy, -1, 1))
-        fwd = lambda: conv.conv_backward_input(xin, w, oshape, strides, dil, pads,
-                                               channels_last=channels_last)
-        bwd = lambda: (conv.conv_forward(gyin, w, strides, dil, pads, channels_last=channels_last),
-                       conv.conv_backward_kernel(gyin, xin, kshape, strides, dil, pads,
-                                                 channels_last=channels_last))
-        np_fwd = lambda: im2col_backward(np.zeros(out_shape, np.float32), w, x, strides, pads)[0]
-        np_bwd = lambda: (im2col_forward(gy, w, strides, pads),
-                          im2col_backward(gy, w, x, strides, pads)[1])
+
+        def fwd():
+            return conv.conv_backward_input(xin, w, oshape, strides, dil, pads,
+                                            channels_last=channels_last)
+
+        def bwd():
+            return (conv.conv_forward(gyin, w, strides, dil, pads, channels_last=channels_last),
+                    conv.conv_backward_kernel(gyin, xin, kshape, strides, dil, pads,
+                                              channels_last=channels_last))
+
+        def np_fwd():
+            return im2col_backward(np.zeros(out_shape, np.float32), w, x, strides, pads)[0]
+
+        def np_bwd():
+            return (im2col_forward(gy, w, strides, pads),
+                    im2col_backward(gy, w, x, strides, pads)[1])
     else:
-        pads = [conv_pads(n, k, s, 1, padding) for n, k, s in zip(xshape[1:-1], kshape[:rank], strides)]
+        pads = [conv_pads(n, k, s, 1, padding)
+                for n, k, s in zip(xshape[1:-1], kshape[:rank], strides)]
         xin = x if channels_last else np.ascontiguousarray(np.moveaxis(x, -1, 1))
         y = conv.conv_forward(xin, w, strides, dil, pads, channels_last=channels_last)
         flops = 2.0 * y.size * int(np.prod(kshape[:-1]))
         dy = rng.standard_normal(y.shape, dtype=np.float32)
         dyl = dy if channels_last else np.ascontiguousarray(np.moveaxis(dy, 1, -1))
-        fwd = lambda: conv.conv_forward(xin, w, strides, dil, pads, channels_last=channels_last)
-        bwd = lambda: (conv.conv_backward_input(dy, w, xin.shape, strides, dil, pads,
-                                                channels_last=channels_last),
-                       conv.conv_backward_kernel(xin, dy, kshape, strides, dil, pads,
-                                                 channels_last=channels_last))
-        np_fwd = lambda: im2col_forward(x, w, strides, pads)
-        np_bwd = lambda: im2col_backward(x, w, dyl, strides, pads)
+
+        def fwd():
+            return conv.conv_forward(xin, w, strides, dil, pads, channels_last=channels_last)
+
+        def bwd():
+            return (conv.conv_backward_input(dy, w, xin.shape, strides, dil, pads,
+                                             channels_last=channels_last),
+                    conv.conv_backward_kernel(xin, dy, kshape, strides, dil, pads,
+                                              channels_last=channels_last))
+
+        def np_fwd():
+            return im2col_forward(x, w, strides, pads)
+
+        def np_bwd():
+            return im2col_backward(x, w, dyl, strides, pads)
     torch_fns = torch_funcs(torch, x, w, strides, pads, channels_last, transposed) \
         if torch is not None else None
     return dict(name=name, flops=flops, fwd=fwd, bwd=bwd, np_fwd=np_fwd, np_bwd=np_bwd,
@@ -320,7 +343,8 @@ def main():
     try:
         for nt in sorted({1, nthreads}):
             set_num_threads(nt)
-            times[nt] = median_time(lambda: conv.conv_forward(x, w, (1, 1), (1, 1), pads), REPEATS, 1)
+            times[nt] = median_time(lambda: conv.conv_forward(x, w, (1, 1), (1, 1), pads),
+                                    REPEATS, 1)
     finally:
         set_num_threads(nthreads)
     speedup = times[1] / times[nthreads]
@@ -329,7 +353,8 @@ def main():
     if torch is not None:
         columns += ["torch_fwd_gflops", "torch_bwd_gflops"]
     print()
-    print_table(rows, columns, title="conv kernels, float32 (np_*_x: NumPy im2col time / cyback time)")
+    print_table(rows, columns,
+                title="conv kernels, float32 (np_*_x: NumPy im2col time / cyback time)")
     print("\nresnet3x3 NHWC forward: %d threads %.1f ms, 1 thread %.1f ms, speedup %.2fx"
           % (nthreads, times[nthreads] * 1e3, times[1] * 1e3, speedup))
     settle()
@@ -348,7 +373,8 @@ def main():
                       "is faster); batch 1 on one thread and on %d" % nthreads)
     load = os.getloadavg()[0]
     print("load average at the end: %.1f (a shared machine makes every figure noisy)" % load)
-    path = write_json("conv", rows, pointwise=pw_rows, direct=d_rows, threads=nthreads, thread_speedup=speedup,
+    path = write_json("conv", rows, pointwise=pw_rows, direct=d_rows, threads=nthreads,
+                      thread_speedup=speedup,
                       torch=torch.__version__ if torch else None, load_average=load)
     print("wrote", path)
 

@@ -63,7 +63,8 @@ def np_ctc_loss_grad(logits, labels, in_len, lab_len):
     bidx = np.arange(B)
     last = alpha[in_len - 1, bidx]
     end = 2 * lab_len
-    logp = np.logaddexp(last[bidx, end], np.where(lab_len > 0, last[bidx, np.maximum(end - 1, 0)], -np.inf))
+    logp = np.logaddexp(last[bidx, end],
+                        np.where(lab_len > 0, last[bidx, np.maximum(end - 1, 0)], -np.inf))
     beta = np.full((T, B, S), -np.inf)
     for t in range(T - 1, -1, -1):
         cur = np.full((B, S), -np.inf)

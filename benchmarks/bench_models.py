@@ -62,7 +62,8 @@ def main(argv=None):
     summ = summary(rows)
     for b in batches:
         g = summ.get("geomean_vs_ort_b%d" % b)
-        print("geomean cyback/ORT speed-up at batch %d: %s" % (b, "-" if g is None else "%.3fx" % g))
+        print("geomean cyback/ORT speed-up at batch %d: %s"
+              % (b, "-" if g is None else "%.3fx" % g))
     for k, v in sorted(summ.items()):
         if k.startswith("geomean") and "_ort_" not in k:
             print("%s: %.3fx" % (k, v))
@@ -86,7 +87,8 @@ def models_chart(rows, path, charts):
     for r in rows:
         if "median_us" in r and (r["model"], r["batch"]) not in keys:
             keys.append((r["model"], r["batch"]))
-    peers = sorted({r["engine"] for r in rows if "median_us" in r and not r["engine"].startswith("cyback")})
+    peers = sorted({r["engine"] for r in rows
+                    if "median_us" in r and not r["engine"].startswith("cyback")})
     for model, batch in keys:
         labels.append("%s b%d" % (model, batch))
         for peer in peers:

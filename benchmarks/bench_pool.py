@@ -180,8 +180,9 @@ def bench_pool(rows, rng, shape, ks, ss, cl, mode, repeats, np_repeats):
         tx = torch.from_numpy(x)
         if cl:
             tx = tx.permute(0, nd + 1, *range(1, nd + 1))  # channels_last memory format
-        fn = {(2, 'max'): torch.nn.functional.max_pool2d, (3, 'max'): torch.nn.functional.max_pool3d,
-              (2, 'avg'): torch.nn.functional.avg_pool2d, (3, 'avg'): torch.nn.functional.avg_pool3d}
+        tf_ = torch.nn.functional
+        fn = {(2, 'max'): tf_.max_pool2d, (3, 'max'): tf_.max_pool3d,
+              (2, 'avg'): tf_.avg_pool2d, (3, 'avg'): tf_.avg_pool3d}
         f = fn[(nd, mode)]
         kw = dict(ceil_mode=True)
         if mode == 'avg':
@@ -189,7 +190,7 @@ def bench_pool(rows, rng, shape, ks, ss, cl, mode, repeats, np_repeats):
         with torch.no_grad():
             tt_f = median_time(lambda: f(tx, ks, ss, **kw), repeats)
         txg = tx.detach().requires_grad_(True)
-        ty = f(txg, ks, ss, **kw)
+        f(txg, ks, ss, **kw)  # one call with autograd on before timing the backward
         tdy = torch.from_numpy(dy)
         if cl:
             tdy = tdy.permute(0, nd + 1, *range(1, nd + 1))

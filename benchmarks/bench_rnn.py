@@ -31,7 +31,7 @@ from _common import (median_time, print_table, reference_blas,  # noqa: E402
                      try_import_torch, write_json)
 
 import cyback as K  # noqa: E402
-from cyback.graph import scan_cells  # noqa: E402
+from cyback.ops import scan_cells  # noqa: E402
 from cyback.ops import elementwise as ew  # noqa: E402
 
 sigmoid = getattr(K, "sigmoid", ew.sigmoid)

@@ -3,6 +3,27 @@
 The module itself is the backend namespace: ``import cyback as K`` gives the
 Keras backend API, and ``KERAS_BACKEND=cyback`` makes multi-backend Keras load
 it. See README.md.
+
+The package is layered; a module imports only from its own layer and those
+below it (``lint-imports`` checks this, contracts in pyproject.toml):
+
+- ``python -m cyback``, ``cyback.demo``, ``cyback.bench``, ``cyback.dask``:
+  programs and integrations built on the backend;
+- ``cyback._keras_compat``: the patches multi-backend Keras needs;
+- ``cyback.api``: the Keras backend functions (argument checks, Keras
+  conventions), written with ops;
+- ``cyback.ops``: the ops (shape rule, compute and gradient side by side),
+  and what builds op graphs: ``gradients`` and the ``Scan`` loop;
+- ``cyback.graph``: tensors, the ``Op`` interface, compiled functions and
+  their planner, pickling; it knows no particular op;
+- ``cyback.config``: floatx, epsilon, data format, threads, learning phase;
+- ``cyback.kernels``: compiled kernels on NumPy arrays; they import nothing
+  from cyback outside ``cyback.kernels``.
+
+Where a lower layer needs something defined above it, the upper layer
+registers it: ``graph.tensor.register_list_stacker`` (K.stack for lists of
+tensors), ``graph.pickling.register_reducer`` (the loop ops) and
+``config.register_learning_phase_factory`` (the placeholder).
 """
 from cyback._version import __version__  # noqa: F401
 

@@ -337,15 +337,22 @@ def _init_threads():
 
 # ------------------------------------------------------------ learning phase
 
-_learning_phase = {"placeholder": None, "fixed": None}
+# The placeholder is a graph tensor: graph/tensor.py registers the function
+# that makes it (register_learning_phase_factory), so config imports no graph.
+_learning_phase = {"placeholder": None, "fixed": None, "factory": None}
 
 
-def learning_phase_placeholder():
-    """The symbolic learning phase (a bool scalar placeholder that is 0 unless fed)."""
+def register_learning_phase_factory(factory):
+    """``factory()`` makes the learning-phase placeholder when one is needed."""
+    _learning_phase["factory"] = factory
+
+
+def learning_phase_placeholder(create=True):
+    """The symbolic learning phase (a bool scalar placeholder that is 0 unless
+    fed); None if it does not exist yet and ``create`` is false."""
     ph = _learning_phase["placeholder"]
-    if ph is None:
-        from cyback.graph.tensor import Placeholder
-        ph = Placeholder((), "bool", name="keras_learning_phase", default=False)
+    if ph is None and create:
+        ph = _learning_phase["factory"]()
         _learning_phase["placeholder"] = ph
     return ph
 

@@ -23,6 +23,34 @@ def rng():
     return np.random.default_rng(1234)
 
 
+@pytest.fixture
+def one_thread():
+    """Finite differences make hundreds of tiny kernel calls; on a loaded
+    machine each OpenMP fork/join can cost milliseconds, so run them on one
+    thread (the value tests cover the threaded paths)."""
+    import cyback as K
+    saved = K.get_num_threads()
+    K.set_num_threads(1)
+    yield
+    K.set_num_threads(saved)
+
+
+@pytest.fixture
+def fresh_learning_phase():
+    """No fixed learning phase and a new placeholder, before and after the test."""
+    from cyback import config
+    config.reset_learning_phase()
+    yield
+    config.reset_learning_phase()
+
+
+@pytest.fixture(params=["cloudpickle", "pickle"])
+def round_trip(request):
+    """``obj -> loads(dumps(obj))`` with pickle and with cloudpickle."""
+    module = pytest.importorskip(request.param)
+    return lambda obj: module.loads(module.dumps(obj))
+
+
 @pytest.fixture(autouse=True)
 def _restore_settings():
     import cyback as K

@@ -22,12 +22,6 @@ def fresh_settings(monkeypatch):
     return config._settings
 
 
-@pytest.fixture
-def learning_phase_restored():
-    yield
-    config.reset_learning_phase()
-
-
 def _write_json(folder, cfg):
     with open(os.path.join(str(folder), "keras.json"), "w") as f:
         f.write(cfg if isinstance(cfg, str) else json.dumps(cfg))
@@ -200,14 +194,14 @@ def test_backend_name():
 
 # ------------------------------------------------------------------ learning phase
 
-def test_learning_phase_default_is_symbolic(learning_phase_restored):
+def test_learning_phase_default_is_symbolic(fresh_learning_phase):
     lp = K.learning_phase()
     assert K.is_placeholder(lp)
     assert K.int_shape(lp) == ()
     assert K.learning_phase() is lp
 
 
-def test_set_learning_phase(learning_phase_restored):
+def test_set_learning_phase(fresh_learning_phase):
     K.set_learning_phase(1)
     assert K.learning_phase() == 1
     K.set_learning_phase(0)
@@ -215,12 +209,12 @@ def test_set_learning_phase(learning_phase_restored):
 
 
 @pytest.mark.parametrize("bad", [2, -1, 0.5, "train", None])
-def test_set_learning_phase_bad(bad, learning_phase_restored):
+def test_set_learning_phase_bad(bad, fresh_learning_phase):
     with pytest.raises(ValueError, match="set_learning_phase"):
         K.set_learning_phase(bad)
 
 
-def test_clear_session_resets_learning_phase(learning_phase_restored):
+def test_clear_session_resets_learning_phase(fresh_learning_phase):
     K.set_learning_phase(1)
     K.clear_session()
     assert K.is_placeholder(K.learning_phase())

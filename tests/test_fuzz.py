@@ -18,7 +18,6 @@ import sys
 import warnings
 
 import numpy as np
-import pytest
 
 import cyback as K
 from cyback.graph.tensor import Tensor

@@ -27,7 +27,7 @@ __all__ = [
     "local_conv2d", "pool2d", "pool3d",
 ]
 
-_fmt = shp._fmt
+_fmt = shp.format_shape
 
 
 # ------------------------------------------------------------------ arguments

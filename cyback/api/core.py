@@ -1,18 +1,18 @@
 """Tensors, variables, placeholders, values, functions, gradients and the
 session helpers of the Keras backend API."""
-import sys
-
 import numpy as np
 
 from cyback import config
 from cyback.graph import function as _function
-from cyback.graph.gradients import gradients as _gradients
-from cyback.graph.op import Op
+from cyback.graph.op import pop_after_updates, push_after_updates
 from cyback.graph.tensor import (Constant, Placeholder, Tensor, Variable, as_tensor,
                                  assign_all, dtype_name)
 from cyback.ops import elementwise as ew
 from cyback.ops import shape as shp
 from cyback.ops import state
+from cyback.ops.gradients import gradients as _gradients
+from cyback.ops.identity import Identity, PrintTensor, StopGradient
+from cyback.ops.sparse import ToDense
 
 __all__ = [
     "variable", "constant", "placeholder", "is_variable", "is_tensor", "is_keras_tensor",
@@ -120,19 +120,6 @@ def is_symbolic(x):
 
 def is_sparse(tensor):
     return bool(getattr(tensor, "sparse", False)) or hasattr(tensor, "tocsr")
-
-
-class ToDense(Op):
-    api = "to_dense"
-
-    def infer(self, x):
-        return [(x.shape, x.dtype)]
-
-    def compute(self, x):
-        return (x.toarray() if hasattr(x, "toarray") else np.asarray(x),)
-
-    def grad(self, inputs, outputs, grads):
-        return [grads[0]]
 
 
 def to_dense(tensor):
@@ -263,21 +250,6 @@ def ones_like(x, dtype=None, name=None):
     return ew.ones_like(x, dtype)
 
 
-class Identity(Op):
-    api = "identity"
-
-    def infer(self, x):
-        return [(x.shape, x.dtype)]
-
-    def compute(self, x):
-        # a copy, as TensorFlow's identity is a new tensor: returned from a
-        # function, the result must not be a variable's own storage
-        return (np.array(x, copy=True),)
-
-    def grad(self, inputs, outputs, grads):
-        return [grads[0]]
-
-
 def identity(x, name=None):
     x = as_tensor(x)
     return Identity()(x, name=name)
@@ -285,25 +257,6 @@ def identity(x, name=None):
 
 def cast(x, dtype):
     return ew.cast(x, dtype)
-
-
-class PrintTensor(Op):
-    api = "print_tensor"
-    pure = False
-
-    def __init__(self, message):
-        self.message = message
-
-    def infer(self, x):
-        return [(x.shape, x.dtype)]
-
-    def compute(self, x):
-        sys.stdout.write("%s%s\n" % (self.message, np.array2string(np.asarray(x))))
-        sys.stdout.flush()
-        return (x,)
-
-    def grad(self, inputs, outputs, grads):
-        return [grads[0]]
 
 
 def print_tensor(x, message=""):
@@ -321,21 +274,27 @@ moving_average_update = state.moving_average_update
 
 def function(inputs, outputs, updates=None, **kwargs):
     """Compile ``outputs`` (and ``updates``) of ``inputs`` into a callable."""
-    return Function(inputs, outputs, updates=updates, **kwargs)
+    return Function(inputs, outputs, updates=_update_tensors(updates or []), **kwargs)
+
+
+def _update_tensors(updates):
+    """Updates as tensors: a (variable, new_value) pair becomes K.update's."""
+    if isinstance(updates, dict):
+        updates = list(updates.items())
+    out = []
+    for u in updates:
+        if isinstance(u, (list, tuple)):
+            if len(u) != 2:
+                raise ValueError("function: an update must be a (variable, new_value) pair, "
+                                 "got %r" % (u,))
+            out.append(state.update(u[0], u[1]))
+        else:
+            out.append(u)  # Function checks that it is a tensor
+    return out
 
 
 def gradients(loss, variables):
     return _gradients(loss, variables)
-
-
-class StopGradient(Op):
-    api = "stop_gradient"
-
-    def infer(self, x):
-        return [(x.shape, x.dtype)]
-
-    def compute(self, x):
-        return (x,)
 
 
 def stop_gradient(variables):
@@ -459,17 +418,14 @@ class control_dependencies(object):
         self.control_inputs = list(control_inputs)
 
     def __enter__(self):
-        from cyback.graph.function import Assign
-        from cyback.graph.op import _after_updates
-        mapping = dict(_after_updates[-1]) if _after_updates else {}
+        assigned = {}
         for t in self.control_inputs:
             node = getattr(t, "node", None)
-            if node is not None and isinstance(node.op, Assign):
-                mapping[node.inputs[0]] = t
-        _after_updates.append(mapping)
+            if node is not None and isinstance(node.op, _function.Assign):
+                assigned[node.inputs[0]] = t
+        push_after_updates(assigned)
         return self
 
     def __exit__(self, *exc):
-        from cyback.graph.op import _after_updates
-        _after_updates.pop()
+        pop_after_updates()
         return False

@@ -12,7 +12,7 @@ import numpy as np
 
 from cyback import config
 from cyback.graph.tensor import Constant, Tensor, as_tensor, dtype_name, is_float_dtype, \
-    is_int_dtype
+    is_int_dtype, register_list_stacker
 from cyback.ops import elementwise as ew
 from cyback.ops import manip as mp
 from cyback.ops import shape as shp
@@ -25,7 +25,7 @@ __all__ = [
     "spatial_3d_padding", "stack", "one_hot", "reverse", "slice", "pattern_broadcast",
 ]
 
-_fmt = shp._fmt
+_fmt = shp.format_shape
 
 
 def _tensor(api, x, name="x"):
@@ -224,6 +224,9 @@ def stack(x, axis=0):
     axis = _axis("stack", axis, ndim, extra=1)
     parts = [shp.reshape_static_dims(t, (axis,), ndim + 1) for t in tensors]
     return shp.concatenate(parts, axis)
+
+
+register_list_stacker(stack)
 
 
 def pattern_broadcast(x, broadcastable):

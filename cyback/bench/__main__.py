@@ -178,7 +178,8 @@ def run(args, stream=sys.stderr):
     for name in script_names:
         script_results.append(scripts.run_script(name, args.threads, args.quick))
         bar.step(name)
-    doc = {"command": "python -m cyback.bench " + " ".join(sys.argv[1:] if args is not None else []),
+    argv = sys.argv[1:] if args is not None else []
+    doc = {"command": "python -m cyback.bench " + " ".join(argv),
            "started": started, "seconds": time.perf_counter() - t_start,
            "load_start": load_start, "load_end": machine.load_average(),
            "threads": args.threads, "scale": scale, "blocks": blocks, "block_seconds": block_s,

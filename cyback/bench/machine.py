@@ -25,7 +25,8 @@ def cpu_info():
             for line in f:
                 key, _, value = line.partition(":")
                 key = key.strip()
-                if key in ("model name", "Model", "Hardware") and model in ("", platform.machine(), platform.processor()):
+                if (key in ("model name", "Model", "Hardware")
+                        and model in ("", platform.machine(), platform.processor())):
                     model = value.strip()
                 elif key in ("flags", "Features") and not flags:
                     flags = set(value.split())

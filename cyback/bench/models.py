@@ -103,8 +103,8 @@ def randomize(model, seed=0):
 
 def keras_weights(model):
     """{layer name: [weights as float32 arrays]} for layers that have weights."""
-    return {l.name: [np.asarray(w, np.float32) for w in l.get_weights()]
-            for l in model.layers if l.get_weights()}
+    return {layer.name: [np.asarray(w, np.float32) for w in layer.get_weights()]
+            for layer in model.layers if layer.get_weights()}
 
 
 # ---------------------------------------------------------------- PyTorch side
@@ -290,7 +290,8 @@ def model_engines(name, batch, peers, seed=0, wanted=("ort", "torch", "torch.jit
     K = keras.backend
     model = build_keras(name, keras)
     randomize(model, seed)
-    x = np.random.default_rng(seed + 1).standard_normal((batch,) + INPUT_SHAPES[name]).astype(np.float32)
+    rng = np.random.default_rng(seed + 1)
+    x = rng.standard_normal((batch,) + INPUT_SHAPES[name]).astype(np.float32)
     f = K.function([model.input], [model.output])
     ref = f([x])[0]
     engines, errors, skipped = {}, {}, {}

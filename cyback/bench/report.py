@@ -61,8 +61,9 @@ def write_report(outdir, doc):
 
     if ops:
         labels, series = speedups(ops, lambda r: r["case"])
-        pngs["ops"] = charts.speedup_chart(os.path.join(outdir, "speedup_ops.png"), labels, series,
-                                           "op cases: speed-up of cyback over each peer (>1 = cyback faster)")
+        pngs["ops"] = charts.speedup_chart(
+            os.path.join(outdir, "speedup_ops.png"), labels, series,
+            "op cases: speed-up of cyback over each peer (>1 = cyback faster)")
         fl = [r for r in ops if r.get("gflops")]
         cases = []
         for r in fl:
@@ -72,7 +73,8 @@ def write_report(outdir, doc):
         g = {e: [next((r["gflops"] for r in fl if r["case"] == c and r["engine"] == e), None)
                  for c in cases] for e in engines}
         pngs["gflops"] = charts.gflops_chart(os.path.join(outdir, "gflops.png"), cases, g,
-                                             doc.get("sgemm_gflops"), "GFLOPS against the sgemm roofline")
+                                             doc.get("sgemm_gflops"),
+                                             "GFLOPS against the sgemm roofline")
     if models:
         labels, series = speedups(models, lambda r: "%s b%d" % (r["model"], r["batch"]))
         pngs["models"] = charts.speedup_chart(os.path.join(outdir, "speedup_models.png"), labels,
@@ -95,7 +97,8 @@ def write_report(outdir, doc):
                  " ".join(map(str, doc["load_end"]))), "",
              "## Machine", "",
              "- CPU: %s (%s logical cores, %s usable), ISA: %s" % (
-                 m.get("cpu"), m.get("logical_cores"), m.get("usable_cores"), " ".join(m.get("isa", []))),
+                 m.get("cpu"), m.get("logical_cores"), m.get("usable_cores"),
+                 " ".join(m.get("isa", []))),
              "- OS: %s" % m.get("os"),
              "- BLAS: %s (threads outside references: %s)" % (m.get("blas"), m.get("blas_threads")),
              "- Threads for every engine: %s" % doc["threads"],
@@ -117,12 +120,13 @@ def write_report(outdir, doc):
         lines += ["## Op cases", "", _table(ops, ["case", "engine", "median_us", "p90_us", "gflops",
                                                   "cyback_speedup"]), ""]
     if models:
-        lines += ["## Models", "", _table(models, ["model", "batch", "engine", "median_us", "p90_us",
-                                                   "cyback_speedup"]), ""]
+        lines += ["## Models", "", _table(models, ["model", "batch", "engine", "median_us",
+                                                   "p90_us", "cyback_speedup"]), ""]
     skipped = [r for r in doc["rows"] if "skipped" in r]
     if skipped:
-        lines += ["## Skipped", ""] + ["- %s %s: %s" % (r.get("case") or r.get("model"), r["engine"],
-                                                          r["skipped"]) for r in skipped] + [""]
+        lines += ["## Skipped", ""] + ["- %s %s: %s" % (r.get("case") or r.get("model"),
+                                                          r["engine"], r["skipped"])
+                                       for r in skipped] + [""]
     for sr in doc.get("scripts", []):
         lines += ["## Kernel script %s" % sr["script"], ""]
         if "error" in sr:

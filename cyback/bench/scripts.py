@@ -41,8 +41,9 @@ def run_script(name, threads, quick, timeout=900):
     results = os.path.join(folder, "results")
     before = {p: os.path.getmtime(p) for p in glob.glob(os.path.join(results, "*.json"))}
     env = dict(os.environ, CYBACK_NUM_THREADS=str(threads),
-               PYTHONPATH=os.pathsep.join([os.path.dirname(folder)] +
-                                          [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+               PYTHONPATH=os.pathsep.join(
+                   [os.path.dirname(folder)]
+                   + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     cmd = [sys.executable, os.path.join(folder, name)] + (QUICK_ARGS.get(name, []) if quick else [])
     t0 = time.perf_counter()
     try:

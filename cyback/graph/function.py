@@ -21,7 +21,6 @@ update; a Function without updates takes no lock.
 import collections
 import itertools
 import linecache
-import sys
 import threading
 
 import numpy as np
@@ -239,8 +238,8 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
         outs_src = ", ".join(name_of(o) if n else "_" for o, n in zip(outs, needed))
         step_lines[len(lines) + 1] = op
         # The comment names the op in tracebacks (see _annotate).
-        lines.append("    %s, = %s(%s)  # %s" % (outs_src, fname, ", ".join(name_of(x) for x in ins),
-                                                 _op_label(op)))
+        args_src = ", ".join(name_of(x) for x in ins)
+        lines.append("    %s, = %s(%s)  # %s" % (outs_src, fname, args_src, _op_label(op)))
         dead = [name_of(x) for x in dict.fromkeys(ins)
                 if last_use.get(x) == i and x not in keep and type(x) is not Constant]
         if dead:
@@ -388,7 +387,7 @@ class Function(object):
         self.outputs = [as_tensor(o) for o in outputs]
         self._fetches = [as_tensor(f) for f in fetches if isinstance(f, Tensor)]
         self._feed_dict = dict(kwargs.get("feed_dict") or {})
-        self._updates = self._normalize_updates(updates or [])
+        self._updates = self._check_updates(updates or [])
         assigns = self._find_assigns(self.outputs + self._fetches + self._updates)
         self._assigns = assigns
         # update, update_add, ...: the function each update came from, for errors.
@@ -417,23 +416,13 @@ class Function(object):
             self._only_optimized = optimize.graph_optimizer()
 
     @staticmethod
-    def _normalize_updates(updates):
-        from cyback.ops.state import update as make_update
-        if isinstance(updates, dict):
-            updates = list(updates.items())
-        out = []
+    def _check_updates(updates):
+        # K.function (api/core.py) has made (variable, new_value) pairs update tensors.
         for u in updates:
-            if isinstance(u, (list, tuple)):
-                if len(u) != 2:
-                    raise ValueError("function: an update must be a (variable, new_value) pair, "
-                                     "got %r" % (u,))
-                out.append(make_update(u[0], u[1]))
-            elif isinstance(u, Tensor):
-                out.append(u)
-            else:
+            if not isinstance(u, Tensor):
                 raise TypeError("function: an update must be a (variable, new_value) pair or "
                                 "the result of K.update/update_add/update_sub, got %r" % (u,))
-        return out
+        return list(updates)
 
     @staticmethod
     def _find_assigns(targets):
@@ -442,6 +431,12 @@ class Function(object):
             if isinstance(node.op, Assign):
                 found.append(node.outputs[0])
         return found
+
+    def plan_ops(self, learning_phase=0):
+        """The ops a call with this learning phase runs, in order: what folding,
+        common subexpressions and the plan optimizer left of the graph (with the
+        optimizer setting in force now)."""
+        return [op for op, _, _ in self._plan(learning_phase).steps]
 
     def _plan(self, lp_value):
         key = (lp_value, optimize.graph_optimizer())

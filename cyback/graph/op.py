@@ -40,7 +40,7 @@ same way). Plans (``graph/function.py``, ``graph/optimize.py``):
   the run-time arrays do not suit it; the step then runs its program). Conv
   and depthwise.
 
-Loops (``graph/scan.py``):
+Loops (``ops/scan.py``):
 
 - ``time_mapped(inputs, variant)``: the op computing this one for all steps
   at once on time-major stacks of its ``variant`` inputs, or None (hoisting
@@ -62,6 +62,20 @@ from cyback.graph.tensor import Constant, Node, Tensor, as_tensor, np_dtype_name
 #: ``control_dependencies`` block: inside it, ops read a variable's value after
 #: the listed updates, as TensorFlow orders them.
 _after_updates = []
+
+
+def push_after_updates(assigned):
+    """Enter a ``control_dependencies`` block: until ``pop_after_updates``, an
+    op given variable ``v`` reads ``assigned[v]`` (the tensor that updates it)
+    instead, besides what enclosing blocks already map."""
+    mapping = dict(_after_updates[-1]) if _after_updates else {}
+    mapping.update(assigned)
+    _after_updates.append(mapping)
+
+
+def pop_after_updates():
+    """Leave the innermost ``control_dependencies`` block."""
+    _after_updates.pop()
 
 
 class Op(object):

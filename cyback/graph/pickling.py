@@ -14,7 +14,8 @@ on the other side is everything derived from them:
   as a reference to it;
 - an op pickles its attributes with any lock left out and made anew; a Scan
   is rebuilt from its step graph through its constructor, which compiles
-  its loops again;
+  its loops again (ops like it register their reducer with
+  ``register_reducer``: this module imports no ops);
 - a Function is rebuilt through its constructor from its inputs, outputs,
   updates and options: plans are compiled there, never pickled.
 
@@ -98,7 +99,7 @@ def reduce_tensor(t):
     if isinstance(t, Variable):
         return _make_variable, (t._value, t.dtype, t.name, t.constraint, _extras(t))
     if isinstance(t, Placeholder):
-        if t is config._learning_phase["placeholder"]:
+        if t is config.learning_phase_placeholder(create=False):
             return _learning_phase, ()
         return _make_placeholder, (t.shape, t.dtype, t.name, t.sparse, t.default, _extras(t))
     if isinstance(t, Constant):
@@ -149,25 +150,19 @@ def _reduce_op(op):
     return _new_op, (type(op),), state, None, None, _set_op_state
 
 
-def _make_scan(nodes, seq_in, state_in, inv_in, outputs, new_states, name):
-    from cyback.graph.scan import Scan
-    return Scan(seq_in, state_in, inv_in, outputs, new_states, name)
+#: {Op subclass: reducer} for ops whose constructor does not take their
+#: attributes (the loop ops, which hold a step graph). The module defining such
+#: an op registers it (register_reducer), so this layer imports no ops.
+_reducers = {}
 
 
-def _reduce_scan(op):
-    from cyback.graph.function import topo_nodes
-    body = list(op.body_outputs) + list(op.body_states)
-    return _make_scan, (topo_nodes(body), op.seq_in, op.state_in, op.inv_in,
-                        op.body_outputs, op.body_states, op.api)
-
-
-def _make_scan_grad(scan):
-    from cyback.graph.scan import ScanGrad
-    return ScanGrad(scan)
-
-
-def _reduce_scan_grad(op):
-    return _make_scan_grad, (op.scan,)
+def register_reducer(cls, reducer):
+    """Pickle instances of ``cls`` (an Op subclass) with ``reducer(op)``, which
+    returns ``(callable, args)`` as ``__reduce__`` does."""
+    with _register_lock:
+        _reducers[cls] = reducer
+        if cls in _registered:
+            copyreg.pickle(cls, reducer)
 
 
 _registered = set()
@@ -181,8 +176,6 @@ def _register_ops():
     cyback was imported (a user's own) are covered as well. copyreg's table
     is consulted by pickle and by cloudpickle alike.
     """
-    from cyback.graph import scan
-    special = {scan.Scan: _reduce_scan, scan.ScanGrad: _reduce_scan_grad}
     stack = [Op]
     with _register_lock:
         while stack:
@@ -192,7 +185,7 @@ def _register_ops():
                 continue
             _registered.add(cls)
             if cls is not Op and cls not in copyreg.dispatch_table:
-                copyreg.pickle(cls, special.get(cls, _reduce_op))
+                copyreg.pickle(cls, _reducers.get(cls, _reduce_op))
         if Node not in copyreg.dispatch_table:
             copyreg.pickle(Node, _reduce_node)
 

@@ -117,7 +117,8 @@ class Tensor(object):
         if not self.shape:
             raise TypeError("iteration over a 0-d tensor")
         if self.shape[0] is None:
-            raise TypeError("cannot iterate over a tensor of unknown leading size %s" % (self.shape,))
+            raise TypeError("cannot iterate over a tensor of unknown leading size %s"
+                            % (self.shape,))
         return (self[i] for i in range(self.shape[0]))
 
     def __bool__(self):
@@ -172,6 +173,13 @@ class Placeholder(Tensor):
         super().__init__(None, 0, shape, dtype, name)
         self.sparse = sparse
         self.default = default
+
+
+def _make_learning_phase():
+    return Placeholder((), "bool", name="keras_learning_phase", default=False)
+
+
+config.register_learning_phase_factory(_make_learning_phase)
 
 
 class Variable(Tensor):
@@ -407,6 +415,16 @@ def can_hold(want, have):
     return np.can_cast(have, want, casting="safe")
 
 
+#: The function that stacks a list of tensors into one (K.stack). Stacking is an
+#: op, defined above this layer, which registers it (register_list_stacker).
+_list_stacker = [None]
+
+
+def register_list_stacker(stack):
+    """Make ``as_tensor`` convert a list holding tensors with ``stack(tensors)``."""
+    _list_stacker[0] = stack
+
+
 def as_tensor(value, dtype=None):
     """A Tensor for ``value``; NumPy arrays and Python numbers become Constants."""
     if isinstance(value, Tensor):
@@ -414,8 +432,7 @@ def as_tensor(value, dtype=None):
     if isinstance(value, (list, tuple)) and _holds_tensor(value):
         # A list mixing tensors and numbers (K.prod([K.shape(x)[0], 3])) is
         # stacked, as TensorFlow converts it.
-        from cyback.api.manip import stack
-        return stack([as_tensor(v, dtype) for v in value])
+        return _list_stacker[0]([as_tensor(v, dtype) for v in value])
     if dtype is None:
         arr = np.asarray(value)
         if arr.dtype == np.float64 and not isinstance(value, np.ndarray) \

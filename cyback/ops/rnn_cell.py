@@ -1,5 +1,5 @@
 """Fused recurrent cells: the op that replaces a Scan whose step is a standard
-LSTM or SimpleRNN cell (recognised by ``cyback.graph.scan_cells``).
+LSTM or SimpleRNN cell (recognised by ``cyback.ops.scan_cells``).
 
 The op takes the Scan's inputs unchanged (sequences, initial states,
 invariants) and gives the Scan's outputs (the per-step output, the final

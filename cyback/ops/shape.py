@@ -12,13 +12,11 @@ import numpy as np
 from cyback.graph.op import Op
 from cyback.graph.tensor import Constant, Tensor, as_tensor, is_int_dtype
 from cyback.ops import elementwise as ew
+from cyback.ops.reduction import Reduce
 
 
-def _static_dim(d):
-    return None if d is None else int(d)
-
-
-def _fmt(shape):
+def format_shape(shape):
+    """``(2, None, 3)`` for error messages."""
     return "(%s)" % ", ".join("None" if d is None else str(d) for d in shape)
 
 
@@ -68,7 +66,7 @@ def static_int(t):
         if a is not None and b is not None:
             return _STATIC_ARITH[node.op.name](a, b)
     if node is not None and t.ndim == 0 and is_int_dtype(t.dtype) and \
-            type(node.op).__name__ == "Reduce" and \
+            type(node.op) is Reduce and \
             node.op.kind in ("sum", "prod") and node.inputs[0].ndim == 1:
         entries = static_entries(node.inputs[0])
         if entries is not None and None not in entries:
@@ -188,7 +186,7 @@ def shape_arg(api, shape):
 def check_static_shape(api, shape):
     for d in shape:
         if d is not None and d < 0:
-            raise ValueError("%s: negative dimension in shape %s" % (api, _fmt(shape)))
+            raise ValueError("%s: negative dimension in shape %s" % (api, format_shape(shape)))
 
 
 # ------------------------------------------------------------------ fills
@@ -233,10 +231,11 @@ def _resolve_reshape(api, in_shape, target, same=()):
     cancel out, so ``(K.shape(x)[0], -1)`` of a (None, 4, 5) tensor is (None, 20).
     """
     if sum(1 for d in target if d == -1) > 1:
-        raise ValueError("%s: at most one -1 allowed in shape %s" % (api, _fmt(target)))
+        raise ValueError("%s: at most one -1 allowed in shape %s" % (api, format_shape(target)))
     for d in target:
         if d is not None and d < -1:
-            raise ValueError("%s: invalid dimension %d in shape %s" % (api, d, _fmt(target)))
+            raise ValueError("%s: invalid dimension %d in shape %s"
+                             % (api, d, format_shape(target)))
     if same and -1 in target:
         pos = {p for p, _ in same}
         axes = {a for _, a in same}
@@ -254,12 +253,12 @@ def _resolve_reshape(api, in_shape, target, same=()):
             r = int(np.prod(rest))
             if r == 0 or size_in % r:
                 raise ValueError("%s: cannot reshape a tensor of shape %s into %s"
-                                 % (api, _fmt(in_shape), _fmt(target)))
+                                 % (api, format_shape(in_shape), format_shape(target)))
             return tuple(size_in // r if d == -1 else d for d in target)
         return tuple(None if d == -1 else d for d in target)
     if known_in and all(d is not None for d in target) and int(np.prod(target)) != size_in:
         raise ValueError("%s: cannot reshape a tensor of shape %s (%d elements) into %s"
-                         % (api, _fmt(in_shape), size_in, _fmt(target)))
+                         % (api, format_shape(in_shape), size_in, format_shape(target)))
     return tuple(target)
 
 
@@ -404,7 +403,7 @@ def transpose(x, perm):
     perm = tuple(int(p) for p in perm)
     if sorted(perm) != list(range(x.ndim)):
         raise ValueError("permute_dimensions: pattern %s is not a permutation of the %d axes of "
-                         "a tensor of shape %s" % (perm, x.ndim, _fmt(x.shape)))
+                         "a tensor of shape %s" % (perm, x.ndim, format_shape(x.shape)))
     if perm == tuple(range(x.ndim)):
         return x
     return Transpose(perm)(x)
@@ -506,7 +505,7 @@ class GetItem(Op):
                         n = x.shape[axis + j]
                         if d is not None and n is not None and d != n:
                             raise IndexError("boolean index of shape %s does not match axis "
-                                             "%d of size %d" % (_fmt(t.shape), axis + j, n))
+                                             "%d of size %d" % (format_shape(t.shape), axis + j, n))
                     adv_shapes.append((None,))
                     axis += t.ndim
                 else:
@@ -621,7 +620,7 @@ class Concatenate(Op):
         for x in xs[1:]:
             if x.ndim != ref.ndim:
                 raise ValueError("concatenate: all tensors must have the same rank, got shapes %s"
-                                 % ", ".join(_fmt(t.shape) for t in xs))
+                                 % ", ".join(format_shape(t.shape) for t in xs))
         shape = []
         for i in range(ref.ndim):
             dims = [x.shape[i] for x in xs]
@@ -631,7 +630,7 @@ class Concatenate(Op):
                 known = {d for d in dims if d is not None}
                 if len(known) > 1:
                     raise ValueError("concatenate: shapes %s differ outside axis %d"
-                                     % (", ".join(_fmt(t.shape) for t in xs), a))
+                                     % (", ".join(format_shape(t.shape) for t in xs), a))
                 shape.append(known.pop() if known else None)
         dtype = xs[0].dtype
         for x in xs[1:]:

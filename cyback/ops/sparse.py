@@ -12,6 +12,19 @@ from cyback.ops import elementwise as ew
 
 def is_sparse_tensor(x):
     return bool(getattr(x, "sparse", False))
+class ToDense(Op):
+    """A sparse tensor's dense value (K.to_dense)."""
+
+    api = "to_dense"
+
+    def infer(self, x):
+        return [(x.shape, x.dtype)]
+
+    def compute(self, x):
+        return (x.toarray() if hasattr(x, "toarray") else np.asarray(x),)
+
+    def grad(self, inputs, outputs, grads):
+        return [grads[0]]
 
 
 def _fmt(shape):

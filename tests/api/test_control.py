@@ -7,12 +7,7 @@ from cyback.ops import random as rnd
 from gradcheck import check_grads
 
 
-@pytest.fixture(autouse=True)
-def _fresh_learning_phase():
-    from cyback import config
-    config.reset_learning_phase()
-    yield
-    config.reset_learning_phase()
+pytestmark = pytest.mark.usefixtures("fresh_learning_phase")
 
 
 def test_switch_scalar_condition():

@@ -9,17 +9,6 @@ from gradcheck import check_grads
 RS = np.random.RandomState(7)
 
 
-@pytest.fixture
-def one_thread():
-    """Finite differences make hundreds of tiny kernel calls; on a loaded
-    machine each OpenMP fork/join can cost milliseconds, so run them on one
-    thread (the value tests cover the threaded paths)."""
-    saved = K.get_num_threads()
-    K.set_num_threads(1)
-    yield
-    K.set_num_threads(saved)
-
-
 def kc(a, dtype=None):
     """A constant keeping the array's dtype (K.constant would take floatx)."""
     return K.constant(a, dtype=dtype or np.asarray(a).dtype.name)

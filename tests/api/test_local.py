@@ -9,16 +9,6 @@ from gradcheck import check_grads
 RS = np.random.RandomState(5)
 
 
-@pytest.fixture
-def one_thread():
-    """Finite differences make hundreds of tiny kernel calls; keep them off
-    the OpenMP fork/join (the value tests cover the threaded paths)."""
-    saved = K.get_num_threads()
-    K.set_num_threads(1)
-    yield
-    K.set_num_threads(saved)
-
-
 def rand(*shape, dtype="float64"):
     return RS.uniform(-1, 1, size=shape).astype(dtype)
 

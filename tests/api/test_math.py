@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 import cyback as K
-from cyback.api import math as kmath
 
 RS = np.random.RandomState(7)
 

@@ -41,7 +41,7 @@ def _run(inputs, outputs, feeds, optimize, updates=None):
 def _steps(f, optimize=True):
     K.set_graph_optimizer(optimize)
     try:
-        return [repr(op) for op, _, _ in f._plan(0).steps]
+        return [repr(op) for op in f.plan_ops(0)]
     finally:
         K.set_graph_optimizer(True)
 
@@ -105,7 +105,7 @@ import numpy as np, cyback as K
 print(K.graph_optimizer())
 x = K.placeholder((None, 3))
 f = K.function([x], [K.relu(x * 2.0 + 1.0)])
-print(len(f._plan(0).steps))
+print(len(f.plan_ops(0)))
 """
 
 
@@ -617,7 +617,7 @@ def _train(optimize, steps=6):
         X = rng.standard_normal((16, 5)).astype("float32")
         T = rng.standard_normal((16, 2)).astype("float32")
         losses = [train([X, T])[0] for _ in range(steps)]
-        steps_repr = [repr(op) for op, _, _ in train._plan(0).steps]
+        steps_repr = [repr(op) for op in train.plan_ops(0)]
         return losses, [K.get_value(p) for p in params], steps_repr
     finally:
         K.set_graph_optimizer(True)
@@ -708,7 +708,7 @@ def test_depthwise_bias_and_activation_run_in_the_kernel(data_format, act, with_
     feed = [(rng.standard_normal((2, 6, 7, 3) if last else (2, 3, 6, 7)) * 4).astype("float32")]
     f, got = _run([x], [y], feed, True)
     _, ref = _run([x], [y], feed, False)
-    fused = [op for op, _, _ in f._plan(0).steps if getattr(op, "in_kernel", None)]
+    fused = [op for op in f.plan_ops(0) if getattr(op, "in_kernel", None)]
     assert len(fused) == 1 and fused[0].in_kernel[-1] == act
     np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-6)
     # batch 0 and a non-contiguous feed take the same step
@@ -741,7 +741,7 @@ def test_conv_bias_residual_and_activation_run_in_the_kernel(data_format, rank, 
     feed = [(rng.standard_normal((2,) + shape[1:]) * 3).astype("float32")]
     f, got = _run([x], [y], feed, True)
     _, ref = _run([x], [y], feed, False)
-    (op, _, _), = f._plan(0).steps
+    op, = f.plan_ops(0)
     assert op.in_kernel is not None and op.in_kernel[1] is not None
     assert op.in_kernel[-1] == act
     np.testing.assert_array_equal(got[0], ref[0])
@@ -755,7 +755,7 @@ def test_conv_epilogue_stays_a_separate_pass():
     x = K.placeholder((None, 5, 5, 2))
     k = K.variable(np.ones((3, 3, 2, 4), "float32"))
     f, _ = _run([x], [K.relu(K.conv2d(x, k) - 1.0)], [np.ones((1, 5, 5, 2), "float32")], True)
-    (op, _, _), = f._plan(0).steps
+    op, = f.plan_ops(0)
     assert op.base is not None and op.in_kernel is None
 
 

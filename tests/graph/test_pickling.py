@@ -14,15 +14,6 @@ from cyback.graph.function import Function, topo_nodes
 
 cloudpickle = pytest.importorskip("cloudpickle")
 
-DUMPERS = {"pickle": (pickle.dumps, pickle.loads),
-           "cloudpickle": (cloudpickle.dumps, cloudpickle.loads)}
-
-
-@pytest.fixture(params=sorted(DUMPERS))
-def round_trip(request):
-    dumps, loads = DUMPERS[request.param]
-    return lambda obj: loads(dumps(obj))
-
 
 def _mlp(dtype="float32"):
     rng = np.random.RandomState(0)

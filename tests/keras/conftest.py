@@ -11,7 +11,6 @@ import importlib.util
 import os
 import random
 import shutil
-import sys
 import tempfile
 
 import numpy as np

@@ -21,7 +21,7 @@ import os  # noqa: E402
 import sys  # noqa: E402
 
 import h5py  # noqa: E402
-import keras  # noqa: E402
+import keras  # noqa: E402,F401  (the patched Keras modules must be loaded)
 import numpy as np  # noqa: E402
 
 from cyback import _keras_compat  # noqa: E402

@@ -147,7 +147,7 @@ def _close(a, b):
 def _predict_steps(model, optimize):
     cyback.set_graph_optimizer(optimize)
     try:
-        return [repr(op) for op, _, _ in model.predict_function._plan(0).steps]
+        return [repr(op) for op in model.predict_function.plan_ops(0)]
     finally:
         cyback.set_graph_optimizer(True)
 
@@ -211,7 +211,7 @@ def _fit_twice(optimize):
         x = rng.standard_normal((8, 6, 6, 3)).astype('float32')
         y = np.eye(2, dtype='float32')[rng.randint(0, 2, 8)]
         history = model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
-        fused = [op for op, _, _ in model.train_function._plan(1).steps
+        fused = [op for op in model.train_function.plan_ops(1)
                  if repr(op).startswith('Fused')]
         return history.history['loss'], model.get_weights(), fused
     finally:

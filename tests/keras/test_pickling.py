@@ -14,15 +14,6 @@ from keras import layers
 
 cloudpickle = pytest.importorskip("cloudpickle")
 
-DUMPERS = {"pickle": (pickle.dumps, pickle.loads),
-           "cloudpickle": (cloudpickle.dumps, cloudpickle.loads)}
-
-
-@pytest.fixture(params=sorted(DUMPERS))
-def round_trip(request):
-    dumps, loads = DUMPERS[request.param]
-    return lambda obj: loads(dumps(obj))
-
 
 def _cnn():
     return keras.Sequential([

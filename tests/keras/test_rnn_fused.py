@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 import cyback as K
-from cyback.graph import scan_cells
+from cyback.ops import scan_cells
 from cyback.graph.function import topo_nodes
-from cyback.graph.scan import Scan
+from cyback.ops.scan import Scan
 from cyback.ops.rnn_cell import FusedRecurrent
 
 L = keras.layers

@@ -96,7 +96,6 @@ def tol(dtype):
 
 def check_all(rng, dtype, n, spatial, c, f, ksize, strides, dilation, pads, channels_last,
               noncontig=False):
-    rank = len(spatial)
     x = rng.standard_normal((n,) + tuple(spatial) + (c,)).astype(dtype)
     w = rng.standard_normal(tuple(ksize) + (c, f)).astype(dtype)
     y_ref = ref_forward(x, w, strides, dilation, pads)
@@ -139,7 +138,8 @@ def test_conv_utils_matches_definition(size, k, s, d):
     span = (k - 1) * d + 1
     assert conv_utils.conv_output_length(size, k, s, d, "same") == -(-size // s)
     assert conv_utils.conv_output_length(size, k, s, d, "causal") == -(-size // s)
-    assert conv_utils.conv_output_length(size, k, s, d, "valid") == max(-(-(size - span + 1) // s), 0)
+    want = max(-(-(size - span + 1) // s), 0)
+    assert conv_utils.conv_output_length(size, k, s, d, "valid") == want
     for padding in ("valid", "same", "causal", "full"):
         a, b = conv_utils.conv_pads(size, k, s, d, padding)
         out = _out_shape((size,), (k,), (s,), (d,), [(a, b)])[0]
@@ -228,7 +228,11 @@ def conv_configs(draw):
         a = draw(st.integers(0, span))
         b = draw(st.integers(0, span))
         n = draw(st.integers(max(1, span - a - b), span + 6 if rank < 3 else span + 3))
-        ks.append(k); ss.append(s); ds.append(d); ps.append((a, b)); sp.append(n)
+        ks.append(k)
+        ss.append(s)
+        ds.append(d)
+        ps.append((a, b))
+        sp.append(n)
     return dict(n=draw(st.integers(1, 3)), spatial=tuple(sp), c=draw(st.integers(1, 5)),
                 f=draw(st.integers(1, 5)), ksize=tuple(ks), strides=tuple(ss),
                 dilation=tuple(ds), pads=ps, channels_last=draw(st.booleans()),

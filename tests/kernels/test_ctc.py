@@ -102,7 +102,8 @@ def test_loss_matches_brute_force_enumeration(dtype):
     rng = np.random.RandomState(0)
     for T in range(0, 6):
         for K in (1, 2, 3):
-            for label in [()] + [l for n in (1, 2, 3) for l in itertools.product(range(K - 1), repeat=n)]:
+            labels = [lab for n in (1, 2, 3) for lab in itertools.product(range(K - 1), repeat=n)]
+            for label in [()] + labels:
                 logits = rng.randn(1, T, K)
                 want = brute_loss(logits[0], label, T, K - 1)
                 lab = np.array([list(label) + [0]], dtype=np.int64)
@@ -266,8 +267,8 @@ def test_long_sequences_stay_finite():
         np.testing.assert_allclose(grad.astype(np.float64).sum(-1), 0, atol=1e-4)
     # Reference on a shorter slice, where the plain NumPy loop is still quick.
     loss, _ = ctc_loss(logits[:1, :300], labels[:1], [300], [40])
-    np.testing.assert_allclose(loss[0], numpy_forward_loss(logits[0, :300], labels[0, :40], 300, K - 1),
-                               rtol=1e-10)
+    want = numpy_forward_loss(logits[0, :300], labels[0, :40], 300, K - 1)
+    np.testing.assert_allclose(loss[0], want, rtol=1e-10)
 
 
 def test_loss_edge_shapes_and_layouts():

@@ -4,8 +4,9 @@ A child process runs one long call per kernel family; the test sends it
 SIGINT shortly after each call starts. Kernels poll for signals between tiles
 (include/cyback_interrupt.h), so the call must end long before it would have
 finished: the child estimates the full duration from a call with an eighth
-of the work, run first (which also warms up, so it errs long). (A kernel that ignored the signal would still raise
-KeyboardInterrupt, but only once the whole call had returned.)
+of the work, run first (which also warms up, so it errs long). (A kernel that
+ignored the signal would still raise KeyboardInterrupt, but only once the whole
+call had returned.)
 """
 import os
 import signal

@@ -28,10 +28,11 @@ import functools
 import numpy as np
 
 from cyback.graph.function import leaves_of, topo_nodes
-from cyback.graph.gradients import gradients_with_seeds
 from cyback.graph.op import Op
+from cyback.graph.pickling import register_reducer
 from cyback.graph.tensor import Constant, Placeholder, as_tensor, is_float_dtype
 from cyback.kernels.blas_threads import numpy_local_threads
+from cyback.ops.gradients import gradients_with_seeds
 
 
 def _apply(op, inputs):
@@ -201,7 +202,7 @@ def build_scan(step, sequences, initial_states, name="scan"):
     body = clone(targets, replace)
     body_outputs, body_states = body[:len(outputs)], body[len(outputs):]
 
-    from cyback.graph.scan_cells import fuse_cell
+    from cyback.ops.scan_cells import fuse_cell
     op = fuse_cell(loop_seq_in, state_in, inv_in, body_outputs, body_states, name) or \
         Scan(loop_seq_in, state_in, inv_in, body_outputs, body_states, name)
     outs = _apply(op, loop_seq_outer + initial_states + invariants)
@@ -741,3 +742,28 @@ class ScanGrad(Op):
         emitted = [e if e is not None else _zero_seq(length, t.shape, t.dtype)
                    for e, t in zip(emitted, bw.emits)]
         return tuple(np.asarray(g) for g in g_init) + tuple(sums) + tuple(emitted)
+
+
+# Pickling: a Scan is rebuilt from its step graph (the node list comes first so
+# that the graph is restored before the placeholders that refer to it), a
+# ScanGrad from its Scan.
+def _make_scan(nodes, seq_in, state_in, inv_in, outputs, new_states, name):
+    return Scan(seq_in, state_in, inv_in, outputs, new_states, name)
+
+
+def _reduce_scan(op):
+    body = list(op.body_outputs) + list(op.body_states)
+    return _make_scan, (topo_nodes(body), op.seq_in, op.state_in, op.inv_in,
+                        op.body_outputs, op.body_states, op.api)
+
+
+def _make_scan_grad(scan):
+    return ScanGrad(scan)
+
+
+def _reduce_scan_grad(op):
+    return _make_scan_grad, (op.scan,)
+
+
+register_reducer(Scan, _reduce_scan)
+register_reducer(ScanGrad, _reduce_scan_grad)

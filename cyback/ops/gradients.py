@@ -8,6 +8,9 @@ differentiated again.
 """
 from cyback.graph.function import topo_nodes
 from cyback.graph.tensor import Tensor, as_tensor, is_float_dtype
+from cyback.ops import elementwise as ew
+from cyback.ops import reduction
+from cyback.ops import shape as shp
 
 
 def _depends_on(targets, sources):
@@ -28,8 +31,6 @@ def gradients(loss, variables):
 
     Variables the loss does not depend on get zeros of their shape.
     """
-    from cyback.ops import elementwise as ew, reduction
-
     variables = [variables] if isinstance(variables, Tensor) else list(variables)
     for v in variables:
         if not isinstance(v, Tensor):
@@ -51,8 +52,6 @@ def gradients(loss, variables):
 def gradients_with_seeds(outputs, seeds, wrt):
     """Gradients with respect to ``wrt`` of ``sum(output * seed)`` over the pairs:
     the vector-Jacobian product that a reverse scan needs for one step."""
-    from cyback.ops import elementwise as ew, shape as shp
-
     for v in wrt:
         if not isinstance(v, Tensor):
             raise TypeError("gradients: expected tensors or variables, got %r" % (v,))
