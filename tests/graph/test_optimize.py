@@ -765,7 +765,8 @@ def test_reductions_expand_dims_and_tiles_of_a_fill_fold_into_one_fill():
     x = K.placeholder((None, 5, 3))
     z = K.tile(K.expand_dims(K.sum(K.zeros_like(x), axis=(1, 2))), [1, 4])
     f, _ = _run([x], [z], [np.ones((2, 5, 3), "float32")], True)
-    assert _steps(f) == [repr(f._plan(0).steps[0][0])] and "Fill" in _steps(f)[0]
+    steps = _steps(f)
+    assert len(steps) == 1 and "Fill" in steps[0], steps
     for n in (0, 1, 3):
         feed = [np.random.rand(n, 5, 3).astype("float32")]
         got = f(feed)[0]
