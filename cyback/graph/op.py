@@ -49,6 +49,16 @@ Loops (``ops/scan.py``):
   out=)`` for a direct NumPy call inside a generated loop, or None.
 - ``shape_only_inputs`` (class tuple): inputs read only for their shape, so
   a reverse loop needs no per-step record of them.
+- ``addends(inputs)``: the terms the op adds up (``Binary('add')``), or None:
+  sums are regrouped so that their loop-invariant part is hoisted, and split
+  into terms whose sum over steps is taken after the loop.
+- ``steps_summed(inputs)`` and ``sum_over_steps(stacked, like)``: which inputs
+  to record per step, and the op that sums this op's output over all steps
+  from their (T, ...) stacks (``TensorDot``: one product over time and the
+  contracted axes; ``SumToShape``: one reduction), or None.
+- ``static_scatter(inputs)``: ``(g, like, index)`` when the op is
+  ``zeros_like(like)`` with ``g`` added at a static ``index``
+  (``ScatterAdd``): a loop adds several such slices into one buffer.
 
 Applying an op (``op(x, y)``) builds a Node; when every input is a Constant the
 op is computed at once and its outputs are Constants (eager folding).

@@ -97,6 +97,15 @@ class SumToShape(Op):
     def compute(self, g, like):
         return (sum_to(g, like.shape),)
 
+    def steps_summed(self, ins):
+        # a bias gradient summed over a loop's steps: one reduction of the
+        # stacked per-step gradients over (time, broadcast axes) after it
+        return (0,)
+
+    def sum_over_steps(self, stacked, like):
+        from cyback.ops.reduction import reduce_sum
+        return unbroadcast(reduce_sum(stacked[0], 0, False), like)
+
     def grad(self, inputs, outputs, grads):
         return [broadcast_like(grads[0], inputs[0]), None]
 
@@ -356,6 +365,9 @@ class Binary(Op):
         fn = "b_" + self.name
         ns[fn] = BINARY[self.name][0]
         return "%s(%s, %s)" % (fn, args[0], args[1]), None, isinstance(ns[fn], np.ufunc)
+
+    def addends(self, inputs):
+        return list(inputs) if self.name == "add" else None
 
     def rewrite(self, inputs, ctx):
         # At inference, a product with a per-channel weight vector (a

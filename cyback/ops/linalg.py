@@ -64,6 +64,16 @@ class TensorDot(Op):
             return TensorDot((self.ax[0] + 1,), self.ay)
         return None
 
+    def steps_summed(self, ins):
+        # a weight gradient summed over a loop's steps (h_t^T @ dz_t): one
+        # product over (time, contracted axes) of the stacked operands
+        return (0, 1)
+
+    def sum_over_steps(self, stacked, like):
+        a, b = stacked
+        return TensorDot((0,) + tuple(i + 1 for i in self.ax),
+                         (0,) + tuple(i + 1 for i in self.ay))(a, b)
+
     def inline_src(self, ins, outs, ns, args):
         x, y = ins
         if x.ndim != 2 or y.ndim != 2 or not x.dtype == y.dtype == outs[0].dtype or \

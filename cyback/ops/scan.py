@@ -52,6 +52,20 @@ def clone(outputs, replace):
     return [memo.get(o, o) for o in outputs]
 
 
+def _addends(op, ins):
+    """The terms ``op`` adds up (its ``addends`` hook), or None."""
+    hook = getattr(op, "addends", None)
+    return hook(ins) if hook is not None else None
+
+
+def _summed_over_steps(op, ins):
+    """Which of ``ins`` to record per step so that the sum over all steps of
+    ``op``'s output is one op on their (T, ...) stacks after the loop (the
+    op's ``steps_summed`` hook), or None."""
+    hook = getattr(op, "steps_summed", None)
+    return hook(ins) if hook is not None else None
+
+
 def _time_mapped(op, ins, variant):
     """The op that computes ``op`` for all steps at once on time-major stacks
     of its variant inputs (the op's ``time_mapped`` hook), or None."""
@@ -63,7 +77,6 @@ def _regroup_sums(targets, state_in):
     """Reorder sums so that their terms free of the states come first:
     ``(x_t @ W + h @ R) + b`` becomes ``(x_t @ W + b) + h @ R``, whose first
     part is then hoisted out of the loop with the projection."""
-    from cyback.ops import elementwise as ew
     nodes = topo_nodes(targets)
     uses = {}
     for node in nodes:
@@ -74,12 +87,11 @@ def _regroup_sums(targets, state_in):
     stateful = _variant_set(targets, state_in)
 
     def is_add(t):
-        n = t.node
-        return n is not None and type(n.op) is ew.Binary and n.op.name == "add"
+        return t.node is not None and _addends(t.node.op, t.node.inputs) is not None
 
     def terms(t, root):
         if is_add(t) and (t is root or uses.get(t) == 1) and t.dtype == root.dtype:
-            return terms(t.node.inputs[0], root) + terms(t.node.inputs[1], root)
+            return [p for x in _addends(t.node.op, t.node.inputs) for p in terms(x, root)]
         return [t]
 
     replace = {}
@@ -96,9 +108,9 @@ def _regroup_sums(targets, state_in):
         # Already grouped (free terms first)? Then nothing to gain.
         if parts[:len(free)] == free and len(free) == 1:
             continue
-        acc = None
+        add, acc = out.node.op, None      # the root's own add, applied again
         for t in free + dep:
-            acc = t if acc is None else ew.Binary("add")(acc, t)
+            acc = t if acc is None else add(acc, t)
         if acc.shape != out.shape:
             continue
         replace[out] = acc
@@ -237,8 +249,6 @@ def _scatter_groups(steps, targets):
     one tensor, e.g. an RNN's gates): ``{root step: [(g, index), ...], like}``
     and the steps the roots absorb. One buffer then receives every slice
     instead of one zero array per slice and a sum of them."""
-    from cyback.ops import elementwise as ew
-    from cyback.ops.shape import ScatterAdd
     uses = {}
     for _, ins, _ in steps:
         for x in ins:
@@ -248,9 +258,12 @@ def _scatter_groups(steps, targets):
     member = {}       # tensor -> (entries, like, step indices)
     roots = {}
     for i, (op, ins, outs) in enumerate(steps):
-        if type(op) is ScatterAdd and len(ins) == 2 and outs[0].ndim:
-            member[outs[0]] = ([(ins[0], op)], ins[1], [i])
-        elif type(op) is ew.Binary and op.name == "add" and ins[0] in member and \
+        scatter = getattr(op, "static_scatter", None)
+        scattered = scatter(ins) if scatter is not None and outs[0].ndim else None
+        if scattered is not None:
+            g, like, index = scattered
+            member[outs[0]] = ([(g, index)], like, [i])
+        elif _addends(op, ins) is not None and len(ins) == 2 and ins[0] in member and \
                 ins[1] in member and uses.get(ins[0]) == 1 and uses.get(ins[1]) == 1 and \
                 ins[0] is not ins[1]:
             (ea, la, sa), (eb, lb, sb) = member[ins[0]], member[ins[1]]
@@ -325,7 +338,6 @@ def compile_loop(name, slices, carries, consts, emits, accums, reverse, lasts=()
     for ph, a in zip(slices, s_args):
         if ph in used:
             body.append("%s = %s[t]" % (name_of(ph), a))
-    from cyback.ops.shape import GetItem
     groups, absorbed = _scatter_groups(steps, targets)
     first_emit, direct = {}, set()
     for k, t in enumerate(emits_r):
@@ -339,9 +351,9 @@ def compile_loop(name, slices, carries, consts, emits, accums, reverse, lasts=()
             entries, like, out = groups[i]
             v = name_of(out)
             body.append("%s = _zeros(%s.shape, %r)" % (v, name_of(like), out.dtype))
-            for g, sop in entries:
+            for g, index in entries:
                 idx = "ix%d" % len(ns)
-                ns[idx] = GetItem(sop.spec).index(())
+                ns[idx] = index
                 body.append("%s[%s] += %s" % (v, idx, name_of(g)))
             continue
         fast = _fast_call(op, ins, outs, ns, name_of)
@@ -450,7 +462,6 @@ class _Backward(object):
 
     def __init__(self, scan):
         from cyback.ops import elementwise as ew
-        from cyback.ops.linalg import TensorDot
         api = scan.api
         fwd_targets = scan.body_outputs + scan.body_states
         self.g_out = [Placeholder(o.shape, o.dtype, name="%s_gy%d" % (api, i))
@@ -527,29 +538,25 @@ class _Backward(object):
             return any(x in per_step for x in leaves_of([t])) or t in per_step
 
         def terms(g):
-            if g.node is not None and type(g.node.op) is ew.Binary and g.node.op.name == "add" \
-                    and all(x.shape == g.shape for x in g.node.inputs):
-                return terms(g.node.inputs[0]) + terms(g.node.inputs[1])
+            parts = _addends(g.node.op, g.node.inputs) if g.node is not None else None
+            if parts is not None and all(x.shape == g.shape for x in parts):
+                return [p for x in parts for p in terms(x)]
             return [g]
 
         # g_seq first, so that a hoisted projection's gradient and a sunk
         # product that reads it share one stored sequence.
         self.g_seq = [emit(g) if g is not None else None for g in g_seq]
         self.accums, self.inv_plan = [], []
-        from cyback.ops.elementwise import SumToShape
         for x, g in zip(scan.inv_in, g_inv):
             plan = []
             if g is not None:
                 for term in terms(g):
                     node = term.node
                     same = term.shape == x.shape and term.dtype == x.dtype
-                    if same and node is not None and type(node.op) is TensorDot and \
-                            all(varies(y) for y in node.inputs):
-                        plan.append(("dot", node.op, emit(node.inputs[0]),
-                                     emit(node.inputs[1])))
-                    elif same and node is not None and type(node.op) is SumToShape and \
-                            varies(node.inputs[0]):
-                        plan.append(("sum", emit(node.inputs[0])))
+                    which = _summed_over_steps(node.op, node.inputs) \
+                        if same and node is not None else None
+                    if which and all(varies(node.inputs[i]) for i in which):
+                        plan.append(("steps", node.op, [emit(node.inputs[i]) for i in which]))
                     else:
                         self.accums.append(term)
                         plan.append(("acc", len(self.accums) - 1))
@@ -646,8 +653,6 @@ class Scan(Op):
 
     def grad(self, inputs, outputs, grads):
         from cyback.ops import elementwise as ew
-        from cyback.ops import reduction as red
-        from cyback.ops.linalg import TensorDot
         bw = self.backward
         if bw is None:
             if self._backward_error is not None:
@@ -682,14 +687,8 @@ class Scan(Op):
         for x, plan in zip(invs, bw.inv_plan):
             total = None
             for item in plan:
-                if item[0] == "dot":
-                    tdot, a, b = item[1], outer(item[2]), outer(item[3])
-                    # The sum over steps joins the contraction: one product
-                    # over (time, contracted axes) for all steps.
-                    part = TensorDot((0,) + tuple(i + 1 for i in tdot.ax),
-                                     (0,) + tuple(i + 1 for i in tdot.ay))(a, b)
-                elif item[0] == "sum":
-                    part = ew.unbroadcast(red.reduce_sum(outer(item[1]), 0, False), x)
+                if item[0] == "steps":
+                    part = item[1].sum_over_steps([outer(r) for r in item[2]], x)
                 else:
                     part = accs[item[1]]
                 total = part if total is None else ew.add(total, part)
