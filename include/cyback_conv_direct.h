@@ -98,7 +98,7 @@ static void cb_cd_tile_scalar_##SUF(const T *const *xr, ptrdiff_t R, const T *wp
             }                                                                             \
             if (bp) s += bp[j];                                                           \
             if (res) s += res[p * g->F + j];                                              \
-            y[p * g->F + j] = CB_ACT(T, s, act);                                                          \
+            y[p * g->F + j] = CB_ACT(T, s, act);                                          \
         }                                                                                 \
 }
 
