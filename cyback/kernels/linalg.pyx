@@ -101,7 +101,7 @@ def matmul(a, b):
     b, tb = _operand(b)
     # A product of a few rows (batch-1 Dense layers) streams B once: its
     # cost is B's size, not the flops, and a woken team took longer than the
-    # CNN benchmark's 4608 x 128 one alone (73 us on 2 threads, 52 on 1).
+    # CNN benchmark's 4608 x 128 one alone (73 us on 2 threads, 57 on 1).
     cdef int nt = cb_threads_for(2.0 * m * n * k if m > 4 else 1.0 * n * k)
     cdef float[:, ::1] af, bf, of
     cdef double[:, ::1] ad, bd, od

@@ -194,7 +194,7 @@ cdef inline floating _dact(floating y, int kind) noexcept nogil:
 cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] zx,
                          const floating[:, ::1] h0, const floating[:, ::1] c0,
                          const floating[:, ::1] y0, const floating[:, ::1] R,
-        const floating *Wp, Py_ssize_t FB,
+                         const floating *Wp, Py_ssize_t FB,
                          const floating[:, ::1] rmask, const unsigned char[:, ::1] mask,
                          bint use_rmask, bint use_mask, int act, int ract, floating[:, :, ::1] hs,
                          floating[:, :, ::1] cs, floating[:, :, ::1] ys, floating[:, :, ::1] gates,
@@ -246,7 +246,7 @@ cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1]
 
 cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                     const floating[:, ::1] c0, const floating[:, ::1] y0, const floating[:, ::1] R,
-        const floating *Wp, Py_ssize_t FB,
+                    const floating *Wp, Py_ssize_t FB,
                     const floating[:, ::1] rmask, const unsigned char[:, ::1] mask, bint use_rmask,
                     bint use_mask, int act, int ract, floating[:, :, ::1] hs,
                     floating[:, :, ::1] cs, floating[:, :, ::1] ys, floating[:, :, ::1] gates,
@@ -259,12 +259,12 @@ cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     if nchunk > B:
         nchunk = B if B > 0 else 1
     if nchunk <= 1:
-        _lstm_fwd_rows(0, B, zx, h0, c0, y0, R, Wp, FB, rmask, mask, use_rmask, use_mask, act, ract, hs,
-                       cs, ys, gates, hm)
+        _lstm_fwd_rows(0, B, zx, h0, c0, y0, R, Wp, FB, rmask, mask, use_rmask, use_mask, act,
+                       ract, hs, cs, ys, gates, hm)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
-        _lstm_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, zx, h0, c0, y0, R, Wp, FB, rmask, mask,
-                       use_rmask, use_mask, act, ract, hs, cs, ys, gates, hm)
+        _lstm_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, zx, h0, c0, y0, R, Wp, FB,
+                       rmask, mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates, hm)
 
 
 def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
@@ -304,7 +304,7 @@ cdef void _lstm_bwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1]
                          floating[:, ::1] dh, floating[:, ::1] dc, floating[:, ::1] dy,
                          const floating[:, ::1] h0, const floating[:, ::1] c0,
                          const floating[:, ::1] R,
-        const floating *Wp, Py_ssize_t FB, const floating[:, ::1] rmask,
+                         const floating *Wp, Py_ssize_t FB, const floating[:, ::1] rmask,
                          const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask, int act,
                          int ract, const floating[:, :, ::1] hs, const floating[:, :, ::1] cs,
                          const floating[:, :, ::1] gates, floating[:, :, ::1] dz,
@@ -359,7 +359,7 @@ cdef void _lstm_bwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1]
 cdef void _lstm_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating[:, ::1] dc,
                     floating[:, ::1] dy, const floating[:, ::1] h0, const floating[:, ::1] c0,
                     const floating[:, ::1] R,
-        const floating *Wp, Py_ssize_t FB, const floating[:, ::1] rmask,
+                    const floating *Wp, Py_ssize_t FB, const floating[:, ::1] rmask,
                     const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask, int act,
                     int ract, const floating[:, :, ::1] hs, const floating[:, :, ::1] cs,
                     const floating[:, :, ::1] gates, floating[:, :, ::1] dz, floating[:, ::1] dhm,
@@ -372,8 +372,8 @@ cdef void _lstm_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating
     if nchunk > B:
         nchunk = B if B > 0 else 1
     if nchunk <= 1:
-        _lstm_bwd_rows(0, B, dys, dh, dc, dy, h0, c0, R, Wp, FB, rmask, mask, use_rmask, use_mask, act,
-                       ract, hs, cs, gates, dz, dhm, tcs)
+        _lstm_bwd_rows(0, B, dys, dh, dc, dy, h0, c0, R, Wp, FB, rmask, mask, use_rmask,
+                       use_mask, act, ract, hs, cs, gates, dz, dhm, tcs)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
         _lstm_bwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, dys, dh, dc, dy, h0, c0, R, Wp, FB,
@@ -416,7 +416,7 @@ def lstm_backward(const floating[:, :, ::1] dys, dhT, dcT, dyT, const floating[:
 cdef void _simple_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] zx,
                            const floating[:, ::1] h0, const floating[:, ::1] y0,
                            const floating[:, ::1] R,
-        const floating *Wp, Py_ssize_t FB, const floating[:, ::1] rmask,
+                           const floating *Wp, Py_ssize_t FB, const floating[:, ::1] rmask,
                            const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask,
                            int act, floating[:, :, ::1] hs, floating[:, :, ::1] ys,
                            floating[:, :, ::1] pre, floating[:, ::1] hm) noexcept nogil:
@@ -452,7 +452,7 @@ cdef void _simple_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::
 
 cdef void _simple_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                       const floating[:, ::1] y0, const floating[:, ::1] R,
-        const floating *Wp, Py_ssize_t FB,
+                      const floating *Wp, Py_ssize_t FB,
                       const floating[:, ::1] rmask, const unsigned char[:, ::1] mask,
                       bint use_rmask, bint use_mask, int act, floating[:, :, ::1] hs,
                       floating[:, :, ::1] ys, floating[:, :, ::1] pre,
@@ -465,12 +465,12 @@ cdef void _simple_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     if nchunk > B:
         nchunk = B if B > 0 else 1
     if nchunk <= 1:
-        _simple_fwd_rows(0, B, zx, h0, y0, R, Wp, FB, rmask, mask, use_rmask, use_mask, act, hs, ys, pre,
-                         hm)
+        _simple_fwd_rows(0, B, zx, h0, y0, R, Wp, FB, rmask, mask, use_rmask, use_mask, act, hs,
+                         ys, pre, hm)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
-        _simple_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, zx, h0, y0, R, Wp, FB, rmask, mask,
-                         use_rmask, use_mask, act, hs, ys, pre, hm)
+        _simple_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, zx, h0, y0, R, Wp, FB,
+                         rmask, mask, use_rmask, use_mask, act, hs, ys, pre, hm)
 
 def simple_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                    const floating[:, ::1] y0, const floating[:, ::1] R, rmask, mask, int act):
@@ -504,7 +504,7 @@ def simple_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
 @cython.wraparound(False)
 cdef void _simple_bwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] dys,
                            floating[:, ::1] dh, floating[:, ::1] dy, const floating[:, ::1] R,
-        const floating *Wp, Py_ssize_t FB,
+                           const floating *Wp, Py_ssize_t FB,
                            const floating[:, ::1] rmask, const unsigned char[:, ::1] mask,
                            bint use_rmask, bint use_mask, int act, const floating[:, :, ::1] acts,
                            floating[:, :, ::1] dz, floating[:, ::1] dhm) noexcept nogil:
@@ -534,7 +534,7 @@ cdef void _simple_bwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::
 
 cdef void _simple_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating[:, ::1] dy,
                       const floating[:, ::1] R,
-        const floating *Wp, Py_ssize_t FB, const floating[:, ::1] rmask,
+                      const floating *Wp, Py_ssize_t FB, const floating[:, ::1] rmask,
                       const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask, int act,
                       const floating[:, :, ::1] acts, floating[:, :, ::1] dz,
                       floating[:, ::1] dhm) noexcept nogil:
@@ -546,12 +546,12 @@ cdef void _simple_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floati
     if nchunk > B:
         nchunk = B if B > 0 else 1
     if nchunk <= 1:
-        _simple_bwd_rows(0, B, dys, dh, dy, R, Wp, FB, rmask, mask, use_rmask, use_mask, act, acts, dz,
-                         dhm)
+        _simple_bwd_rows(0, B, dys, dh, dy, R, Wp, FB, rmask, mask, use_rmask, use_mask, act,
+                         acts, dz, dhm)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
-        _simple_bwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, dys, dh, dy, R, Wp, FB, rmask, mask,
-                         use_rmask, use_mask, act, acts, dz, dhm)
+        _simple_bwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, dys, dh, dy, R, Wp, FB,
+                         rmask, mask, use_rmask, use_mask, act, acts, dz, dhm)
 
 def simple_backward(const floating[:, :, ::1] dys, dhT, dyT, const floating[:, ::1] h0,
                     const floating[:, ::1] R, rmask, mask, int act, const floating[:, :, ::1] hs,
