@@ -10,3 +10,23 @@ def check_float(name, *arrays):
     for a in arrays[1:]:
         if a.dtype != dt:
             raise TypeError("%s: dtype mismatch: %s and %s" % (name, dt, a.dtype))
+
+
+def remembered(table, key, compute, *args):
+    """``compute(*args)``, remembered in ``table`` under ``key``.
+
+    Validating a geometry takes as long as a batch-1 kernel, and a model calls
+    the same few over and over. A key that cannot be hashed (lists among the
+    arguments) is not remembered, nor is an error; the table keeps at most 512
+    entries. Results are shared: callers must not modify them."""
+    try:
+        return table[key]
+    except TypeError:
+        return compute(*args)
+    except KeyError:
+        pass
+    result = compute(*args)
+    if len(table) >= 512:
+        table.clear()
+    table[key] = result
+    return result

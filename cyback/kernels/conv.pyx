@@ -32,6 +32,7 @@ from cyback.kernels._blas cimport floating, gemm
 from contextlib import nullcontext
 from cyback.kernels._omp cimport cb_parallel_min_work, cb_threads_for
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
+from cyback.kernels._checks import remembered
 from cyback.kernels.blas_threads import blas_threads
 
 
@@ -970,23 +971,12 @@ _GEOMETRIES = {}
 
 def _geometry(x_shape, k_shape, strides, dilation, pads, channels_last, fname):
     """Validated Geom fields as a dict (shared: read it, never write it), the
-    output spatial shape and whether the convolution is pointwise.
-
-    Remembered per argument tuple: a model calls the same few geometries
-    over and over, and validating one takes longer than a batch-1 kernel."""
-    try:
-        key = (x_shape, k_shape, strides, dilation, pads, bool(channels_last))
-        return _GEOMETRIES[key]
-    except TypeError:       # unhashable arguments (lists): no caching
-        return _compute_geometry(x_shape, k_shape, strides, dilation, pads, channels_last,
-                                 fname)
-    except KeyError:
-        pass
-    r = _compute_geometry(x_shape, k_shape, strides, dilation, pads, channels_last, fname)
-    if len(_GEOMETRIES) >= 512:
-        _GEOMETRIES.clear()
-    _GEOMETRIES[key] = r
-    return r
+    output spatial shape and whether the convolution is pointwise;
+    remembered per argument tuple."""
+    return remembered(_GEOMETRIES, (x_shape, k_shape, strides, dilation, pads,
+                                    bool(channels_last)),
+                      _compute_geometry, x_shape, k_shape, strides, dilation, pads,
+                      channels_last, fname)
 
 
 @cython.wraparound(True)

@@ -19,7 +19,7 @@ from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
 
 from cyback.kernels._blas cimport floating
-from cyback.kernels._checks import check_float
+from cyback.kernels._checks import check_float, remembered
 from cyback.kernels._omp cimport cb_threads_for
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 
@@ -616,22 +616,11 @@ _PARAMS = {}
 
 
 def _params(name, x_shape, k_shape, strides, dilation, pads, channels_last):
-    """_compute_params, remembered per argument tuple (the same few shapes
-    come back on every call of a model; checking them again cost as long as
-    a batch-1 depthwise kernel)."""
-    try:
-        key = (tuple(x_shape), tuple(k_shape), strides, dilation, pads, bool(channels_last))
-        return _PARAMS[key]
-    except TypeError:       # unhashable arguments (lists): no caching
-        return _compute_params(name, x_shape, k_shape, strides, dilation, pads,
-                               channels_last)
-    except KeyError:
-        pass
-    r = _compute_params(name, x_shape, k_shape, strides, dilation, pads, channels_last)
-    if len(_PARAMS) >= 512:
-        _PARAMS.clear()
-    _PARAMS[key] = r
-    return r
+    """_compute_params, remembered per argument tuple."""
+    return remembered(_PARAMS, (tuple(x_shape), tuple(k_shape), strides, dilation, pads,
+                                bool(channels_last)),
+                      _compute_params, name, x_shape, k_shape, strides, dilation, pads,
+                      channels_last)
 
 
 @cython.wraparound(True)

@@ -21,6 +21,7 @@ from libc.math cimport INFINITY
 from cyback.kernels._blas cimport floating
 from cyback.kernels._omp cimport cb_threads_for
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
+from cyback.kernels._checks import remembered
 
 cnp.import_array()
 
@@ -431,17 +432,8 @@ def _setup(name, x, pool_size, strides, pads, channels_last, mode):
     x = np.asarray(x)
     if x.dtype not in (np.float32, np.float64):
         raise TypeError("%s: expected float32 or float64 input, got %s" % (name, x.dtype))
-    try:
-        key = (x.shape, pool_size, strides, pads, bool(channels_last))
-        geo = _GEOMETRIES.get(key)
-    except TypeError:       # unhashable arguments (lists): no caching
-        key, geo = None, None
-    if geo is None:
-        geo = _geometry(name, x.shape, pool_size, strides, pads, channels_last)
-        if key is not None:
-            if len(_GEOMETRIES) >= 512:
-                _GEOMETRIES.clear()
-            _GEOMETRIES[key] = geo
+    geo = remembered(_GEOMETRIES, (x.shape, pool_size, strides, pads, bool(channels_last)),
+                     _geometry, name, x.shape, pool_size, strides, pads, channels_last)
     return (x,) + geo
 
 

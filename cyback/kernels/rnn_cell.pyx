@@ -107,6 +107,11 @@ def _recurrent_operand(R, Py_ssize_t B, bint trans):
     return _pack_product(R.T if trans else R)
 
 
+cdef const void* _address(arr):
+    # the data of a C-contiguous array the caller keeps alive, or NULL for None
+    return NULL if arr is None else <const void*><size_t>arr.ctypes.data
+
+
 cdef inline void _packed_product(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, const floating *h,
                                  const floating *Wp, Py_ssize_t FB, bint acc,
                                  floating *out) noexcept nogil:
@@ -285,13 +290,9 @@ def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef floating[:, ::1] hm = np.empty((B, u), dt)
     cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
     cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
-    cdef floating[::1] packed
-    cdef const floating *Wp = NULL
-    cdef Py_ssize_t FB = 0
-    arr, FB = _recurrent_operand(R, B, False)
-    if arr is not None:
-        packed = arr
-        Wp = &packed[0]
+    cdef Py_ssize_t FB
+    packed, FB = _recurrent_operand(R, B, False)
+    cdef const floating *Wp = <const floating*>_address(packed)
     with nogil:
         _lstm_fwd(zx, h0, c0, y0, R, Wp, FB, rm, mk, rmask is not None, mask is not None, act, ract,
                   hs, cs, ys, gates, hm)
@@ -397,13 +398,9 @@ def lstm_backward(const floating[:, :, ::1] dys, dhT, dcT, dyT, const floating[:
     cdef floating[:, ::1] tcs = np.empty((B, u), dt)
     cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
     cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
-    cdef floating[::1] packed
-    cdef const floating *Wp = NULL
-    cdef Py_ssize_t FB = 0
-    arr, FB = _recurrent_operand(R, B, True)
-    if arr is not None:
-        packed = arr
-        Wp = &packed[0]
+    cdef Py_ssize_t FB
+    packed, FB = _recurrent_operand(R, B, True)
+    cdef const floating *Wp = <const floating*>_address(packed)
     with nogil:
         _lstm_bwd(dys, dh, dc, dy, h0, c0, R, Wp, FB, rm, mk, rmask is not None, mask is not None,
                   act, ract, hs, cs, gates, dz, dhm, tcs)
@@ -487,13 +484,9 @@ def simple_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef floating[:, ::1] hm = np.empty((B, u), dt)
     cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
     cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
-    cdef floating[::1] packed
-    cdef const floating *Wp = NULL
-    cdef Py_ssize_t FB = 0
-    arr, FB = _recurrent_operand(R, B, False)
-    if arr is not None:
-        packed = arr
-        Wp = &packed[0]
+    cdef Py_ssize_t FB
+    packed, FB = _recurrent_operand(R, B, False)
+    cdef const floating *Wp = <const floating*>_address(packed)
     with nogil:
         _simple_fwd(zx, h0, y0, R, Wp, FB, rm, mk, rmask is not None, mask is not None, act,
                     hs, ys, pre, hm)
@@ -565,13 +558,9 @@ def simple_backward(const floating[:, :, ::1] dys, dhT, dyT, const floating[:, :
     cdef floating[:, ::1] dhm = np.empty((B, u), dt)
     cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
     cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
-    cdef floating[::1] packed
-    cdef const floating *Wp = NULL
-    cdef Py_ssize_t FB = 0
-    arr, FB = _recurrent_operand(R, B, True)
-    if arr is not None:
-        packed = arr
-        Wp = &packed[0]
+    cdef Py_ssize_t FB
+    packed, FB = _recurrent_operand(R, B, True)
+    cdef const floating *Wp = <const floating*>_address(packed)
     with nogil:
         _simple_bwd(dys, dh, dy, R, Wp, FB, rm, mk, rmask is not None, mask is not None, act,
                     acts, dz, dhm)

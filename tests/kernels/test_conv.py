@@ -10,6 +10,8 @@ from cyback.kernels import conv
 from cyback.kernels import conv_utils
 from cyback.kernels.runtime import get_max_threads, set_num_threads
 
+from instruction_sets import instruction_set
+
 
 # ---------------------------------------------------------------- references
 # All references work channels_last on an explicitly zero-padded input: every
@@ -494,13 +496,8 @@ def test_pointwise_one_gemm_and_blocks(one_gemm, dtype):
 def direct_isa(request):
     """The direct kernel's AVX2 set (where the CPU has it) and its baseline
     set; the packing block width follows the set that runs."""
-    if request.param == "avx2" and not conv._use_avx2(True):
-        pytest.skip("this CPU has no AVX2 + FMA")
-    conv._use_avx2(request.param == "avx2")
-    try:
-        yield request.param
-    finally:
-        conv._use_avx2(True)
+    with instruction_set(conv, request.param) as which:
+        yield which
 
 
 def _ref_epilogue(y, bias, activation, residual=None):

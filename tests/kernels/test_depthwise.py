@@ -9,6 +9,8 @@ from cyback.kernels import runtime
 from cyback.kernels.depthwise import (depthwise_backward_input, depthwise_backward_kernel,
                                       depthwise_forward)
 
+from instruction_sets import instruction_set
+
 
 def ref_forward(x, k, ss, ds, ps, cl):
     """Channels-last 2-D reference, float64: explicit zero padding + taps."""
@@ -77,9 +79,8 @@ def ref_grads(x, k, dy, ss, ds, ps, cl):
 def isa(request):
     """Each case runs with the AVX2 + FMA row kernels (where the CPU has them)
     and with the baseline vector ones."""
-    dw_module._use_avx2(request.param == "avx2")
-    yield request.param
-    dw_module._use_avx2(True)
+    with instruction_set(dw_module, request.param) as which:
+        yield which
 
 
 def tol(dtype):

@@ -5,6 +5,8 @@ import pytest
 
 from cyback.kernels import rnn_cell as rc
 
+from instruction_sets import instruction_set
+
 ACTS = {
     "tanh": np.tanh,
     "sigmoid": lambda v: 0.5 + 0.5 * np.tanh(0.5 * v),
@@ -67,15 +69,10 @@ CASES = [(5, 3, 4, False, False), (5, 3, 4, True, True), (1, 1, 1, False, True),
 
 
 @pytest.fixture(autouse=True, params=["avx2", "baseline"])
-def instruction_set(request):
+def isa(request):
     """The AVX2 + FMA kernels (where the CPU has them) and the baseline ones."""
-    if request.param == "avx2" and not rc._use_avx2(True):
-        pytest.skip("this CPU has no AVX2 + FMA")
-    rc._use_avx2(request.param == "avx2")
-    try:
-        yield request.param
-    finally:
-        rc._use_avx2(True)
+    with instruction_set(rc, request.param) as which:
+        yield which
 
 
 @pytest.fixture(autouse=True, params=["packed", "blas"])
