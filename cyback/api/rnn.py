@@ -136,10 +136,17 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
         new = [ew.where(_expand_to(m_t, s.ndim), n, s) for n, s in zip(new, states)]
         return out, new
 
+    trial = None
+    if m is not None or not unroll:
+        # One call outside the loop, as TensorFlow's rnn makes: a cell that
+        # draws its dropout masks on its first call (Keras 2.3's cells, from
+        # ones_like of the step's input and state) then draws them here, once
+        # per sequence, and the loop reuses them at every step. Traced inside
+        # the loop they would be drawn anew at each step.
+        trial, _ = call_step([shp.getitem(x, 0) for x in xs], flat_init)
     if m is not None:
         # The output of a masked step repeats the last one, so the loop
         # carries it as one more state, starting from zeros.
-        trial, _ = call_step([shp.getitem(x, 0) for x in xs], flat_init)
         if all(d is not None for d in trial.shape[1:]):
             batch = shp.getitem(shp.shape_of(xs[0]), 1)
             zeros_out = shp.fill("rnn", [batch] + list(trial.shape[1:]), 0, trial.dtype)

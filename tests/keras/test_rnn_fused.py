@@ -74,15 +74,13 @@ def test_fused_layer_matches_general_scan(kind, masking, kw):
 @pytest.mark.parametrize("masking", [False, True])
 def test_layer_dropout(kind, masking):
     # Keras 2.3 draws its dropout masks inside the step, on the cell's first
-    # call (from ones_like of the step's input and state). Without a mask
-    # that call is the loop's trace: random ops in the loop body, which the
-    # fused cell does not take. With a mask, rnn traces the step once outside
-    # the loop first (for the shape of the output), so the masks are loop
-    # invariants and the cell is fused.
+    # call (from ones_like of the step's input and state). rnn makes that
+    # first call outside the loop, so the masks are loop invariants and the
+    # cell is fused, with or without a Keras mask.
     kw = dict(dropout=0.2, recurrent_dropout=0.3, return_sequences=True)
     model = _model(kind, True, masking, kw)
     ops = [type(n.op) for n in topo_nodes([model.output])]
-    assert (FusedRecurrent in ops) == masking and (Scan in ops) != masking
+    assert FusedRecurrent in ops and Scan not in ops
     general = _model(kind, False, masking, kw)
     general.set_weights(model.get_weights())
     x = _data()
@@ -90,11 +88,45 @@ def test_layer_dropout(kind, masking):
     want = _loss_and_grads(general)([x, 0])
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
-    if masking:
-        # In training, the fused cell applies a recurrent dropout mask: the
-        # output differs from the inference output, and it is finite.
-        train_out = _loss_and_grads(model)([x, 1])[0]
-        assert np.all(np.isfinite(train_out)) and not np.allclose(train_out, got[0])
+    # In training, the fused cell applies a recurrent dropout mask: the
+    # output differs from the inference output, and it is finite.
+    train_out = _loss_and_grads(model)([x, 1])[0]
+    assert np.all(np.isfinite(train_out)) and not np.allclose(train_out, got[0])
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("kind", ["SimpleRNN", "GRU"])
+def test_recurrent_dropout_mask_is_fixed_over_the_sequence(kind, fused):
+    # Recurrent dropout drops the same units of h at every step of a sequence
+    # (one mask per sequence, as Keras on TensorFlow draws it), not a new
+    # mask per step. An impulse at step 0 through an identity recurrence with
+    # no bias keeps a unit's state nonzero at every later step, or zero at
+    # every later step when the mask drops it (tanh(0) = 0; Keras's GRU mixes
+    # the dropped h_{t-1} into its new state).
+    units, steps = 256, 4
+    scan_cells.ENABLED = fused
+    try:
+        inp = L.Input((steps, 1))
+        layer = getattr(L, kind)(units, recurrent_dropout=0.5, return_sequences=True,
+                                 use_bias=False)
+        model = keras.models.Model(inp, layer(inp))
+    finally:
+        scan_cells.ENABLED = True
+    ops = [type(n.op) for n in topo_nodes([model.output])]
+    assert (FusedRecurrent in ops) == (fused and kind == "SimpleRNN")
+    kernel, rec = layer.get_weights()
+    layer.set_weights([np.ones_like(kernel),
+                       np.tile(np.eye(units, dtype=rec.dtype), (1, rec.shape[1] // units))])
+    x = np.zeros((2, steps, 1), "float32")
+    x[:, 0] = 1.0
+    out = K.function([model.input, K.learning_phase()], [model.output])([x, 1])[0]
+    alive = out[:, 1:] != 0
+    assert alive.any(axis=2).all() and not alive.all()
+    for t in range(1, alive.shape[1]):
+        np.testing.assert_array_equal(alive[:, t], alive[:, 0])
+    # In inference no unit is dropped.
+    assert np.all(K.function([model.input, K.learning_phase()], [model.output])([x, 0])[0]
+                  [:, 1:] != 0)
 
 
 def test_lstm_trains_on_the_fused_cell():
