@@ -141,15 +141,20 @@ def tiny_step_overhead(steps, repeats):
     return fwd, bwd
 
 
-def keras_predict(repeats, torch):
-    """Keras LSTM(128) on (50 steps, 32 features): predict at batch 1 and 32,
-    fused cell against the general Scan, with torch's nn.LSTM for scale."""
+def _keras():
     try:
         os.environ.setdefault("KERAS_BACKEND", "cyback")
         import keras
     except Exception:
-        return []
-    if keras.backend.backend() != "cyback":
+        return None
+    return keras if keras.backend.backend() == "cyback" else None
+
+
+def keras_predict(repeats, torch):
+    """Keras LSTM(128) on (50 steps, 32 features): predict at batch 1 and 32,
+    fused cell against the general Scan, with torch's nn.LSTM for scale."""
+    keras = _keras()
+    if keras is None:
         return []
     rows = []
     models = {}
@@ -178,6 +183,82 @@ def keras_predict(repeats, torch):
                     return lstm(xt)[0][:, -1]
             rows.append(dict(impl="torch nn.LSTM", batch=batch,
                              predict_ms=median_time(run, repeats=repeats) * 1e3))
+    return rows
+
+
+def torch_gru_from_keras(torch, layer):
+    """torch nn.GRU with a Keras GRU(reset_after=True)'s weights: the same
+    cell (torch's gate order r, z, n against Keras's z, r, h)."""
+    w, r, b = layer.get_weights()
+    u = r.shape[0]
+    m = torch.nn.GRU(w.shape[0], u, batch_first=True)
+
+    def order(a):
+        return np.concatenate([a[..., u:2 * u], a[..., :u], a[..., 2 * u:]], axis=-1)
+    with torch.no_grad():
+        m.weight_ih_l0.copy_(torch.from_numpy(order(w).T.copy()))
+        m.weight_hh_l0.copy_(torch.from_numpy(order(r).T.copy()))
+        m.bias_ih_l0.copy_(torch.from_numpy(order(b[0]).copy()))
+        m.bias_hh_l0.copy_(torch.from_numpy(order(b[1]).copy()))
+    return m
+
+
+def keras_gru_rows(args, x, torch):
+    """Keras GRU(units, return_sequences) on the same input as the LSTM rows:
+    forward and training step (gradients of the summed outputs), fused cell
+    against the general Scan, reset_after=True against torch's nn.GRU."""
+    keras = _keras()
+    if keras is None:
+        return []
+    rows, ref = [], None
+    for reset_after in (True, False):
+        fns = {}
+        weights = None
+        for fused in (True, False):
+            scan_cells.ENABLED = fused
+            try:
+                inp = keras.layers.Input(x.shape[1:])
+                layer = keras.layers.GRU(args.units, return_sequences=True,
+                                         reset_after=reset_after)
+                out = layer(inp)
+            finally:
+                scan_cells.ENABLED = True
+            if weights is None:
+                weights = layer.get_weights()
+            layer.set_weights(weights)
+            grads = K.gradients(K.sum(out), layer.trainable_weights + [inp])
+            fns[fused] = (K.function([inp], [out]), K.function([inp], grads), layer)
+        got = [fns[f][0]([x])[0] for f in (True, False)]
+        np.testing.assert_allclose(got[0], got[1], rtol=1e-4, atol=1e-5)
+        for fused in (True, False):
+            f, g, _ = fns[fused]
+            rows.append(dict(impl="cyback keras GRU%s %s" % (
+                "(reset_after)" if reset_after else "", "fused" if fused else "general Scan"),
+                forward_ms=median_time(lambda: f([x]), repeats=args.repeats) * 1e3,
+                train_ms=median_time(lambda: g([x]), repeats=args.repeats) * 1e3))
+        if reset_after and torch is not None:
+            m = torch_gru_from_keras(torch, fns[True][2])
+            xt = torch.from_numpy(x)
+            with torch.no_grad():
+                np.testing.assert_allclose(m(xt)[0].numpy(), got[0], rtol=1e-4, atol=1e-5)
+
+            def t_fwd():
+                with torch.no_grad():
+                    return m(xt)[0]
+
+            def t_train():
+                xg = xt.clone().requires_grad_(True)
+                m.zero_grad()
+                m(xg)[0].sum().backward()
+            ref = dict(impl="torch %s nn.GRU (%d threads)" % (torch.__version__,
+                                                               torch.get_num_threads()),
+                       forward_ms=median_time(t_fwd, repeats=args.repeats) * 1e3,
+                       train_ms=median_time(t_train, repeats=args.repeats) * 1e3)
+            rows.append(ref)
+    if ref is not None:
+        for row in rows:
+            for col in ("forward", "train"):
+                row[col + "_vs_torch"] = row[col + "_ms"] / ref[col + "_ms"]
     return rows
 
 
@@ -239,6 +320,13 @@ def main():
         bs, steps, n_in, u, " ".join(open("/proc/loadavg").read().split()[:3]))
     print_table(rows, ["impl", "forward_ms", "train_ms", "forward_vs_torch", "train_vs_torch"],
                 title=title)
+    gru_rows = keras_gru_rows(args, x, torch)
+    if gru_rows:
+        print()
+        print_table(gru_rows, ["impl", "forward_ms", "train_ms", "forward_vs_torch",
+                               "train_vs_torch"],
+                    title="GRU batch=%d steps=%d inputs=%d units=%d, float32 (median ms)"
+                    % (bs, steps, n_in, u))
     keras_rows = keras_predict(args.repeats, torch)
     if keras_rows:
         print()
@@ -248,7 +336,7 @@ def main():
     print("\nper-step overhead (h = h + x_t * h on (1, 1), 1000 steps): forward %.2f us, "
           "backward (fwd+bwd) %.2f us" % (fwd_us, bwd_us))
     path = write_json("rnn", rows, batch=bs, steps=steps, inputs=n_in, units=u,
-                      threads=args.threads, keras_predict=keras_rows,
+                      threads=args.threads, keras_predict=keras_rows, gru=gru_rows,
                       step_overhead_us=dict(forward=fwd_us, forward_backward=bwd_us))
     print("wrote", path)
 

@@ -570,17 +570,28 @@ def simple_backward(const floating[:, :, ::1] dys, dhT, dyT, const floating[:, :
 
 def _recurrent_grad(hs, h0, rmask, dz, dt):
     """``sum_t (h_{t-1} * rmask)^T dz_t``: one GEMM over all steps."""
-    T, B, u = hs.shape
-    prev = np.empty((T, B, u), dt)
+    return _stacked_tn(_previous_states(hs, h0, rmask, dt), dz, dt)
+
+
+def _previous_states(hs, h0, rmask, dt):
+    """(T, B, u) stack of each step's ``h_{t-1} * rmask``."""
+    T = hs.shape[0]
+    prev = np.empty(hs.shape, dt)
     if T:
         prev[0] = h0
         prev[1:] = hs[:T - 1]
     if rmask is not None:
         prev *= rmask
-    dR = np.zeros((u, dz.shape[2]), dt)
+    return prev
+
+
+def _stacked_tn(a, b, dt):
+    """``sum_t a_t^T b_t`` over (T, B, .) stacks as one GEMM."""
+    T, B, u = a.shape
+    out = np.zeros((u, b.shape[2]), dt)
     if T * B and u:
-        _gemm_tn(prev.reshape(T * B, u), dz.reshape(T * B, dz.shape[2]), dR)
-    return dR
+        _gemm_tn(a.reshape(T * B, u), np.ascontiguousarray(b).reshape(T * B, b.shape[2]), out)
+    return out
 
 
 # Column blocks of the recurrent kernel's gradient, one GEMM each, spread over
@@ -612,3 +623,308 @@ def _mask(mask, T, B):
     if mask is None:
         return np.zeros((1, 1), np.uint8)
     return np.ascontiguousarray(np.broadcast_to(mask, (T, B)), dtype=np.uint8)
+
+
+# ------------------------------------------------------------------ GRU
+#
+# Keras's GRUCell (implementation 2). With ``reset_after`` the reset gate
+# multiplies the recurrent product: one product per step, ``P = hm @ R + rb``
+# (R: (u, 3u), rb: the recurrent bias), and
+#     z = ract(xz + P_z), r = ract(xr + P_r), hh = act(xh + r * P_h).
+# Without, it multiplies h before a second product: ``P = hm @ R`` (R: (u, 2u))
+# gives z and r, then hh = act(xh + (r * hm) @ Rh).
+# The new state is ``z * hx + (1 - z) * hh``, hx being hm (Keras mixes the
+# dropped-out h when recurrent dropout is on) or h with ``mix_masked`` off.
+# Records: gates (T, B, 3u) = z, r, hh; ph (T, B, u) = P_h (reset_after).
+# Masked rows record zeros there, so that products over all rows stay finite.
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] zx,
+                        const floating[:, ::1] h0, const floating[:, ::1] y0,
+                        const floating[:, ::1] R, const floating *Wp,
+                        const floating[:, ::1] Rh, const floating *Whp, Py_ssize_t FB,
+                        const floating[::1] rb, const floating[:, ::1] rmask,
+                        const unsigned char[:, ::1] mask, bint use_rb, bint use_rmask,
+                        bint use_mask, bint reset_after, bint mix_masked, int act, int ract,
+                        floating[:, :, ::1] hs, floating[:, :, ::1] ys,
+                        floating[:, :, ::1] gates, floating[:, :, ::1] ph, floating[:, ::1] hm,
+                        floating[:, ::1] P, floating[:, ::1] Q) noexcept nogil:
+    cdef Py_ssize_t T = zx.shape[0], u = h0.shape[1], NR = R.shape[1]
+    cdef Py_ssize_t t, b, j, n = b1 - b0
+    cdef const floating *hp
+    cdef const floating *hmp
+    cdef const floating *hx
+    cdef const floating *x
+    cdef floating *g
+    cdef floating zz, h
+    if n <= 0:
+        return
+    for t in range(T):
+        hp = &h0[b0, 0] if t == 0 else &hs[t - 1, b0, 0]
+        hmp = hp
+        if use_rmask:
+            for b in range(b0, b1):
+                for j in range(u):
+                    hm[b, j] = hp[(b - b0) * u + j] * rmask[b, j]
+            hmp = &hm[b0, 0]
+        if use_rb:
+            for b in range(b0, b1):
+                memcpy(&P[b, 0], &rb[0], NR * sizeof(floating))
+        _rec_product(False, n, u, NR, hmp, &R[0, 0], Wp, FB, 1 if use_rb else 0, &P[b0, 0])
+        for b in range(b0, b1):
+            g = &gates[t, b, 0]
+            x = &zx[t, b, 0]
+            if use_mask and not mask[t, b]:
+                memset(g, 0, 3 * u * sizeof(floating))
+                memset(&Q[b, 0], 0, u * sizeof(floating))
+                if reset_after:
+                    memset(&ph[t, b, 0], 0, u * sizeof(floating))
+                continue
+            for j in range(2 * u):
+                g[j] = x[j] + P[b, j]
+            _act_row(g, 2 * u, ract)
+            if reset_after:
+                for j in range(u):
+                    ph[t, b, j] = P[b, 2 * u + j]
+                    g[2 * u + j] = x[2 * u + j] + g[u + j] * P[b, 2 * u + j]
+            else:
+                for j in range(u):
+                    Q[b, j] = g[u + j] * hmp[(b - b0) * u + j]
+        if not reset_after:
+            # The candidate's product reads r * hm: a second GEMM per step.
+            _rec_product(False, n, u, u, &Q[b0, 0], &Rh[0, 0], Whp, FB, 0, &P[b0, 0])
+        for b in range(b0, b1):
+            if use_mask and not mask[t, b]:
+                hp = &h0[b, 0] if t == 0 else &hs[t - 1, b, 0]
+                x = &y0[b, 0] if t == 0 else &ys[t - 1, b, 0]
+                memcpy(&hs[t, b, 0], hp, u * sizeof(floating))
+                memcpy(&ys[t, b, 0], x, u * sizeof(floating))
+                continue
+            g = &gates[t, b, 0]
+            if not reset_after:
+                # P is (n, u) here: the product above wrote rows of width u.
+                for j in range(u):
+                    g[2 * u + j] = zx[t, b, 2 * u + j] + (&P[b0, 0])[(b - b0) * u + j]
+            _act_row(g + 2 * u, u, act)
+            hp = &h0[b, 0] if t == 0 else &hs[t - 1, b, 0]
+            hx = &hm[b, 0] if (mix_masked and use_rmask) else hp
+            for j in range(u):
+                zz = g[j]
+                h = zz * hx[j] + (1 - zz) * g[2 * u + j]
+                hs[t, b, j] = h
+                ys[t, b, j] = h
+
+
+cdef void _gru_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
+                   const floating[:, ::1] y0, const floating[:, ::1] R, const floating *Wp,
+                   const floating[:, ::1] Rh, const floating *Whp, Py_ssize_t FB,
+                   const floating[::1] rb, const floating[:, ::1] rmask,
+                   const unsigned char[:, ::1] mask, bint use_rb, bint use_rmask, bint use_mask,
+                   bint reset_after, bint mix_masked, int act, int ract, floating[:, :, ::1] hs,
+                   floating[:, :, ::1] ys, floating[:, :, ::1] gates, floating[:, :, ::1] ph,
+                   floating[:, ::1] hm, floating[:, ::1] P, floating[:, ::1] Q) noexcept nogil:
+    # One block of batch rows per thread, all steps (see _lstm_fwd).
+    cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = h0.shape[1]
+    cdef Py_ssize_t ci, nchunk = cb_threads_for(2.0 * T * B * 3 * u * u)
+    if nchunk > B:
+        nchunk = B if B > 0 else 1
+    if nchunk <= 1:
+        _gru_fwd_rows(0, B, zx, h0, y0, R, Wp, Rh, Whp, FB, rb, rmask, mask, use_rb, use_rmask,
+                      use_mask, reset_after, mix_masked, act, ract, hs, ys, gates, ph, hm, P, Q)
+        return
+    for ci in prange(nchunk, schedule='static', num_threads=nchunk):
+        _gru_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, zx, h0, y0, R, Wp, Rh, Whp, FB,
+                      rb, rmask, mask, use_rb, use_rmask, use_mask, reset_after, mix_masked, act,
+                      ract, hs, ys, gates, ph, hm, P, Q)
+
+
+def _gru_check(name, zx, h0, y0, R, Rh, rb, bint reset_after):
+    T, B, u = zx.shape[0], zx.shape[1], h0.shape[1]
+    ok = zx.shape[2] == 3 * u and tuple(h0.shape) == (B, u) and tuple(y0.shape) == (B, u) \
+        and tuple(R.shape) == (u, (3 if reset_after else 2) * u) \
+        and (reset_after or (Rh is not None and tuple(Rh.shape) == (u, u))) \
+        and (rb is None or (reset_after and tuple(rb.shape) == (3 * u,)))
+    if not ok:
+        raise ValueError("%s: shapes zx %s, h0 %s, y0 %s, R %s, Rh %s, rb %s do not agree "
+                         "(reset_after=%s)" % (name, np.shape(zx), np.shape(h0), np.shape(y0),
+                                               np.shape(R), np.shape(Rh), np.shape(rb),
+                                               reset_after))
+
+
+def gru_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
+                const floating[:, ::1] y0, const floating[:, ::1] R, Rh, rb, rmask, mask,
+                bint reset_after, bint mix_masked, int act, int ract):
+    """Run a GRU sequence (see above); returns ``(hs, ys, gates, ph)``. ``Rh``
+    is None with ``reset_after``; ``rb`` is None without a recurrent bias."""
+    dt = np.float32 if floating is float else np.float64
+    _gru_check("gru_forward", zx, h0, y0, R, Rh, rb, reset_after)
+    cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = h0.shape[1]
+    cdef floating[:, :, ::1] hs = np.empty((T, B, u), dt)
+    cdef floating[:, :, ::1] ys = np.empty((T, B, u), dt)
+    cdef floating[:, :, ::1] gates = np.empty((T, B, 3 * u), dt)
+    cdef floating[:, :, ::1] ph = np.empty((T, B, u), dt) if reset_after else \
+        np.empty((1, 1, 1), dt)
+    cdef floating[:, ::1] hm = np.empty((B, u), dt)
+    cdef floating[:, ::1] P = np.empty((B, R.shape[1]), dt)
+    cdef floating[:, ::1] Q = np.empty((B, u), dt)
+    cdef const floating[:, ::1] rh = np.ascontiguousarray(Rh if Rh is not None else
+                                                          np.zeros((1, 1)), dtype=dt)
+    cdef const floating[::1] b_ = np.ascontiguousarray(rb if rb is not None else
+                                                       np.zeros(1), dtype=dt)
+    cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
+    cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
+    cdef Py_ssize_t FB, FBh
+    packed, FB = _recurrent_operand(R, B, False)
+    packed_h, FBh = _recurrent_operand(rh, B, False) if Rh is not None else (None, FB)
+    cdef const floating *Wp = <const floating*>_address(packed)
+    cdef const floating *Whp = <const floating*>_address(packed_h)
+    with nogil:
+        _gru_fwd(zx, h0, y0, R, Wp, rh, Whp, FB, b_, rm, mk, rb is not None, rmask is not None,
+                 mask is not None, reset_after, mix_masked, act, ract, hs, ys, gates, ph, hm, P,
+                 Q)
+    return np.asarray(hs), np.asarray(ys), np.asarray(gates), np.asarray(ph)
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef void _gru_bwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] dys,
+                        floating[:, ::1] dh, floating[:, ::1] dy, const floating[:, ::1] h0,
+                        const floating[:, ::1] R, const floating *Wp,
+                        const floating[:, ::1] Rh, const floating *Whp, Py_ssize_t FB,
+                        const floating[:, ::1] rmask, const unsigned char[:, ::1] mask,
+                        bint use_rmask, bint use_mask, bint reset_after, bint mix_masked,
+                        int act, int ract, const floating[:, :, ::1] hs,
+                        const floating[:, :, ::1] gates, const floating[:, :, ::1] ph,
+                        floating[:, :, ::1] D, floating[:, :, ::1] Dh, floating[:, ::1] dhm,
+                        floating[:, ::1] dq, floating[:, ::1] dx) noexcept nogil:
+    cdef Py_ssize_t T = dys.shape[0], u = h0.shape[1], NR = R.shape[1]
+    cdef Py_ssize_t t, b, j, n = b1 - b0
+    cdef const floating *hp
+    cdef const floating *g
+    cdef floating *d
+    cdef floating dH, zz, rr, hh, hmj, hx, dah
+    if n <= 0:
+        return
+    for t in range(T - 1, -1, -1):
+        for b in range(b0, b1):
+            d = &D[t, b, 0]
+            if use_mask and not mask[t, b]:
+                # States pass through; the output's gradient goes to the
+                # previous output.
+                memset(d, 0, NR * sizeof(floating))
+                memset(&Dh[t, b, 0], 0, u * sizeof(floating))
+                memset(&dhm[b, 0], 0, u * sizeof(floating))
+                memset(&dx[b, 0], 0, u * sizeof(floating))
+                for j in range(u):
+                    dy[b, j] = dy[b, j] + dys[t, b, j]
+                continue
+            hp = &h0[b, 0] if t == 0 else &hs[t - 1, b, 0]
+            g = &gates[t, b, 0]
+            for j in range(u):
+                zz = g[j]
+                rr = g[u + j]
+                hh = g[2 * u + j]
+                hmj = hp[j] * rmask[b, j] if use_rmask else hp[j]
+                hx = hmj if mix_masked else hp[j]
+                dH = dh[b, j] + dys[t, b, j] + dy[b, j]
+                d[j] = dH * (hx - hh) * _dact(zz, ract)
+                dah = dH * (1 - zz) * _dact(hh, act)
+                Dh[t, b, j] = dah
+                if reset_after:
+                    d[u + j] = dah * ph[t, b, j] * _dact(rr, ract)
+                    d[2 * u + j] = dah * rr
+                if mix_masked:
+                    dhm[b, j] = dH * zz
+                    dx[b, j] = 0
+                else:
+                    dhm[b, j] = 0
+                    dx[b, j] = dH * zz
+                dh[b, j] = 0
+                dy[b, j] = 0
+        if not reset_after:
+            # r multiplied hm before the candidate's product: its gradient
+            # needs dah @ Rh^T first.
+            _rec_product(True, n, u, u, &Dh[t, b0, 0], &Rh[0, 0], Whp, FB, 0, &dq[b0, 0])
+            for b in range(b0, b1):
+                if use_mask and not mask[t, b]:
+                    continue
+                hp = &h0[b, 0] if t == 0 else &hs[t - 1, b, 0]
+                g = &gates[t, b, 0]
+                d = &D[t, b, 0]
+                for j in range(u):
+                    rr = g[u + j]
+                    hmj = hp[j] * rmask[b, j] if use_rmask else hp[j]
+                    d[u + j] = dq[b, j] * hmj * _dact(rr, ract)
+                    dhm[b, j] += dq[b, j] * rr
+        _rec_product(True, n, u, NR, &D[t, b0, 0], &R[0, 0], Wp, FB, 1, &dhm[b0, 0])
+        for b in range(b0, b1):
+            for j in range(u):
+                dh[b, j] += (dhm[b, j] * rmask[b, j] if use_rmask else dhm[b, j]) + dx[b, j]
+
+
+cdef void _gru_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating[:, ::1] dy,
+                   const floating[:, ::1] h0, const floating[:, ::1] R, const floating *Wp,
+                   const floating[:, ::1] Rh, const floating *Whp, Py_ssize_t FB,
+                   const floating[:, ::1] rmask, const unsigned char[:, ::1] mask,
+                   bint use_rmask, bint use_mask, bint reset_after, bint mix_masked, int act,
+                   int ract, const floating[:, :, ::1] hs, const floating[:, :, ::1] gates,
+                   const floating[:, :, ::1] ph, floating[:, :, ::1] D, floating[:, :, ::1] Dh,
+                   floating[:, ::1] dhm, floating[:, ::1] dq, floating[:, ::1] dx) noexcept nogil:
+    # One block of batch rows per thread, all steps (see _lstm_fwd).
+    cdef Py_ssize_t T = dys.shape[0], B = dys.shape[1], u = h0.shape[1]
+    cdef Py_ssize_t ci, nchunk = cb_threads_for(2.0 * T * B * 3 * u * u)
+    if nchunk > B:
+        nchunk = B if B > 0 else 1
+    if nchunk <= 1:
+        _gru_bwd_rows(0, B, dys, dh, dy, h0, R, Wp, Rh, Whp, FB, rmask, mask, use_rmask,
+                      use_mask, reset_after, mix_masked, act, ract, hs, gates, ph, D, Dh, dhm,
+                      dq, dx)
+        return
+    for ci in prange(nchunk, schedule='static', num_threads=nchunk):
+        _gru_bwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, dys, dh, dy, h0, R, Wp, Rh, Whp,
+                      FB, rmask, mask, use_rmask, use_mask, reset_after, mix_masked, act, ract,
+                      hs, gates, ph, D, Dh, dhm, dq, dx)
+
+
+def gru_backward(const floating[:, :, ::1] dys, dhT, dyT, const floating[:, ::1] h0,
+                 const floating[:, ::1] R, Rh, rb, rmask, mask, bint reset_after,
+                 bint mix_masked, int act, int ract, const floating[:, :, ::1] hs,
+                 const floating[:, :, ::1] gates, ph):
+    """Backprop through time of ``gru_forward``: ``(dxz, dxr, dxh, dh0, dy0, dR,
+    dRh, drb)``, the first three being the gradients of the three slices of the
+    input projection; dRh is None with ``reset_after``, drb None without rb."""
+    cdef Py_ssize_t T = dys.shape[0], B = dys.shape[1], u = h0.shape[1]
+    dt = np.float32 if floating is float else np.float64
+    cdef floating[:, ::1] dh = np.array(dhT, dtype=dt, order="C", copy=True)
+    cdef floating[:, ::1] dy = np.array(dyT, dtype=dt, order="C", copy=True)
+    cdef floating[:, :, ::1] D = np.empty((T, B, R.shape[1]), dt)
+    cdef floating[:, :, ::1] Dh = np.empty((T, B, u), dt)
+    cdef floating[:, ::1] dhm = np.empty((B, u), dt)
+    cdef floating[:, ::1] dq = np.empty((B, u), dt)
+    cdef floating[:, ::1] dx = np.empty((B, u), dt)
+    cdef const floating[:, ::1] rh = np.ascontiguousarray(Rh if Rh is not None else
+                                                          np.zeros((1, 1)), dtype=dt)
+    cdef const floating[:, :, ::1] ph_ = np.ascontiguousarray(ph, dtype=dt)
+    cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
+    cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
+    cdef Py_ssize_t FB, FBh
+    packed, FB = _recurrent_operand(R, B, True)
+    packed_h, FBh = _recurrent_operand(rh, B, True) if Rh is not None else (None, FB)
+    cdef const floating *Wp = <const floating*>_address(packed)
+    cdef const floating *Whp = <const floating*>_address(packed_h)
+    with nogil:
+        _gru_bwd(dys, dh, dy, h0, R, Wp, rh, Whp, FB, rm, mk, rmask is not None,
+                 mask is not None, reset_after, mix_masked, act, ract, hs, gates, ph_, D, Dh,
+                 dhm, dq, dx)
+    hs_a, D_a, Dh_a = np.asarray(hs), np.asarray(D), np.asarray(Dh)
+    prev = _previous_states(hs_a, np.asarray(h0), rmask, dt)
+    dR = _stacked_tn(prev, D_a, dt)
+    dRh = None
+    if not reset_after:
+        # The candidate's product read r * hm.
+        prev *= np.asarray(gates)[:, :, u:2 * u]
+        dRh = _stacked_tn(prev, Dh_a, dt)
+    drb = D_a.sum(axis=(0, 1)) if rb is not None else None
+    return D_a[:, :, :u], D_a[:, :, u:2 * u], Dh_a, np.asarray(dh), np.asarray(dy), dR, dRh, drb

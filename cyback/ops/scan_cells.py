@@ -1,15 +1,19 @@
 """Recognise standard recurrent cells in a Scan's loop body.
 
 After ``build_scan`` has hoisted the input projection, the body of Keras's
-LSTMCell (implementation 2) and SimpleRNNCell steps is a small graph: the
-recurrent product ``(h * rmask) @ R`` added to the projection, sliced gates,
-their non-linearities and the state update; under a Keras mask, ``rnn`` wraps
+LSTMCell and GRUCell (implementation 2, the default) and SimpleRNNCell steps
+is a small graph: the recurrent product ``(h * rmask) @ R`` added to the
+projection, sliced gates, their non-linearities and the state update (the GRU
+with its reset gate before or after its second product, ``reset_after``);
+under a Keras mask, ``rnn`` wraps
 each new state in ``where(mask_t, new, old)`` and carries the previous output
 as one more state. ``fuse_cell`` matches exactly these graphs and returns a
 ``FusedRecurrent`` op taking the Scan's inputs, or None: anything else (other
 cells, other activations, extra terms, a zero output for masked steps) keeps
 the general Scan.
 """
+import numpy as np
+
 from cyback.graph.tensor import Constant
 from cyback.ops import elementwise as ew
 from cyback.ops.linalg import TensorDot
@@ -78,22 +82,33 @@ class _Body(object):
         for a, d in _pair(z, "add"):
             try:
                 roles = {"zx": self.pos(a, "seq")}
-                hm, R = _op(d, TensorDot)
-                _need(d.node.op.ax == (1,) and d.node.op.ay == (0,))
-                self.invariant(R, "R", roles)
-                _need(R.ndim == 2 and R.shape[1] == width and a.shape[-1] == width)
-                if hm is not h_prev:
-                    for h, m in _pair(hm, "multiply"):
-                        if h is h_prev and (type(m) is Constant or any(m is x for x in self.inv)) \
-                                and m.ndim == 2 and m.shape[-1] == h_prev.shape[-1]:
-                            self.invariant(m, "rmask", roles)
-                            break
-                    else:
-                        raise _NoMatch()
+                _need(a.shape[-1] == width)
+                self.recurrent_product(d, h_prev, width, "R", roles)
                 return roles
             except _NoMatch:
                 continue
         raise _NoMatch()
+
+    def recurrent_product(self, d, h_prev, width, role, roles):
+        """Record ``d = (h_prev [* rmask]) @ R`` (R: (u, width)) in ``roles``;
+        returns the left operand ``hm``."""
+        hm, R = _op(d, TensorDot)
+        _need(d.node.op.ax == (1,) and d.node.op.ay == (0,))
+        self.invariant(R, role, roles)
+        _need(R.ndim == 2 and R.shape[1] == width)
+        if hm is not h_prev:
+            for h, m in _pair(hm, "multiply"):
+                if h is h_prev and (type(m) is Constant or any(m is x for x in self.inv)) \
+                        and m.ndim == 2 and m.shape[-1] == h_prev.shape[-1]:
+                    _need("rmask" not in roles or roles.get("rmask") == self._where(m))
+                    self.invariant(m, "rmask", roles)
+                    break
+            else:
+                raise _NoMatch()
+        return hm
+
+    def _where(self, t):
+        return None if type(t) is Constant else self.pos(t, "inv")
 
     def masked(self, new_states, outputs):
         """Strip ``where(mask_t, new, old)`` from every state: ``(news, mask
@@ -115,15 +130,26 @@ class _Body(object):
         return news, mask
 
 
-def _slice_gate(t, z, k, u):
-    """``t`` is ``z[:, k*u:(k+1)*u]``."""
+def _slice_gate(t, z, k, u, n=4):
+    """``t`` is ``z[:, k*u:(k+1)*u]`` (z: n*u columns)."""
     (src,) = _op(t, GetItem)
     _need(src is z)
     spec = t.node.op.spec
     _need(len(spec) == 2 and spec[0] == ("slice", None, None, None))
     kind, start, stop, step = spec[1]
     _need(kind == "slice" and step in (None, 1))
-    _need((start or 0) == k * u and (stop if stop is not None else 4 * u) == (k + 1) * u)
+    _need((start or 0) == k * u and (stop if stop is not None else n * u) == (k + 1) * u)
+
+
+def _is_one_minus(t, x):
+    """Whether ``t = 1 - x``."""
+    n = t.node
+    if n is None or type(n.op) is not ew.Binary or n.op.name != "subtract":
+        return False
+    one, y = n.inputs
+    return y is x and type(one) is Constant and np.ndim(one.value) == 0 and one.value == 1
+
+
 
 
 def _lstm(body, outputs, new_states):
@@ -177,7 +203,100 @@ def _lstm(body, outputs, new_states):
     if mask is not None:
         roles["mask"], roles["y0"] = mask, body.pos(body.state[2], "state")
         states = ("h", "c", "y")
-    return "lstm", roles, states, act, ract
+    return "lstm", roles, states, act, ract, ()
+
+
+def _seq_plus(body, t):
+    """``(x position, y)`` for ``t = x_t + y``, x_t a sequence slice."""
+    for x, y in _pair(t, "add"):
+        try:
+            return body.pos(x, "seq"), y
+        except _NoMatch:
+            continue
+    raise _NoMatch()
+
+
+def _mix(H):
+    """``(z, hx, hh)`` for ``H = z * hx + (1 - z) * hh``."""
+    for keep, new in _pair(H, "add"):
+        try:
+            pairs = [(zz, hx, hh) for oz, hh in _pair(new, "multiply")
+                     for zz, hx in _pair(keep, "multiply") if _is_one_minus(oz, zz)]
+        except _NoMatch:
+            continue
+        if pairs:
+            return pairs[0]
+    raise _NoMatch()
+
+
+def _gru(body, outputs, new_states):
+    n_st = len(new_states)
+    _need(n_st in (1, 2) and len(outputs) == 1)
+    mask = None
+    if n_st == 2:
+        stripped = body.masked(new_states, outputs)
+        _need(stripped is not None)
+        (H, Hy), mask = stripped
+        _need(Hy is H)
+    else:
+        (H,) = new_states
+        _need(outputs[0] is H)
+    h_prev = body.state[0]
+    u = h_prev.shape[-1]
+    _need(u is not None and h_prev.ndim == 2)
+    z, hx, hh = _mix(H)
+    ract, zpre = _activation(z)
+    act, hpre = _activation(hh)
+    roles = {}
+    # z = ract(xz + P[:, :u]), r = ract(xr + P[:, u:2u]); P = hm @ R (+ rb)
+    roles["xz"], pz = _seq_plus(body, zpre)
+    (P,) = _op(pz, GetItem)
+    reset_after = P.shape[-1] == 3 * u
+    n = 3 if reset_after else 2
+    _slice_gate(pz, P, 0, u, n)
+    roles["xh"], ph = _seq_plus(body, hpre)
+    if reset_after:
+        # hh = act(xh + r * P[:, 2u:])
+        r, pr = next(((r, p) for r, p in _pair(ph, "multiply") if p.node is not None
+                      and type(p.node.op) is GetItem), (None, None))
+        _need(r is not None)
+        _slice_gate(pr, P, 2, u, n)
+        prod = P
+        if type(P.node.op) is ew.Binary:
+            for d, rb in _pair(P, "add"):
+                if d.node is not None and type(d.node.op) is TensorDot and rb.ndim == 1 \
+                        and (type(rb) is Constant or any(rb is x for x in body.inv)):
+                    body.invariant(rb, "rb", roles)
+                    prod = d
+                    break
+            else:
+                raise _NoMatch()
+        hm = body.recurrent_product(prod, h_prev, 3 * u, "R", roles)
+    else:
+        # hh = act(xh + (r * hm) @ Rh)
+        hm = body.recurrent_product(P, h_prev, 2 * u, "R", roles)
+        (q, Rh) = _op(ph, TensorDot)
+        _need(ph.node.op.ax == (1,) and ph.node.op.ay == (0,))
+        body.invariant(Rh, "Rh", roles)
+        _need(Rh.ndim == 2 and Rh.shape == (u, u))
+        r = next((r for r, m in _pair(q, "multiply") if m is hm), None)
+        _need(r is not None)
+    a, rpre = _activation(r)
+    _need(a == ract)
+    roles["xr"], pr2 = _seq_plus(body, rpre)
+    _slice_gate(pr2, P, 1, u, n)
+    _need(hx is h_prev or hx is hm)
+    flags = ("reset_after",) if reset_after else ()
+    if hx is hm and hm is not h_prev:
+        flags += ("mix_masked",)
+    for role in ("xz", "xr", "xh"):
+        _need(body.seq[roles[role]].shape[-1] == u)
+    roles["h0"] = body.pos(h_prev, "state")
+    states = ("h",)
+    if mask is not None:
+        roles["mask"], roles["y0"] = mask, body.pos(body.state[1], "state")
+        states = ("h", "y")
+    return "gru", roles, states, act, ract, flags
 
 
 def _simple(body, outputs, new_states):
@@ -202,7 +321,7 @@ def _simple(body, outputs, new_states):
     if mask is not None:
         roles["mask"], roles["y0"] = mask, body.pos(body.state[1], "state")
         states = ("h", "y")
-    return "simple", roles, states, act, 0
+    return "simple", roles, states, act, 0, ()
 
 
 def fuse_cell(seq_in, state_in, inv_in, outputs, new_states, name):
@@ -214,15 +333,18 @@ def fuse_cell(seq_in, state_in, inv_in, outputs, new_states, name):
     if dt not in ("float32", "float64") or any(s.dtype != dt for s in state_in) or \
             any(t.dtype != dt for t in list(outputs) + list(new_states)):
         return None
-    body = _Body(seq_in, state_in, inv_in)
-    for matcher in (_lstm, _simple):
+    for matcher in (_lstm, _gru, _simple):
+        body = _Body(seq_in, state_in, inv_in)
         try:
-            cell, roles, states, act, ract = matcher(body, outputs, new_states)
+            cell, roles, states, act, ract, flags = matcher(body, outputs, new_states)
         except _NoMatch:
             continue
         ins = seq_in + state_in + inv_in
-        R = ins[roles["R"]] if "R" in roles else body.consts["R"]
-        if ins[roles["zx"]].dtype != dt or R.dtype != dt:
+        operands = [ins[roles[r]] for r in ("zx", "xz", "xr", "xh") if r in roles]
+        operands += [ins[roles[r]] if r in roles else body.consts[r]
+                     for r in ("R", "Rh", "rb") if r in roles or r in body.consts]
+        if any(t.dtype != dt for t in operands):
             return None
-        return FusedRecurrent(cell, roles, states, act, ract, len(ins), name, body.consts)
+        return FusedRecurrent(cell, roles, states, act, ract, len(ins), name, body.consts,
+                              flags)
     return None

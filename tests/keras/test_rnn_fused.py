@@ -1,5 +1,5 @@
-"""Keras LSTM and SimpleRNN layers on the fused recurrent cell and on the
-general Scan give the same predictions and gradients."""
+"""Keras LSTM, GRU and SimpleRNN layers on the fused recurrent cell and on
+the general Scan give the same predictions and gradients."""
 import keras
 import numpy as np
 import pytest
@@ -21,11 +21,22 @@ def _model(kind, fused, masking, kw, batch=None):
         else:
             inp = L.Input((5, 3))
         x = L.Masking(0.0)(inp) if masking else inp
-        y = getattr(L, kind)(4, **kw)(x)
+        y = _layer(kind, **kw)(x)
         model = keras.models.Model(inp, y)
     finally:
         scan_cells.ENABLED = True
     return model
+
+
+def _layer(kind, *args, **kw):
+    """"GRU_ra" is a GRU with the reset gate after its product (reset_after,
+    the layout of CuDNN and tf.keras 2)."""
+    if kind == "GRU_ra":
+        return L.GRU(4, *args, reset_after=True, **kw)
+    return getattr(L, kind)(4, *args, **kw)
+
+
+KINDS = ["LSTM", "SimpleRNN", "GRU", "GRU_ra"]
 
 
 def _loss_and_grads(model):
@@ -42,7 +53,7 @@ def _data(seed=0):
     return x
 
 
-@pytest.mark.parametrize("kind", ["LSTM", "SimpleRNN"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("masking,kw", [
     (False, {}),
     (True, dict(return_sequences=True)),
@@ -70,7 +81,7 @@ def test_fused_layer_matches_general_scan(kind, masking, kw):
                                    general.predict(x, batch_size=len(x)), rtol=2e-4, atol=2e-5)
 
 
-@pytest.mark.parametrize("kind", ["LSTM", "SimpleRNN"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("masking", [False, True])
 def test_layer_dropout(kind, masking):
     # Keras 2.3 draws its dropout masks inside the step, on the cell's first
@@ -95,7 +106,7 @@ def test_layer_dropout(kind, masking):
 
 
 @pytest.mark.parametrize("fused", [True, False])
-@pytest.mark.parametrize("kind", ["SimpleRNN", "GRU"])
+@pytest.mark.parametrize("kind", ["SimpleRNN", "GRU", "GRU_ra"])
 def test_recurrent_dropout_mask_is_fixed_over_the_sequence(kind, fused):
     # Recurrent dropout drops the same units of h at every step of a sequence
     # (one mask per sequence, as Keras on TensorFlow draws it), not a new
@@ -107,13 +118,14 @@ def test_recurrent_dropout_mask_is_fixed_over_the_sequence(kind, fused):
     scan_cells.ENABLED = fused
     try:
         inp = L.Input((steps, 1))
-        layer = getattr(L, kind)(units, recurrent_dropout=0.5, return_sequences=True,
-                                 use_bias=False)
+        cls = L.GRU if kind.startswith("GRU") else getattr(L, kind)
+        layer = cls(units, recurrent_dropout=0.5, return_sequences=True, use_bias=False,
+                    **(dict(reset_after=True) if kind == "GRU_ra" else {}))
         model = keras.models.Model(inp, layer(inp))
     finally:
         scan_cells.ENABLED = True
     ops = [type(n.op) for n in topo_nodes([model.output])]
-    assert (FusedRecurrent in ops) == (fused and kind == "SimpleRNN")
+    assert (FusedRecurrent in ops) == fused
     kernel, rec = layer.get_weights()
     layer.set_weights([np.ones_like(kernel),
                        np.tile(np.eye(units, dtype=rec.dtype), (1, rec.shape[1] // units))])
