@@ -33,6 +33,7 @@ from libc.string cimport memcpy, memset
 from scipy.linalg.cython_blas cimport sgemv, dgemv
 
 from cyback.kernels._blas cimport floating, gemm
+from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 from cyback.kernels._omp cimport cb_threads_for
 
 ACTIVATIONS = {"tanh": 0, "sigmoid": 1, "hard_sigmoid": 2, "linear": 3}
@@ -203,7 +204,7 @@ cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1]
                          const floating[:, ::1] rmask, const unsigned char[:, ::1] mask,
                          bint use_rmask, bint use_mask, int act, int ract, floating[:, :, ::1] hs,
                          floating[:, :, ::1] cs, floating[:, :, ::1] ys, floating[:, :, ::1] gates,
-                         floating[:, ::1] hm) noexcept nogil:
+                         floating[:, ::1] hm, cb_intr* intr) noexcept nogil:
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0]
     cdef Py_ssize_t t, b, j, G = 4 * u
     cdef const floating *hp
@@ -214,6 +215,8 @@ cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1]
     if b1 <= b0:
         return
     for t in range(T):
+        if cb_intr_poll(intr):
+            return
         hp = &h0[b0, 0] if t == 0 else &hs[t - 1, b0, 0]
         if use_rmask:
             for b in range(b0, b1):
@@ -255,7 +258,7 @@ cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                     const floating[:, ::1] rmask, const unsigned char[:, ::1] mask, bint use_rmask,
                     bint use_mask, int act, int ract, floating[:, :, ::1] hs,
                     floating[:, :, ::1] cs, floating[:, :, ::1] ys, floating[:, :, ::1] gates,
-                    floating[:, ::1] hm) noexcept nogil:
+                    floating[:, ::1] hm, cb_intr* intr) noexcept nogil:
     # Batch rows are independent sequences: each thread runs all steps of its
     # own rows, with no barrier between steps (a descheduled thread delays
     # only its rows, not every step of the others).
@@ -265,11 +268,11 @@ cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
         nchunk = B if B > 0 else 1
     if nchunk <= 1:
         _lstm_fwd_rows(0, B, zx, h0, c0, y0, R, Wp, FB, rmask, mask, use_rmask, use_mask, act,
-                       ract, hs, cs, ys, gates, hm)
+                       ract, hs, cs, ys, gates, hm, intr)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
         _lstm_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, zx, h0, c0, y0, R, Wp, FB,
-                       rmask, mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates, hm)
+                       rmask, mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates, hm, intr)
 
 
 def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
@@ -293,9 +296,12 @@ def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef Py_ssize_t FB
     packed, FB = _recurrent_operand(R, B, False)
     cdef const floating *Wp = <const floating*>_address(packed)
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     with nogil:
         _lstm_fwd(zx, h0, c0, y0, R, Wp, FB, rm, mk, rmask is not None, mask is not None, act, ract,
-                  hs, cs, ys, gates, hm)
+                  hs, cs, ys, gates, hm, &intr)
+    check_interrupt(&intr)
     return np.asarray(hs), np.asarray(cs), np.asarray(ys), np.asarray(gates)
 
 
@@ -309,7 +315,7 @@ cdef void _lstm_bwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1]
                          const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask, int act,
                          int ract, const floating[:, :, ::1] hs, const floating[:, :, ::1] cs,
                          const floating[:, :, ::1] gates, floating[:, :, ::1] dz,
-                         floating[:, ::1] dhm, floating[:, ::1] tcs) noexcept nogil:
+                         floating[:, ::1] dhm, floating[:, ::1] tcs, cb_intr* intr) noexcept nogil:
     cdef Py_ssize_t T = dys.shape[0], B = dys.shape[1], u = R.shape[0]
     cdef Py_ssize_t t, b, j, G = 4 * u
     cdef const floating *cp
@@ -319,6 +325,8 @@ cdef void _lstm_bwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1]
     if b1 <= b0:
         return
     for t in range(T - 1, -1, -1):
+        if cb_intr_poll(intr):
+            return
         for b in range(b0, b1):
             d = &dz[t, b, 0]
             if use_mask and not mask[t, b]:
@@ -364,7 +372,7 @@ cdef void _lstm_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating
                     const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask, int act,
                     int ract, const floating[:, :, ::1] hs, const floating[:, :, ::1] cs,
                     const floating[:, :, ::1] gates, floating[:, :, ::1] dz, floating[:, ::1] dhm,
-                    floating[:, ::1] tcs) noexcept nogil:
+                    floating[:, ::1] tcs, cb_intr* intr) noexcept nogil:
     # Batch rows are independent sequences: each thread runs all steps of its
     # own rows, with no barrier between steps (a descheduled thread delays
     # only its rows, not every step of the others).
@@ -374,12 +382,12 @@ cdef void _lstm_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating
         nchunk = B if B > 0 else 1
     if nchunk <= 1:
         _lstm_bwd_rows(0, B, dys, dh, dc, dy, h0, c0, R, Wp, FB, rmask, mask, use_rmask,
-                       use_mask, act, ract, hs, cs, gates, dz, dhm, tcs)
+                       use_mask, act, ract, hs, cs, gates, dz, dhm, tcs, intr)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
         _lstm_bwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, dys, dh, dc, dy, h0, c0, R, Wp, FB,
                        rmask,
-                       mask, use_rmask, use_mask, act, ract, hs, cs, gates, dz, dhm, tcs)
+                       mask, use_rmask, use_mask, act, ract, hs, cs, gates, dz, dhm, tcs, intr)
 
 def lstm_backward(const floating[:, :, ::1] dys, dhT, dcT, dyT, const floating[:, ::1] h0,
                   const floating[:, ::1] c0, const floating[:, ::1] R, rmask, mask, int act,
@@ -401,9 +409,12 @@ def lstm_backward(const floating[:, :, ::1] dys, dhT, dcT, dyT, const floating[:
     cdef Py_ssize_t FB
     packed, FB = _recurrent_operand(R, B, True)
     cdef const floating *Wp = <const floating*>_address(packed)
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     with nogil:
         _lstm_bwd(dys, dh, dc, dy, h0, c0, R, Wp, FB, rm, mk, rmask is not None, mask is not None,
-                  act, ract, hs, cs, gates, dz, dhm, tcs)
+                  act, ract, hs, cs, gates, dz, dhm, tcs, &intr)
+    check_interrupt(&intr)
     dR = _recurrent_grad(np.asarray(hs), np.asarray(h0), rmask, np.asarray(dz), dt)
     return np.asarray(dz), np.asarray(dh), np.asarray(dc), np.asarray(dy), dR
 
@@ -416,7 +427,8 @@ cdef void _simple_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::
                            const floating *Wp, Py_ssize_t FB, const floating[:, ::1] rmask,
                            const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask,
                            int act, floating[:, :, ::1] hs, floating[:, :, ::1] ys,
-                           floating[:, :, ::1] pre, floating[:, ::1] hm) noexcept nogil:
+                           floating[:, :, ::1] pre, floating[:, ::1] hm,
+                           cb_intr* intr) noexcept nogil:
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0]
     cdef Py_ssize_t t, b, j
     cdef const floating *hp
@@ -425,6 +437,8 @@ cdef void _simple_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::
     if b1 <= b0:
         return
     for t in range(T):
+        if cb_intr_poll(intr):
+            return
         hp = &h0[b0, 0] if t == 0 else &hs[t - 1, b0, 0]
         if use_rmask:
             for b in range(b0, b1):
@@ -453,7 +467,7 @@ cdef void _simple_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                       const floating[:, ::1] rmask, const unsigned char[:, ::1] mask,
                       bint use_rmask, bint use_mask, int act, floating[:, :, ::1] hs,
                       floating[:, :, ::1] ys, floating[:, :, ::1] pre,
-                      floating[:, ::1] hm) noexcept nogil:
+                      floating[:, ::1] hm, cb_intr* intr) noexcept nogil:
     # Batch rows are independent sequences: each thread runs all steps of its
     # own rows, with no barrier between steps (a descheduled thread delays
     # only its rows, not every step of the others).
@@ -463,11 +477,11 @@ cdef void _simple_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
         nchunk = B if B > 0 else 1
     if nchunk <= 1:
         _simple_fwd_rows(0, B, zx, h0, y0, R, Wp, FB, rmask, mask, use_rmask, use_mask, act, hs,
-                         ys, pre, hm)
+                         ys, pre, hm, intr)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
         _simple_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, zx, h0, y0, R, Wp, FB,
-                         rmask, mask, use_rmask, use_mask, act, hs, ys, pre, hm)
+                         rmask, mask, use_rmask, use_mask, act, hs, ys, pre, hm, intr)
 
 def simple_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                    const floating[:, ::1] y0, const floating[:, ::1] R, rmask, mask, int act):
@@ -487,9 +501,12 @@ def simple_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef Py_ssize_t FB
     packed, FB = _recurrent_operand(R, B, False)
     cdef const floating *Wp = <const floating*>_address(packed)
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     with nogil:
         _simple_fwd(zx, h0, y0, R, Wp, FB, rm, mk, rmask is not None, mask is not None, act,
-                    hs, ys, pre, hm)
+                    hs, ys, pre, hm, &intr)
+    check_interrupt(&intr)
     return np.asarray(hs), np.asarray(ys), np.asarray(pre)
 
 
@@ -500,12 +517,15 @@ cdef void _simple_bwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::
                            const floating *Wp, Py_ssize_t FB,
                            const floating[:, ::1] rmask, const unsigned char[:, ::1] mask,
                            bint use_rmask, bint use_mask, int act, const floating[:, :, ::1] acts,
-                           floating[:, :, ::1] dz, floating[:, ::1] dhm) noexcept nogil:
+                           floating[:, :, ::1] dz, floating[:, ::1] dhm,
+                           cb_intr* intr) noexcept nogil:
     cdef Py_ssize_t T = dys.shape[0], B = dys.shape[1], u = R.shape[0]
     cdef Py_ssize_t t, b, j
     if b1 <= b0:
         return
     for t in range(T - 1, -1, -1):
+        if cb_intr_poll(intr):
+            return
         for b in range(b0, b1):
             if use_mask and not mask[t, b]:
                 for j in range(u):
@@ -530,7 +550,7 @@ cdef void _simple_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floati
                       const floating *Wp, Py_ssize_t FB, const floating[:, ::1] rmask,
                       const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask, int act,
                       const floating[:, :, ::1] acts, floating[:, :, ::1] dz,
-                      floating[:, ::1] dhm) noexcept nogil:
+                      floating[:, ::1] dhm, cb_intr* intr) noexcept nogil:
     # Batch rows are independent sequences: each thread runs all steps of its
     # own rows, with no barrier between steps (a descheduled thread delays
     # only its rows, not every step of the others).
@@ -540,11 +560,11 @@ cdef void _simple_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floati
         nchunk = B if B > 0 else 1
     if nchunk <= 1:
         _simple_bwd_rows(0, B, dys, dh, dy, R, Wp, FB, rmask, mask, use_rmask, use_mask, act,
-                         acts, dz, dhm)
+                         acts, dz, dhm, intr)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
         _simple_bwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, dys, dh, dy, R, Wp, FB,
-                         rmask, mask, use_rmask, use_mask, act, acts, dz, dhm)
+                         rmask, mask, use_rmask, use_mask, act, acts, dz, dhm, intr)
 
 def simple_backward(const floating[:, :, ::1] dys, dhT, dyT, const floating[:, ::1] h0,
                     const floating[:, ::1] R, rmask, mask, int act, const floating[:, :, ::1] hs,
@@ -561,9 +581,12 @@ def simple_backward(const floating[:, :, ::1] dys, dhT, dyT, const floating[:, :
     cdef Py_ssize_t FB
     packed, FB = _recurrent_operand(R, B, True)
     cdef const floating *Wp = <const floating*>_address(packed)
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     with nogil:
         _simple_bwd(dys, dh, dy, R, Wp, FB, rm, mk, rmask is not None, mask is not None, act,
-                    acts, dz, dhm)
+                    acts, dz, dhm, &intr)
+    check_interrupt(&intr)
     dR = _recurrent_grad(np.asarray(hs), np.asarray(h0), rmask, np.asarray(dz), dt)
     return np.asarray(dz), np.asarray(dh), np.asarray(dy), dR
 
@@ -650,7 +673,7 @@ cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] 
                         bint use_mask, bint reset_after, bint mix_masked, int act, int ract,
                         floating[:, :, ::1] hs, floating[:, :, ::1] ys,
                         floating[:, :, ::1] gates, floating[:, :, ::1] ph, floating[:, ::1] hm,
-                        floating[:, ::1] P, floating[:, ::1] Q) noexcept nogil:
+                        floating[:, ::1] P, floating[:, ::1] Q, cb_intr* intr) noexcept nogil:
     cdef Py_ssize_t T = zx.shape[0], u = h0.shape[1], NR = R.shape[1]
     cdef Py_ssize_t t, b, j, n = b1 - b0
     cdef const floating *hp
@@ -662,6 +685,8 @@ cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] 
     if n <= 0:
         return
     for t in range(T):
+        if cb_intr_poll(intr):
+            return
         hp = &h0[b0, 0] if t == 0 else &hs[t - 1, b0, 0]
         hmp = hp
         if use_rmask:
@@ -724,7 +749,8 @@ cdef void _gru_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                    const unsigned char[:, ::1] mask, bint use_rb, bint use_rmask, bint use_mask,
                    bint reset_after, bint mix_masked, int act, int ract, floating[:, :, ::1] hs,
                    floating[:, :, ::1] ys, floating[:, :, ::1] gates, floating[:, :, ::1] ph,
-                   floating[:, ::1] hm, floating[:, ::1] P, floating[:, ::1] Q) noexcept nogil:
+                   floating[:, ::1] hm, floating[:, ::1] P, floating[:, ::1] Q,
+                   cb_intr* intr) noexcept nogil:
     # One block of batch rows per thread, all steps (see _lstm_fwd).
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = h0.shape[1]
     cdef Py_ssize_t ci, nchunk = cb_threads_for(2.0 * T * B * 3 * u * u)
@@ -732,12 +758,13 @@ cdef void _gru_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
         nchunk = B if B > 0 else 1
     if nchunk <= 1:
         _gru_fwd_rows(0, B, zx, h0, y0, R, Wp, Rh, Whp, FB, rb, rmask, mask, use_rb, use_rmask,
-                      use_mask, reset_after, mix_masked, act, ract, hs, ys, gates, ph, hm, P, Q)
+                      use_mask, reset_after, mix_masked, act, ract, hs, ys, gates, ph, hm, P, Q,
+                      intr)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
         _gru_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, zx, h0, y0, R, Wp, Rh, Whp, FB,
                       rb, rmask, mask, use_rb, use_rmask, use_mask, reset_after, mix_masked, act,
-                      ract, hs, ys, gates, ph, hm, P, Q)
+                      ract, hs, ys, gates, ph, hm, P, Q, intr)
 
 
 def _gru_check(name, zx, h0, y0, R, Rh, rb, bint reset_after):
@@ -780,10 +807,13 @@ def gru_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     packed_h, FBh = _recurrent_operand(rh, B, False) if Rh is not None else (None, FB)
     cdef const floating *Wp = <const floating*>_address(packed)
     cdef const floating *Whp = <const floating*>_address(packed_h)
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     with nogil:
         _gru_fwd(zx, h0, y0, R, Wp, rh, Whp, FB, b_, rm, mk, rb is not None, rmask is not None,
                  mask is not None, reset_after, mix_masked, act, ract, hs, ys, gates, ph, hm, P,
-                 Q)
+                 Q, &intr)
+    check_interrupt(&intr)
     return np.asarray(hs), np.asarray(ys), np.asarray(gates), np.asarray(ph)
 
 
@@ -798,7 +828,7 @@ cdef void _gru_bwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] 
                         int act, int ract, const floating[:, :, ::1] hs,
                         const floating[:, :, ::1] gates, const floating[:, :, ::1] ph,
                         floating[:, :, ::1] D, floating[:, :, ::1] Dh, floating[:, ::1] dhm,
-                        floating[:, ::1] dq, floating[:, ::1] dx) noexcept nogil:
+                        floating[:, ::1] dq, floating[:, ::1] dx, cb_intr* intr) noexcept nogil:
     cdef Py_ssize_t T = dys.shape[0], u = h0.shape[1], NR = R.shape[1]
     cdef Py_ssize_t t, b, j, n = b1 - b0
     cdef const floating *hp
@@ -808,6 +838,8 @@ cdef void _gru_bwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] 
     if n <= 0:
         return
     for t in range(T - 1, -1, -1):
+        if cb_intr_poll(intr):
+            return
         for b in range(b0, b1):
             d = &D[t, b, 0]
             if use_mask and not mask[t, b]:
@@ -871,7 +903,8 @@ cdef void _gru_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating[
                    bint use_rmask, bint use_mask, bint reset_after, bint mix_masked, int act,
                    int ract, const floating[:, :, ::1] hs, const floating[:, :, ::1] gates,
                    const floating[:, :, ::1] ph, floating[:, :, ::1] D, floating[:, :, ::1] Dh,
-                   floating[:, ::1] dhm, floating[:, ::1] dq, floating[:, ::1] dx) noexcept nogil:
+                   floating[:, ::1] dhm, floating[:, ::1] dq, floating[:, ::1] dx,
+                   cb_intr* intr) noexcept nogil:
     # One block of batch rows per thread, all steps (see _lstm_fwd).
     cdef Py_ssize_t T = dys.shape[0], B = dys.shape[1], u = h0.shape[1]
     cdef Py_ssize_t ci, nchunk = cb_threads_for(2.0 * T * B * 3 * u * u)
@@ -880,12 +913,12 @@ cdef void _gru_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating[
     if nchunk <= 1:
         _gru_bwd_rows(0, B, dys, dh, dy, h0, R, Wp, Rh, Whp, FB, rmask, mask, use_rmask,
                       use_mask, reset_after, mix_masked, act, ract, hs, gates, ph, D, Dh, dhm,
-                      dq, dx)
+                      dq, dx, intr)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
         _gru_bwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, dys, dh, dy, h0, R, Wp, Rh, Whp,
                       FB, rmask, mask, use_rmask, use_mask, reset_after, mix_masked, act, ract,
-                      hs, gates, ph, D, Dh, dhm, dq, dx)
+                      hs, gates, ph, D, Dh, dhm, dq, dx, intr)
 
 
 def gru_backward(const floating[:, :, ::1] dys, dhT, dyT, const floating[:, ::1] h0,
@@ -914,10 +947,13 @@ def gru_backward(const floating[:, :, ::1] dys, dhT, dyT, const floating[:, ::1]
     packed_h, FBh = _recurrent_operand(rh, B, True) if Rh is not None else (None, FB)
     cdef const floating *Wp = <const floating*>_address(packed)
     cdef const floating *Whp = <const floating*>_address(packed_h)
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     with nogil:
         _gru_bwd(dys, dh, dy, h0, R, Wp, rh, Whp, FB, rm, mk, rmask is not None,
                  mask is not None, reset_after, mix_masked, act, ract, hs, gates, ph_, D, Dh,
-                 dhm, dq, dx)
+                 dhm, dq, dx, &intr)
+    check_interrupt(&intr)
     hs_a, D_a, Dh_a = np.asarray(hs), np.asarray(D), np.asarray(Dh)
     prev = _previous_states(hs_a, np.asarray(h0), rmask, dt)
     dR = _stacked_tn(prev, D_a, dt)

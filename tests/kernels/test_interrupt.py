@@ -20,7 +20,7 @@ import pytest
 CHILD = textwrap.dedent(r"""
     import sys, time
     import numpy as np
-    from cyback.kernels import conv, ctc, depthwise, linalg, local, pool
+    from cyback.kernels import conv, ctc, depthwise, linalg, local, pool, rnn_cell
     from cyback.kernels.blas_threads import get_blas_threads
 
     rng = np.random.default_rng(0)
@@ -53,8 +53,14 @@ CHILD = textwrap.dedent(r"""
         a, b = f32(384 * n, 3072), f32(3072, 3072)
         return lambda: linalg.matmul(a, b)
 
+    def rnn_case(n):
+        zx, R = f32(100 * n, 8, 1024), f32(1024, 1024) * 0.03
+        h = np.zeros((8, 1024), np.float32)
+        return lambda: rnn_cell.simple_forward(zx, h, h, R, None, None, 0)
+
     cases = dict(conv=(conv_case, 32), depthwise=(depthwise_case, 16), pool=(pool_case, 32),
-                 local=(local_case, 256), ctc=(ctc_case, 16), linalg=(linalg_case, 8))
+                 local=(local_case, 256), ctc=(ctc_case, 16), linalg=(linalg_case, 8),
+                 rnn=(rnn_case, 16))
     blas0 = get_blas_threads()
     for name in sys.argv[1:]:
         make, n = cases[name]
@@ -83,7 +89,7 @@ CHILD = textwrap.dedent(r"""
               flush=True)
 """)
 
-FAMILIES = ["conv", "depthwise", "pool", "local", "ctc", "linalg"]
+FAMILIES = ["conv", "depthwise", "pool", "local", "ctc", "linalg", "rnn"]
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process is POSIX")
