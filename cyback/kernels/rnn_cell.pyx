@@ -792,7 +792,7 @@ def gru_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef floating[:, :, ::1] ys = np.empty((T, B, u), dt)
     cdef floating[:, :, ::1] gates = np.empty((T, B, 3 * u), dt)
     cdef floating[:, :, ::1] ph = np.empty((T, B, u), dt) if reset_after else \
-        np.empty((1, 1, 1), dt)
+        np.zeros((1, 1, 1), dt)
     cdef floating[:, ::1] hm = np.empty((B, u), dt)
     cdef floating[:, ::1] P = np.empty((B, R.shape[1]), dt)
     cdef floating[:, ::1] Q = np.empty((B, u), dt)

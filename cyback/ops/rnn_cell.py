@@ -15,18 +15,19 @@ from cyback.kernels import rnn_cell as _k
 #: gate count per cell type
 GATES = {"lstm": 4, "gru": 3, "simple": 1}
 
-#: the input projection's roles per cell type: one sequence, or the GRU's
-#: three (its gates are sliced before the recurrent product is added)
-PROJECTION = {"lstm": ("zx",), "gru": ("xz", "xr", "xh"), "simple": ("zx",)}
+#: roles that may come split per gate ("zx.0", "zx.1", ...: Keras's
+#: implementation 1, and the GRU's projection), and the axis the parts join on
+_SPLIT_AXIS = {"zx": 2, "R": 1, "rb": 0}
 
 
 class FusedRecurrent(Op):
     """``cell`` is "lstm", "gru" or "simple"; ``roles`` maps "zx" (the input
-    projection sequence; for the GRU "xz", "xr", "xh", one per gate), "h0",
-    "c0" (LSTM), "y0" (the previous output, a state only under a mask), "R",
-    "Rh" (the GRU's candidate kernel without ``reset_after``), "rb" (the GRU's
-    recurrent bias with ``reset_after``), "rmask" (recurrent dropout) and
-    "mask" (Keras mask sequence) to input positions (absent: unused).
+    projection sequence), "h0", "c0" (LSTM), "y0" (the previous output, a
+    state only under a mask), "R" (the recurrent kernel), "Rh" (the GRU's
+    candidate kernel without ``reset_after``), "rb" (the GRU's recurrent bias
+    with ``reset_after``), "rmask" (recurrent dropout) and "mask" (Keras mask
+    sequence) to input positions (absent: unused). "zx", "R" and "rb" may be
+    given per gate instead, as "zx.0", "zx.1", ... (joined along the gates).
     ``state_roles`` names the Scan's states in order (e.g. ("h", "c", "y"));
     ``n_inputs`` is the Scan's input count; ``flags`` holds the GRU's
     "reset_after" and "mix_masked" (the new state mixes the dropped-out h)."""
@@ -34,7 +35,7 @@ class FusedRecurrent(Op):
     def __init__(self, cell, roles, state_roles, act, ract, n_inputs, api, consts=None,
                  flags=()):
         self.cell, self.roles, self.state_roles = cell, dict(roles), tuple(state_roles)
-        # "R", "Rh", "rb" or "rmask" held by the body as constants, not inputs
+        # roles held by the body as constants rather than inputs
         self.consts = dict(consts or {})
         self.act, self.ract = act, ract
         self.n_in, self.api = n_inputs, api
@@ -51,23 +52,39 @@ class FusedRecurrent(Op):
             return ("hs", "gates", "ph") if "reset_after" in self.flags else ("hs", "gates")
         return ("hs", "acts")
 
+    def _parts(self, name):
+        """The per-gate roles of ``name`` ("zx.0", "zx.1", ...), in order."""
+        prefix = name + "."
+        found = [r for r in list(self.roles) + list(self.consts) if r.startswith(prefix)]
+        return sorted(found, key=lambda r: int(r[len(prefix):]))
+
+    def _has(self, name):
+        return name in self.roles or name in self.consts or bool(self._parts(name))
+
     def _grad_names(self):
         """The inputs FusedRecurrentGrad gives gradients for, in order."""
-        if self.cell == "lstm":
-            return ("zx", "h0", "c0", "y0", "R")
-        if self.cell == "simple":
-            return ("zx", "h0", "y0", "R")
-        names = ("xz", "xr", "xh", "h0", "y0", "R")
-        if "reset_after" not in self.flags:
+        names = {"lstm": ("zx", "h0", "c0", "y0", "R"), "simple": ("zx", "h0", "y0", "R"),
+                 "gru": ("zx", "h0", "y0", "R")}[self.cell]
+        if self.cell == "gru" and "reset_after" not in self.flags:
             names += ("Rh",)
-        if "rb" in self.roles or "rb" in self.consts:
+        if self._has("rb"):
             names += ("rb",)
-        return names
+        out = ()
+        for name in names:
+            parts = self._parts(name) if name in _SPLIT_AXIS else ()
+            out += tuple(parts) if parts else (name,)
+        return out
+
+    def _value(self, role, arrays):
+        return arrays[self.roles[role]] if role in self.roles else self.consts.get(role)
+
+    def _first_projection(self, ins):
+        return ins[self.roles["zx"] if "zx" in self.roles else self.roles[self._parts("zx")[0]]]
 
     def infer(self, *ins):
         if len(ins) != self.n_in:
             raise ValueError("%s: expected %d inputs, got %d" % (self.api, self.n_in, len(ins)))
-        zx, h0 = ins[self.roles[PROJECTION[self.cell][0]]], ins[self.roles["h0"]]
+        zx, h0 = self._first_projection(ins), ins[self.roles["h0"]]
         t, dt = zx.shape[0], zx.dtype
         specs = [((t,) + h0.shape, dt)]
         specs += [(ins[self.roles[r + "0"]].shape, dt) for r in self.state_roles]
@@ -77,21 +94,36 @@ class FusedRecurrent(Op):
             specs.append(((t,) + h0.shape[:-1] + (width,), dt))
         return specs
 
+    def _gather(self, name, arrays, dt):
+        """The array of role ``name``, its parts joined; None when unused."""
+        value = self._value(name, arrays)
+        if value is not None:
+            return np.ascontiguousarray(value, dtype=dt)
+        names = self._parts(name)
+        if not names:
+            return None
+        if name == "zx":
+            return _joined([np.asarray(self._value(p, arrays)) for p in names], dt)
+        if name == "rb":
+            # A gate without a recurrent bias of its own adds zeros.
+            u = np.shape(arrays[self.roles["h0"]])[-1]
+            return np.concatenate([np.asarray(self._value("rb.%d" % k, arrays), dtype=dt)
+                                   if "rb.%d" % k in names else np.zeros(u, dt)
+                                   for k in range(GATES[self.cell])])
+        parts = [np.asarray(self._value(p, arrays)) for p in names]
+        return np.ascontiguousarray(np.concatenate(parts, axis=_SPLIT_AXIS[name]), dtype=dt)
+
     def _arrays(self, arrays):
-        r = self.roles
-        dt = arrays[r[PROJECTION[self.cell][0]]].dtype
+        dt = self._first_projection(arrays).dtype
         get = {}
         for name in ("zx", "h0", "c0", "y0", "R", "Rh", "rb"):
-            if name in r:
-                get[name] = np.ascontiguousarray(arrays[r[name]], dtype=dt)
-            elif name in self.consts:
-                get[name] = np.ascontiguousarray(self.consts[name], dtype=dt)
-        if self.cell == "gru":
-            get["zx"] = _joined([arrays[r[n]] for n in PROJECTION["gru"]], dt)
+            value = self._gather(name, arrays, dt)
+            if value is not None:
+                get[name] = value
         if "y0" not in get:
             get["y0"] = get["h0"]
-        get["rmask"] = arrays[r["rmask"]] if "rmask" in r else self.consts.get("rmask")
-        get["mask"] = arrays[r["mask"]] if "mask" in r else None
+        get["rmask"] = self._value("rmask", arrays)
+        get["mask"] = arrays[self.roles["mask"]] if "mask" in self.roles else None
         return get
 
     def compute(self, *arrays):
@@ -154,7 +186,7 @@ class FusedRecurrentGrad(Op):
     def infer(self, *ins):
         f = self.fwd
         fwd_ins = ins[4:4 + f.n_in]
-        dt = fwd_ins[f.roles[PROJECTION[f.cell][0]]].dtype
+        dt = f._first_projection(fwd_ins).dtype
         specs = []
         for name in self.names:
             if name in f.roles:
@@ -179,21 +211,36 @@ class FusedRecurrentGrad(Op):
         dys = np.ascontiguousarray(dys, dtype=dt)
         if "y" not in f.state_roles:
             dyT = np.zeros_like(a["h0"])
+        u = a["h0"].shape[-1]
         if f.cell == "lstm":
-            return _k.lstm_backward(dys, dhT, dcT, dyT, a["h0"], a["c0"], a["R"], a["rmask"],
-                                    a["mask"], f.act, f.ract, *rec)
-        if f.cell == "simple":
-            return _k.simple_backward(dys, dhT, dyT, a["h0"], a["R"], a["rmask"], a["mask"],
-                                      f.act, *rec)
-        ra = "reset_after" in f.flags
-        hs, gates = rec[:2]
-        ph = rec[2] if ra else np.zeros((1, 1, 1), dt)
-        dxz, dxr, dxh, dh0, dy0, dR, dRh, drb = _k.gru_backward(
-            dys, dhT, dyT, a["h0"], a["R"], a.get("Rh"), a.get("rb"), a["rmask"], a["mask"], ra,
-            "mix_masked" in f.flags, f.act, f.ract, hs, gates, ph)
-        got = {"xz": dxz, "xr": dxr, "xh": dxh, "h0": dh0, "y0": dy0, "R": dR, "Rh": dRh,
-               "rb": drb}
-        return tuple(got[n] for n in self.names)
+            dz, dh0, dc0, dy0, dR = _k.lstm_backward(dys, dhT, dcT, dyT, a["h0"], a["c0"],
+                                                     a["R"], a["rmask"], a["mask"], f.act,
+                                                     f.ract, *rec)
+            got = {"zx": dz, "h0": dh0, "c0": dc0, "y0": dy0, "R": dR}
+        elif f.cell == "simple":
+            dz, dh0, dy0, dR = _k.simple_backward(dys, dhT, dyT, a["h0"], a["R"], a["rmask"],
+                                                  a["mask"], f.act, *rec)
+            got = {"zx": dz, "h0": dh0, "y0": dy0, "R": dR}
+        else:
+            ra = "reset_after" in f.flags
+            hs, gates = rec[:2]
+            ph = rec[2] if ra else np.zeros((1, 1, 1), dt)
+            dxz, dxr, dxh, dh0, dy0, dR, dRh, drb = _k.gru_backward(
+                dys, dhT, dyT, a["h0"], a["R"], a.get("Rh"), a.get("rb"), a["rmask"],
+                a["mask"], ra, "mix_masked" in f.flags, f.act, f.ract, hs, gates, ph)
+            got = {"zx.0": dxz, "zx.1": dxr, "zx.2": dxh, "h0": dh0, "y0": dy0, "R": dR,
+                   "Rh": dRh, "rb": drb}
+        out = []
+        for name in self.names:
+            if name not in got:
+                # a per-gate part: a block of u columns of the whole gradient
+                base, k = name.split(".")
+                index = [slice(None)] * got[base].ndim
+                index[_SPLIT_AXIS[base]] = \
+                    slice(int(k) * u, (int(k) + 1) * u)
+                got[name] = got[base][tuple(index)]
+            out.append(got[name])
+        return tuple(out)
 
 
 def _joined(parts, dt):

@@ -34,6 +34,53 @@ def lstm_step(W, R, b, u, rmask=None, act="tanh", ract="sigmoid", extra=None):
     return step
 
 
+def lstm_impl1_step(W, R, b, u, rmask=None, act="tanh", ract="sigmoid"):
+    """Keras 2.2's default LSTMCell step (implementation 1): one product per
+    gate, on slices of the kernels."""
+    f_act, f_ract = SIG[act], SIG[ract]
+
+    def step(x, states):
+        h, c = states[0], states[1]
+        hm = h * rmask if rmask is not None else h
+        pre = [K.bias_add(K.dot(x, W[:, k * u:(k + 1) * u]), b[k * u:(k + 1) * u]) +
+               K.dot(hm, R[:, k * u:(k + 1) * u]) for k in range(4)]
+        c = f_ract(pre[1]) * c + f_ract(pre[0]) * f_act(pre[2])
+        h = f_ract(pre[3]) * f_act(c)
+        return h, [h, c]
+    return step
+
+
+def gru_step(W, R, b, u, rmask=None, act="tanh", ract="sigmoid", reset_after=False, rb=None,
+             extra=None):
+    """Keras 2.3's GRUCell step (implementation 2), written out; with
+    ``reset_after``, ``rb`` is the recurrent bias."""
+    f_act, f_ract = SIG[act], SIG[ract]
+
+    def step(x, states):
+        h = states[0]
+        if rmask is not None:
+            h = h * rmask       # Keras mixes the dropped-out h too
+        xz = K.bias_add(K.dot(x, W), b)
+        if reset_after:
+            inner = K.dot(h, R)
+            if rb is not None:
+                inner = K.bias_add(inner, rb)
+        else:
+            inner = K.dot(h, R[:, :2 * u])
+        z = f_ract(xz[:, :u] + inner[:, :u])
+        r = f_ract(xz[:, u:2 * u] + inner[:, u:2 * u])
+        if reset_after:
+            rec_h = r * inner[:, 2 * u:]
+        else:
+            rec_h = K.dot(r * h, R[:, 2 * u:])
+        hh = f_act(xz[:, 2 * u:] + rec_h)
+        out = z * h + (1 - z) * hh
+        if extra is not None:
+            out = out + extra * hh
+        return out, [out]
+    return step
+
+
 def simple_step(W, R, b, rmask=None, act="tanh"):
     def step(x, states):
         h = states[0] * rmask if rmask is not None else states[0]
@@ -49,7 +96,7 @@ def _ops(tensors):
 def _build(cell, dtype, n_in, u, B, T, mask, go_backwards, rdrop, act, ract, fused, extra=None,
            seed=0):
     rs = np.random.RandomState(seed)
-    G = 4 if cell == "lstm" else 1
+    G = {"lstm": 4, "lstm_impl1": 4, "simple": 1}.get(cell, 3)
     W = K.variable(rs.randn(n_in, G * u) * 0.5, dtype=dtype)
     R = K.variable(rs.randn(u, G * u) * 0.5, dtype=dtype)
     b = K.variable(rs.randn(G * u) * 0.1, dtype=dtype)
@@ -60,6 +107,14 @@ def _build(cell, dtype, n_in, u, B, T, mask, go_backwards, rdrop, act, ract, fus
     if cell == "lstm":
         step = lstm_step(W, R, b, u, rm, act, ract, extra)
         init = [h0, h0 * 0.5]
+    elif cell == "lstm_impl1":
+        step = lstm_impl1_step(W, R, b, u, rm, act, ract)
+        init = [h0, h0 * 0.5]
+    elif cell.startswith("gru"):
+        rb = K.variable(rs.randn(G * u) * 0.1, dtype=dtype) if cell == "gru_ra" else None
+        step = gru_step(W, R, b, u, rm, act, ract, reset_after=cell == "gru_ra", rb=rb,
+                        extra=extra)
+        init = [h0]
     else:
         step = simple_step(W, R, b, rm, act)
         init = [h0]
@@ -85,7 +140,7 @@ CONFIGS = [dict(mask=False, go_backwards=False, rdrop=False),
            dict(mask=False, go_backwards=True, rdrop=True)]
 
 
-@pytest.mark.parametrize("cell", ["lstm", "simple"])
+@pytest.mark.parametrize("cell", ["lstm", "simple", "gru", "gru_ra", "lstm_impl1"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("cfg", CONFIGS)
 def test_fused_matches_general_scan(cell, dtype, cfg):
@@ -109,10 +164,14 @@ def test_other_activations_fall_back_or_match(act, ract):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-10)
 
 
-def test_unrecognised_step_keeps_the_scan():
-    args = ("lstm", "float64", 3, 4, 2, 5, False, False, False, "tanh", "sigmoid")
-    _, ops = _build(*args, fused=True, extra=0.1)
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_unrecognised_step_keeps_the_scan(cell):
+    args = (cell, "float64", 3, 4, 2, 5, False, False, False, "tanh", "sigmoid")
+    fused, ops = _build(*args, fused=True, extra=0.1)
     assert Scan in ops and FusedRecurrent not in ops
+    general, _ = _build(*args, fused=False, extra=0.1)
+    for a, b in zip(fused, general):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
 def test_values_match_numpy_loop():
@@ -136,19 +195,24 @@ def test_values_match_numpy_loop():
     np.testing.assert_allclose(got, np.stack(ref, 1), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("cell", ["lstm", "simple"])
+@pytest.mark.parametrize("cell", ["lstm", "simple", "gru", "gru_ra"])
 def test_fused_gradients_match_finite_differences(cell):
     rs = np.random.RandomState(7)
     u, n_in, T = 3, 2, 4
-    G = 4 if cell == "lstm" else 1
+    G = {"lstm": 4, "simple": 1}.get(cell, 3)
     w, r = rs.randn(n_in, G * u) * 0.5, rs.randn(u, G * u) * 0.5
     bias = K.constant(np.zeros(G * u), dtype="float64")
     mask = K.constant(np.array([[1, 1, 0, 1], [1, 0, 1, 1]], bool))
     rmask = K.constant(rs.rand(2, u) * 2, dtype="float64")
 
     def build(x, h0, W, R):
-        step = lstm_step(W, R, bias, u, rmask) if cell == "lstm" else \
-            simple_step(W, R, bias, rmask)
+        if cell == "lstm":
+            step = lstm_step(W, R, bias, u, rmask)
+        elif cell.startswith("gru"):
+            step = gru_step(W, R, bias, u, rmask, reset_after=cell == "gru_ra",
+                            rb=bias if cell == "gru_ra" else None)
+        else:
+            step = simple_step(W, R, bias, rmask)
         init = [h0, h0 * 0.5] if cell == "lstm" else [h0]
         _, outs, states = K.rnn(step, x, init, mask=mask)
         assert FusedRecurrent in _ops([outs])

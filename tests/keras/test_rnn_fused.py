@@ -29,14 +29,19 @@ def _model(kind, fused, masking, kw, batch=None):
 
 
 def _layer(kind, *args, **kw):
-    """"GRU_ra" is a GRU with the reset gate after its product (reset_after,
-    the layout of CuDNN and tf.keras 2)."""
+    """A layer of 4 units: "GRU_ra" is a GRU with the reset gate after its
+    product (reset_after, the layout of CuDNN and tf.keras 2); "_impl1" takes
+    Keras's implementation 1 (one product per gate, Keras 2.2's default) with
+    its hard_sigmoid gates."""
+    if kind.endswith("_impl1"):
+        kind = kind[:-len("_impl1")]
+        kw = dict(kw, implementation=1, recurrent_activation="hard_sigmoid")
     if kind == "GRU_ra":
         return L.GRU(4, *args, reset_after=True, **kw)
     return getattr(L, kind)(4, *args, **kw)
 
 
-KINDS = ["LSTM", "SimpleRNN", "GRU", "GRU_ra"]
+KINDS = ["LSTM", "SimpleRNN", "GRU", "GRU_ra", "LSTM_impl1", "GRU_impl1", "GRU_ra_impl1"]
 
 
 def _loss_and_grads(model):
@@ -87,11 +92,14 @@ def test_layer_dropout(kind, masking):
     # Keras 2.3 draws its dropout masks inside the step, on the cell's first
     # call (from ones_like of the step's input and state). rnn makes that
     # first call outside the loop, so the masks are loop invariants and the
-    # cell is fused, with or without a Keras mask.
+    # cell is fused, with or without a Keras mask. Implementation 1 draws one
+    # recurrent mask per gate, so that its gates multiply different h: those
+    # stay on the general Scan.
     kw = dict(dropout=0.2, recurrent_dropout=0.3, return_sequences=True)
     model = _model(kind, True, masking, kw)
     ops = [type(n.op) for n in topo_nodes([model.output])]
-    assert FusedRecurrent in ops and Scan not in ops
+    fused = not kind.endswith("_impl1")
+    assert (FusedRecurrent in ops) == fused and (Scan in ops) != fused
     general = _model(kind, False, masking, kw)
     general.set_weights(model.get_weights())
     x = _data()
