@@ -204,8 +204,9 @@ cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1]
                          const floating[:, ::1] rmask, const unsigned char[:, ::1] mask,
                          bint use_rmask, bint use_mask, int act, int ract, floating[:, :, ::1] hs,
                          floating[:, :, ::1] cs, floating[:, :, ::1] ys, floating[:, :, ::1] gates,
-                         floating[:, ::1] hm, cb_intr* intr) noexcept nogil:
+                         floating[:, ::1] hm, bint keep, cb_intr* intr) noexcept nogil:
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0]
+    cdef Py_ssize_t ti, tp, tg
     cdef Py_ssize_t t, b, j, G = 4 * u
     cdef const floating *hp
     cdef const floating *cp
@@ -217,23 +218,29 @@ cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1]
     for t in range(T):
         if cb_intr_poll(intr):
             return
-        hp = &h0[b0, 0] if t == 0 else &hs[t - 1, b0, 0]
+        # Without records (keep off) the states live in a ring of two
+        # steps and the gates in one.
+        if keep:
+            ti, tp, tg = t, t - 1, t
+        else:
+            ti, tp, tg = t & 1, (t - 1) & 1, 0
+        hp = &h0[b0, 0] if t == 0 else &hs[tp, b0, 0]
         if use_rmask:
             for b in range(b0, b1):
                 for j in range(u):
                     hm[b, j] = hp[(b - b0) * u + j] * rmask[b, j]
             hp = &hm[b0, 0]
-        memcpy(&gates[t, b0, 0], &zx[t, b0, 0], (b1 - b0) * G * sizeof(floating))
-        _rec_product(False, b1 - b0, u, G, hp, &R[0, 0], Wp, FB, 1, &gates[t, b0, 0])
+        memcpy(&gates[tg, b0, 0], &zx[t, b0, 0], (b1 - b0) * G * sizeof(floating))
+        _rec_product(False, b1 - b0, u, G, hp, &R[0, 0], Wp, FB, 1, &gates[tg, b0, 0])
         for b in range(b0, b1):
-            hp = &h0[b, 0] if t == 0 else &hs[t - 1, b, 0]
-            cp = &c0[b, 0] if t == 0 else &cs[t - 1, b, 0]
+            hp = &h0[b, 0] if t == 0 else &hs[tp, b, 0]
+            cp = &c0[b, 0] if t == 0 else &cs[tp, b, 0]
             yp = &y0[b, 0] if t == 0 else &ys[t - 1, b, 0]
-            z = &gates[t, b, 0]
+            z = &gates[tg, b, 0]
             if use_mask and not mask[t, b]:
                 for j in range(u):
-                    hs[t, b, j] = hp[j]
-                    cs[t, b, j] = cp[j]
+                    hs[ti, b, j] = hp[j]
+                    cs[ti, b, j] = cp[j]
                     ys[t, b, j] = yp[j]
                     # The backward pass skips masked rows: leave the gates
                     # as finite values whatever they are.
@@ -243,12 +250,12 @@ cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1]
             _act_row(z + 3 * u, u, ract)
             for j in range(u):
                 c = z[u + j] * cp[j] + z[j] * z[2 * u + j]
-                cs[t, b, j] = c
-                hs[t, b, j] = c
-            _act_row(&hs[t, b, 0], u, act)
+                cs[ti, b, j] = c
+                hs[ti, b, j] = c
+            _act_row(&hs[ti, b, 0], u, act)
             for j in range(u):
-                h = z[3 * u + j] * hs[t, b, j]
-                hs[t, b, j] = h
+                h = z[3 * u + j] * hs[ti, b, j]
+                hs[ti, b, j] = h
                 ys[t, b, j] = h
 
 
@@ -258,7 +265,7 @@ cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                     const floating[:, ::1] rmask, const unsigned char[:, ::1] mask, bint use_rmask,
                     bint use_mask, int act, int ract, floating[:, :, ::1] hs,
                     floating[:, :, ::1] cs, floating[:, :, ::1] ys, floating[:, :, ::1] gates,
-                    floating[:, ::1] hm, cb_intr* intr) noexcept nogil:
+                    floating[:, ::1] hm, bint keep, cb_intr* intr) noexcept nogil:
     # Batch rows are independent sequences: each thread runs all steps of its
     # own rows, with no barrier between steps (a descheduled thread delays
     # only its rows, not every step of the others).
@@ -268,17 +275,20 @@ cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
         nchunk = B if B > 0 else 1
     if nchunk <= 1:
         _lstm_fwd_rows(0, B, zx, h0, c0, y0, R, Wp, FB, rmask, mask, use_rmask, use_mask, act,
-                       ract, hs, cs, ys, gates, hm, intr)
+                       ract, hs, cs, ys, gates, hm, keep, intr)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
         _lstm_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, zx, h0, c0, y0, R, Wp, FB,
-                       rmask, mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates, hm, intr)
+                       rmask, mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates, hm, keep,
+                       intr)
 
 
 def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                  const floating[:, ::1] c0, const floating[:, ::1] y0, const floating[:, ::1] R,
-                 rmask, mask, int act, int ract):
-    """Run the sequence; returns ``(hs, cs, ys, gates)`` (see the module doc)."""
+                 rmask, mask, int act, int ract, bint keep=True):
+    """Run the sequence; returns ``(hs, cs, ys, gates)`` (see the module doc).
+    With ``keep`` off (no gradient to come) nothing is recorded: hs and cs
+    hold two steps, step t in row ``t % 2``, and gates one."""
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0]
     dt = np.float32 if floating is float else np.float64
     if R.shape[1] != 4 * u or zx.shape[2] != 4 * u or h0.shape[0] != B or h0.shape[1] != u \
@@ -286,10 +296,10 @@ def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
         raise ValueError("lstm_forward: shapes zx %s, h0 %s, c0 %s, y0 %s, R %s do not agree"
                          % (np.shape(zx), np.shape(h0), np.shape(c0), np.shape(y0),
                             np.shape(R)))
-    cdef floating[:, :, ::1] hs = np.empty((T, B, u), dt)
-    cdef floating[:, :, ::1] cs = np.empty((T, B, u), dt)
+    cdef floating[:, :, ::1] hs = _steps(keep, 2, T, B, u, dt)
+    cdef floating[:, :, ::1] cs = _steps(keep, 2, T, B, u, dt)
     cdef floating[:, :, ::1] ys = np.empty((T, B, u), dt)
-    cdef floating[:, :, ::1] gates = np.empty((T, B, 4 * u), dt)
+    cdef floating[:, :, ::1] gates = _steps(keep, 1, T, B, 4 * u, dt)
     cdef floating[:, ::1] hm = np.empty((B, u), dt)
     cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
     cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
@@ -300,7 +310,7 @@ def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cb_intr_init(&intr)
     with nogil:
         _lstm_fwd(zx, h0, c0, y0, R, Wp, FB, rm, mk, rmask is not None, mask is not None, act, ract,
-                  hs, cs, ys, gates, hm, &intr)
+                  hs, cs, ys, gates, hm, keep, &intr)
     check_interrupt(&intr)
     return np.asarray(hs), np.asarray(cs), np.asarray(ys), np.asarray(gates)
 
@@ -428,8 +438,9 @@ cdef void _simple_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::
                            const unsigned char[:, ::1] mask, bint use_rmask, bint use_mask,
                            int act, floating[:, :, ::1] hs, floating[:, :, ::1] ys,
                            floating[:, :, ::1] pre, floating[:, ::1] hm,
-                           cb_intr* intr) noexcept nogil:
+                           bint keep, cb_intr* intr) noexcept nogil:
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0]
+    cdef Py_ssize_t ti, tp, tg
     cdef Py_ssize_t t, b, j
     cdef const floating *hp
     cdef const floating *yp
@@ -439,26 +450,32 @@ cdef void _simple_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::
     for t in range(T):
         if cb_intr_poll(intr):
             return
-        hp = &h0[b0, 0] if t == 0 else &hs[t - 1, b0, 0]
+        # Without records (keep off) the states live in a ring of two
+        # steps and the gates in one.
+        if keep:
+            ti, tp, tg = t, t - 1, t
+        else:
+            ti, tp, tg = t & 1, (t - 1) & 1, 0
+        hp = &h0[b0, 0] if t == 0 else &hs[tp, b0, 0]
         if use_rmask:
             for b in range(b0, b1):
                 for j in range(u):
                     hm[b, j] = hp[(b - b0) * u + j] * rmask[b, j]
             hp = &hm[b0, 0]
-        memcpy(&pre[t, b0, 0], &zx[t, b0, 0], (b1 - b0) * u * sizeof(floating))
-        _rec_product(False, b1 - b0, u, u, hp, &R[0, 0], Wp, FB, 1, &pre[t, b0, 0])
+        memcpy(&pre[tg, b0, 0], &zx[t, b0, 0], (b1 - b0) * u * sizeof(floating))
+        _rec_product(False, b1 - b0, u, u, hp, &R[0, 0], Wp, FB, 1, &pre[tg, b0, 0])
         for b in range(b0, b1):
-            hp = &h0[b, 0] if t == 0 else &hs[t - 1, b, 0]
+            hp = &h0[b, 0] if t == 0 else &hs[tp, b, 0]
             yp = &y0[b, 0] if t == 0 else &ys[t - 1, b, 0]
             if use_mask and not mask[t, b]:
                 for j in range(u):
-                    hs[t, b, j] = hp[j]
+                    hs[ti, b, j] = hp[j]
                     ys[t, b, j] = yp[j]
                 continue
-            _act_row(&pre[t, b, 0], u, act)
+            _act_row(&pre[tg, b, 0], u, act)
             for j in range(u):
-                hs[t, b, j] = pre[t, b, j]
-                ys[t, b, j] = pre[t, b, j]
+                hs[ti, b, j] = pre[tg, b, j]
+                ys[t, b, j] = pre[tg, b, j]
 
 
 cdef void _simple_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
@@ -467,7 +484,7 @@ cdef void _simple_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                       const floating[:, ::1] rmask, const unsigned char[:, ::1] mask,
                       bint use_rmask, bint use_mask, int act, floating[:, :, ::1] hs,
                       floating[:, :, ::1] ys, floating[:, :, ::1] pre,
-                      floating[:, ::1] hm, cb_intr* intr) noexcept nogil:
+                      floating[:, ::1] hm, bint keep, cb_intr* intr) noexcept nogil:
     # Batch rows are independent sequences: each thread runs all steps of its
     # own rows, with no barrier between steps (a descheduled thread delays
     # only its rows, not every step of the others).
@@ -477,24 +494,26 @@ cdef void _simple_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
         nchunk = B if B > 0 else 1
     if nchunk <= 1:
         _simple_fwd_rows(0, B, zx, h0, y0, R, Wp, FB, rmask, mask, use_rmask, use_mask, act, hs,
-                         ys, pre, hm, intr)
+                         ys, pre, hm, keep, intr)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
         _simple_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, zx, h0, y0, R, Wp, FB,
-                         rmask, mask, use_rmask, use_mask, act, hs, ys, pre, hm, intr)
+                         rmask, mask, use_rmask, use_mask, act, hs, ys, pre, hm, keep, intr)
 
 def simple_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
-                   const floating[:, ::1] y0, const floating[:, ::1] R, rmask, mask, int act):
-    """SimpleRNN: ``h = act(zx_t + (h * rmask) @ R)``; returns ``(hs, ys, acts)``."""
+                   const floating[:, ::1] y0, const floating[:, ::1] R, rmask, mask, int act,
+                   bint keep=True):
+    """SimpleRNN: ``h = act(zx_t + (h * rmask) @ R)``; returns ``(hs, ys, acts)``
+    (``keep``: see lstm_forward)."""
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0]
     dt = np.float32 if floating is float else np.float64
     if R.shape[1] != u or zx.shape[2] != u or h0.shape[0] != B or h0.shape[1] != u \
             or y0.shape[0] != B or y0.shape[1] != u:
         raise ValueError("simple_forward: shapes zx %s, h0 %s, y0 %s, R %s do not agree"
                          % (np.shape(zx), np.shape(h0), np.shape(y0), np.shape(R)))
-    cdef floating[:, :, ::1] hs = np.empty((T, B, u), dt)
+    cdef floating[:, :, ::1] hs = _steps(keep, 2, T, B, u, dt)
     cdef floating[:, :, ::1] ys = np.empty((T, B, u), dt)
-    cdef floating[:, :, ::1] pre = np.empty((T, B, u), dt)
+    cdef floating[:, :, ::1] pre = _steps(keep, 1, T, B, u, dt)
     cdef floating[:, ::1] hm = np.empty((B, u), dt)
     cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
     cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
@@ -505,7 +524,7 @@ def simple_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cb_intr_init(&intr)
     with nogil:
         _simple_fwd(zx, h0, y0, R, Wp, FB, rm, mk, rmask is not None, mask is not None, act,
-                    hs, ys, pre, hm, &intr)
+                    hs, ys, pre, hm, keep, &intr)
     check_interrupt(&intr)
     return np.asarray(hs), np.asarray(ys), np.asarray(pre)
 
@@ -636,6 +655,12 @@ def _gemm_tn(const floating[:, ::1] a, const floating[:, ::1] b, floating[:, ::1
                  <int>n)
 
 
+def _steps(bint keep, Py_ssize_t ring, Py_ssize_t T, Py_ssize_t B, Py_ssize_t width, dt):
+    """A (T, B, width) record of every step, or with ``keep`` off a ring of
+    ``ring`` steps."""
+    return np.empty((T if keep else ring, B, width), dt)
+
+
 def _rmask(rmask, B, u, dt):
     if rmask is None:
         return np.zeros((1, 1), dt)
@@ -673,8 +698,10 @@ cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] 
                         bint use_mask, bint reset_after, bint mix_masked, int act, int ract,
                         floating[:, :, ::1] hs, floating[:, :, ::1] ys,
                         floating[:, :, ::1] gates, floating[:, :, ::1] ph, floating[:, ::1] hm,
-                        floating[:, ::1] P, floating[:, ::1] Q, cb_intr* intr) noexcept nogil:
+                        floating[:, ::1] P, floating[:, ::1] Q, bint keep,
+                        cb_intr* intr) noexcept nogil:
     cdef Py_ssize_t T = zx.shape[0], u = h0.shape[1], NR = R.shape[1]
+    cdef Py_ssize_t ti, tp, tg
     cdef Py_ssize_t t, b, j, n = b1 - b0
     cdef const floating *hp
     cdef const floating *hmp
@@ -687,7 +714,13 @@ cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] 
     for t in range(T):
         if cb_intr_poll(intr):
             return
-        hp = &h0[b0, 0] if t == 0 else &hs[t - 1, b0, 0]
+        # Without records (keep off) the states live in a ring of two
+        # steps and the gates in one.
+        if keep:
+            ti, tp, tg = t, t - 1, t
+        else:
+            ti, tp, tg = t & 1, (t - 1) & 1, 0
+        hp = &h0[b0, 0] if t == 0 else &hs[tp, b0, 0]
         hmp = hp
         if use_rmask:
             for b in range(b0, b1):
@@ -699,20 +732,20 @@ cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] 
                 memcpy(&P[b, 0], &rb[0], NR * sizeof(floating))
         _rec_product(False, n, u, NR, hmp, &R[0, 0], Wp, FB, 1 if use_rb else 0, &P[b0, 0])
         for b in range(b0, b1):
-            g = &gates[t, b, 0]
+            g = &gates[tg, b, 0]
             x = &zx[t, b, 0]
             if use_mask and not mask[t, b]:
                 memset(g, 0, 3 * u * sizeof(floating))
                 memset(&Q[b, 0], 0, u * sizeof(floating))
                 if reset_after:
-                    memset(&ph[t, b, 0], 0, u * sizeof(floating))
+                    memset(&ph[tg, b, 0], 0, u * sizeof(floating))
                 continue
             for j in range(2 * u):
                 g[j] = x[j] + P[b, j]
             _act_row(g, 2 * u, ract)
             if reset_after:
                 for j in range(u):
-                    ph[t, b, j] = P[b, 2 * u + j]
+                    ph[tg, b, j] = P[b, 2 * u + j]
                     g[2 * u + j] = x[2 * u + j] + g[u + j] * P[b, 2 * u + j]
             else:
                 for j in range(u):
@@ -722,23 +755,23 @@ cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] 
             _rec_product(False, n, u, u, &Q[b0, 0], &Rh[0, 0], Whp, FB, 0, &P[b0, 0])
         for b in range(b0, b1):
             if use_mask and not mask[t, b]:
-                hp = &h0[b, 0] if t == 0 else &hs[t - 1, b, 0]
+                hp = &h0[b, 0] if t == 0 else &hs[tp, b, 0]
                 x = &y0[b, 0] if t == 0 else &ys[t - 1, b, 0]
-                memcpy(&hs[t, b, 0], hp, u * sizeof(floating))
+                memcpy(&hs[ti, b, 0], hp, u * sizeof(floating))
                 memcpy(&ys[t, b, 0], x, u * sizeof(floating))
                 continue
-            g = &gates[t, b, 0]
+            g = &gates[tg, b, 0]
             if not reset_after:
                 # P is (n, u) here: the product above wrote rows of width u.
                 for j in range(u):
                     g[2 * u + j] = zx[t, b, 2 * u + j] + (&P[b0, 0])[(b - b0) * u + j]
             _act_row(g + 2 * u, u, act)
-            hp = &h0[b, 0] if t == 0 else &hs[t - 1, b, 0]
+            hp = &h0[b, 0] if t == 0 else &hs[tp, b, 0]
             hx = &hm[b, 0] if (mix_masked and use_rmask) else hp
             for j in range(u):
                 zz = g[j]
                 h = zz * hx[j] + (1 - zz) * g[2 * u + j]
-                hs[t, b, j] = h
+                hs[ti, b, j] = h
                 ys[t, b, j] = h
 
 
@@ -750,7 +783,7 @@ cdef void _gru_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                    bint reset_after, bint mix_masked, int act, int ract, floating[:, :, ::1] hs,
                    floating[:, :, ::1] ys, floating[:, :, ::1] gates, floating[:, :, ::1] ph,
                    floating[:, ::1] hm, floating[:, ::1] P, floating[:, ::1] Q,
-                   cb_intr* intr) noexcept nogil:
+                   bint keep, cb_intr* intr) noexcept nogil:
     # One block of batch rows per thread, all steps (see _lstm_fwd).
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = h0.shape[1]
     cdef Py_ssize_t ci, nchunk = cb_threads_for(2.0 * T * B * 3 * u * u)
@@ -759,12 +792,12 @@ cdef void _gru_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     if nchunk <= 1:
         _gru_fwd_rows(0, B, zx, h0, y0, R, Wp, Rh, Whp, FB, rb, rmask, mask, use_rb, use_rmask,
                       use_mask, reset_after, mix_masked, act, ract, hs, ys, gates, ph, hm, P, Q,
-                      intr)
+                      keep, intr)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
         _gru_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, zx, h0, y0, R, Wp, Rh, Whp, FB,
                       rb, rmask, mask, use_rb, use_rmask, use_mask, reset_after, mix_masked, act,
-                      ract, hs, ys, gates, ph, hm, P, Q, intr)
+                      ract, hs, ys, gates, ph, hm, P, Q, keep, intr)
 
 
 def _gru_check(name, zx, h0, y0, R, Rh, rb, bint reset_after):
@@ -782,16 +815,17 @@ def _gru_check(name, zx, h0, y0, R, Rh, rb, bint reset_after):
 
 def gru_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                 const floating[:, ::1] y0, const floating[:, ::1] R, Rh, rb, rmask, mask,
-                bint reset_after, bint mix_masked, int act, int ract):
+                bint reset_after, bint mix_masked, int act, int ract, bint keep=True):
     """Run a GRU sequence (see above); returns ``(hs, ys, gates, ph)``. ``Rh``
-    is None with ``reset_after``; ``rb`` is None without a recurrent bias."""
+    is None with ``reset_after``; ``rb`` is None without a recurrent bias;
+    ``keep``: see lstm_forward."""
     dt = np.float32 if floating is float else np.float64
     _gru_check("gru_forward", zx, h0, y0, R, Rh, rb, reset_after)
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = h0.shape[1]
-    cdef floating[:, :, ::1] hs = np.empty((T, B, u), dt)
+    cdef floating[:, :, ::1] hs = _steps(keep, 2, T, B, u, dt)
     cdef floating[:, :, ::1] ys = np.empty((T, B, u), dt)
-    cdef floating[:, :, ::1] gates = np.empty((T, B, 3 * u), dt)
-    cdef floating[:, :, ::1] ph = np.empty((T, B, u), dt) if reset_after else \
+    cdef floating[:, :, ::1] gates = _steps(keep, 1, T, B, 3 * u, dt)
+    cdef floating[:, :, ::1] ph = _steps(keep, 1, T, B, u, dt) if reset_after else \
         np.zeros((1, 1, 1), dt)
     cdef floating[:, ::1] hm = np.empty((B, u), dt)
     cdef floating[:, ::1] P = np.empty((B, R.shape[1]), dt)
@@ -812,7 +846,7 @@ def gru_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     with nogil:
         _gru_fwd(zx, h0, y0, R, Wp, rh, Whp, FB, b_, rm, mk, rb is not None, rmask is not None,
                  mask is not None, reset_after, mix_masked, act, ract, hs, ys, gates, ph, hm, P,
-                 Q, &intr)
+                 Q, keep, &intr)
     check_interrupt(&intr)
     return np.asarray(hs), np.asarray(ys), np.asarray(gates), np.asarray(ph)
 

@@ -7,6 +7,8 @@ states) followed by the records its gradient reads; only the inputs the cell
 uses are read (``roles``). The per-step work is one BLAS product and one pass
 of gate arithmetic in ``cyback.kernels.rnn_cell``.
 """
+import functools
+
 import numpy as np
 
 from cyback.graph.op import Op
@@ -127,26 +129,48 @@ class FusedRecurrent(Op):
         return get
 
     def compute(self, *arrays):
+        return self._run(True, *arrays)
+
+    def compute_for(self, needed):
+        """Record what the gradient reads only in plans that read it: an
+        inference plan runs the kernel with no records (the states in a ring
+        of two steps), which spares it writing gates and states per step."""
+        keep = any(needed[1 + len(self.state_roles):])
+        return functools.partial(self._run, keep)
+
+    def _run(self, keep, *arrays):
         a = self._arrays(arrays)
         if self.cell == "lstm":
             hs, cs, ys, gates = _k.lstm_forward(a["zx"], a["h0"], a["c0"], a["y0"], a["R"],
-                                                a["rmask"], a["mask"], self.act, self.ract)
+                                                a["rmask"], a["mask"], self.act, self.ract,
+                                                keep=keep)
             records = (hs, cs, gates)
-            last = {"h": hs, "c": cs, "y": ys}
+            states = {"h": hs, "c": cs, "y": ys}
         elif self.cell == "gru":
             ra = "reset_after" in self.flags
             hs, ys, gates, ph = _k.gru_forward(a["zx"], a["h0"], a["y0"], a["R"], a.get("Rh"),
                                                a.get("rb"), a["rmask"], a["mask"], ra,
-                                               "mix_masked" in self.flags, self.act, self.ract)
+                                               "mix_masked" in self.flags, self.act, self.ract,
+                                               keep=keep)
             records = (hs, gates, ph) if ra else (hs, gates)
-            last = {"h": hs, "y": ys}
+            states = {"h": hs, "y": ys}
         else:
             hs, ys, acts = _k.simple_forward(a["zx"], a["h0"], a["y0"], a["R"], a["rmask"],
-                                             a["mask"], self.act)
+                                             a["mask"], self.act, keep=keep)
             records = (hs, acts)
-            last = {"h": hs, "y": ys}
-        finals = tuple(last[s][-1] if len(last[s]) else a[s + "0"] for s in self.state_roles)
-        return (ys,) + finals + records
+            states = {"h": hs, "y": ys}
+        T = len(ys)
+        finals = []
+        for s in self.state_roles:
+            if not T:
+                finals.append(a[s + "0"])
+            elif s == "y" or keep:
+                finals.append(states[s][T - 1])
+            else:
+                finals.append(states[s][(T - 1) % 2])     # the ring's last step
+        if not keep:
+            records = tuple(np.empty((0,) * r.ndim, r.dtype) for r in records)
+        return (ys,) + tuple(finals) + records
 
     def grad(self, inputs, outputs, grads):
         from cyback.ops import elementwise as ew

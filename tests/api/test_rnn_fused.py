@@ -219,3 +219,38 @@ def test_fused_gradients_match_finite_differences(cell):
         return K.concatenate([K.flatten(outs)] + [K.flatten(s) for s in states])
     gradcheck.check_grads(build, rs.randn(2, T, n_in), rs.randn(2, u), w, r,
                           rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru", "simple"])
+def test_inference_plans_record_nothing(cell, monkeypatch):
+    # A function without gradients runs the kernel without its records (the
+    # states in a ring of two steps); one with gradients records every step.
+    from cyback.ops import rnn_cell
+    kernel = {"lstm": "lstm_forward", "gru": "gru_forward", "simple": "simple_forward"}[cell]
+    seen = []
+    real = getattr(rnn_cell._k, kernel)
+
+    def spy(*args, **kw):
+        seen.append(kw.get("keep", True))
+        return real(*args, **kw)
+    monkeypatch.setattr(rnn_cell._k, kernel, spy)
+    rs = np.random.RandomState(3)
+    u, n_in, T, B = 4, 3, 5, 2
+    G = {"lstm": 4, "simple": 1}.get(cell, 3)
+    W, R, b = [K.variable(rs.randn(*s) * 0.5) for s in ((n_in, G * u), (u, G * u), (G * u,))]
+    step = {"lstm": lambda: lstm_step(W, R, b, u), "gru": lambda: gru_step(W, R, b, u),
+            "simple": lambda: simple_step(W, R, b)}[cell]()
+    x = K.placeholder((None, T, n_in))
+    h0 = K.placeholder((None, u))
+    init = [h0, h0] if cell == "lstm" else [h0]
+    last, outs, states = K.rnn(step, x, init)
+    assert FusedRecurrent in _ops([outs])
+    xv, hv = rs.randn(B, T, n_in).astype("float32"), rs.randn(B, u).astype("float32")
+    infer = K.function([x, h0], [last, outs] + list(states))([xv, hv])
+    assert seen == [False]
+    loss = K.sum(outs) + K.sum(states[0])
+    train = K.function([x, h0], [last, outs] + list(states) + K.gradients(loss, [W, R]))(
+        [xv, hv])
+    assert seen == [False, True]
+    for a, b_ in zip(infer, train):
+        np.testing.assert_array_equal(a, b_)

@@ -191,3 +191,24 @@ def test_bad_shapes_name_the_function():
         rc.simple_forward(zx, h0, y0, R, None, None, 0)
     with pytest.raises((TypeError, ValueError)):
         rc.lstm_forward(zx.astype(np.float64), h0, c0, y0, R, None, None, 0, 1)
+
+
+@pytest.mark.parametrize("T,B,u,with_rmask,with_mask", CASES)
+def test_forward_without_records_gives_the_same_outputs(T, B, u, with_rmask, with_mask):
+    # keep=False (inference): the states in a ring of two steps, no records.
+    zx, h0, c0, y0, R, rmask, mask = _case(T, B, u, 4, "float32", with_rmask, with_mask)
+    hs, cs, ys, _ = rc.lstm_forward(zx, h0, c0, y0, R, rmask, mask, 0, 1)
+    rhs, rcs, rys, gates = rc.lstm_forward(zx, h0, c0, y0, R, rmask, mask, 0, 1, keep=False)
+    assert rhs.shape[0] == rcs.shape[0] == 2 and gates.shape[0] == 1
+    np.testing.assert_array_equal(rys, ys)
+    if T:
+        np.testing.assert_array_equal(rhs[(T - 1) % 2], hs[-1])
+        np.testing.assert_array_equal(rcs[(T - 1) % 2], cs[-1])
+    zx1 = zx[:, :, :u].copy()
+    R1 = R[:, :u].copy()
+    hs, ys, _ = rc.simple_forward(zx1, h0, y0, R1, rmask, mask, 0)
+    rhs, rys, pre = rc.simple_forward(zx1, h0, y0, R1, rmask, mask, 0, keep=False)
+    assert rhs.shape[0] == 2 and pre.shape[0] == 1
+    np.testing.assert_array_equal(rys, ys)
+    if T:
+        np.testing.assert_array_equal(rhs[(T - 1) % 2], hs[-1])

@@ -157,3 +157,16 @@ def test_gru_bad_shapes_name_the_function():
         rc.gru_forward(zx, h0, y0, R, None, rb, None, None, False, False, 0, 1)
     with pytest.raises(ValueError, match="reset_after"):
         rc.gru_forward(zx, h0, y0, R, Rh, rb, None, None, True, False, 0, 1)
+
+
+@pytest.mark.parametrize("T,B,u,with_rmask,with_mask", CASES)
+@pytest.mark.parametrize("reset_after", [False, True])
+def test_gru_forward_without_records_gives_the_same_outputs(T, B, u, with_rmask, with_mask,
+                                                           reset_after):
+    case = _gru_case(T, B, u, "float32", reset_after, True, with_rmask, with_mask)
+    hs, ys, _, _ = rc.gru_forward(*case, reset_after, True, 0, 1)
+    rhs, rys, gates, ph = rc.gru_forward(*case, reset_after, True, 0, 1, keep=False)
+    assert rhs.shape[0] == 2 and gates.shape[0] == 1
+    np.testing.assert_array_equal(rys, ys)
+    if T:
+        np.testing.assert_array_equal(rhs[(T - 1) % 2], hs[-1])
