@@ -38,7 +38,7 @@ same way). Plans (``graph/function.py``, ``graph/optimize.py``):
   op's kernel applies a tail of + per-channel bias, + a full-size residual and
   relu / relu6 to its output itself, and the compute that does it (None when
   the run-time arrays do not suit it; the step then runs its program). Conv
-  and depthwise.
+  and depthwise; TensorDot takes a bias alone, as its GEMM's initial value.
 
 Loops (``ops/scan.py``):
 

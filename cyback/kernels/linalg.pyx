@@ -25,7 +25,7 @@ cdef double CHUNK_FLOPS = 2.0 ** 31
 
 
 cdef void _chunked_gemm(bint ta, bint tb, int m, int n, int k, const floating* a, int lda,
-                        const floating* b, int ldb, floating* c, int ldc, int nt,
+                        const floating* b, int ldb, floating beta, floating* c, int ldc, int nt,
                         cb_intr* intr) noexcept nogil:
     """_split_gemm over blocks of rows of C (fixed by the shapes), polling for
     Ctrl-C between blocks."""
@@ -37,19 +37,21 @@ cdef void _chunked_gemm(bint ta, bint tb, int m, int n, int k, const floating* a
         if cb_intr_poll(intr):
             return
         mr = m - r0 if m - r0 < rows else rows
-        _split_gemm(ta, tb, mr, n, k, a + (r0 if ta else <long>r0 * lda), lda, b, ldb,
+        _split_gemm(ta, tb, mr, n, k, a + (r0 if ta else <long>r0 * lda), lda, b, ldb, beta,
                     c + <long>r0 * ldc, ldc, nt)
         r0 += mr
 
 
 cdef void _split_gemm(bint ta, bint tb, int m, int n, int k, const floating* a, int lda,
-                      const floating* b, int ldb, floating* c, int ldc, int nt) noexcept nogil:
-    """C[m, n] = op(A) @ op(B) (row-major) as ``nt`` single-threaded GEMMs over
-    blocks of rows of C (or of columns when C is short and wide, batch 1)."""
+                      const floating* b, int ldb, floating beta, floating* c, int ldc,
+                      int nt) noexcept nogil:
+    """C[m, n] = op(A) @ op(B) + beta * C (row-major) as ``nt`` single-threaded
+    GEMMs over blocks of rows of C (or of columns when C is short and wide,
+    batch 1)."""
     cdef int t, lo, hi
     cdef bint by_rows = m >= n or m >= 4 * nt
     if nt <= 1:
-        gemm(ta, tb, m, n, k, <floating>1, a, lda, b, ldb, <floating>0, c, ldc)
+        gemm(ta, tb, m, n, k, <floating>1, a, lda, b, ldb, beta, c, ldc)
         return
     for t in prange(nt, schedule='static', num_threads=nt):
         if by_rows:
@@ -59,14 +61,14 @@ cdef void _split_gemm(bint ta, bint tb, int m, int n, int k, const floating* a, 
                 # Rows lo:hi of op(A): row offset when A is stored as is,
                 # column offset when it is stored transposed.
                 gemm(ta, tb, hi - lo, n, k, <floating>1,
-                     a + (lo if ta else <long>lo * lda), lda, b, ldb, <floating>0,
+                     a + (lo if ta else <long>lo * lda), lda, b, ldb, beta,
                      c + <long>lo * ldc, ldc)
         else:
             lo = <int>((<long>n * t) // nt)
             hi = <int>((<long>n * (t + 1)) // nt)
             if hi > lo:
                 gemm(ta, tb, m, hi - lo, k, <floating>1, a, lda,
-                     b + (<long>lo * ldb if tb else lo), ldb, <floating>0, c + lo, ldc)
+                     b + (<long>lo * ldb if tb else lo), ldb, beta, c + lo, ldc)
 
 
 def _operand(x):
@@ -79,9 +81,11 @@ def _operand(x):
     return np.ascontiguousarray(x), False
 
 
-def matmul(a, b):
-    """a @ b for 2-D float32/float64 arrays (either may be a transposed view),
-    split across the OpenMP threads when the product is large."""
+def matmul(a, b, bias=None):
+    """a @ b (+ bias, a vector added to every row) for 2-D float32/float64
+    arrays (either may be a transposed view), split across the OpenMP threads
+    when the product is large. The bias is C's initial value: BLAS then
+    accumulates onto it, with no pass of its own."""
     if a.ndim != 2 or b.ndim != 2:
         raise ValueError("matmul: expected 2-D arrays, got shapes %s and %s" % (a.shape, b.shape))
     if a.dtype != b.dtype or a.dtype not in (np.float32, np.float64):
@@ -91,11 +95,17 @@ def matmul(a, b):
     cdef bint ta, tb
     if b.shape[0] != k:
         raise ValueError("matmul: cannot multiply shapes %s and %s" % (a.shape, b.shape))
+    if bias is not None and (np.shape(bias) != (n,) or np.asarray(bias).dtype != a.dtype):
+        raise ValueError("matmul: bias must be a %s vector of %d, got %s %s"
+                         % (a.dtype, n, np.asarray(bias).dtype, np.shape(bias)))
     out = np.empty((m, n), dtype=a.dtype)
     if m == 0 or n == 0:
         return out
-    if k == 0:
+    if bias is not None:
+        out[...] = bias
+    elif k == 0:
         out[...] = 0
+    if k == 0:
         return out
     a, ta = _operand(a)
     b, tb = _operand(b)
@@ -111,12 +121,14 @@ def matmul(a, b):
         af, bf, of = _writable(a), _writable(b), out
         with nogil:
             _chunked_gemm[float](ta, tb, m, n, k, &af[0, 0], af.shape[1], &bf[0, 0],
-                                 bf.shape[1], &of[0, 0], n, nt, &intr)
+                                 bf.shape[1], 1 if bias is not None else 0, &of[0, 0], n, nt,
+                                 &intr)
     else:
         ad, bd, od = _writable(a), _writable(b), out
         with nogil:
             _chunked_gemm[double](ta, tb, m, n, k, &ad[0, 0], ad.shape[1], &bd[0, 0],
-                                  bd.shape[1], &od[0, 0], n, nt, &intr)
+                                  bd.shape[1], 1 if bias is not None else 0, &od[0, 0], n, nt,
+                                  &intr)
     check_interrupt(&intr)
     return out
 
@@ -148,7 +160,7 @@ cdef void _batch_gemm(floating[:, :, ::1] a, floating[:, :, ::1] b,
     else:
         for i in range(nb):
             _chunked_gemm(trans_a, trans_b, m, n, k, &a[i, 0, 0], lda, &b[i, 0, 0], ldb,
-                          &out[i, 0, 0], ldc, nt_one, intr)
+                          <floating>0, &out[i, 0, 0], ldc, nt_one, intr)
             if intr.stop:
                 break
 

@@ -58,6 +58,21 @@ class TensorDot(Op):
     def compute(self, x, y):
         return (contract(x, y, self.ax, self.ay),)
 
+    def kernel_epilogue(self, bias_axis, activation, out, residual=False):
+        """A bias along the output's last axis, alone, starts the GEMM's
+        accumulator (see graph/op.py): the product then needs no pass of its
+        own for it. Activations stay with the element-wise program."""
+        return bias_axis == -1 and activation is None and not residual and \
+            self.ay == (0,) and len(self.ax) == 1
+
+    def compute_epilogue(self, inputs, bias, activation, residual=None):
+        x, y = inputs
+        if y.ndim != 2 or self.ax != (x.ndim - 1,) or bias is None or activation is not None \
+                or residual is not None or x.dtype != y.dtype or bias.dtype != x.dtype or \
+                x.dtype.char not in "fd" or bias.size != y.shape[1]:
+            return None
+        return contract(x, y, self.ax, self.ay, bias.reshape(-1))
+
     def time_mapped(self, ins, variant):
         # x_t @ W over all steps is one product of the (T, ...) stack
         if variant == [True, False] and self.ax == (ins[0].ndim - 1,):
@@ -112,14 +127,18 @@ class TensorDot(Op):
         return [dx, dy]
 
 
-def contract(x, y, ax, ay):
-    """``np.tensordot(x, y, (ax, ay))``, with large float products on cyback's
-    OpenMP GEMM. The operands are laid out as (free, contracted) and
+def contract(x, y, ax, ay, bias=None):
+    """``np.tensordot(x, y, (ax, ay))`` (+ ``bias``, a vector along the last
+    axis, only for ``(..., k) @ (k, n)``), with large float products on
+    cyback's OpenMP GEMM. The operands are laid out as (free, contracted) and
     (contracted, free) matrices; a transposed layout stays a transposed view,
     which the kernel reads without copying."""
     if x.ndim == 2 and y.ndim == 2 and ax == (1,) and ay == (0,) and \
             2.0 * x.shape[0] * x.shape[1] * y.shape[1] < _PARALLEL_MIN_WORK:
-        return np.dot(x, y)     # small dense products: no reshape bookkeeping
+        out = np.dot(x, y)     # small dense products: no reshape bookkeeping
+        if bias is not None:
+            out += bias
+        return out
     if len(ax) == 1 and ax[0] == x.ndim - 1 and ay == (0,) and y.ndim == 2:
         # Dense layers: (..., k) @ (k, n).
         a, b = x.reshape(math.prod(x.shape[:-1]), x.shape[-1]), y
@@ -134,8 +153,11 @@ def contract(x, y, ax, ay):
         shape = free_x + free_y
     if 2.0 * a.shape[0] * a.shape[1] * b.shape[1] < _PARALLEL_MIN_WORK or \
             a.dtype != b.dtype or a.dtype.char not in "fd":
-        return np.dot(a, b).reshape(shape)
-    return matmul(a, b).reshape(shape)
+        out = np.dot(a, b)
+        if bias is not None:
+            out += bias
+        return out.reshape(shape)
+    return matmul(a, b, bias).reshape(shape)
 
 
 def dot(x, y):

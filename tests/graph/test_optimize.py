@@ -749,6 +749,30 @@ def test_conv_bias_residual_and_activation_run_in_the_kernel(data_format, rank, 
     assert f([feed[0][:0]])[0].shape[0] == 0
 
 
+@pytest.mark.parametrize("rows", [3, 500])
+@pytest.mark.parametrize("rank", [2, 3])
+def test_dense_bias_starts_the_gemm(rows, rank):
+    # x @ W + b: the bias is the GEMM's initial accumulator (no pass of its
+    # own), small products (np.dot) and a 3-D input included; a relu after it
+    # stays with the element-wise program.
+    rng = np.random.default_rng(13)
+    x = K.placeholder((None,) * (rank - 1) + (40,))
+    W = K.variable(rng.standard_normal((40, 72)).astype("float32"))
+    b = K.variable(rng.standard_normal(72).astype("float32"))
+    y = K.bias_add(K.dot(x, W), b)
+    feed = [rng.standard_normal((rows,) + (2,) * (rank - 2) + (40,)).astype("float32")]
+    f, got = _run([x], [y], feed, True)
+    _, ref = _run([x], [y], feed, False)
+    op, = f.plan_ops(0)
+    assert op.in_kernel is not None and op.in_kernel[0] is not None and op.in_kernel[-1] is None
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-5)
+    assert f([feed[0][:0]])[0].shape[0] == 0
+    f, got = _run([x], [K.relu(y)], feed, True)
+    op, = f.plan_ops(0)
+    assert op.in_kernel is None
+    np.testing.assert_allclose(got[0], np.maximum(ref[0], 0), rtol=1e-5, atol=1e-5)
+
+
 def test_conv_epilogue_stays_a_separate_pass():
     # a scalar offset is not a bias: the fused step runs the conv, then the
     # program in place

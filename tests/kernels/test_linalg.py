@@ -31,6 +31,26 @@ def test_matmul_matches_numpy(m, k, n, dtype, rng):
                                        rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("m,k,n", SHAPES + [(700, 64, 512)])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_matmul_with_bias_matches_numpy(m, k, n, dtype, rng):
+    # The bias starts the accumulator (k == 0: the result is the bias).
+    tol = 1e-4 if dtype == "float32" else 1e-10
+    bias = rng.standard_normal(n).astype(dtype)
+    for a in _layouts(rng, (m, k), dtype):
+        b = rng.standard_normal((k, n)).astype(dtype)
+        out = matmul(a, b, bias)
+        assert out.dtype == dtype and out.shape == (m, n)
+        want = np.asarray(a, np.float64) @ np.asarray(b, np.float64) + bias
+        np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("bias", [np.ones(3), np.ones((1, 2)), np.ones(2, "float32")])
+def test_matmul_bad_bias(bias):
+    with pytest.raises(ValueError, match="matmul: bias"):
+        matmul(np.ones((2, 3)), np.ones((3, 2)), bias)
+
+
 def test_matmul_same_result_for_1_and_2_threads(rng):
     a = rng.standard_normal((97, 64)).astype("float32")
     b = rng.standard_normal((64, 33)).astype("float32")
