@@ -114,17 +114,29 @@ cdef const void* _address(arr):
 
 
 cdef inline void _packed_product(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, const floating *h,
-                                 const floating *Wp, Py_ssize_t FB, bint acc,
+                                 const floating *Wp, Py_ssize_t FB, const floating *base,
                                  floating *out) noexcept nogil:
-    """out = h @ W (+ out when acc): h (B, K), out (B, N), W packed by
-    _pack_product."""
+    """out = h @ W (+ base, shaped like out, unless NULL; it may be out): h
+    (B, K), out (B, N), W packed by _pack_product."""
     cdef cb_cd_geom g = _product_geom(B, K, N, FB)
     cdef Py_ssize_t it
     for it in range(g.nfb):
         if floating is float:
-            cb_cd_item_f(h, Wp, NULL, out if acc else NULL, 0, out, &g, it)
+            cb_cd_item_f(h, Wp, NULL, base, 0, out, &g, it)
         else:
-            cb_cd_item_d(h, Wp, NULL, out if acc else NULL, 0, out, &g, it)
+            cb_cd_item_d(h, Wp, NULL, base, 0, out, &g, it)
+
+
+cdef inline void _rec_product_onto(Py_ssize_t B, Py_ssize_t u, Py_ssize_t G, const floating *h,
+                                   const floating *R, const floating *Wp, Py_ssize_t FB,
+                                   const floating *base, floating *out) noexcept nogil:
+    """out = base + h @ R (see _rec_product): the packed kernel reads base as
+    it writes out, the other paths copy it first."""
+    if B > GEMV_ROWS and Wp != NULL:
+        _packed_product(B, u, G, h, Wp, FB, base, out)
+        return
+    memcpy(out, base, B * G * sizeof(floating))
+    _rec_product(False, B, u, G, h, R, Wp, FB, 1, out)
 
 
 cdef inline void _rec_product(bint trans, Py_ssize_t B, Py_ssize_t u, Py_ssize_t G,
@@ -139,9 +151,9 @@ cdef inline void _rec_product(bint trans, Py_ssize_t B, Py_ssize_t u, Py_ssize_t
     cdef floating alpha = 1
     if B > GEMV_ROWS and Wp != NULL:
         if trans:
-            _packed_product(B, G, u, h, Wp, FB, beta != 0, out)
+            _packed_product(B, G, u, h, Wp, FB, out if beta != 0 else NULL, out)
         else:
-            _packed_product(B, u, G, h, Wp, FB, beta != 0, out)
+            _packed_product(B, u, G, h, Wp, FB, out if beta != 0 else NULL, out)
         return
     if B > GEMV_ROWS:
         if trans:
@@ -230,8 +242,7 @@ cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1]
                 for j in range(u):
                     hm[b, j] = hp[(b - b0) * u + j] * rmask[b, j]
             hp = &hm[b0, 0]
-        memcpy(&gates[tg, b0, 0], &zx[t, b0, 0], (b1 - b0) * G * sizeof(floating))
-        _rec_product(False, b1 - b0, u, G, hp, &R[0, 0], Wp, FB, 1, &gates[tg, b0, 0])
+        _rec_product_onto(b1 - b0, u, G, hp, &R[0, 0], Wp, FB, &zx[t, b0, 0], &gates[tg, b0, 0])
         for b in range(b0, b1):
             hp = &h0[b, 0] if t == 0 else &hs[tp, b, 0]
             cp = &c0[b, 0] if t == 0 else &cs[tp, b, 0]
@@ -462,8 +473,7 @@ cdef void _simple_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::
                 for j in range(u):
                     hm[b, j] = hp[(b - b0) * u + j] * rmask[b, j]
             hp = &hm[b0, 0]
-        memcpy(&pre[tg, b0, 0], &zx[t, b0, 0], (b1 - b0) * u * sizeof(floating))
-        _rec_product(False, b1 - b0, u, u, hp, &R[0, 0], Wp, FB, 1, &pre[tg, b0, 0])
+        _rec_product_onto(b1 - b0, u, u, hp, &R[0, 0], Wp, FB, &zx[t, b0, 0], &pre[tg, b0, 0])
         for b in range(b0, b1):
             hp = &h0[b, 0] if t == 0 else &hs[tp, b, 0]
             yp = &y0[b, 0] if t == 0 else &ys[t - 1, b, 0]
