@@ -1,4 +1,4 @@
-"""Model-level benchmark (issue 8): six Keras 2.3.1 architectures on cyback
+"""Model-level benchmark (issue 8): seven Keras 2.3.1 architectures on cyback
 against ONNX Runtime, PyTorch (eager, TorchScript) and TF ``tf.function``.
 
     KERAS_BACKEND=cyback python benchmarks/bench_models.py [--quick] [--threads 2]
@@ -25,7 +25,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="few short blocks (a smoke run)")
     p.add_argument("--threads", type=int, default=2, help="threads for every engine")
-    p.add_argument("--models", default=None, help="comma-separated subset of the six models")
+    p.add_argument("--models", default=None, help="comma-separated subset of the seven models")
     p.add_argument("--batches", default="1,32")
     p.add_argument("--peers", default="ort,torch,torch.jit,tf")
     p.add_argument("--blocks", type=int, default=None)

@@ -1,4 +1,4 @@
-"""Model-level benchmark: six Keras architectures on cyback against the peers.
+"""Model-level benchmark: seven Keras architectures on cyback against the peers.
 
 Each model is built with Keras 2.x on cyback and given random weights and
 non-trivial BatchNormalization statistics (a folding bug would show). The
@@ -19,17 +19,18 @@ import numpy as np
 
 from .timing import check_close, time_alternated
 
-MODELS = ("mlp", "cnn", "resnet", "mobilenet", "lstm", "audio")
+MODELS = ("mlp", "cnn", "resnet", "mobilenet", "lstm", "gru", "audio")
 TITLES = {
     "mlp": "MLP 32-64-64-10",
     "cnn": "CNN 28x28x1 (2 conv3x3 + pool, dense)",
     "resnet": "3 ResNet basic blocks + BN, 32x32x16",
     "mobilenet": "3 MobileNet blocks (dw+BN+ReLU6, 1x1+BN+ReLU6)",
     "lstm": "LSTM(128) on (50, 32)",
+    "gru": "GRU(128, reset_after) on (50, 32)",
     "audio": "Conv1D(16,12,/4)x2 + LSTM(36) audio",
 }
 INPUT_SHAPES = {"mlp": (32,), "cnn": (28, 28, 1), "resnet": (32, 32, 16),
-                "mobilenet": (32, 32, 16), "lstm": (50, 32), "audio": (400, 1)}
+                "mobilenet": (32, 32, 16), "lstm": (50, 32), "gru": (50, 32), "audio": (400, 1)}
 
 
 # ------------------------------------------------------------------ Keras side
@@ -68,6 +69,11 @@ def build_keras(name, keras):
         out = L.Dense(10, name="head")(L.GlobalAveragePooling2D()(x))
     elif name == "lstm":
         x = L.LSTM(128, name="rnn")(inp)
+        out = L.Dense(10, name="head")(x)
+    elif name == "gru":
+        # reset_after: the layout PyTorch, ONNX (linear_before_reset) and
+        # tf.keras 2 (its default) compute, so every peer runs the same cell
+        x = L.GRU(128, reset_after=True, name="rnn")(inp)
         out = L.Dense(10, name="head")(x)
     elif name == "audio":
         x = L.Conv1D(16, 12, strides=4, activation="relu", name="a1")(inp)
@@ -165,6 +171,18 @@ def build_torch(name, weights, torch):
         m.bias_ih_l0.data, m.bias_hh_l0.data = T(b), T(np.zeros_like(b))
         return m
 
+    def gru(lname):
+        k, rk, b = weights[lname]
+        u = rk.shape[0]
+        m = nn.GRU(k.shape[0], u, batch_first=True)
+
+        def order(a):
+            # Keras's gates z, r, h; PyTorch's r, z, n
+            return np.concatenate([a[..., u:2 * u], a[..., :u], a[..., 2 * u:]], axis=-1)
+        m.weight_ih_l0.data, m.weight_hh_l0.data = T(order(k).T), T(order(rk).T)
+        m.bias_ih_l0.data, m.bias_hh_l0.data = T(order(b[0])), T(order(b[1]))
+        return m
+
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
@@ -192,6 +210,8 @@ def build_torch(name, weights, torch):
                 self.head = dense("head")
             elif name == "lstm":
                 self.rnn, self.head = lstm("rnn"), dense("head")
+            elif name == "gru":
+                self.rnn, self.head = gru("rnn"), dense("head")
             elif name == "audio":
                 self.a1, self.a2 = conv1d("a1", 4), conv1d("a2", 4)
                 self.rnn, self.head = lstm("rnn"), dense("head")
@@ -214,7 +234,7 @@ def build_torch(name, weights, torch):
                     x = F.relu6(self.dbns[i](self.dws[i](x)))
                     x = F.relu6(self.pbns[i](self.pws[i](x)))
                 return self.head(x.mean(dim=(2, 3)))
-            if name == "lstm":
+            if name in ("lstm", "gru"):
                 return self.head(self.rnn(x)[0][:, -1])
             x = F.relu(self.a2(F.relu(self.a1(x))))
             return self.head(self.rnn(x.transpose(1, 2))[0][:, -1])
