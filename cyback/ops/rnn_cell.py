@@ -4,8 +4,9 @@ LSTM, GRU or SimpleRNN cell (recognised by ``cyback.ops.scan_cells``).
 The op takes the Scan's inputs unchanged (sequences, initial states,
 invariants) and gives the Scan's outputs (the per-step output, the final
 states) followed by the records its gradient reads; only the inputs the cell
-uses are read (``roles``). The per-step work is one BLAS product and one pass
-of gate arithmetic in ``cyback.kernels.rnn_cell``.
+uses are read (``roles``). The per-step work is one recurrent product (two for
+a GRU whose reset gate comes before its candidate's product) and one pass of
+gate arithmetic in ``cyback.kernels.rnn_cell``.
 """
 import functools
 
