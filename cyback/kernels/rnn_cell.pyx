@@ -1,4 +1,4 @@
-"""Fused recurrent cells: a whole LSTM or SimpleRNN sequence in one call.
+"""Fused recurrent cells: a whole LSTM, GRU or SimpleRNN sequence in one call.
 
 Per step, the recurrent product ``h @ R`` goes to BLAS (added onto the step's
 input projection, computed beforehand for all steps at once), then one pass
@@ -10,18 +10,25 @@ gradient as one GEMM over all steps after the loop.
 
 Threads: the batch rows of a recurrent layer are independent sequences, so
 each OpenMP thread runs every step for its own block of rows (its own GEMMs
-included) and the threads meet once, at the end, not at every step.
+included) and the threads meet once, at the end, not at every step. Thread 0
+polls for Ctrl-C at every step.
+
+Without ``keep`` (an inference plan: no gradient will read the records) the
+states live in a ring of two steps and the gates in one step's rows, so a
+call writes only the outputs it returns.
 
 Layouts (time-major, C-contiguous):
     zx      (T, B, G*u)  input projection (+ bias); G = 4 for LSTM (gates
-                         i, f, c, o as in Keras), 1 for SimpleRNN
+                         i, f, c, o as in Keras), 3 for GRU (z, r, h), 1 for
+                         SimpleRNN
     R       (u, G*u)     recurrent kernel
     rmask   (B, u)       recurrent dropout mask applied to h before ``@ R``
     mask    (T, B) uint8 Keras mask: a masked step keeps the states and
                          repeats the previous output
     hs, cs  (T, B, u)    states after each step (after masking)
     ys      (T, B, u)    outputs (differ from hs only under a mask)
-    gates   (T, B, G*u)  activated gates (LSTM) / new h before masking (RNN)
+    gates   (T, B, G*u)  activated gates (LSTM; the GRU's below) / new h
+                         before masking (RNN)
 
 Activation codes: 0 tanh, 1 sigmoid, 2 hard_sigmoid, 3 linear.
 """
