@@ -11,7 +11,7 @@ import numpy as np
 def build_report():
     import cyback as K
     from cyback import config
-    from cyback.kernels import runtime
+    from cyback.kernels import memory, runtime
     from cyback.kernels.blas_threads import blas_info, get_blas_threads
     try:
         from cyback._build_info import BUILD_INFO
@@ -28,6 +28,10 @@ def build_report():
                                                    os.environ.get("CYBACK_NUM_THREADS", "unset"))),
         ("blas", "%s (%d thread; cyback's parallelism is OpenMP)"
          % (blas_info(), get_blas_threads())),
+        ("memory", "freed blocks kept for the next call (glibc mmap threshold %d MiB, trim "
+         "threshold %d MiB; CYBACK_MALLOC=system for the defaults)"
+         % (memory.MMAP_THRESHOLD >> 20, memory.TRIM_THRESHOLD >> 20)
+         if memory.settings() == "kept" else "the C library's defaults"),
         ("floatx", "%s (%s)" % (K.floatx(), src["floatx"])),
         ("epsilon", "%g (%s)" % (K.epsilon(), src["epsilon"])),
         ("image_data_format", "%s (%s)" % (K.image_data_format(), src["image_data_format"])),

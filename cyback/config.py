@@ -14,9 +14,13 @@ from collections import defaultdict
 import numpy as np
 
 from cyback.kernels import cpu_budget as _cpu_budget
+from cyback.kernels import memory as _memory
 
 # Before any kernel module loads libgomp, which reads its environment once.
 _cpu_budget.set_openmp_environment()
+# Freed intermediate arrays stay in the process for the next call
+# (cyback/kernels/memory.py says why and how to opt out).
+_memory.keep_freed_memory()
 
 _VALID_FLOATX = ("float16", "float32", "float64")
 _VALID_FORMATS = ("channels_last", "channels_first")
