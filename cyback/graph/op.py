@@ -40,7 +40,7 @@ same way). Plans (``graph/function.py``, ``graph/optimize.py``):
   the run-time arrays do not suit it; the step then runs its program). Conv
   and depthwise.
 
-Loops (``ops/scan.py``):
+Loops (``ops/scan.py``: ``scan_trace``, ``scan_program``, ``scan_backward``):
 
 - ``time_mapped(inputs, variant)``: the op computing this one for all steps
   at once on time-major stacks of its ``variant`` inputs, or None (hoisting
