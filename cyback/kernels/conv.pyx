@@ -17,11 +17,20 @@ hundreds of MB on ordinary ResNet shapes. Block sizes and the order of every
 sum are fixed by the shapes alone, never by the thread count, so results are
 bit-identical for any number of threads.
 
-Special cases: 1x1, stride-1, unpadded convolutions skip im2col (the input
-rows are the patches); a stride-1 input gradient is a forward convolution with
-the flipped kernel (no scatter-add); otherwise the input gradient is GEMM +
-col2im over slabs of output rows that never touch the same input element at
-the same time.
+Special cases, chosen per geometry by the Python entries below:
+
+- direct (channels_last forward, few input channels and short patches): the
+  register-tiled kernel of include/cyback_conv_direct.h reads the input in
+  place and applies the bias / residual / relu epilogue itself (_use_direct);
+- pointwise (1x1, stride-1, unpadded): no im2col, the input rows are the
+  patches;
+- stride-1 taps (forward and kernel gradient, C >= 32): with stride 1 each
+  kernel tap reads a zero-padded copy of the input at a constant offset, so
+  one K = C GEMM per tap runs straight on its rows and no patch matrix is
+  built (_tap_rows, _fwd_tap_item);
+- a stride-1 input gradient is a forward convolution with the flipped kernel
+  (no scatter-add); otherwise the input gradient is GEMM + col2im over slabs
+  of output rows that never touch the same input element at the same time.
 """
 import numpy as np
 cimport cython
@@ -363,13 +372,12 @@ cdef void _bwdk_group(const floating* x, const floating* dy, floating* part, flo
 
 # ---------------------------------------------------------------- stride-1 taps
 
-cdef void _pad_row(const floating* x, floating* xp, const Geom* g, bint last,
-                   Py_ssize_t Dp, Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t row) noexcept nogil:
-    """Row `row` (over N * Dp * Hp) of the zero-padded channels_last copy of x."""
-    cdef Py_ssize_t n, r, i_d, ih, c, iw, C = g.C
-    cdef Py_ssize_t DHW = g.D * g.H * g.W
+cdef void _pad_row(const floating* x, floating* xp, const Geom* g, Py_ssize_t Dp,
+                   Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t row) noexcept nogil:
+    """Row `row` (over N * Dp * Hp) of the zero-padded channels_last copy of
+    channels_last x (channels_first x is padded by _pad_row_first)."""
+    cdef Py_ssize_t n, r, i_d, ih, C = g.C
     cdef floating* dst = xp + row * Wp * C
-    cdef const floating* src
     n = row // (Dp * Hp)
     r = row - n * Dp * Hp
     i_d = r // Hp - g.pd
@@ -381,21 +389,15 @@ cdef void _pad_row(const floating* x, floating* xp, const Geom* g, bint last,
         memset(dst, 0, g.pw * C * sizeof(floating))
     if Wp - g.pw - g.W > 0:
         memset(dst + (g.pw + g.W) * C, 0, (Wp - g.pw - g.W) * C * sizeof(floating))
-    dst += g.pw * C
-    if last:
-        memcpy(dst, x + ((n * g.D + i_d) * g.H + ih) * g.W * C, g.W * C * sizeof(floating))
-    else:
-        src = x + n * C * DHW + (i_d * g.H + ih) * g.W
-        for c in range(C):
-            for iw in range(g.W):
-                dst[iw * C + c] = src[c * DHW + iw]
+    memcpy(dst + g.pw * C, x + ((n * g.D + i_d) * g.H + ih) * g.W * C,
+           g.W * C * sizeof(floating))
 
 
 cdef void _fwd_tap_item(const floating* xp, const floating* w, floating* y, floating* tmp,
-                        const Geom* g, bint last, Py_ssize_t Hp, Py_ssize_t Wp,
-                        Py_ssize_t DpHpWp, Py_ssize_t n, Py_ssize_t q0,
-                        Py_ssize_t m) noexcept nogil:
-    """Output rows q0..q0+m of sample n on the padded grid (Dp, Hp, Wp).
+                        const Geom* g, Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t DpHpWp,
+                        Py_ssize_t n, Py_ssize_t q0, Py_ssize_t m) noexcept nogil:
+    """Output rows q0..q0+m of sample n on the padded grid (Dp, Hp, Wp),
+    channels_last (channels_first: _fwd_tap_item_first).
 
     With stride 1, kernel tap t reads the padded input at a constant offset
     from the output position, so the rows of that tap's GEMM operand are
@@ -404,11 +406,9 @@ cdef void _fwd_tap_item(const floating* xp, const floating* w, floating* y, floa
     that are real outputs (not on the padding margin of the grid) go to y.
     """
     cdef Py_ssize_t C = g.C, F = g.F, HpWp = Hp * Wp
-    cdef Py_ssize_t kd, kh, kw, t = 0, q, q1 = q0 + m, od, oh, ow, r, seg, p, f, j
+    cdef Py_ssize_t kd, kh, kw, t = 0, q, q1 = q0 + m, od, oh, ow, r, seg, p
     cdef const floating* base = xp + (n * DpHpWp + q0) * C
     cdef const floating* a
-    cdef floating* dst
-    cdef floating* src
     for kd in range(g.KD):
         for kh in range(g.KH):
             for kw in range(g.KW):
@@ -432,14 +432,7 @@ cdef void _fwd_tap_item(const floating* xp, const floating* w, floating* y, floa
         if seg > q1 - q:
             seg = q1 - q
         p = (od * g.OH + oh) * g.OW + ow
-        src = tmp + (q - q0) * F
-        if last:
-            memcpy(y + (n * g.P + p) * F, src, seg * F * sizeof(floating))
-        else:
-            dst = y + n * F * g.P + p
-            for f in range(F):
-                for j in range(seg):
-                    dst[f * g.P + j] = src[j * F + f]
+        memcpy(y + (n * g.P + p) * F, tmp + (q - q0) * F, seg * F * sizeof(floating))
         q += seg
 
 
@@ -524,7 +517,7 @@ cdef void _forward_taps(floating[::1] x, floating[::1] w, floating[::1] y, float
             src = &xp[0]
         elif copy:
             for row in prange(g.N * Dp * Hp, schedule='static', num_threads=nt):
-                _pad_row(&x[0], &xp[0], &g, last, Dp, Hp, Wp, row)
+                _pad_row(&x[0], &xp[0], &g, Dp, Hp, Wp, row)
             src = &xp[0]
         else:
             src = &x[0]
@@ -539,7 +532,7 @@ cdef void _forward_taps(floating[::1] x, floating[::1] w, floating[::1] y, float
                 if m > B:
                     m = B
                 if last:
-                    _fwd_tap_item(src, &w[0], &y[0], buf, &g, last, Hp, Wp, DpHpWp, n, q0, m)
+                    _fwd_tap_item(src, &w[0], &y[0], buf, &g, Hp, Wp, DpHpWp, n, q0, m)
                 else:
                     _fwd_tap_item_first(src, &w[0], &y[0], buf, &g, Hp, Wp, DpHpWp, n, q0, m)
 
@@ -630,7 +623,7 @@ cdef void _backward_kernel_taps(floating[::1] x, floating[::1] dy, floating[::1]
             src = &xp[0]
         elif copy:
             for row in prange(g.N * Dp * Hp, schedule='static', num_threads=nt):
-                _pad_row(&x[0], &xp[0], &g, last, Dp, Hp, Wp, row)
+                _pad_row(&x[0], &xp[0], &g, Dp, Hp, Wp, row)
             src = &xp[0]
         else:
             src = &x[0]
