@@ -67,7 +67,6 @@ import numpy as np
 
 from cyback.graph.tensor import Constant, Node, Tensor, as_tensor, np_dtype_name
 
-
 #: Stack of {variable: assign tensor} maps, one per active
 #: ``control_dependencies`` block: inside it, ops read a variable's value after
 #: the listed updates, as TensorFlow orders them.
