@@ -232,10 +232,20 @@ def _geometry(name, x_shape, kernel_size, strides, channels_last):
     return nd, ks, ss, tuple(out), C, x4
 
 
-def _check_kernel_shape(name, kshape, P, K, x_shape):
+@cython.wraparound(True)
+def _shapes(name, x_shape, kshape, kernel_size, strides, channels_last, dy=None):
+    """Validated sizes ((kh, kw), (sh, sw), (OH, OW), 4-D x shape, P, K, N, F,
+    output shape); checks the kernel's shape and, when given, dy's."""
+    nd, ks, ss, out, C, x4s = _geometry(name, x_shape, kernel_size, strides, channels_last)
+    P, K = out[0] * out[1], ks[0] * ks[1] * C
     if len(kshape) != 3 or kshape[0] != P or kshape[1] != K:
         raise ValueError("%s: kernel must have shape (%d, %d, filters) for input %s, got %s"
                          % (name, P, K, tuple(x_shape), tuple(kshape)))
+    N, F = x_shape[0], kshape[2]
+    y_shape = _out_shape(N, F, out, nd, channels_last)
+    if dy is not None and dy.shape != y_shape:
+        raise ValueError("%s: dy has shape %s, expected %s" % (name, dy.shape, y_shape))
+    return ks, ss, out, x4s, P, K, N, F, y_shape
 
 
 @cython.wraparound(True)
@@ -271,11 +281,9 @@ def local_forward(x, kernel, kernel_size, strides, channels_last=True):
     x = np.asarray(x)
     kernel = np.asarray(kernel)
     check_float(name, x, kernel)
-    nd, ks, ss, out, C, x4s = _geometry(name, x.shape, kernel_size, strides, channels_last)
-    P, K = out[0] * out[1], ks[0] * ks[1] * C
-    _check_kernel_shape(name, kernel.shape, P, K, x.shape)
-    N, F = x.shape[0], kernel.shape[2]
-    y = np.empty(_out_shape(N, F, out, nd, channels_last), dtype=x.dtype)
+    ks, ss, out, x4s, P, K, N, F, y_shape = _shapes(name, x.shape, kernel.shape, kernel_size,
+                                                    strides, channels_last)
+    y = np.empty(y_shape, dtype=x.dtype)
     if y.size == 0:
         return y
     if K == 0:
@@ -302,13 +310,8 @@ def local_backward_input(dy, kernel, x_shape, kernel_size, strides, channels_las
     kernel = np.asarray(kernel)
     check_float(name, dy, kernel)
     x_shape = tuple(int(s) for s in x_shape)
-    nd, ks, ss, out, C, x4s = _geometry(name, x_shape, kernel_size, strides, channels_last)
-    P, K = out[0] * out[1], ks[0] * ks[1] * C
-    _check_kernel_shape(name, kernel.shape, P, K, x_shape)
-    N, F = x_shape[0], kernel.shape[2]
-    want = _out_shape(N, F, out, nd, channels_last)
-    if dy.shape != want:
-        raise ValueError("%s: dy has shape %s, expected %s" % (name, dy.shape, want))
+    ks, ss, out, x4s, P, K, N, F, _ = _shapes(name, x_shape, kernel.shape, kernel_size, strides,
+                                              channels_last, dy)
     dx = np.empty(x_shape, dtype=dy.dtype)
     if dx.size == 0:
         return dx
@@ -330,13 +333,8 @@ def local_backward_kernel(x, dy, kernel_shape, kernel_size, strides, channels_la
     dy = np.asarray(dy)
     check_float(name, x, dy)
     kernel_shape = tuple(int(s) for s in kernel_shape)
-    nd, ks, ss, out, C, x4s = _geometry(name, x.shape, kernel_size, strides, channels_last)
-    P, K = out[0] * out[1], ks[0] * ks[1] * C
-    _check_kernel_shape(name, kernel_shape, P, K, x.shape)
-    N, F = x.shape[0], kernel_shape[2]
-    want = _out_shape(N, F, out, nd, channels_last)
-    if dy.shape != want:
-        raise ValueError("%s: dy has shape %s, expected %s" % (name, dy.shape, want))
+    ks, ss, out, x4s, P, K, N, F, _ = _shapes(name, x.shape, kernel_shape, kernel_size, strides,
+                                              channels_last, dy)
     dk = np.empty(kernel_shape, dtype=x.dtype)
     if dk.size == 0:
         return dk
