@@ -68,6 +68,7 @@ def _im2col(const floating[:, :, :, ::1] x, floating[:, :, ::1] pt, Py_ssize_t k
     cdef Py_ssize_t P = pt.shape[0], N = pt.shape[1]
     cdef Py_ssize_t p, n, a, ky, j, base
     cdef Runs r = _runs(x.shape, kw, sh, sw, OW, last)
+    cdef Py_ssize_t L = r.L, groups = r.groups, plane = r.plane, row = r.row
     cdef const floating* src
     cdef floating* dst
     # Work: bytes copied (read and written).
@@ -76,12 +77,13 @@ def _im2col(const floating[:, :, :, ::1] x, floating[:, :, ::1] pt, Py_ssize_t k
         for p in prange(P, schedule='static', num_threads=nt):
             base = _start(&r, p)
             for n in range(N):
-                for a in range(r.groups):
+                src = &x[n, 0, 0, 0] + base
+                dst = &pt[p, n, 0]
+                for a in range(groups):
                     for ky in range(kh):
-                        src = &x[n, 0, 0, 0] + base + a * r.plane + ky * r.row
-                        dst = &pt[p, n, (a * kh + ky) * r.L]
-                        for j in range(r.L):
-                            dst[j] = src[j]
+                        for j in range(L):
+                            dst[j] = src[a * plane + ky * row + j]
+                        dst = dst + L
 
 
 def _col2im(const floating[:, :, ::1] pt, floating[:, :, :, ::1] dx, Py_ssize_t kh,
@@ -95,6 +97,7 @@ def _col2im(const floating[:, :, ::1] pt, floating[:, :, :, ::1] dx, Py_ssize_t 
     cdef Py_ssize_t S = dx.shape[1] * dx.shape[2] * dx.shape[3]
     cdef Py_ssize_t p, n, a, ky, j, i, base
     cdef Runs r = _runs(dx.shape, kw, sh, sw, OW, last)
+    cdef Py_ssize_t L = r.L, groups = r.groups, plane = r.plane, row = r.row
     cdef const floating* src
     cdef floating* dst
     # Work: bytes moved zeroing dx, then reading pt and updating dx.
@@ -106,12 +109,13 @@ def _col2im(const floating[:, :, ::1] pt, floating[:, :, :, ::1] dx, Py_ssize_t 
                 dst[i] = 0
             for p in range(P):
                 base = _start(&r, p)
-                for a in range(r.groups):
+                src = &pt[p, n, 0]
+                for a in range(groups):
                     for ky in range(kh):
-                        src = &pt[p, n, (a * kh + ky) * r.L]
-                        dst = &dx[n, 0, 0, 0] + base + a * r.plane + ky * r.row
-                        for j in range(r.L):
+                        dst = &dx[n, 0, 0, 0] + base + a * plane + ky * row
+                        for j in range(L):
                             dst[j] = dst[j] + src[j]
+                        src = src + L
 
 
 cdef void _gemms(int which, floating[:, :, ::1] a, floating[:, :, ::1] b,
