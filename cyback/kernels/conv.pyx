@@ -108,6 +108,14 @@ cdef inline Py_ssize_t _valid_hi(Py_ssize_t o1, Py_ssize_t b, Py_ssize_t s,
     return hi if hi < o1 else o1
 
 
+cdef inline void _position(const Geom* g, Py_ssize_t p, Py_ssize_t* od, Py_ssize_t* oh,
+                           Py_ssize_t* ow) noexcept nogil:
+    # Output position p of a sample as (od, oh, ow).
+    ow[0] = p % g.OW
+    oh[0] = (p // g.OW) % g.OH
+    od[0] = p // (g.OW * g.OH)
+
+
 cdef void _im2col_last(const floating* x, floating* cols, const Geom* g,
                        Py_ssize_t r0, Py_ssize_t nr) noexcept nogil:
     """cols[r, :] = the patch of output row r0 + r (rows run over N * P)."""
@@ -120,9 +128,7 @@ cdef void _im2col_last(const floating* x, floating* cols, const Geom* g,
         q = r0 + r
         n = q // g.P
         p = q - n * g.P
-        ow = p % g.OW
-        oh = (p // g.OW) % g.OH
-        od = p // (g.OW * g.OH)
+        _position(g, p, &od, &oh, &ow)
         dst = cols + r * g.K
         iw0 = ow * g.sw - g.pw
         for kd in range(g.KD):
@@ -161,9 +167,7 @@ cdef void _col2im_last(const floating* cols, floating* dx, const Geom* g,
         q = r0 + r
         n = q // g.P
         p = q - n * g.P
-        ow = p % g.OW
-        oh = (p // g.OW) % g.OH
-        od = p // (g.OW * g.OH)
+        _position(g, p, &od, &oh, &ow)
         src = cols + r * g.K
         iw0 = ow * g.sw - g.pw
         for kd in range(g.KD):
@@ -203,10 +207,8 @@ cdef void _im2col_first(const floating* x, floating* cols, const Geom* g,
     p = p0
     while p < p0 + npos:
         j = p - p0
-        ow0 = p % g.OW
-        oh = (p // g.OW) % g.OH
-        od = p // (g.OW * g.OH)
-        seg = g.OW - ow0
+        _position(g, p, &od, &oh, &ow0)
+        seg = g.OW - ow0            # the rest of this output row, within the block
         if seg > p0 + npos - p:
             seg = p0 + npos - p
         ow1 = ow0 + seg
@@ -250,10 +252,8 @@ cdef void _col2im_first(const floating* cols, floating* dx, const Geom* g,
     p = p0
     while p < p0 + npos:
         j = p - p0
-        ow0 = p % g.OW
-        oh = (p // g.OW) % g.OH
-        od = p // (g.OW * g.OH)
-        seg = g.OW - ow0
+        _position(g, p, &od, &oh, &ow0)
+        seg = g.OW - ow0            # the rest of this output row, within the block
         if seg > p0 + npos - p:
             seg = p0 + npos - p
         ow1 = ow0 + seg
@@ -495,45 +495,68 @@ cdef void _fwd_tap_item_first(const floating* xp, const floating* w, floating* y
         q += seg
 
 
+cdef struct TapGrid:
+    # The grid the stride-1 tap GEMMs run on: the input padded to (Dp, Hp, Wp)
+    # so that every tap reads it at a constant offset from the output position;
+    # Qn grid rows per sample (up to its last output) in blocks of B, nblk
+    # blocks.
+    Py_ssize_t Dp, Hp, Wp, DpHpWp, Qn, nblk
+
+
+cdef inline TapGrid _tap_grid(const Geom* g, Py_ssize_t B) noexcept nogil:
+    cdef TapGrid t
+    t.Dp = g.OD + (g.KD - 1) * g.dd
+    t.Hp = g.OH + (g.KH - 1) * g.dh
+    t.Wp = g.OW + (g.KW - 1) * g.dw
+    t.DpHpWp = t.Dp * t.Hp * t.Wp
+    t.Qn = ((g.OD - 1) * t.Hp + g.OH - 1) * t.Wp + g.OW
+    t.nblk = (t.Qn + B - 1) // B
+    return t
+
+
+cdef const floating* _padded_input(const floating* x, floating* xp, const Geom* g,
+                                   const TapGrid* t, bint last, bint copy,
+                                   int nt) noexcept nogil:
+    """x on the tap grid: the padded copy xp, filled on nt threads (always for
+    channels_first, for channels_last when there is padding), else x."""
+    cdef Py_ssize_t row
+    if not last:
+        for row in prange(g.N * g.C * t.Dp * t.Hp, schedule='static', num_threads=nt):
+            _pad_row_first(x, xp, g, t.Dp, t.Hp, t.Wp, row)
+        return xp
+    if copy:
+        for row in prange(g.N * t.Dp * t.Hp, schedule='static', num_threads=nt):
+            _pad_row(x, xp, g, t.Dp, t.Hp, t.Wp, row)
+        return xp
+    return x
+
+
 def _forward_taps(floating[::1] x, floating[::1] w, floating[::1] y, floating[::1] xp,
                    floating[::1] bufs, Py_ssize_t bufstride, Geom g, bint last,
                    bint copy, Py_ssize_t B, int nt):
-    cdef Py_ssize_t Dp, Hp, Wp, DpHpWp, Qn, nblk, it, n, q0, m, row
+    cdef Py_ssize_t it, n, q0, m
     cdef floating* buf = NULL
     cdef const floating* src
     cdef cb_intr intr
     cb_intr_init(&intr)
-    Dp = g.OD + (g.KD - 1) * g.dd
-    Hp = g.OH + (g.KH - 1) * g.dh
-    Wp = g.OW + (g.KW - 1) * g.dw
-    DpHpWp = Dp * Hp * Wp
-    Qn = ((g.OD - 1) * Hp + g.OH - 1) * Wp + g.OW
-    nblk = (Qn + B - 1) // B
+    cdef TapGrid t = _tap_grid(&g, B)
     with nogil:
-        if not last:
-            for row in prange(g.N * g.C * Dp * Hp, schedule='static', num_threads=nt):
-                _pad_row_first(&x[0], &xp[0], &g, Dp, Hp, Wp, row)
-            src = &xp[0]
-        elif copy:
-            for row in prange(g.N * Dp * Hp, schedule='static', num_threads=nt):
-                _pad_row(&x[0], &xp[0], &g, Dp, Hp, Wp, row)
-            src = &xp[0]
-        else:
-            src = &x[0]
+        src = _padded_input(&x[0], &xp[0], &g, &t, last, copy, nt)
         with parallel(num_threads=nt):
             buf = &bufs[0] + threadid() * bufstride
-            for it in prange(g.N * nblk, schedule='static'):
+            for it in prange(g.N * t.nblk, schedule='static'):
                 if cb_intr_poll(&intr):
                     continue
-                n = it // nblk
-                q0 = (it - n * nblk) * B
-                m = Qn - q0
+                n = it // t.nblk
+                q0 = (it - n * t.nblk) * B
+                m = t.Qn - q0
                 if m > B:
                     m = B
                 if last:
-                    _fwd_tap_item(src, &w[0], &y[0], buf, &g, Hp, Wp, DpHpWp, n, q0, m)
+                    _fwd_tap_item(src, &w[0], &y[0], buf, &g, t.Hp, t.Wp, t.DpHpWp, n, q0, m)
                 else:
-                    _fwd_tap_item_first(src, &w[0], &y[0], buf, &g, Hp, Wp, DpHpWp, n, q0, m)
+                    _fwd_tap_item_first(src, &w[0], &y[0], buf, &g, t.Hp, t.Wp, t.DpHpWp, n,
+                                        q0, m)
     check_interrupt(&intr)
 
 
@@ -584,7 +607,7 @@ def _backward_kernel_taps(floating[::1] x, floating[::1] dy, floating[::1] parts
                            floating[::1] dw, floating[::1] xp, floating[::1] bufs,
                            Py_ssize_t bufstride, Geom g, bint last, bint copy,
                            Py_ssize_t B, Py_ssize_t ngroups, int nt):
-    cdef Py_ssize_t Dp, Hp, Wp, DpHpWp, Qn, nblk, nitems, per, gi, c, n, q0, m, row, i
+    cdef Py_ssize_t nitems, per, gi, c, n, q0, m, i
     cdef Py_ssize_t KF = g.K * g.F
     cdef floating s
     cdef floating* buf = NULL
@@ -592,38 +615,24 @@ def _backward_kernel_taps(floating[::1] x, floating[::1] dy, floating[::1] parts
     cdef int nt_sum = cb_threads_for(<double>(ngroups + 1) * KF)
     cdef cb_intr intr
     cb_intr_init(&intr)
-    Dp = g.OD + (g.KD - 1) * g.dd
-    Hp = g.OH + (g.KH - 1) * g.dh
-    Wp = g.OW + (g.KW - 1) * g.dw
-    DpHpWp = Dp * Hp * Wp
-    Qn = ((g.OD - 1) * Hp + g.OH - 1) * Wp + g.OW
-    nblk = (Qn + B - 1) // B
-    nitems = g.N * nblk
+    cdef TapGrid t = _tap_grid(&g, B)
+    nitems = g.N * t.nblk
     per = (nitems + ngroups - 1) // ngroups
     with nogil:
-        if not last:
-            for row in prange(g.N * g.C * Dp * Hp, schedule='static', num_threads=nt):
-                _pad_row_first(&x[0], &xp[0], &g, Dp, Hp, Wp, row)
-            src = &xp[0]
-        elif copy:
-            for row in prange(g.N * Dp * Hp, schedule='static', num_threads=nt):
-                _pad_row(&x[0], &xp[0], &g, Dp, Hp, Wp, row)
-            src = &xp[0]
-        else:
-            src = &x[0]
+        src = _padded_input(&x[0], &xp[0], &g, &t, last, copy, nt)
         with parallel(num_threads=nt):
             buf = &bufs[0] + threadid() * bufstride
             for gi in prange(ngroups, schedule='static'):
                 for c in range(gi * per, min(gi * per + per, nitems)):
                     if cb_intr_poll(&intr):
                         break
-                    n = c // nblk
-                    q0 = (c - n * nblk) * B
-                    m = Qn - q0
+                    n = c // t.nblk
+                    q0 = (c - n * t.nblk) * B
+                    m = t.Qn - q0
                     if m > B:
                         m = B
-                    _bwdk_tap_item(src, &dy[0], &parts[gi * KF], buf, &g, last, Hp, Wp,
-                                   DpHpWp, n, q0, m, c == gi * per)
+                    _bwdk_tap_item(src, &dy[0], &parts[gi * KF], buf, &g, last, t.Hp, t.Wp,
+                                   t.DpHpWp, n, q0, m, c == gi * per)
         for i in prange(KF, schedule='static', num_threads=nt_sum):
             s = parts[i]
             for gi in range(1, ngroups):
