@@ -13,9 +13,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import median_time  # noqa: E402
 from cyback.kernels.ctc import ctc_beam_decode, ctc_greedy_decode, ctc_loss  # noqa: E402
 from cyback.kernels.runtime import get_max_threads  # noqa: E402
+
+from _common import median_time  # noqa: E402
 
 try:
     import torch

@@ -15,9 +15,16 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from _common import (median_time, print_table, reference_blas, sgemm_gflops,  # noqa: E402
-                     try_import_torch, write_json)
 from cyback.kernels.linalg import batch_gemm  # noqa: E402
+
+from _common import (  # noqa: E402
+    median_time,
+    print_table,
+    reference_blas,
+    sgemm_gflops,
+    try_import_torch,
+    write_json,
+)
 
 torch = try_import_torch()
 

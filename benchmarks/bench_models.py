@@ -32,8 +32,8 @@ def main(argv=None):
     p.add_argument("--out", default="models", help="result name under benchmarks/results")
     args = p.parse_args(argv)
 
-    import io
     import contextlib
+    import io
     with contextlib.redirect_stderr(io.StringIO()):
         import keras  # noqa: F401  (prints "Using cyback backend.")
     import cyback

@@ -24,11 +24,11 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import print_table, write_json  # noqa: E402
-
 import cyback as K  # noqa: E402
 from cyback.graph.tensor import acquire_group  # noqa: E402
 from cyback.ops import elementwise as ew  # noqa: E402
+
+from _common import print_table, write_json  # noqa: E402
 
 
 def per_call_us(fn, calls, blocks=9):

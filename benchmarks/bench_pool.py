@@ -17,13 +17,16 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
-from _common import median_time, print_table, try_import_torch, write_json  # noqa: E402
-from cyback.kernels.depthwise import (depthwise_backward_input,  # noqa: E402
-                                      depthwise_backward_kernel, depthwise_forward)
-from cyback.kernels.local import (local_backward_input, local_backward_kernel,  # noqa: E402
-                                  local_forward)
+from cyback.kernels.depthwise import (  # noqa: E402
+    depthwise_backward_input,
+    depthwise_backward_kernel,
+    depthwise_forward,
+)
+from cyback.kernels.local import local_backward_input, local_backward_kernel, local_forward
 from cyback.kernels.pool import pool_backward, pool_forward  # noqa: E402
 from cyback.kernels.runtime import get_max_threads  # noqa: E402
+
+from _common import median_time, print_table, try_import_torch, write_json  # noqa: E402
 
 torch = try_import_torch()
 

@@ -27,12 +27,11 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from _common import (median_time, print_table, reference_blas,  # noqa: E402
-                     try_import_torch, write_json)
-
 import cyback as K  # noqa: E402
-from cyback.ops import scan_cells  # noqa: E402
 from cyback.ops import elementwise as ew  # noqa: E402
+from cyback.ops import scan_cells  # noqa: E402
+
+from _common import median_time, print_table, reference_blas, try_import_torch, write_json
 
 sigmoid = getattr(K, "sigmoid", ew.sigmoid)
 tanh = getattr(K, "tanh", ew.tanh)

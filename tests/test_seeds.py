@@ -6,7 +6,6 @@ import pytest
 
 import cyback as K
 
-
 pytestmark = pytest.mark.usefixtures("fresh_learning_phase")
 
 

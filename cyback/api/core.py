@@ -5,8 +5,15 @@ import numpy as np
 from cyback import config
 from cyback.graph import function as _function
 from cyback.graph.op import pop_after_updates, push_after_updates
-from cyback.graph.tensor import (Constant, Placeholder, Tensor, Variable, as_tensor,
-                                 assign_all, dtype_name)
+from cyback.graph.tensor import (
+    Constant,
+    Placeholder,
+    Tensor,
+    Variable,
+    as_tensor,
+    assign_all,
+    dtype_name,
+)
 from cyback.ops import elementwise as ew
 from cyback.ops import shape as shp
 from cyback.ops import state

@@ -11,8 +11,15 @@ import os
 import numpy as np
 
 from cyback import config
-from cyback.graph.tensor import Constant, Tensor, as_tensor, dtype_name, is_float_dtype, \
-    is_int_dtype, register_list_stacker
+from cyback.graph.tensor import (
+    Constant,
+    Tensor,
+    as_tensor,
+    dtype_name,
+    is_float_dtype,
+    is_int_dtype,
+    register_list_stacker,
+)
 from cyback.ops import elementwise as ew
 from cyback.ops import manip as mp
 from cyback.ops import shape as shp

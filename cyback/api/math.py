@@ -1,8 +1,8 @@
 """Element-wise math, comparisons, reductions and scans of the Keras backend API."""
 import numpy as np
 
-from cyback.graph.tensor import Tensor, as_tensor, is_float_dtype
 from cyback import config
+from cyback.graph.tensor import Tensor, as_tensor, is_float_dtype
 from cyback.ops import elementwise as ew
 from cyback.ops import reduction as red
 from cyback.ops.linalg import batch_dot, dot

@@ -1,10 +1,10 @@
 """Symbolic loops of the Keras backend API: rnn, map_fn, foldl, foldr."""
 from cyback import config
 from cyback.graph.function import leaves_of
-from cyback.ops.scan import build_scan
 from cyback.graph.tensor import Tensor, as_tensor
 from cyback.ops import elementwise as ew
 from cyback.ops import shape as shp
+from cyback.ops.scan import build_scan
 
 __all__ = ["rnn", "map_fn", "foldl", "foldr"]
 

@@ -68,7 +68,9 @@ def parse_args(argv):
 def run(args, stream=sys.stderr):
     """Run the suites named in ``args``; returns the result document (also written to disk)."""
     import numpy as np
+
     import cyback
+
     from . import machine, ops
     from .report import write_report
     from .timing import time_alternated

@@ -29,9 +29,17 @@ from cyback import config
 from cyback.graph import optimize
 from cyback.graph import tensor as tensor_mod
 from cyback.graph.frozen import Frozen
-from cyback.graph.tensor import (Constant, Placeholder, Tensor, Variable, acquire_group,
-                                 as_tensor, assign_all, integer_problem,
-                                 join_groups)
+from cyback.graph.tensor import (
+    Constant,
+    Placeholder,
+    Tensor,
+    Variable,
+    acquire_group,
+    as_tensor,
+    assign_all,
+    integer_problem,
+    join_groups,
+)
 
 
 class Assign(object):

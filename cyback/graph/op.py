@@ -40,7 +40,7 @@ same way). Plans (``graph/function.py``, ``graph/optimize.py``):
   the run-time arrays do not suit it; the step then runs its program). Conv
   and depthwise; TensorDot takes a bias alone, as its GEMM's initial value.
 
-Loops (``ops/scan.py``):
+Loops (``ops/scan.py``: ``scan_trace``, ``scan_program``, ``scan_backward``):
 
 - ``time_mapped(inputs, variant)``: the op computing this one for all steps
   at once on time-major stacks of its ``variant`` inputs, or None (hoisting
@@ -66,7 +66,6 @@ op is computed at once and its outputs are Constants (eager folding).
 import numpy as np
 
 from cyback.graph.tensor import Constant, Node, Tensor, as_tensor, np_dtype_name
-
 
 #: Stack of {variable: assign tensor} maps, one per active
 #: ``control_dependencies`` block: inside it, ops read a variable's value after

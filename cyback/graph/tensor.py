@@ -81,8 +81,6 @@ class Tensor(object):
     __array_priority__ = 100
     __array_ufunc__ = None
 
-    is_leaf = False
-
     def __init__(self, node, index, shape, dtype, name=None):
         self.node = node
         self.index = index
@@ -151,8 +149,6 @@ class _StaticShape(tuple):
 class Constant(Tensor):
     """A fixed value known when the graph is built."""
 
-    is_leaf = True
-
     def __init__(self, value, name=None):
         value = np.asarray(value)
         value.setflags(write=False)
@@ -166,8 +162,6 @@ class Placeholder(Tensor):
     ``default``: used when the placeholder is not fed (the learning phase).
     ``sparse``: fed with a scipy.sparse matrix (or a dense array), kept as CSR.
     """
-
-    is_leaf = True
 
     def __init__(self, shape, dtype, name=None, sparse=False, default=None):
         super().__init__(None, 0, shape, dtype, name)
@@ -191,8 +185,6 @@ class Variable(Tensor):
     new version with an old value. ``_group`` is the variable's lock group
     (see ``LockGroup``).
     """
-
-    is_leaf = True
 
     def __init__(self, value, dtype, name=None, constraint=None):
         value = np.array(value, dtype=dtype, copy=True)

@@ -17,11 +17,20 @@ hundreds of MB on ordinary ResNet shapes. Block sizes and the order of every
 sum are fixed by the shapes alone, never by the thread count, so results are
 bit-identical for any number of threads.
 
-Special cases: 1x1, stride-1, unpadded convolutions skip im2col (the input
-rows are the patches); a stride-1 input gradient is a forward convolution with
-the flipped kernel (no scatter-add); otherwise the input gradient is GEMM +
-col2im over slabs of output rows that never touch the same input element at
-the same time.
+Special cases, chosen per geometry by the Python entries below:
+
+- direct (channels_last forward, few input channels and short patches): the
+  register-tiled kernel of include/cyback_conv_direct.h reads the input in
+  place and applies the bias / residual / relu epilogue itself (_use_direct);
+- pointwise (1x1, stride-1, unpadded): no im2col, the input rows are the
+  patches;
+- stride-1 taps (forward and kernel gradient, C >= 32): with stride 1 each
+  kernel tap reads a zero-padded copy of the input at a constant offset, so
+  one K = C GEMM per tap runs straight on its rows and no patch matrix is
+  built (_tap_rows, _fwd_tap_item);
+- a stride-1 input gradient is a forward convolution with the flipped kernel
+  (no scatter-add); otherwise the input gradient is GEMM + col2im over slabs
+  of output rows that never touch the same input element at the same time.
 """
 import numpy as np
 cimport cython
@@ -99,6 +108,14 @@ cdef inline Py_ssize_t _valid_hi(Py_ssize_t o1, Py_ssize_t b, Py_ssize_t s,
     return hi if hi < o1 else o1
 
 
+cdef inline void _position(const Geom* g, Py_ssize_t p, Py_ssize_t* od, Py_ssize_t* oh,
+                           Py_ssize_t* ow) noexcept nogil:
+    # Output position p of a sample as (od, oh, ow).
+    ow[0] = p % g.OW
+    oh[0] = (p // g.OW) % g.OH
+    od[0] = p // (g.OW * g.OH)
+
+
 cdef void _im2col_last(const floating* x, floating* cols, const Geom* g,
                        Py_ssize_t r0, Py_ssize_t nr) noexcept nogil:
     """cols[r, :] = the patch of output row r0 + r (rows run over N * P)."""
@@ -111,9 +128,7 @@ cdef void _im2col_last(const floating* x, floating* cols, const Geom* g,
         q = r0 + r
         n = q // g.P
         p = q - n * g.P
-        ow = p % g.OW
-        oh = (p // g.OW) % g.OH
-        od = p // (g.OW * g.OH)
+        _position(g, p, &od, &oh, &ow)
         dst = cols + r * g.K
         iw0 = ow * g.sw - g.pw
         for kd in range(g.KD):
@@ -152,9 +167,7 @@ cdef void _col2im_last(const floating* cols, floating* dx, const Geom* g,
         q = r0 + r
         n = q // g.P
         p = q - n * g.P
-        ow = p % g.OW
-        oh = (p // g.OW) % g.OH
-        od = p // (g.OW * g.OH)
+        _position(g, p, &od, &oh, &ow)
         src = cols + r * g.K
         iw0 = ow * g.sw - g.pw
         for kd in range(g.KD):
@@ -194,10 +207,8 @@ cdef void _im2col_first(const floating* x, floating* cols, const Geom* g,
     p = p0
     while p < p0 + npos:
         j = p - p0
-        ow0 = p % g.OW
-        oh = (p // g.OW) % g.OH
-        od = p // (g.OW * g.OH)
-        seg = g.OW - ow0
+        _position(g, p, &od, &oh, &ow0)
+        seg = g.OW - ow0            # the rest of this output row, within the block
         if seg > p0 + npos - p:
             seg = p0 + npos - p
         ow1 = ow0 + seg
@@ -241,10 +252,8 @@ cdef void _col2im_first(const floating* cols, floating* dx, const Geom* g,
     p = p0
     while p < p0 + npos:
         j = p - p0
-        ow0 = p % g.OW
-        oh = (p // g.OW) % g.OH
-        od = p // (g.OW * g.OH)
-        seg = g.OW - ow0
+        _position(g, p, &od, &oh, &ow0)
+        seg = g.OW - ow0            # the rest of this output row, within the block
         if seg > p0 + npos - p:
             seg = p0 + npos - p
         ow1 = ow0 + seg
@@ -363,13 +372,12 @@ cdef void _bwdk_group(const floating* x, const floating* dy, floating* part, flo
 
 # ---------------------------------------------------------------- stride-1 taps
 
-cdef void _pad_row(const floating* x, floating* xp, const Geom* g, bint last,
-                   Py_ssize_t Dp, Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t row) noexcept nogil:
-    """Row `row` (over N * Dp * Hp) of the zero-padded channels_last copy of x."""
-    cdef Py_ssize_t n, r, i_d, ih, c, iw, C = g.C
-    cdef Py_ssize_t DHW = g.D * g.H * g.W
+cdef void _pad_row(const floating* x, floating* xp, const Geom* g, Py_ssize_t Dp,
+                   Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t row) noexcept nogil:
+    """Row `row` (over N * Dp * Hp) of the zero-padded channels_last copy of
+    channels_last x (channels_first x is padded by _pad_row_first)."""
+    cdef Py_ssize_t n, r, i_d, ih, C = g.C
     cdef floating* dst = xp + row * Wp * C
-    cdef const floating* src
     n = row // (Dp * Hp)
     r = row - n * Dp * Hp
     i_d = r // Hp - g.pd
@@ -381,21 +389,37 @@ cdef void _pad_row(const floating* x, floating* xp, const Geom* g, bint last,
         memset(dst, 0, g.pw * C * sizeof(floating))
     if Wp - g.pw - g.W > 0:
         memset(dst + (g.pw + g.W) * C, 0, (Wp - g.pw - g.W) * C * sizeof(floating))
-    dst += g.pw * C
-    if last:
-        memcpy(dst, x + ((n * g.D + i_d) * g.H + ih) * g.W * C, g.W * C * sizeof(floating))
+    memcpy(dst + g.pw * C, x + ((n * g.D + i_d) * g.H + ih) * g.W * C,
+           g.W * C * sizeof(floating))
+
+
+cdef inline Py_ssize_t _grid_run(const Geom* g, Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t q,
+                                 Py_ssize_t q1, Py_ssize_t* p) noexcept nogil:
+    """The run of grid rows from q (before q1) of the padded (Dp, Hp, Wp)
+    grid that the stride-1 tap GEMMs compute: its length, and in p the output
+    position of its first row, or -1 when the run lies on the grid's margin
+    (rows that are no output)."""
+    cdef Py_ssize_t HpWp = Hp * Wp, od, r, oh, ow, seg
+    od = q // HpWp
+    r = q - od * HpWp
+    oh = r // Wp
+    ow = r - oh * Wp
+    p[0] = -1
+    if oh >= g.OH:
+        seg = (od + 1) * HpWp - q           # the rest of this depth slice
+    elif ow >= g.OW:
+        seg = Wp - ow                       # the rest of this row
     else:
-        src = x + n * C * DHW + (i_d * g.H + ih) * g.W
-        for c in range(C):
-            for iw in range(g.W):
-                dst[iw * C + c] = src[c * DHW + iw]
+        seg = g.OW - ow
+        p[0] = (od * g.OH + oh) * g.OW + ow
+    return seg if seg < q1 - q else q1 - q
 
 
 cdef void _fwd_tap_item(const floating* xp, const floating* w, floating* y, floating* tmp,
-                        const Geom* g, bint last, Py_ssize_t Hp, Py_ssize_t Wp,
-                        Py_ssize_t DpHpWp, Py_ssize_t n, Py_ssize_t q0,
-                        Py_ssize_t m) noexcept nogil:
-    """Output rows q0..q0+m of sample n on the padded grid (Dp, Hp, Wp).
+                        const Geom* g, Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t DpHpWp,
+                        Py_ssize_t n, Py_ssize_t q0, Py_ssize_t m) noexcept nogil:
+    """Output rows q0..q0+m of sample n on the padded grid (Dp, Hp, Wp),
+    channels_last (channels_first: _fwd_tap_item_first).
 
     With stride 1, kernel tap t reads the padded input at a constant offset
     from the output position, so the rows of that tap's GEMM operand are
@@ -404,11 +428,9 @@ cdef void _fwd_tap_item(const floating* xp, const floating* w, floating* y, floa
     that are real outputs (not on the padding margin of the grid) go to y.
     """
     cdef Py_ssize_t C = g.C, F = g.F, HpWp = Hp * Wp
-    cdef Py_ssize_t kd, kh, kw, t = 0, q, q1 = q0 + m, od, oh, ow, r, seg, p, f, j
+    cdef Py_ssize_t kd, kh, kw, t = 0, q, q1 = q0 + m, seg, p
     cdef const floating* base = xp + (n * DpHpWp + q0) * C
     cdef const floating* a
-    cdef floating* dst
-    cdef floating* src
     for kd in range(g.KD):
         for kh in range(g.KH):
             for kw in range(g.KW):
@@ -418,28 +440,9 @@ cdef void _fwd_tap_item(const floating* xp, const floating* w, floating* y, floa
                 t += 1
     q = q0
     while q < q1:
-        od = q // HpWp
-        r = q - od * HpWp
-        oh = r // Wp
-        ow = r - oh * Wp
-        if oh >= g.OH:
-            q = (od + 1) * HpWp
-            continue
-        if ow >= g.OW:
-            q = od * HpWp + (oh + 1) * Wp
-            continue
-        seg = g.OW - ow
-        if seg > q1 - q:
-            seg = q1 - q
-        p = (od * g.OH + oh) * g.OW + ow
-        src = tmp + (q - q0) * F
-        if last:
-            memcpy(y + (n * g.P + p) * F, src, seg * F * sizeof(floating))
-        else:
-            dst = y + n * F * g.P + p
-            for f in range(F):
-                for j in range(seg):
-                    dst[f * g.P + j] = src[j * F + f]
+        seg = _grid_run(g, Hp, Wp, q, q1, &p)
+        if p >= 0:
+            memcpy(y + (n * g.P + p) * F, tmp + (q - q0) * F, seg * F * sizeof(floating))
         q += seg
 
 
@@ -473,7 +476,7 @@ cdef void _fwd_tap_item_first(const floating* xp, const floating* w, floating* y
     product instead, copied into y by rows, was 13% slower: OpenBLAS's small
     NT kernel is slower with that operand order.)"""
     cdef Py_ssize_t C = g.C, F = g.F, HpWp = Hp * Wp
-    cdef Py_ssize_t kd, kh, kw, t = 0, q, q1 = q0 + m, od, oh, ow, r, seg, p, f, j
+    cdef Py_ssize_t kd, kh, kw, t = 0, q, q1 = q0 + m, seg, p, f, j
     cdef const floating* base = xp + n * C * DpHpWp + q0
     for kd in range(g.KD):
         for kh in range(g.KH):
@@ -484,64 +487,77 @@ cdef void _fwd_tap_item_first(const floating* xp, const floating* w, floating* y
                 t += 1
     q = q0
     while q < q1:
-        od = q // HpWp
-        r = q - od * HpWp
-        oh = r // Wp
-        ow = r - oh * Wp
-        if oh >= g.OH:
-            q = (od + 1) * HpWp
-            continue
-        if ow >= g.OW:
-            q = od * HpWp + (oh + 1) * Wp
-            continue
-        seg = g.OW - ow
-        if seg > q1 - q:
-            seg = q1 - q
-        p = (od * g.OH + oh) * g.OW + ow
-        for f in range(F):
-            for j in range(seg):
-                y[(n * F + f) * g.P + p + j] = tmp[(q - q0 + j) * F + f]
+        seg = _grid_run(g, Hp, Wp, q, q1, &p)
+        if p >= 0:
+            for f in range(F):
+                for j in range(seg):
+                    y[(n * F + f) * g.P + p + j] = tmp[(q - q0 + j) * F + f]
         q += seg
 
 
-cdef void _forward_taps(floating[::1] x, floating[::1] w, floating[::1] y, floating[::1] xp,
-                        floating[::1] bufs, Py_ssize_t bufstride, Geom g, bint last,
-                        bint copy, Py_ssize_t B, int nt,
-        cb_intr* intr) noexcept:
-    cdef Py_ssize_t Dp, Hp, Wp, DpHpWp, Qn, nblk, it, n, q0, m, row
+cdef struct TapGrid:
+    # The grid the stride-1 tap GEMMs run on: the input padded to (Dp, Hp, Wp)
+    # so that every tap reads it at a constant offset from the output position;
+    # Qn grid rows per sample (up to its last output) in blocks of B, nblk
+    # blocks.
+    Py_ssize_t Dp, Hp, Wp, DpHpWp, Qn, nblk
+
+
+cdef inline TapGrid _tap_grid(const Geom* g, Py_ssize_t B) noexcept nogil:
+    cdef TapGrid t
+    t.Dp = g.OD + (g.KD - 1) * g.dd
+    t.Hp = g.OH + (g.KH - 1) * g.dh
+    t.Wp = g.OW + (g.KW - 1) * g.dw
+    t.DpHpWp = t.Dp * t.Hp * t.Wp
+    t.Qn = ((g.OD - 1) * t.Hp + g.OH - 1) * t.Wp + g.OW
+    t.nblk = (t.Qn + B - 1) // B
+    return t
+
+
+cdef const floating* _padded_input(const floating* x, floating* xp, const Geom* g,
+                                   const TapGrid* t, bint last, bint copy,
+                                   int nt) noexcept nogil:
+    """x on the tap grid: the padded copy xp, filled on nt threads (always for
+    channels_first, for channels_last when there is padding), else x."""
+    cdef Py_ssize_t row
+    if not last:
+        for row in prange(g.N * g.C * t.Dp * t.Hp, schedule='static', num_threads=nt):
+            _pad_row_first(x, xp, g, t.Dp, t.Hp, t.Wp, row)
+        return xp
+    if copy:
+        for row in prange(g.N * t.Dp * t.Hp, schedule='static', num_threads=nt):
+            _pad_row(x, xp, g, t.Dp, t.Hp, t.Wp, row)
+        return xp
+    return x
+
+
+def _forward_taps(floating[::1] x, floating[::1] w, floating[::1] y, floating[::1] xp,
+                   floating[::1] bufs, Py_ssize_t bufstride, Geom g, bint last,
+                   bint copy, Py_ssize_t B, int nt):
+    cdef Py_ssize_t it, n, q0, m
     cdef floating* buf = NULL
     cdef const floating* src
-    Dp = g.OD + (g.KD - 1) * g.dd
-    Hp = g.OH + (g.KH - 1) * g.dh
-    Wp = g.OW + (g.KW - 1) * g.dw
-    DpHpWp = Dp * Hp * Wp
-    Qn = ((g.OD - 1) * Hp + g.OH - 1) * Wp + g.OW
-    nblk = (Qn + B - 1) // B
+    cdef cb_intr intr
+    cb_intr_init(&intr)
+    cdef TapGrid t = _tap_grid(&g, B)
     with nogil:
-        if not last:
-            for row in prange(g.N * g.C * Dp * Hp, schedule='static', num_threads=nt):
-                _pad_row_first(&x[0], &xp[0], &g, Dp, Hp, Wp, row)
-            src = &xp[0]
-        elif copy:
-            for row in prange(g.N * Dp * Hp, schedule='static', num_threads=nt):
-                _pad_row(&x[0], &xp[0], &g, last, Dp, Hp, Wp, row)
-            src = &xp[0]
-        else:
-            src = &x[0]
+        src = _padded_input(&x[0], &xp[0], &g, &t, last, copy, nt)
         with parallel(num_threads=nt):
             buf = &bufs[0] + threadid() * bufstride
-            for it in prange(g.N * nblk, schedule='static'):
-                if cb_intr_poll(intr):
+            for it in prange(g.N * t.nblk, schedule='static'):
+                if cb_intr_poll(&intr):
                     continue
-                n = it // nblk
-                q0 = (it - n * nblk) * B
-                m = Qn - q0
+                n = it // t.nblk
+                q0 = (it - n * t.nblk) * B
+                m = t.Qn - q0
                 if m > B:
                     m = B
                 if last:
-                    _fwd_tap_item(src, &w[0], &y[0], buf, &g, last, Hp, Wp, DpHpWp, n, q0, m)
+                    _fwd_tap_item(src, &w[0], &y[0], buf, &g, t.Hp, t.Wp, t.DpHpWp, n, q0, m)
                 else:
-                    _fwd_tap_item_first(src, &w[0], &y[0], buf, &g, Hp, Wp, DpHpWp, n, q0, m)
+                    _fwd_tap_item_first(src, &w[0], &y[0], buf, &g, t.Hp, t.Wp, t.DpHpWp, n,
+                                        q0, m)
+    check_interrupt(&intr)
 
 
 cdef void _bwdk_tap_item(const floating* xp, const floating* dy, floating* part,
@@ -552,7 +568,7 @@ cdef void _bwdk_tap_item(const floating* xp, const floating* dy, floating* part,
     rows q0..q0+m of sample n on the padded grid; dy is laid out on that grid
     in dyt first, with zero rows on its margin."""
     cdef Py_ssize_t C = g.C, F = g.F, HpWp = Hp * Wp
-    cdef Py_ssize_t kd, kh, kw, t = 0, q, q1 = q0 + m, od, oh, ow, r, seg, p, f, j
+    cdef Py_ssize_t kd, kh, kw, t = 0, q, q1 = q0 + m, seg, p, f, j
     cdef const floating* base = xp + (n * DpHpWp + q0) * C
     cdef const floating* src
     cdef floating* dst
@@ -560,28 +576,11 @@ cdef void _bwdk_tap_item(const floating* xp, const floating* dy, floating* part,
         base = xp + n * C * DpHpWp + q0
     q = q0
     while q < q1:
-        od = q // HpWp
-        r = q - od * HpWp
-        oh = r // Wp
-        ow = r - oh * Wp
+        seg = _grid_run(g, Hp, Wp, q, q1, &p)
         dst = dyt + (q - q0) * F
-        if oh >= g.OH:
-            seg = (od + 1) * HpWp - q
-        elif ow >= g.OW:
-            seg = Wp - ow
-        else:
-            seg = 0
-        if seg > 0:
-            if seg > q1 - q:
-                seg = q1 - q
+        if p < 0:
             memset(dst, 0, seg * F * sizeof(floating))
-            q += seg
-            continue
-        seg = g.OW - ow
-        if seg > q1 - q:
-            seg = q1 - q
-        p = (od * g.OH + oh) * g.OW + ow
-        if last:
+        elif last:
             memcpy(dst, dy + (n * g.P + p) * F, seg * F * sizeof(floating))
         else:
             src = dy + n * F * g.P + p
@@ -604,64 +603,53 @@ cdef void _bwdk_tap_item(const floating* xp, const floating* dy, floating* part,
                 t += 1
 
 
-cdef void _backward_kernel_taps(floating[::1] x, floating[::1] dy, floating[::1] parts,
-                                floating[::1] dw, floating[::1] xp, floating[::1] bufs,
-                                Py_ssize_t bufstride, Geom g, bint last, bint copy,
-                                Py_ssize_t B, Py_ssize_t ngroups, int nt,
-        cb_intr* intr) noexcept:
-    cdef Py_ssize_t Dp, Hp, Wp, DpHpWp, Qn, nblk, nitems, per, gi, c, n, q0, m, row, i
+def _backward_kernel_taps(floating[::1] x, floating[::1] dy, floating[::1] parts,
+                           floating[::1] dw, floating[::1] xp, floating[::1] bufs,
+                           Py_ssize_t bufstride, Geom g, bint last, bint copy,
+                           Py_ssize_t B, Py_ssize_t ngroups, int nt):
+    cdef Py_ssize_t nitems, per, gi, c, n, q0, m, i
     cdef Py_ssize_t KF = g.K * g.F
     cdef floating s
     cdef floating* buf = NULL
     cdef const floating* src
     cdef int nt_sum = cb_threads_for(<double>(ngroups + 1) * KF)
-    Dp = g.OD + (g.KD - 1) * g.dd
-    Hp = g.OH + (g.KH - 1) * g.dh
-    Wp = g.OW + (g.KW - 1) * g.dw
-    DpHpWp = Dp * Hp * Wp
-    Qn = ((g.OD - 1) * Hp + g.OH - 1) * Wp + g.OW
-    nblk = (Qn + B - 1) // B
-    nitems = g.N * nblk
+    cdef cb_intr intr
+    cb_intr_init(&intr)
+    cdef TapGrid t = _tap_grid(&g, B)
+    nitems = g.N * t.nblk
     per = (nitems + ngroups - 1) // ngroups
     with nogil:
-        if not last:
-            for row in prange(g.N * g.C * Dp * Hp, schedule='static', num_threads=nt):
-                _pad_row_first(&x[0], &xp[0], &g, Dp, Hp, Wp, row)
-            src = &xp[0]
-        elif copy:
-            for row in prange(g.N * Dp * Hp, schedule='static', num_threads=nt):
-                _pad_row(&x[0], &xp[0], &g, last, Dp, Hp, Wp, row)
-            src = &xp[0]
-        else:
-            src = &x[0]
+        src = _padded_input(&x[0], &xp[0], &g, &t, last, copy, nt)
         with parallel(num_threads=nt):
             buf = &bufs[0] + threadid() * bufstride
             for gi in prange(ngroups, schedule='static'):
                 for c in range(gi * per, min(gi * per + per, nitems)):
-                    if cb_intr_poll(intr):
+                    if cb_intr_poll(&intr):
                         break
-                    n = c // nblk
-                    q0 = (c - n * nblk) * B
-                    m = Qn - q0
+                    n = c // t.nblk
+                    q0 = (c - n * t.nblk) * B
+                    m = t.Qn - q0
                     if m > B:
                         m = B
-                    _bwdk_tap_item(src, &dy[0], &parts[gi * KF], buf, &g, last, Hp, Wp,
-                                   DpHpWp, n, q0, m, c == gi * per)
+                    _bwdk_tap_item(src, &dy[0], &parts[gi * KF], buf, &g, last, t.Hp, t.Wp,
+                                   t.DpHpWp, n, q0, m, c == gi * per)
         for i in prange(KF, schedule='static', num_threads=nt_sum):
             s = parts[i]
             for gi in range(1, ngroups):
                 s = s + parts[gi * KF + i]
             dw[i] = s
+    check_interrupt(&intr)
 
 
 # ---------------------------------------------------------------- drivers
 
-cdef void _forward(floating[::1] x, floating[::1] w, floating[::1] y, floating[::1] bufs,
-                   Py_ssize_t bufstride, Geom g, bint last, bint direct,
-                   Py_ssize_t B, int nt,
-        cb_intr* intr) noexcept:
+def _forward(floating[::1] x, floating[::1] w, floating[::1] y, floating[::1] bufs,
+              Py_ssize_t bufstride, Geom g, bint last, bint direct,
+              Py_ssize_t B, int nt):
     cdef Py_ssize_t nitems, it, nblk = 1, r0, m, n, p0
     cdef floating* buf = NULL
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     # The caller holds the GIL (it passes memoryviews); release it for the work.
     with nogil:
         if last:
@@ -672,7 +660,7 @@ cdef void _forward(floating[::1] x, floating[::1] w, floating[::1] y, floating[:
         with parallel(num_threads=nt):
             buf = &bufs[0] + threadid() * bufstride
             for it in prange(nitems, schedule='static'):
-                if cb_intr_poll(intr):
+                if cb_intr_poll(&intr):
                     continue
                 if last:
                     r0 = it * B
@@ -696,13 +684,13 @@ cdef void _forward(floating[::1] x, floating[::1] w, floating[::1] y, floating[:
                              &y[(n * g.F) * g.P + p0], <int>g.P)
                     else:
                         _fwd_first_item(&x[0], &w[0], &y[0], buf, &g, n, p0, m)
+    check_interrupt(&intr)
 
 
-cdef void _backward_input(floating[::1] dy, floating[::1] w, floating[::1] dx,
-                          floating[::1] bufs, Py_ssize_t bufstride, Geom g, bint last,
-                          Py_ssize_t B, Py_ssize_t T, Py_ssize_t axis_len,
-                          Py_ssize_t inner, int nt,
-        cb_intr* intr) noexcept:
+def _backward_input(floating[::1] dy, floating[::1] w, floating[::1] dx,
+                     floating[::1] bufs, Py_ssize_t bufstride, Geom g, bint last,
+                     Py_ssize_t B, Py_ssize_t T, Py_ssize_t axis_len,
+                     Py_ssize_t inner, int nt):
     """Slabs of T positions along the outermost non-trivial output axis.
 
     T is large enough that the input footprints of slabs j and j + 2 never
@@ -712,6 +700,8 @@ cdef void _backward_input(floating[::1] dy, floating[::1] w, floating[::1] dx,
     """
     cdef Py_ssize_t nslab = (axis_len + T - 1) // T, phase, cnt, it, n, j, p0, p1
     cdef floating* buf = NULL
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     # The caller holds the GIL (it passes memoryviews); release it for the work.
     with nogil:
         for phase in range(2):
@@ -721,7 +711,7 @@ cdef void _backward_input(floating[::1] dy, floating[::1] w, floating[::1] dx,
             with parallel(num_threads=nt):
                 buf = &bufs[0] + threadid() * bufstride
                 for it in prange(g.N * cnt, schedule='static'):
-                    if cb_intr_poll(intr):
+                    if cb_intr_poll(&intr):
                         continue
                     n = it // cnt
                     j = 2 * (it - n * cnt) + phase
@@ -731,18 +721,20 @@ cdef void _backward_input(floating[::1] dy, floating[::1] w, floating[::1] dx,
                         p1 = axis_len
                     p1 = p1 * inner
                     _bwdx_item(&dy[0], &w[0], &dx[0], buf, &g, last, n, p0, p1, B)
+    check_interrupt(&intr)
 
 
-cdef void _backward_kernel(floating[::1] x, floating[::1] dy, floating[::1] parts,
-                           floating[::1] dw, floating[::1] bufs, Py_ssize_t bufstride,
-                           Geom g, bint last, bint direct, Py_ssize_t B,
-                           Py_ssize_t ngroups, int nt,
-        cb_intr* intr) noexcept:
+def _backward_kernel(floating[::1] x, floating[::1] dy, floating[::1] parts,
+                      floating[::1] dw, floating[::1] bufs, Py_ssize_t bufstride,
+                      Geom g, bint last, bint direct, Py_ssize_t B,
+                      Py_ssize_t ngroups, int nt):
     cdef Py_ssize_t nblk = 1, nitems, per, gi, c0, c1, i, KF = g.K * g.F
     cdef floating s
     cdef floating* buf = NULL
     # The partial sums: ngroups * KF elements read, KF written.
     cdef int nt_sum = cb_threads_for(<double>(ngroups + 1) * KF)
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     # The caller holds the GIL (it passes memoryviews); release it for the work.
     with nogil:
         if last:
@@ -759,12 +751,13 @@ cdef void _backward_kernel(floating[::1] x, floating[::1] dy, floating[::1] part
                 if c1 > nitems:
                     c1 = nitems
                 _bwdk_group(&x[0], &dy[0], &parts[gi * KF], buf, &g, last, direct, c0, c1, B,
-                            nblk, intr)
+                            nblk, &intr)
         for i in prange(KF, schedule='static', num_threads=nt_sum):
             s = parts[i]
             for gi in range(1, ngroups):
                 s = s + parts[gi * KF + i]
             dw[i] = s
+    check_interrupt(&intr)
 
 
 # ---------------------------------------------------------------- Python entries
@@ -881,25 +874,28 @@ cdef _DirectGeom _direct_geom(g, Py_ssize_t FB):
 
 
 def _run_direct(x, kernel, y, g, bias, residual, int act, int nt):
-    cdef cb_intr intr
-    cb_intr_init(&intr)
     cdef bint dbl = x.dtype == np.float64
     cdef _DirectGeom d = _direct_geom(g, cb_cd_block(dbl))
     wp = np.empty(d.wp_size, dtype=x.dtype)
     has_bias = bias is not None
     bp = np.empty(d.bp_size if has_bias else 1, dtype=x.dtype)
-    bias = bias if has_bias else bp
     has_res = residual is not None
-    res = _flat(residual) if has_res else bp
-    xp = np.empty(d.xp_size, dtype=x.dtype) if d.copy else bp
-    if dbl:
-        _pack_direct[double](_flat(kernel), bias, has_bias, wp, bp, &d.g)
-        _forward_direct[double](_flat(x), xp, d.copy, wp, bp, has_bias, res, has_res, act,
-                                _flat(y), d.g, nt, &intr)
-    else:
-        _pack_direct[float](_flat(kernel), bias, has_bias, wp, bp, &d.g)
-        _forward_direct[float](_flat(x), xp, d.copy, wp, bp, has_bias, res, has_res, act,
-                               _flat(y), d.g, nt, &intr)
+    _direct(d, _flat(x), np.empty(d.xp_size, dtype=x.dtype) if d.copy else bp, _flat(kernel),
+            bias if has_bias else bp, has_bias, wp, bp, _flat(residual) if has_res else bp,
+            has_res, act, _flat(y), nt)
+
+
+def _direct(_DirectGeom d, floating[::1] x, floating[::1] xp, floating[::1] k,
+            floating[::1] bias, bint has_bias, floating[::1] wp, floating[::1] bp,
+            floating[::1] res, bint has_res, int act, floating[::1] y, int nt):
+    """The kernel and bias packed into wp and bp, then the direct forward
+    convolution (typed with the fused float type: Cython picks the float or
+    double specialisation from the arrays)."""
+    cdef cb_intr intr
+    cb_intr_init(&intr)
+    _pack_direct[floating](k, bias, has_bias, wp, bp, &d.g)
+    _forward_direct[floating](x, xp, d.copy, wp, bp, has_bias, res, has_res, act, y, d.g, nt,
+                              &intr)
     check_interrupt(&intr)
 
 
@@ -1174,8 +1170,8 @@ def _epilogue(y, bias, residual, int act, bint channels_last):
             np.minimum(y, 6, out=y)
 
 
-cdef void _gemm_rows(floating[::1] x, floating[::1] w, floating[::1] y, Py_ssize_t m,
-                     Py_ssize_t k, Py_ssize_t n) noexcept:
+def _gemm_rows(floating[::1] x, floating[::1] w, floating[::1] y, Py_ssize_t m, Py_ssize_t k,
+               Py_ssize_t n):
     # y (m, n) = x (m, k) @ w (k, n), one GEMM on BLAS's own threads.
     with nogil:
         gemm(False, False, <int>m, <int>n, <int>k, <floating>1, &x[0], <int>k, &w[0], <int>n,
@@ -1188,9 +1184,6 @@ def _run_forward(x, kernel, y, g, bint last, bint pointwise, bias=None, residual
                  int act=0):
     """y = conv(x, kernel); True when the epilogue (bias, residual,
     activation) went in too."""
-    cdef Geom geo = g
-    cdef cb_intr intr
-    cb_intr_init(&intr)
     nt, limit = _threads(g)
     if _use_direct(g, last, x.dtype == np.float64):
         _run_direct(x, kernel, y, g, bias, residual, act, nt)
@@ -1203,12 +1196,7 @@ def _run_forward(x, kernel, y, g, bint last, bint pointwise, bias=None, residual
         # count), and one BLAS call cannot be interrupted. The default runs
         # the same view as fixed blocks of rows, one GEMM each, on OpenMP.
         with blas_threads(nt):
-            if x.dtype == np.float32:
-                _gemm_rows[float](_flat(x), _flat(kernel), _flat(y), g["N"] * g["P"], g["C"],
-                                  g["F"])
-            else:
-                _gemm_rows[double](_flat(x), _flat(kernel), _flat(y), g["N"] * g["P"], g["C"],
-                                   g["F"])
+            _gemm_rows(_flat(x), _flat(kernel), _flat(y), g["N"] * g["P"], g["C"], g["F"])
         return False
     B = _tap_rows(g, pointwise, last)
     if B > 0:
@@ -1216,24 +1204,13 @@ def _run_forward(x, kernel, y, g, bint last, bint pointwise, bias=None, residual
         bufs = np.empty(max(1, nt) * stride, dtype=x.dtype)
         xp, copy = _padded_buffer(g, last, x.dtype, bufs)
         with limit:
-            if x.dtype == np.float32:
-                _forward_taps[float](_flat(x), _flat(kernel), _flat(y), xp, bufs, stride, geo,
-                                     last, copy, B, nt, &intr)
-            else:
-                _forward_taps[double](_flat(x), _flat(kernel), _flat(y), xp, bufs, stride, geo,
-                                      last, copy, B, nt, &intr)
-            check_interrupt(&intr)
+            _forward_taps(_flat(x), _flat(kernel), _flat(y), xp, bufs, stride, g, last, copy, B,
+                          nt)
         return False
     B = _block_rows(g, x.itemsize)
     bufs, stride = _work_bufs(g, 1 if pointwise else B, x.dtype, nt)
     with limit:
-        if x.dtype == np.float32:
-            _forward[float](_flat(x), _flat(kernel), _flat(y), bufs, stride, geo, last,
-                            pointwise, B, nt, &intr)
-        else:
-            _forward[double](_flat(x), _flat(kernel), _flat(y), bufs, stride, geo, last,
-                             pointwise, B, nt, &intr)
-        check_interrupt(&intr)
+        _forward(_flat(x), _flat(kernel), _flat(y), bufs, stride, g, last, pointwise, B, nt)
     return False
 
 
@@ -1282,10 +1259,7 @@ def conv_backward_input(dy, kernel, x_shape, strides, dilation, pads, channels_l
         return dx.astype(dt, copy=False)
     dy = np.ascontiguousarray(dy, dtype=cdt)
     kernel = np.ascontiguousarray(kernel, dtype=cdt)
-    cdef Geom geo = g
     cdef bint last = channels_last
-    cdef cb_intr intr
-    cb_intr_init(&intr)
     dx = np.zeros(x_shape, dtype=cdt)
     # Slab axis: the outermost output axis longer than 1 (the ones before it
     # are 1, so a slab is a contiguous range of output positions).
@@ -1305,13 +1279,8 @@ def conv_backward_input(dy, kernel, x_shape, strides, dilation, pads, channels_l
     nt, limit = _threads(g)
     bufs, stride = _work_bufs(g, B, cdt, nt)
     with limit:
-        if cdt == np.float32:
-            _backward_input[float](_flat(dy), _flat(kernel), _flat(dx), bufs, stride, geo,
-                                   last, B, T, outs[a], inner, nt, &intr)
-        else:
-            _backward_input[double](_flat(dy), _flat(kernel), _flat(dx), bufs, stride, geo,
-                                    last, B, T, outs[a], inner, nt, &intr)
-        check_interrupt(&intr)
+        _backward_input(_flat(dy), _flat(kernel), _flat(dx), bufs, stride, g, last, B, T, outs[a],
+                        inner, nt)
     return dx.astype(dt, copy=False)
 
 
@@ -1346,10 +1315,7 @@ def conv_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, channels_
     x = np.ascontiguousarray(x, dtype=cdt)
     dy = np.ascontiguousarray(dy, dtype=cdt)
     dw = np.empty(kernel_shape, dtype=cdt)
-    cdef Geom geo = g
     cdef bint last = channels_last
-    cdef cb_intr intr
-    cb_intr_init(&intr)
     # A pointwise kernel gradient is one GEMM with a very long inner dimension,
     # which OpenBLAS does not split across threads; it goes through the
     # grouped path below with the input rows standing in for the patches.
@@ -1371,13 +1337,8 @@ def conv_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, channels_
         bufs = np.empty(max(1, nt) * stride, dtype=cdt)
         xp, copy = _padded_buffer(g, last, cdt, bufs)
         with limit:
-            if cdt == np.float32:
-                _backward_kernel_taps[float](_flat(x), _flat(dy), parts, _flat(dw), xp, bufs,
-                                             stride, geo, last, copy, B, ngroups, nt, &intr)
-            else:
-                _backward_kernel_taps[double](_flat(x), _flat(dy), parts, _flat(dw), xp, bufs,
-                                              stride, geo, last, copy, B, ngroups, nt, &intr)
-            check_interrupt(&intr)
+            _backward_kernel_taps(_flat(x), _flat(dy), parts, _flat(dw), xp, bufs, stride, g,
+                                  last, copy, B, ngroups, nt)
         return dw.astype(dt, copy=False)
     B = _block_rows(g, x.itemsize)
     if last:
@@ -1392,11 +1353,6 @@ def conv_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, channels_
     parts = np.empty(ngroups * kf, dtype=cdt)
     bufs, stride = _work_bufs(g, B, cdt, nt)
     with limit:
-        if cdt == np.float32:
-            _backward_kernel[float](_flat(x), _flat(dy), parts, _flat(dw), bufs, stride, geo,
-                                    last, direct, B, ngroups, nt, &intr)
-        else:
-            _backward_kernel[double](_flat(x), _flat(dy), parts, _flat(dw), bufs, stride, geo,
-                                     last, direct, B, ngroups, nt, &intr)
-        check_interrupt(&intr)
+        _backward_kernel(_flat(x), _flat(dy), parts, _flat(dw), bufs, stride, g, last, direct, B,
+                         ngroups, nt)
     return dw.astype(dt, copy=False)

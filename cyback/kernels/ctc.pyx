@@ -73,6 +73,16 @@ cdef inline void _log_softmax_row(const floating* x, int K, double* out) noexcep
 # Loss and gradient
 # ---------------------------------------------------------------------------
 
+# The states live at frame t: reachable from the first two states and still
+# able to reach the last two in the frames left.
+cdef inline int _lowest_live(int S, int T, int t) noexcept nogil:
+    return S - 2 * (T - t) if S - 2 * (T - t) > 0 else 0
+
+
+cdef inline int _highest_live(int S, int t) noexcept nogil:
+    return 2 * t + 1 if 2 * t + 1 < S - 1 else S - 1
+
+
 cdef void _ctc_one(const floating* x, int T, int Tmax, int K, const i64* lab, int L,
                    int blank, double* dscr, int* iscr, floating* grad,
                    floating* loss, cb_intr* intr) noexcept nogil:
@@ -135,12 +145,8 @@ cdef void _ctc_one(const floating* x, int T, int Tmax, int K, const i64* lab, in
             return
         arow = alpha + <i64>t * W
         lrow = lsm + <i64>t * K
-        lo = S - 2 * (T - t)
-        if lo < 0:
-            lo = 0
-        hi = 2 * t + 1
-        if hi > S - 1:
-            hi = S - 1
+        lo = _lowest_live(S, T, t)
+        hi = _highest_live(S, t)
         for s in range(W):
             arow[s] = NEG_INF
         if t == 0:
@@ -178,12 +184,8 @@ cdef void _ctc_one(const floating* x, int T, int Tmax, int K, const i64* lab, in
     while t >= 0:
         if cb_intr_poll(intr):
             return
-        lo = S - 2 * (T - t)
-        if lo < 0:
-            lo = 0
-        hi = 2 * t + 1
-        if hi > S - 1:
-            hi = S - 1
+        lo = _lowest_live(S, T, t)
+        hi = _highest_live(S, t)
         lrow = lsm + <i64>t * K
         arow = alpha + <i64>t * W
         if t < T - 1:
@@ -211,17 +213,23 @@ cdef void _ctc_one(const floating* x, int T, int Tmax, int K, const i64* lab, in
         t -= 1
 
 
-cdef void _ctc_batch(floating[:, :, ::1] x, i64[:, ::1] labels, i64[::1] in_len,
-                     i64[::1] lab_len, int blank, double[:, ::1] dscr, int[:, ::1] iscr,
-                     floating[:, :, ::1] grad, floating[::1] loss, bint par,
-        cb_intr* intr) noexcept nogil:
+# The batch loops are typed with the fused float type: Cython picks the float
+# or double specialisation from the score array it is given.
+
+def _ctc_batch(floating[:, :, ::1] x, i64[:, ::1] labels, i64[::1] in_len, i64[::1] lab_len,
+               int blank, double[:, ::1] dscr, int[:, ::1] iscr, floating[:, :, ::1] grad,
+               floating[::1] loss, bint par):
     cdef Py_ssize_t b, nb = x.shape[0]
     cdef int Tmax = x.shape[1], K = x.shape[2]
     cdef int tid
-    for b in prange(nb, schedule='static', use_threads_if=par):
-        tid = cb_get_thread_num()
-        _ctc_one(&x[b, 0, 0], <int>in_len[b], Tmax, K, &labels[b, 0], <int>lab_len[b],
-                 blank, &dscr[tid, 0], &iscr[tid, 0], &grad[b, 0, 0], &loss[b], intr)
+    cdef cb_intr intr
+    cb_intr_init(&intr)
+    with nogil:
+        for b in prange(nb, schedule='static', use_threads_if=par):
+            tid = cb_get_thread_num()
+            _ctc_one(&x[b, 0, 0], <int>in_len[b], Tmax, K, &labels[b, 0], <int>lab_len[b],
+                     blank, &dscr[tid, 0], &iscr[tid, 0], &grad[b, 0, 0], &loss[b], &intr)
+    check_interrupt(&intr)
 
 
 # ---------------------------------------------------------------------------
@@ -292,8 +300,6 @@ def ctc_loss(logits, labels, input_lengths, label_lengths, blank=-1):
     one blank between each pair of equal neighbours) gets loss +inf and a zero
     gradient instead of TensorFlow's error.
     """
-    cdef cb_intr intr
-    cb_intr_init(&intr)
     name = "ctc_loss"
     x = _check_scores(name, logits)
     out_dtype = np.asarray(logits).dtype if np.asarray(logits).dtype == np.float16 else x.dtype
@@ -344,12 +350,7 @@ def ctc_loss(logits, labels, input_lengths, label_lengths, blank=-1):
     # slices on a busy one (measured: 1.3 ms alone vs 25 ms with 2 threads).
     cells = int(np.sum(in_len * (2 * lab_len + 1 + K)))
     par = nb > 1 and cells > PAR_CELLS
-    if x.dtype == np.float32:
-        _ctc_batch[float](x, lab, in_len, lab_len, blank, dscr, iscr, grad, loss, par, &intr)
-        check_interrupt(&intr)
-    else:
-        _ctc_batch[double](x, lab, in_len, lab_len, blank, dscr, iscr, grad, loss, par, &intr)
-        check_interrupt(&intr)
+    _ctc_batch(x, lab, in_len, lab_len, blank, dscr, iscr, grad, loss, par)
     if out_dtype != x.dtype:
         return loss.astype(out_dtype), grad.astype(out_dtype)
     return loss, grad
@@ -359,9 +360,8 @@ def ctc_loss(logits, labels, input_lengths, label_lengths, blank=-1):
 # Greedy (best path) decoding
 # ---------------------------------------------------------------------------
 
-cdef void _greedy_batch(floating[:, :, ::1] x, i64[::1] in_len, int blank, bint merge,
-                        i64[:, ::1] out, i64[::1] count, double[::1] score,
-        cb_intr* intr) noexcept nogil:
+def _greedy_batch(floating[:, :, ::1] x, i64[::1] in_len, int blank, bint merge,
+                  i64[:, ::1] out, i64[::1] count, double[::1] score):
     cdef Py_ssize_t b, nb = x.shape[0]
     cdef int K = x.shape[2]
     cdef int t, k, best, prev, n
@@ -370,25 +370,29 @@ cdef void _greedy_batch(floating[:, :, ::1] x, i64[::1] in_len, int blank, bint 
     # An argmax pass is memory-bound and quick: below ~1M scores waking a
     # thread team costs more than it saves.
     cdef bint par = nb > 1 and <i64>nb * x.shape[1] * K > (1 << 20)
-    for b in prange(nb, schedule='static', use_threads_if=par):
-        if cb_intr_poll(intr):
-            continue
-        prev = -1
-        n = 0
-        s = 0.0
-        for t in range(<int>in_len[b]):
-            row = &x[b, t, 0]
-            best = 0
-            for k in range(1, K):
-                if row[k] > row[best]:
-                    best = k
-            s = s - <double>row[best]
-            if best != blank and not (merge and best == prev):
-                out[b, n] = best
-                n = n + 1
-            prev = best
-        count[b] = n
-        score[b] = s
+    cdef cb_intr intr
+    cb_intr_init(&intr)
+    with nogil:
+        for b in prange(nb, schedule='static', use_threads_if=par):
+            if cb_intr_poll(&intr):
+                continue
+            prev = -1
+            n = 0
+            s = 0.0
+            for t in range(<int>in_len[b]):
+                row = &x[b, t, 0]
+                best = 0
+                for k in range(1, K):
+                    if row[k] > row[best]:
+                        best = k
+                s = s - <double>row[best]
+                if best != blank and not (merge and best == prev):
+                    out[b, n] = best
+                    n = n + 1
+                prev = best
+            count[b] = n
+            score[b] = s
+    check_interrupt(&intr)
 
 
 def ctc_greedy_decode(logits_or_logprobs, input_lengths, merge_repeated=True, blank=-1):
@@ -403,8 +407,6 @@ def ctc_greedy_decode(logits_or_logprobs, input_lengths, merge_repeated=True, bl
     log_prob (B, 1) in the input dtype, TensorFlow's convention: minus the sum
     over frames t < input_lengths[b] of the per-frame maximum score.
     """
-    cdef cb_intr intr
-    cb_intr_init(&intr)
     name = "ctc_greedy_decode"
     x = _check_scores(name, logits_or_logprobs)
     out_dtype = np.asarray(logits_or_logprobs).dtype \
@@ -416,12 +418,7 @@ def ctc_greedy_decode(logits_or_logprobs, input_lengths, merge_repeated=True, bl
     count = np.zeros(nb, dtype=np.int64)
     score = np.zeros(nb, dtype=np.float64)
     if nb and T:
-        if x.dtype == np.float32:
-            _greedy_batch[float](x, in_len, blank, bool(merge_repeated), out, count, score, &intr)
-            check_interrupt(&intr)
-        else:
-            _greedy_batch[double](x, in_len, blank, bool(merge_repeated), out, count, score, &intr)
-            check_interrupt(&intr)
+        _greedy_batch(x, in_len, blank, bool(merge_repeated), out, count, score)
     n = int(count.max()) if nb else 0
     return np.ascontiguousarray(out[:, :n]), score.reshape(nb, 1).astype(out_dtype)
 
@@ -684,15 +681,18 @@ cdef int _beam_one(const floating* x, int T, int K, int blank, int width, int to
     return 0
 
 
-cdef void _beam_batch(floating[:, :, ::1] x, i64[::1] in_len, int blank, int width,
-                      int top, bint merge, i64[:, :, ::1] out, i64[:, ::1] lens,
-                      double[:, ::1] lps, int[::1] status, int nt,
-        cb_intr* intr) noexcept nogil:
+def _beam_batch(floating[:, :, ::1] x, i64[::1] in_len, int blank, int width, int top,
+                bint merge, i64[:, :, ::1] out, i64[:, ::1] lens, double[:, ::1] lps,
+                int[::1] status, int nt):
     cdef Py_ssize_t b, nb = x.shape[0]
     cdef int Tmax = x.shape[1], K = x.shape[2]
-    for b in prange(nb, schedule='static', num_threads=nt):
-        status[b] = _beam_one(&x[b, 0, 0], <int>in_len[b], K, blank, width, top, merge,
-                              &out[b, 0, 0], &lens[b, 0], &lps[b, 0], Tmax, intr)
+    cdef cb_intr intr
+    cb_intr_init(&intr)
+    with nogil:
+        for b in prange(nb, schedule='static', num_threads=nt):
+            status[b] = _beam_one(&x[b, 0, 0], <int>in_len[b], K, blank, width, top, merge,
+                                  &out[b, 0, 0], &lens[b, 0], &lps[b, 0], Tmax, &intr)
+    check_interrupt(&intr)
 
 
 def ctc_beam_decode(logprobs, input_lengths, beam_width=100, top_paths=1, blank=-1,
@@ -713,8 +713,6 @@ def ctc_beam_decode(logprobs, input_lengths, beam_width=100, top_paths=1, blank=
     merge_repeated=True collapses equal neighbours in each returned path
     (TensorFlow v1's default, which Keras's ctc_decode does not override).
     """
-    cdef cb_intr intr
-    cb_intr_init(&intr)
     name = "ctc_beam_decode"
     x = _check_scores(name, logprobs)
     out_dtype = np.asarray(logprobs).dtype if np.asarray(logprobs).dtype == np.float16 \
@@ -743,14 +741,9 @@ def ctc_beam_decode(logprobs, input_lengths, beam_width=100, top_paths=1, blank=
         nt = cb_threads_for(20.0 * float(in_len.sum()) * beam_width * (K + 1))
         if T == 0:
             lps[:, 1:] = -np.inf
-        elif x.dtype == np.float32:
-            _beam_batch[float](x, in_len, blank, beam_width, top_paths, bool(merge_repeated),
-                               out, lens, lps, status, nt, &intr)
-            check_interrupt(&intr)
         else:
-            _beam_batch[double](x, in_len, blank, beam_width, top_paths, bool(merge_repeated),
-                                out, lens, lps, status, nt, &intr)
-            check_interrupt(&intr)
+            _beam_batch(x, in_len, blank, beam_width, top_paths, bool(merge_repeated), out, lens,
+                        lps, status, nt)
     if np.any(status != 0):
         raise MemoryError("%s: out of memory for beam_width=%d, T=%d, K=%d"
                           % (name, beam_width, T, K))

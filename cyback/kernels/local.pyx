@@ -30,92 +30,92 @@ from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, chec
 from cyback.kernels.blas_threads import blas_threads
 
 
-cdef void _im2col_cl(const floating[:, :, :, ::1] x, floating[:, :, ::1] pt,
-                     Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
-                     Py_ssize_t OW) noexcept nogil:
-    # Each kernel row is kw*C contiguous input elements.
-    cdef Py_ssize_t P = pt.shape[0], N = pt.shape[1], C = x.shape[3]
-    cdef Py_ssize_t p, n, ky, j, L = kw * C
+cdef struct Runs:
+    # A patch, within one sample of x, is ``groups`` groups ``plane`` elements
+    # apart, each of kh rows ``row`` apart, each row a run of L contiguous
+    # elements; position p's patch starts at (p // OW) * step_h + (p % OW) *
+    # step_w. In that order the runs are the Keras patch order of the module
+    # docstring. channels_last: one group, rows of kw * C elements;
+    # channels_first: one group per channel plane, rows of kw elements.
+    Py_ssize_t groups, plane, row, L, step_h, step_w, OW
+
+
+cdef inline Runs _runs(const Py_ssize_t* shape, Py_ssize_t kw, Py_ssize_t sh,
+                       Py_ssize_t sw, Py_ssize_t OW, bint last) noexcept nogil:
+    """The runs of a 4-D x of ``shape``, (N, H, W, C) when ``last``, else
+    (N, C, H, W)."""
+    cdef Runs r
+    cdef Py_ssize_t C = shape[3] if last else shape[1]
+    cdef Py_ssize_t H = shape[1] if last else shape[2]
+    cdef Py_ssize_t W = shape[2] if last else shape[3]
+    cdef Py_ssize_t cs = C if last else 1
+    r.OW = OW
+    if last:
+        r.groups, r.plane, r.row, r.L = 1, 0, W * C, kw * C
+    else:
+        r.groups, r.plane, r.row, r.L = C, H * W, W, kw
+    r.step_h, r.step_w = sh * W * cs, sw * cs
+    return r
+
+
+cdef inline Py_ssize_t _start(const Runs* r, Py_ssize_t p) noexcept nogil:
+    return (p // r.OW) * r.step_h + (p % r.OW) * r.step_w
+
+
+def _im2col(const floating[:, :, :, ::1] x, floating[:, :, ::1] pt, Py_ssize_t kh,
+            Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t OW, bint last):
+    """pt[p, n] = the patch of output position p in sample n of x."""
+    cdef Py_ssize_t P = pt.shape[0], N = pt.shape[1]
+    cdef Py_ssize_t p, n, a, ky, j, base
+    cdef Runs r = _runs(x.shape, kw, sh, sw, OW, last)
+    cdef Py_ssize_t L = r.L, groups = r.groups, plane = r.plane, row = r.row
     cdef const floating* src
     cdef floating* dst
     # Work: bytes copied (read and written).
     cdef int nt = cb_threads_for(2.0 * P * N * pt.shape[2] * sizeof(floating))
-    for p in prange(P, schedule='static', num_threads=nt):
-        for n in range(N):
-            for ky in range(kh):
-                src = &x[n, (p // OW) * sh + ky, (p % OW) * sw, 0]
-                dst = &pt[p, n, ky * L]
-                for j in range(L):
-                    dst[j] = src[j]
+    with nogil:
+        for p in prange(P, schedule='static', num_threads=nt):
+            base = _start(&r, p)
+            for n in range(N):
+                src = &x[n, 0, 0, 0] + base
+                dst = &pt[p, n, 0]
+                for a in range(groups):
+                    for ky in range(kh):
+                        for j in range(L):
+                            dst[j] = src[a * plane + ky * row + j]
+                        dst = dst + L
 
 
-cdef void _im2col_cf(const floating[:, :, :, ::1] x, floating[:, :, ::1] pt,
-                     Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
-                     Py_ssize_t OW) noexcept nogil:
-    cdef Py_ssize_t P = pt.shape[0], N = pt.shape[1], C = x.shape[1]
-    cdef Py_ssize_t p, n, c, ky, j
-    cdef const floating* src
-    cdef floating* dst
-    # Work: bytes copied (read and written).
-    cdef int nt = cb_threads_for(2.0 * P * N * pt.shape[2] * sizeof(floating))
-    for p in prange(P, schedule='static', num_threads=nt):
-        for n in range(N):
-            for c in range(C):
-                for ky in range(kh):
-                    src = &x[n, c, (p // OW) * sh + ky, (p % OW) * sw]
-                    dst = &pt[p, n, (c * kh + ky) * kw]
-                    for j in range(kw):
-                        dst[j] = src[j]
+def _col2im(const floating[:, :, ::1] pt, floating[:, :, :, ::1] dx, Py_ssize_t kh,
+            Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t OW, bint last):
+    """dx = the patch gradients pt[p, n] summed at their patches in sample n.
 
-
-cdef void _col2im_cl(const floating[:, :, ::1] pt, floating[:, :, :, ::1] dx,
-                     Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
-                     Py_ssize_t OW) noexcept nogil:
-    # Overlapping windows add into the same cells: one task per sample, which
-    # walks positions in order, so there is no race and the summation order
-    # is fixed.
-    cdef Py_ssize_t P = pt.shape[0], N = pt.shape[1], C = dx.shape[3]
-    cdef Py_ssize_t H = dx.shape[1], W = dx.shape[2]
-    cdef Py_ssize_t p, n, ky, j, i, L = kw * C
+    Overlapping windows add into the same cells: one task per sample, which
+    walks positions in order, so there is no race and the summation order
+    is fixed."""
+    cdef Py_ssize_t P = pt.shape[0], N = pt.shape[1]
+    cdef Py_ssize_t S = dx.shape[1] * dx.shape[2] * dx.shape[3]
+    cdef Py_ssize_t p, n, a, ky, j, i, base
+    cdef Runs r = _runs(dx.shape, kw, sh, sw, OW, last)
+    cdef Py_ssize_t L = r.L, groups = r.groups, plane = r.plane, row = r.row
     cdef const floating* src
     cdef floating* dst
     # Work: bytes moved zeroing dx, then reading pt and updating dx.
-    cdef int nt = cb_threads_for((<double>N * H * W * C + 3.0 * P * N * pt.shape[2])
-                                 * sizeof(floating))
-    for n in prange(N, schedule='static', num_threads=nt):
-        dst = &dx[n, 0, 0, 0]
-        for i in range(H * W * C):
-            dst[i] = 0
-        for p in range(P):
-            for ky in range(kh):
-                src = &pt[p, n, ky * L]
-                dst = &dx[n, (p // OW) * sh + ky, (p % OW) * sw, 0]
-                for j in range(L):
-                    dst[j] = dst[j] + src[j]
-
-
-cdef void _col2im_cf(const floating[:, :, ::1] pt, floating[:, :, :, ::1] dx,
-                     Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
-                     Py_ssize_t OW) noexcept nogil:
-    cdef Py_ssize_t P = pt.shape[0], N = pt.shape[1], C = dx.shape[1]
-    cdef Py_ssize_t H = dx.shape[2], W = dx.shape[3]
-    cdef Py_ssize_t p, n, c, ky, j, i
-    cdef const floating* src
-    cdef floating* dst
-    # Work: bytes moved zeroing dx, then reading pt and updating dx.
-    cdef int nt = cb_threads_for((<double>N * H * W * C + 3.0 * P * N * pt.shape[2])
-                                 * sizeof(floating))
-    for n in prange(N, schedule='static', num_threads=nt):
-        dst = &dx[n, 0, 0, 0]
-        for i in range(C * H * W):
-            dst[i] = 0
-        for p in range(P):
-            for c in range(C):
-                for ky in range(kh):
-                    src = &pt[p, n, (c * kh + ky) * kw]
-                    dst = &dx[n, c, (p // OW) * sh + ky, (p % OW) * sw]
-                    for j in range(kw):
-                        dst[j] = dst[j] + src[j]
+    cdef int nt = cb_threads_for((<double>N * S + 3.0 * P * N * pt.shape[2]) * sizeof(floating))
+    with nogil:
+        for n in prange(N, schedule='static', num_threads=nt):
+            dst = &dx[n, 0, 0, 0]
+            for i in range(S):
+                dst[i] = 0
+            for p in range(P):
+                base = _start(&r, p)
+                src = &pt[p, n, 0]
+                for a in range(groups):
+                    for ky in range(kh):
+                        dst = &dx[n, 0, 0, 0] + base + a * plane + ky * row
+                        for j in range(L):
+                            dst[j] = dst[j] + src[j]
+                        src = src + L
 
 
 cdef void _gemms(int which, floating[:, :, ::1] a, floating[:, :, ::1] b,
@@ -158,10 +158,19 @@ cdef inline void _one(int which, floating[:, :, ::1] a, floating[:, :, ::1] b,
              <floating>0, &b[p, 0, 0], F)
 
 
-cdef int _run_gemms(int which, a, b, g, Py_ssize_t g_pstride, int g_ld) except -1:
-    """Dispatch on dtype; OpenMP over positions unless the work is small."""
+def _gemm_positions(int which, floating[:, :, ::1] a, floating[:, :, ::1] b,
+                    floating[::1] g, Py_ssize_t g_pstride, int g_ld, int nt):
+    """_gemms on typed views (see there); raises KeyboardInterrupt if
+    interrupted."""
     cdef cb_intr intr
     cb_intr_init(&intr)
+    with nogil:
+        _gemms[floating](which, a, b, &g[0], g_pstride, g_ld, nt, &intr)
+    check_interrupt(&intr)
+
+
+cdef int _run_gemms(int which, a, b, g, Py_ssize_t g_pstride, int g_ld) except -1:
+    """_gemms with OpenMP over positions unless the work is small."""
     cdef long work = <long>a.shape[1] * a.shape[2] * b.shape[2]
     # BLAS runs single-threaded (one thread pool: OpenMP), so every
     # parallel case goes over positions.
@@ -172,40 +181,18 @@ cdef int _run_gemms(int which, a, b, g, Py_ssize_t g_pstride, int g_ld) except -
     cdef double total = 2.0 * a.shape[0] * work
     if total < cb_parallel_min_work():
         over_p = False
-    cdef int nt = cb_threads_for(total) if over_p else 0
-    # The typed views below are writable; a read-only input needs a copy.
+    # The typed views are writable; a read-only input needs a copy.
     if not a.flags.writeable:
         a = a.copy()
     if not b.flags.writeable:
         b = b.copy()
     if not g.flags.writeable:
         g = g.copy()
-    cdef float[:, :, ::1] af, bf
-    cdef double[:, :, ::1] ad, bd
-    cdef float[::1] gf
-    cdef double[::1] gd
-    if a.dtype == np.float32:
-        af, bf, gf = a, b, g.reshape(-1)
-        if over_p:
-            with blas_threads(1):
-                with nogil:
-                    _gemms[float](which, af, bf, &gf[0], g_pstride, g_ld, nt, &intr)
-                check_interrupt(&intr)
-        else:
-            with nogil:
-                _gemms[float](which, af, bf, &gf[0], g_pstride, g_ld, 0, &intr)
-            check_interrupt(&intr)
+    if over_p:
+        with blas_threads(1):
+            _gemm_positions(which, a, b, g.reshape(-1), g_pstride, g_ld, cb_threads_for(total))
     else:
-        ad, bd, gd = a, b, g.reshape(-1)
-        if over_p:
-            with blas_threads(1):
-                with nogil:
-                    _gemms[double](which, ad, bd, &gd[0], g_pstride, g_ld, nt, &intr)
-                check_interrupt(&intr)
-        else:
-            with nogil:
-                _gemms[double](which, ad, bd, &gd[0], g_pstride, g_ld, 0, &intr)
-            check_interrupt(&intr)
+        _gemm_positions(which, a, b, g.reshape(-1), g_pstride, g_ld, 0)
     return 0
 
 
@@ -249,10 +236,20 @@ def _geometry(name, x_shape, kernel_size, strides, channels_last):
     return nd, ks, ss, tuple(out), C, x4
 
 
-def _check_kernel_shape(name, kshape, P, K, x_shape):
+@cython.wraparound(True)
+def _shapes(name, x_shape, kshape, kernel_size, strides, channels_last, dy=None):
+    """Validated sizes ((kh, kw), (sh, sw), (OH, OW), 4-D x shape, P, K, N, F,
+    output shape); checks the kernel's shape and, when given, dy's."""
+    nd, ks, ss, out, C, x4s = _geometry(name, x_shape, kernel_size, strides, channels_last)
+    P, K = out[0] * out[1], ks[0] * ks[1] * C
     if len(kshape) != 3 or kshape[0] != P or kshape[1] != K:
         raise ValueError("%s: kernel must have shape (%d, %d, filters) for input %s, got %s"
                          % (name, P, K, tuple(x_shape), tuple(kshape)))
+    N, F = x_shape[0], kshape[2]
+    y_shape = _out_shape(N, F, out, nd, channels_last)
+    if dy is not None and dy.shape != y_shape:
+        raise ValueError("%s: dy has shape %s, expected %s" % (name, dy.shape, y_shape))
+    return ks, ss, out, x4s, P, K, N, F, y_shape
 
 
 @cython.wraparound(True)
@@ -263,16 +260,7 @@ def _out_shape(n, F, out, nd, channels_last):
 
 def _patches(x4, ks, ss, OW, P, K, channels_last):
     pt = np.empty((P, x4.shape[0], K), dtype=x4.dtype)
-    if channels_last:
-        if x4.dtype == np.float32:
-            _im2col_cl[float](x4, pt, ks[0], ks[1], ss[0], ss[1], OW)
-        else:
-            _im2col_cl[double](x4, pt, ks[0], ks[1], ss[0], ss[1], OW)
-    else:
-        if x4.dtype == np.float32:
-            _im2col_cf[float](x4, pt, ks[0], ks[1], ss[0], ss[1], OW)
-        else:
-            _im2col_cf[double](x4, pt, ks[0], ks[1], ss[0], ss[1], OW)
+    _im2col(x4, pt, ks[0], ks[1], ss[0], ss[1], OW, channels_last)
     return pt
 
 
@@ -297,11 +285,9 @@ def local_forward(x, kernel, kernel_size, strides, channels_last=True):
     x = np.asarray(x)
     kernel = np.asarray(kernel)
     check_float(name, x, kernel)
-    nd, ks, ss, out, C, x4s = _geometry(name, x.shape, kernel_size, strides, channels_last)
-    P, K = out[0] * out[1], ks[0] * ks[1] * C
-    _check_kernel_shape(name, kernel.shape, P, K, x.shape)
-    N, F = x.shape[0], kernel.shape[2]
-    y = np.empty(_out_shape(N, F, out, nd, channels_last), dtype=x.dtype)
+    ks, ss, out, x4s, P, K, N, F, y_shape = _shapes(name, x.shape, kernel.shape, kernel_size,
+                                                    strides, channels_last)
+    y = np.empty(y_shape, dtype=x.dtype)
     if y.size == 0:
         return y
     if K == 0:
@@ -328,13 +314,8 @@ def local_backward_input(dy, kernel, x_shape, kernel_size, strides, channels_las
     kernel = np.asarray(kernel)
     check_float(name, dy, kernel)
     x_shape = tuple(int(s) for s in x_shape)
-    nd, ks, ss, out, C, x4s = _geometry(name, x_shape, kernel_size, strides, channels_last)
-    P, K = out[0] * out[1], ks[0] * ks[1] * C
-    _check_kernel_shape(name, kernel.shape, P, K, x_shape)
-    N, F = x_shape[0], kernel.shape[2]
-    want = _out_shape(N, F, out, nd, channels_last)
-    if dy.shape != want:
-        raise ValueError("%s: dy has shape %s, expected %s" % (name, dy.shape, want))
+    ks, ss, out, x4s, P, K, N, F, _ = _shapes(name, x_shape, kernel.shape, kernel_size, strides,
+                                              channels_last, dy)
     dx = np.empty(x_shape, dtype=dy.dtype)
     if dx.size == 0:
         return dx
@@ -344,17 +325,7 @@ def local_backward_input(dy, kernel, x_shape, kernel_size, strides, channels_las
     g, pstride, ld = _dy_positions(dy, N, P, F, channels_last)
     dpt = np.empty((P, N, K), dtype=dy.dtype)
     _run_gemms(1, dpt, np.ascontiguousarray(kernel), g, pstride, ld)
-    dx4 = dx.reshape(x4s)
-    if channels_last:
-        if dy.dtype == np.float32:
-            _col2im_cl[float](dpt, dx4, ks[0], ks[1], ss[0], ss[1], out[1])
-        else:
-            _col2im_cl[double](dpt, dx4, ks[0], ks[1], ss[0], ss[1], out[1])
-    else:
-        if dy.dtype == np.float32:
-            _col2im_cf[float](dpt, dx4, ks[0], ks[1], ss[0], ss[1], out[1])
-        else:
-            _col2im_cf[double](dpt, dx4, ks[0], ks[1], ss[0], ss[1], out[1])
+    _col2im(dpt, dx.reshape(x4s), ks[0], ks[1], ss[0], ss[1], out[1], channels_last)
     return dx
 
 
@@ -366,13 +337,8 @@ def local_backward_kernel(x, dy, kernel_shape, kernel_size, strides, channels_la
     dy = np.asarray(dy)
     check_float(name, x, dy)
     kernel_shape = tuple(int(s) for s in kernel_shape)
-    nd, ks, ss, out, C, x4s = _geometry(name, x.shape, kernel_size, strides, channels_last)
-    P, K = out[0] * out[1], ks[0] * ks[1] * C
-    _check_kernel_shape(name, kernel_shape, P, K, x.shape)
-    N, F = x.shape[0], kernel_shape[2]
-    want = _out_shape(N, F, out, nd, channels_last)
-    if dy.shape != want:
-        raise ValueError("%s: dy has shape %s, expected %s" % (name, dy.shape, want))
+    ks, ss, out, x4s, P, K, N, F, _ = _shapes(name, x.shape, kernel_shape, kernel_size, strides,
+                                              channels_last, dy)
     dk = np.empty(kernel_shape, dtype=x.dtype)
     if dk.size == 0:
         return dk

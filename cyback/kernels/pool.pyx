@@ -79,39 +79,27 @@ cdef extern from *:
     #include <stdint.h>
     #include <string.h>
     /* The select is done on bit masks: gcc does not if-convert a ?: between
-       float loads here (it reports control flow), but it vectorizes this. */
-    static inline void cb_pool_maxgrad_f(float *restrict dx, float *restrict rem,
-                                         const float *restrict x, const float *restrict y,
-                                         Py_ssize_t c) {
-        for (Py_ssize_t i = 0; i < c; i++) {
-            uint32_t r, m, take, keep;
-            float tf, kf;
-            memcpy(&r, &rem[i], sizeof r);
-            m = -(uint32_t)(x[i] == y[i]);
-            take = r & m;
-            keep = r & ~m;
-            memcpy(&tf, &take, sizeof tf);
-            memcpy(&kf, &keep, sizeof kf);
-            dx[i] += tf;
-            rem[i] = kf;
-        }
+       float loads here (it reports control flow), but it vectorizes this.
+       One body for both precisions, T the float type and U the unsigned
+       integer of its width. */
+    #define CB_POOL_MAXGRAD(NAME, T, U)                                           \
+    static inline void NAME(T *restrict dx, T *restrict rem, const T *restrict x, \
+                            const T *restrict y, Py_ssize_t c) {                  \
+        for (Py_ssize_t i = 0; i < c; i++) {                                      \
+            U r, m, take, keep;                                                   \
+            T tf, kf;                                                             \
+            memcpy(&r, &rem[i], sizeof r);                                        \
+            m = -(U)(x[i] == y[i]);                                               \
+            take = r & m;                                                         \
+            keep = r & ~m;                                                        \
+            memcpy(&tf, &take, sizeof tf);                                        \
+            memcpy(&kf, &keep, sizeof kf);                                        \
+            dx[i] += tf;                                                          \
+            rem[i] = kf;                                                          \
+        }                                                                         \
     }
-    static inline void cb_pool_maxgrad_d(double *restrict dx, double *restrict rem,
-                                         const double *restrict x, const double *restrict y,
-                                         Py_ssize_t c) {
-        for (Py_ssize_t i = 0; i < c; i++) {
-            uint64_t r, m, take, keep;
-            double tf, kf;
-            memcpy(&r, &rem[i], sizeof r);
-            m = -(uint64_t)(x[i] == y[i]);
-            take = r & m;
-            keep = r & ~m;
-            memcpy(&tf, &take, sizeof tf);
-            memcpy(&kf, &keep, sizeof kf);
-            dx[i] += tf;
-            rem[i] = kf;
-        }
-    }
+    CB_POOL_MAXGRAD(cb_pool_maxgrad_f, float, uint32_t)
+    CB_POOL_MAXGRAD(cb_pool_maxgrad_d, double, uint64_t)
     """
     void cb_pool_maxgrad_f(float* dx, float* rem, const float* x, const float* y,
                            Py_ssize_t c) noexcept nogil
@@ -391,6 +379,45 @@ cdef void _bwd_c1(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] y
         free(rem)
 
 
+# One entry per kernel, typed with the fused float type: Cython picks the
+# float or double specialisation from the arrays it is given.
+def _run_fwd(const floating[:, :, :, :, ::1] x, floating[:, :, :, :, ::1] y, k, s, p,
+             bint is_max):
+    cdef cb_intr intr
+    cb_intr_init(&intr)
+    _fwd[floating](x, y, k[0], k[1], k[2], s[0], s[1], s[2], p[0], p[1], p[2], is_max, &intr)
+    check_interrupt(&intr)
+
+
+def _run_fwd_c1(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] y, k, s, p,
+                bint is_max):
+    cdef cb_intr intr
+    cb_intr_init(&intr)
+    _fwd_c1[floating](x, y, k[0], k[1], k[2], s[0], s[1], s[2], p[0], p[1], p[2], is_max,
+                      &intr)
+    check_interrupt(&intr)
+
+
+def _run_bwd(const floating[:, :, :, :, ::1] x, const floating[:, :, :, :, ::1] y,
+             const floating[:, :, :, :, ::1] dy, floating[:, :, :, :, ::1] dx, k, s, p,
+             bint is_max, Py_ssize_t cblk, int nt):
+    cdef cb_intr intr
+    cb_intr_init(&intr)
+    _bwd[floating](x, y, dy, dx, k[0], k[1], k[2], s[0], s[1], s[2], p[0], p[1], p[2], is_max,
+                   cblk, nt, &intr)
+    check_interrupt(&intr)
+
+
+def _run_bwd_c1(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] y,
+                const floating[:, :, :, ::1] dy, floating[:, :, :, ::1] dx, k, s, p,
+                bint is_max):
+    cdef cb_intr intr
+    cb_intr_init(&intr)
+    _bwd_c1[floating](x, y, dy, dx, k[0], k[1], k[2], s[0], s[1], s[2], p[0], p[1], p[2],
+                      is_max, &intr)
+    check_interrupt(&intr)
+
+
 # Python-level code: the module turns wraparound off, so re-enable it here.
 @cython.wraparound(True)
 def _norm_tuple(name, value, nd, what):
@@ -491,8 +518,6 @@ def pool_forward(x, pool_size, strides, pads, channels_last=True, mode='max'):
     pads: ((before, after), ...) per spatial dim, each pad < pool size.
     Returns the pooled array in the same layout and dtype.
     """
-    cdef cb_intr intr
-    cb_intr_init(&intr)
     name = "pool_forward"
     x, nd, k3, s3, p3, spatial, out, out_shape = _setup(
         name, x, pool_size, strides, pads, channels_last, mode)
@@ -503,23 +528,9 @@ def pool_forward(x, pool_size, strides, pads, channels_last=True, mode='max'):
     yv = _as5(y, nd, out, channels_last)
     is_max = mode == 'max'
     if channels_last:
-        if x.dtype == np.float32:
-            _fwd[float](xv, yv, k3[0], k3[1], k3[2], s3[0], s3[1], s3[2],
-                        p3[0], p3[1], p3[2], is_max, &intr)
-            check_interrupt(&intr)
-        else:
-            _fwd[double](xv, yv, k3[0], k3[1], k3[2], s3[0], s3[1], s3[2],
-                         p3[0], p3[1], p3[2], is_max, &intr)
-            check_interrupt(&intr)
+        _run_fwd(xv, yv, k3, s3, p3, is_max)
     else:
-        if x.dtype == np.float32:
-            _fwd_c1[float](xv, yv, k3[0], k3[1], k3[2], s3[0], s3[1], s3[2],
-                           p3[0], p3[1], p3[2], is_max, &intr)
-            check_interrupt(&intr)
-        else:
-            _fwd_c1[double](xv, yv, k3[0], k3[1], k3[2], s3[0], s3[1], s3[2],
-                            p3[0], p3[1], p3[2], is_max, &intr)
-            check_interrupt(&intr)
+        _run_fwd_c1(xv, yv, k3, s3, p3, is_max)
     return y
 
 
@@ -531,8 +542,6 @@ def pool_backward(x, y, dy, pool_size, strides, pads, channels_last=True, mode='
     Max routes each window's gradient to the first cell (in D, H, W order)
     equal to the window max; average spreads dy / (number of real cells).
     """
-    cdef cb_intr intr
-    cb_intr_init(&intr)
     name = "pool_backward"
     x, nd, k3, s3, p3, spatial, out, out_shape = _setup(
         name, x, pool_size, strides, pads, channels_last, mode)
@@ -573,21 +582,7 @@ def pool_backward(x, y, dy, pool_size, strides, pads, channels_last=True, mode='
         if nt > 1 and xv.shape[0] < 2 * nt and c >= 32:
             nblk = min((2 * nt + xv.shape[0] - 1) // xv.shape[0], c // 16)
             cblk = (c + nblk - 1) // nblk
-        if x.dtype == np.float32:
-            _bwd[float](xv, yv, dyv, dxv, k3[0], k3[1], k3[2], s3[0], s3[1], s3[2],
-                        p3[0], p3[1], p3[2], is_max, cblk, nt, &intr)
-            check_interrupt(&intr)
-        else:
-            _bwd[double](xv, yv, dyv, dxv, k3[0], k3[1], k3[2], s3[0], s3[1], s3[2],
-                         p3[0], p3[1], p3[2], is_max, cblk, nt, &intr)
-            check_interrupt(&intr)
+        _run_bwd(xv, yv, dyv, dxv, k3, s3, p3, is_max, cblk, nt)
     else:
-        if x.dtype == np.float32:
-            _bwd_c1[float](xv, yv, dyv, dxv, k3[0], k3[1], k3[2], s3[0], s3[1], s3[2],
-                           p3[0], p3[1], p3[2], is_max, &intr)
-            check_interrupt(&intr)
-        else:
-            _bwd_c1[double](xv, yv, dyv, dxv, k3[0], k3[1], k3[2], s3[0], s3[1], s3[2],
-                            p3[0], p3[1], p3[2], is_max, &intr)
-            check_interrupt(&intr)
+        _run_bwd_c1(xv, yv, dyv, dxv, k3, s3, p3, is_max)
     return dx

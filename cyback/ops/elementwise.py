@@ -13,7 +13,6 @@ from cyback import config
 from cyback.graph.op import Op
 from cyback.graph.tensor import Constant, Tensor, as_tensor, dtype_name, is_float_dtype
 
-
 # ------------------------------------------------------------------ dtypes
 
 def result_dtype(a, b):

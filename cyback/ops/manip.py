@@ -16,8 +16,7 @@ import numpy as np
 
 from cyback.graph.op import Op
 from cyback.ops import elementwise as ew
-from cyback.ops.shape import (GetItem, reshape_like, reshape_static_dims, shape_of,
-                              static_entries)
+from cyback.ops.shape import GetItem, reshape_like, reshape_static_dims, shape_of, static_entries
 from cyback.ops.shape import format_shape as _fmt
 
 

@@ -4,8 +4,8 @@ import pytest
 
 import cyback as K
 from cyback.ops import random as rnd
-from gradcheck import check_grads
 
+from gradcheck import check_grads
 
 pytestmark = pytest.mark.usefixtures("fresh_learning_phase")
 

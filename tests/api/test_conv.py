@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import cyback as K
+
 from gradcheck import check_grads
 
 RS = np.random.RandomState(7)

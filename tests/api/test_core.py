@@ -5,7 +5,6 @@ import scipy.sparse as sp
 
 import cyback as K
 
-
 # ------------------------------------------------------------------ variables
 
 def test_variable_from_array_list_number():

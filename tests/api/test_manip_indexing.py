@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import cyback as K
+
 from gradcheck import check_grads
 
 A = np.arange(60.0).reshape(3, 4, 5) / 7.0

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import cyback as K
+
 from gradcheck import check_grads
 
 FLOATS = ["float32", "float64"]

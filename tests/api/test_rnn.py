@@ -6,10 +6,10 @@ import pytest
 
 import cyback as K
 from cyback.graph.function import topo_nodes
-from cyback.ops.scan import Scan
 from cyback.ops import elementwise as ew
-from cyback.ops.linalg import TensorDot
 from cyback.ops import scan_cells
+from cyback.ops.linalg import TensorDot
+from cyback.ops.scan import Scan
 
 import gradcheck
 

@@ -9,6 +9,7 @@ import pytest
 import cyback as K
 from cyback.graph.function import topo_nodes
 from cyback.ops.shape import ConcatSplit
+
 from gradcheck import check_grads
 
 

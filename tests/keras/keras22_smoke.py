@@ -14,9 +14,8 @@ import tempfile
 os.environ["KERAS_BACKEND"] = "cyback"
 os.environ.setdefault("KERAS_HOME", tempfile.mkdtemp())
 
-import numpy as np  # noqa: E402
-
 import keras  # noqa: E402
+import numpy as np  # noqa: E402
 from keras import layers as L  # noqa: E402
 
 

@@ -1,30 +1,16 @@
 """cyback._keras_compat: the names and HDF5 string fixes Keras needs."""
 
-import importlib.util
+import collections
+import collections.abc
+import inspect
+import os
+import sys
 
-import pytest
+import h5py
+import keras  # noqa: F401  (the patched Keras modules must be loaded)
+import numpy as np
 
-
-def _missing(name):
-    spec = importlib.util.find_spec(name)
-    return spec is None or spec.origin is None  # tests/keras is no keras
-
-
-if _missing('keras') or _missing('h5py'):
-    pytest.skip('multi-backend keras and h5py are not installed',
-                allow_module_level=True)
-
-import collections  # noqa: E402
-import collections.abc  # noqa: E402
-import inspect  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-
-import h5py  # noqa: E402
-import keras  # noqa: E402,F401  (the patched Keras modules must be loaded)
-import numpy as np  # noqa: E402
-
-from cyback import _keras_compat  # noqa: E402
+from cyback import _keras_compat
 
 
 def test_install_is_idempotent():

@@ -5,25 +5,12 @@ The fixtures were made by fixtures/make_fixtures.py; the same builders
 (fixtures/architectures.py) build the models here.
 """
 
-import importlib.util
-
-import pytest
-
-
-def _missing(name):
-    spec = importlib.util.find_spec(name)
-    return spec is None or spec.origin is None  # tests/keras is no keras
-
-
-if _missing('keras') or _missing('h5py'):
-    pytest.skip('multi-backend keras and h5py are not installed',
-                allow_module_level=True)
-
 import os
 
 import h5py
 import keras
 import numpy as np
+import pytest
 
 NAMES = ['dense', 'conv2d', 'conv1d', 'lstm', 'gru', 'simple_rnn',
          'batchnorm', 'embedding_lstm', 'separable', 'conv2d_transpose']

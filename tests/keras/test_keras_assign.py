@@ -2,23 +2,8 @@
 through batch_set_value or updates, so every assignment bumps the weights'
 versions (the contract caches of values computed from weights rely on)."""
 
-import importlib.util
-
-import pytest
-
-
-def _missing(name):
-    spec = importlib.util.find_spec(name)
-    return spec is None or spec.origin is None  # tests/keras is no keras
-
-
-if _missing('keras') or _missing('h5py'):
-    pytest.skip('multi-backend keras and h5py are not installed',
-                allow_module_level=True)
-
-import numpy as np
-
 import keras
+import numpy as np
 from keras import layers as L
 
 

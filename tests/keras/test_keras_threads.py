@@ -2,24 +2,10 @@
 model lose no update (the optimizer's iteration count is exact) and predict
 stays correct."""
 
-import importlib.util
 import threading
 
-import pytest
-
-
-def _missing(name):
-    spec = importlib.util.find_spec(name)
-    return spec is None or spec.origin is None  # tests/keras is no keras
-
-
-if _missing('keras') or _missing('h5py'):
-    pytest.skip('multi-backend keras and h5py are not installed',
-                allow_module_level=True)
-
-import numpy as np
-
 import keras
+import numpy as np
 from keras import backend as K
 from keras import layers as L
 

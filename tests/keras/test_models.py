@@ -6,26 +6,12 @@ Models are tiny and train a handful of full-batch steps: the question is
 whether the loss falls, not how far.
 """
 
-import importlib.util
-
-import pytest
-
-
-def _missing(name):
-    spec = importlib.util.find_spec(name)
-    return spec is None or spec.origin is None  # tests/keras is no keras
-
-
-if _missing('keras') or _missing('h5py'):
-    pytest.skip('multi-backend keras and h5py are not installed',
-                allow_module_level=True)
-
 import csv
 import os
 
-import numpy as np
-
 import keras
+import numpy as np
+import pytest
 from keras import backend as K
 from keras import layers as L
 from keras.models import Model, Sequential
@@ -827,6 +813,7 @@ def test_clear_session_loop_keeps_memory_flat():
     # Every graph object a model built must be freed: count live cyback
     # tensors (bytes would also see CPython's one-off table growth).
     import gc
+
     from cyback.graph.tensor import Tensor
     x, y = _x(8), _randn(N, 1, seed=3)
 

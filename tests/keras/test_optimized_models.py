@@ -8,25 +8,12 @@ built and called before, must see the new weights (its weight-only steps are
 cached and refolded by variable version).
 """
 
-import importlib.util
-
-import pytest
-
-
-def _missing(name):
-    spec = importlib.util.find_spec(name)
-    return spec is None or spec.origin is None  # tests/keras is no keras
-
-
-if _missing('keras') or _missing('h5py'):
-    pytest.skip('multi-backend keras and h5py are not installed',
-                allow_module_level=True)
-
 import numpy as np
-
-import cyback
+import pytest
 from keras import layers as L
 from keras.models import Model, Sequential
+
+import cyback
 
 N = 6
 

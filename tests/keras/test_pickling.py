@@ -6,10 +6,9 @@ import subprocess
 import sys
 import warnings
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 from keras import layers
 
 cloudpickle = pytest.importorskip("cloudpickle")

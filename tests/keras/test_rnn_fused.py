@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 import cyback as K
-from cyback.ops import scan_cells
 from cyback.graph.function import topo_nodes
-from cyback.ops.scan import Scan
+from cyback.ops import scan_cells
 from cyback.ops.rnn_cell import FusedRecurrent
+from cyback.ops.scan import Scan
 
 L = keras.layers
 

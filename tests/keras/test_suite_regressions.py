@@ -3,27 +3,12 @@ and real Keras programs found in cyback, each checked here through Keras's
 public API so the project's quick test run keeps them fixed.
 """
 
-import importlib.util
-
-import pytest
-
-
-def _missing(name):
-    spec = importlib.util.find_spec(name)
-    return spec is None or spec.origin is None  # tests/keras is no keras
-
-
-if _missing('keras') or _missing('h5py'):
-    pytest.skip('multi-backend keras and h5py are not installed',
-                allow_module_level=True)
-
-import numpy as np
-
 import keras
+import numpy as np
+import pytest
 from keras import backend as K
 from keras import layers as L
 from keras.models import Model, Sequential
-
 
 # -- dropout inside recurrent layers --------------------------------------------
 

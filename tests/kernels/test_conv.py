@@ -3,15 +3,13 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, HealthCheck
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cyback.kernels import conv
-from cyback.kernels import conv_utils
+from cyback.kernels import conv, conv_utils
 from cyback.kernels.runtime import get_max_threads, set_num_threads
 
 from instruction_sets import instruction_set
-
 
 # ---------------------------------------------------------------- references
 # All references work channels_last on an explicitly zero-padded input: every

@@ -4,11 +4,10 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, HealthCheck
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cyback.kernels.ctc import ctc_beam_decode, ctc_greedy_decode, ctc_loss
-
 
 # ---------------------------------------------------------------------------
 # References

@@ -6,8 +6,11 @@ import pytest
 
 from cyback.kernels import depthwise as dw_module
 from cyback.kernels import runtime
-from cyback.kernels.depthwise import (depthwise_backward_input, depthwise_backward_kernel,
-                                      depthwise_forward)
+from cyback.kernels.depthwise import (
+    depthwise_backward_input,
+    depthwise_backward_kernel,
+    depthwise_forward,
+)
 
 from instruction_sets import instruction_set
 

@@ -5,8 +5,8 @@ import zlib
 import numpy as np
 import pytest
 
-from cyback.kernels.pool import pool_backward, pool_forward
 from cyback.kernels import runtime
+from cyback.kernels.pool import pool_backward, pool_forward
 
 
 def same_pads(size, k, s):

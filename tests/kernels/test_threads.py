@@ -8,7 +8,6 @@ import pytest
 from cyback.kernels import cpu_budget
 
 
-
 def _write(path, text):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:

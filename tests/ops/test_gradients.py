@@ -5,6 +5,7 @@ import pytest
 import cyback as K
 from cyback.ops import elementwise as ew
 from cyback.ops import reduction as red
+
 from gradcheck import check_grads
 
 RS = np.random.RandomState(42)

@@ -6,8 +6,8 @@ import pytest
 
 import cyback as K
 from cyback.graph.function import topo_nodes
-from cyback.ops.scan import Scan, build_scan
 from cyback.ops import scan_cells
+from cyback.ops.scan import Scan, build_scan
 
 import gradcheck
 
