@@ -12,9 +12,11 @@
  *     multiplied into both vectors, each kernel vector is loaded once per tile;
  *   - strides and dilations are only address arithmetic, so strided
  *     convolutions need no im2col either;
- *   - padding along W comes from a zero-padded copy of the input rows (made
- *     by the caller when needed); input rows above or below the image (D, H
- *     padding) are NULL and skipped.
+ *   - padding along W: the vector kernels read the input rows as they are
+ *     and skip the taps of the few edge pixels that fall outside a row (no
+ *     copy of the input); the scalar fallback reads a zero-padded copy made
+ *     by the caller. Input rows above or below the image (D, H padding) are
+ *     NULL and skipped.
  *
  * Epilogue in registers: + a per-channel bias (packed like a kernel block),
  * + a residual array shaped like the output, then CB_ACT_RELU / CB_ACT_RELU6.
@@ -37,8 +39,10 @@
 
 typedef struct {
     ptrdiff_t N, C, F;
-    ptrdiff_t D, H, W, Wp;   /* input extent; Wp: length of a (padded) input row */
-    ptrdiff_t pw;            /* zero columns before the input in a padded row */
+    ptrdiff_t D, H, W, Wp;   /* input extent; Wp: length of an input row as read:
+                                W, or more when the caller padded the rows */
+    ptrdiff_t pw;            /* zero columns before the input: in the row when
+                                Wp > W, else skipped by the kernel */
     ptrdiff_t OD, OH, OW;
     ptrdiff_t KD, KH, KW;
     ptrdiff_t sd, sh, sw;
@@ -46,6 +50,10 @@ typedef struct {
     ptrdiff_t pd, ph;
     ptrdiff_t FB, nfb;       /* output channels per block, number of blocks */
 } cb_cd_geom;
+
+/* Whether the kernels skip the W padding themselves (the vector kernels), so
+ * the caller passes the input rows unpadded (Wp = W). */
+static int cb_cd_pads_itself(void) { return CB_SIMD_VECTOR; }
 
 /* Output channels per block for the kernel set that runs now. */
 static ptrdiff_t cb_cd_block(int dbl) {
@@ -137,14 +145,43 @@ CB_CD_COMMON(double, d)
         }                                                                                 \
     } while (0)
 
-/* One output row (all OW pixels) of one channel block. xr[r]: padded input
- * row of tap row r (pixel 0 of the output reads column 0), or NULL; wp: the
- * block's packed kernel; bp: its packed bias or NULL; res: a residual laid
- * out like y, or NULL (it may be y itself); y: output pixel 0 of the block
- * (pixel stride F); nf: channels of the block that exist.
- * A row's last tile of 2 to 5 pixels runs as a full tile whose missing
- * pixels repeat its last one (read, never stored): cheaper than pixels one
- * at a time, which load two kernel vectors per broadcast. */
+/* One pixel whose taps may fall outside its input row (Wp wide, the pixel's
+ * first tap at column iw0): those taps are skipped; the sum keeps the
+ * (r, kw, c) order of the tiles. */
+#define CB_CD_EDGE(T, V, VL, ow_)                                                         \
+    do {                                                                                  \
+        V a0 = zero, b0 = zero;                                                           \
+        const ptrdiff_t iw0 = (ow_) * g->sw - lead;                                       \
+        for (r = 0; r < R; r++) {                                                         \
+            const T *xb = xr[r];                                                          \
+            const T *wr = wp + r * g->KW * tap;                                           \
+            if (!xb) continue;                                                            \
+            for (kw = 0; kw < g->KW; kw++) {                                              \
+                const ptrdiff_t iw = iw0 + kw * g->dw;                                    \
+                const T *xk = xb + iw * C;                                                \
+                const T *wk = wr + kw * tap;                                              \
+                if (iw < 0 || iw >= g->Wp) continue;                                      \
+                for (c = 0; c < C; c++) {                                                 \
+                    T x = xk[c];                                                          \
+                    a0 += x * *(const V *)(wk + c * 2 * VL);                              \
+                    b0 += x * *(const V *)(wk + c * 2 * VL + VL);                         \
+                }                                                                         \
+            }                                                                             \
+        }                                                                                 \
+        CB_CD_STORE(T, V, VL, a0, b0, y + (ow_) * F, res ? res + (ow_) * F : NULL);       \
+    } while (0)
+
+/* One output row (all OW pixels) of one channel block. xr[r]: input row of
+ * tap row r (Wp wide; when Wp == W its pw leading zero columns are implied,
+ * otherwise they are in the row), or NULL; wp: the block's packed kernel; bp:
+ * its packed bias or NULL; res: a residual laid out like y, or NULL (it may be
+ * y itself); y: output pixel 0 of the block (pixel stride F); nf: channels of
+ * the block that exist.
+ * Pixels [lo, hi) read only inside their rows and run in tiles; a tile of 2
+ * to 5 pixels at the end runs as a full tile whose missing pixels repeat its
+ * last one (read, never stored): cheaper than pixels one at a time, which
+ * load two kernel vectors per broadcast. The pixels outside [lo, hi), at most
+ * a few per side, skip their taps outside the row. */
 #define CB_CD_ROW(T, V, VL, SUF, ATTR)                                                    \
 ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,            \
         const T *bp, const T *res, int act, T *y, ptrdiff_t nf, const cb_cd_geom *g) {    \
@@ -153,23 +190,30 @@ ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,  
     /* Undilated taps of a row are one run of KW * C inputs and of kernel    */          \
     /* vectors: one loop instead of two (few channels: the first layer).     */          \
     const ptrdiff_t KW = g->dw == 1 ? 1 : g->KW, CK = g->dw == 1 ? g->KW * C : C;         \
+    const ptrdiff_t lead = g->Wp == g->W ? g->pw : 0;                                     \
+    const ptrdiff_t last = g->Wp - 1 + lead - (g->KW - 1) * g->dw;                        \
     const V zero = (V){0};                                                                \
     V bv0 = zero, bv1 = zero;                                                             \
-    ptrdiff_t ow = 0, r, kw, c, np, p;                                                    \
+    ptrdiff_t lo = (lead + g->sw - 1) / g->sw, hi = last < 0 ? 0 : last / g->sw + 1;      \
+    ptrdiff_t ow, r, kw, c, np, p;                                                        \
+    if (lo > OW) lo = OW;                                                                 \
+    if (hi > OW) hi = OW;                                                                 \
+    if (hi < lo) hi = lo;                                                                 \
     if (bp) { bv0 = *(const V *)bp; bv1 = *(const V *)(bp + VL); }                        \
-    for (; ow + 1 < OW; ow += CB_CD_TILE) {                                               \
+    for (ow = 0; ow < lo; ow++) CB_CD_EDGE(T, V, VL, ow);                                 \
+    for (ow = lo; ow + 1 < hi; ow += CB_CD_TILE) {                                        \
         V a0 = zero, b0 = zero, a1 = zero, b1 = zero, a2 = zero, b2 = zero;               \
         V a3 = zero, b3 = zero, a4 = zero, b4 = zero, a5 = zero, b5 = zero;               \
         ptrdiff_t o[CB_CD_TILE];                                                          \
         T *yo = y + ow * F;                                                               \
         const T *ro = res ? res + ow * F : NULL;                                          \
-        np = OW - ow < CB_CD_TILE ? OW - ow : CB_CD_TILE;                                 \
+        np = hi - ow < CB_CD_TILE ? hi - ow : CB_CD_TILE;                                 \
         for (p = 0; p < CB_CD_TILE; p++) o[p] = (p < np ? p : np - 1) * sC;               \
         for (r = 0; r < R; r++) {                                                         \
             const T *xb = xr[r];                                                          \
             const T *wr = wp + r * g->KW * tap;                                           \
             if (!xb) continue;                                                            \
-            xb += ow * sC;                                                                \
+            xb += ow * sC - lead * C;                                                     \
             for (kw = 0; kw < KW; kw++) {                                                 \
                 const T *x0 = xb + kw * dC + o[0], *x1 = xb + kw * dC + o[1];             \
                 const T *x2 = xb + kw * dC + o[2], *x3 = xb + kw * dC + o[3];             \
@@ -195,25 +239,8 @@ ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,  
         if (np > 4) CB_CD_STORE(T, V, VL, a4, b4, yo + 4 * F, ro ? ro + 4 * F : NULL);    \
         if (np > 5) CB_CD_STORE(T, V, VL, a5, b5, yo + 5 * F, ro ? ro + 5 * F : NULL);    \
     }                                                                                     \
-    if (ow < OW) {      /* one pixel left */                                              \
-        V a0 = zero, b0 = zero;                                                           \
-        for (r = 0; r < R; r++) {                                                         \
-            const T *xb = xr[r];                                                          \
-            const T *wr = wp + r * g->KW * tap;                                           \
-            if (!xb) continue;                                                            \
-            xb += ow * sC;                                                                \
-            for (kw = 0; kw < KW; kw++) {                                                 \
-                const T *xk = xb + kw * dC;                                               \
-                const T *wk = wr + kw * tap;                                              \
-                for (c = 0; c < CK; c++) {                                                \
-                    T x = xk[c];                                                          \
-                    a0 += x * *(const V *)(wk + c * 2 * VL);                              \
-                    b0 += x * *(const V *)(wk + c * 2 * VL + VL);                         \
-                }                                                                         \
-            }                                                                             \
-        }                                                                                 \
-        CB_CD_STORE(T, V, VL, a0, b0, y + ow * F, res ? res + ow * F : NULL);             \
-    }                                                                                     \
+    if (ow > hi) ow = hi;           /* the last tile ended at hi */                      \
+    for (; ow < OW; ow++) CB_CD_EDGE(T, V, VL, ow);                                       \
 }
 
 CB_CD_ROW(float, cb_v4f, 4, f_base, )

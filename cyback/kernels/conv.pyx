@@ -52,6 +52,7 @@ cdef extern from "cyback_conv_direct.h" nogil:
     enum: CB_CD_MAX_ROWS
     int cb_simd_use_avx2(int on)
     Py_ssize_t cb_cd_block(int dbl)
+    int cb_cd_pads_itself()
     void cb_cd_pack_f(const float* k, const float* bias, float* wp, float* bp,
                       const cb_cd_geom* g)
     void cb_cd_pack_d(const double* k, const double* bias, double* wp, double* bp,
@@ -858,7 +859,9 @@ cdef _DirectGeom _direct_geom(g, Py_ssize_t FB):
     d = _DirectGeom()
     nfb = (g["F"] + FB - 1) // FB
     reach = (g["OW"] - 1) * g["sw"] + (g["KW"] - 1) * g["dw"] + 1
-    row = max(reach, g["pw"] + g["W"])
+    # The vector kernels skip the taps of W padding themselves; the scalar
+    # fallback reads rows zero-padded into a copy.
+    row = g["W"] if cb_cd_pads_itself() else max(reach, g["pw"] + g["W"])
     d.g = dict(N=g["N"], C=g["C"], F=g["F"], D=g["D"], H=g["H"], W=g["W"], Wp=row,
                pw=g["pw"], OD=g["OD"], OH=g["OH"], OW=g["OW"], KD=g["KD"], KH=g["KH"],
                KW=g["KW"], sd=g["sd"], sh=g["sh"], sw=g["sw"], dd=g["dd"], dh=g["dh"],

@@ -524,6 +524,13 @@ DIRECT_CASES = [
     ((3, 4, 5), 2, 9, (2, 3, 3), (1, 1, 2), (2, 1, 1), [(1, 1), (1, 1), (2, 0)]),
     ((6, 5), 64, 10, (1, 1), (1, 1), (1, 1), [(0, 0), (0, 0)]),
     ((2, 2), 3, 12, (3, 3), (1, 1), (1, 1), [(2, 2), (2, 2)]),   # some rows all padding
+    # W padding is skipped by the kernel: rows narrower than the kernel (no
+    # pixel reads only inside its row), right-only padding with a stride,
+    # dilated taps with wide uneven padding
+    ((4, 2), 3, 12, (1, 5), (1, 1), (1, 1), [(0, 0), (2, 2)]),
+    ((7, 9), 4, 16, (3, 3), (2, 2), (1, 1), [(0, 1), (0, 1)]),
+    ((1, 20), 8, 16, (1, 7), (1, 3), (1, 2), [(0, 0), (5, 6)]),
+    ((3, 30), 2, 24, (2, 4), (1, 1), (1, 3), [(0, 1), (9, 0)]),
 ]
 
 
