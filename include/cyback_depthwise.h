@@ -1,14 +1,15 @@
-/* Row kernels of the depthwise convolution (cyback/kernels/depthwise.pyx).
+/* Row and plane kernels of the depthwise convolution
+ * (cyback/kernels/depthwise.pyx).
  *
  * A depthwise convolution is memory-bound only if its inner loops run at
  * vector width: each output value is a KH*KW-long dot product over one
- * channel. These kernels compute one output row with the accumulators in
- * vector registers:
- *   - channels_last: vectors run over channels, and four output pixels share
- *     each kernel-tap load;
- *   - channels_first: vectors run along the row (stride 1) over input rows
- *     that the caller has zero-padded on the left and right, so no pixel
- *     needs a bounds check.
+ * channel. These kernels keep the accumulators in vector registers:
+ *   - channels_last, one output row: vectors run over channels, and four
+ *     output pixels share each kernel-tap load;
+ *   - channels_first, one (n, c) plane: vectors run along the row (stride 1)
+ *     over a plane that the caller has zero-padded all around, so no pixel
+ *     needs a bounds check; blocks of 4 rows by 2 vectors share each
+ *     kernel-tap load and keep 8 multiply-add chains in flight.
  *
  * The wheels are built for baseline x86-64 (SSE2, 16-byte vectors). On x86
  * with GCC or clang every kernel is compiled a second time for AVX2 + FMA
@@ -85,6 +86,47 @@ ATTR static inline void cb_dw_pixel_##SUF(const T *const *xr, const T *k, T *yp,
 CB_DW_PIXEL_SCALAR(float, f, )
 CB_DW_PIXEL_SCALAR(double, d, )
 
+/* channels_first kernels work on whole planes that the caller pads once:
+ * the input plane (H, W) is copied into Hp rows of Wp values, shifted down
+ * by pt and right by pl, with zeros around (cb_dw_pad_plane), so that output
+ * (oh, ow) reads row oh*sh + ky*dh, column ow*sw + kx*dw with no bounds
+ * check. A padding buffer holds CB_DW_SLACK values more than Hp*Wp: the
+ * vector padding writes whole vectors. Kernel tap (ky, kx) is
+ * k[(ky*KW + kx) * ks]. */
+#define CB_DW_SLACK 8
+
+/* Scalar channels_first planes: any stride along the row, and the fall-back
+ * for rows narrower than a vector. y (OH, OW) += the sums when accumulate,
+ * else y = act(bias + sums). The kernel gradient adds each tap's sum to lane
+ * 0 of acc[(ky*KW + kx) * 8 ...] (see cb_dw_kgrad_cf_plane). */
+#define CB_DW_CF_SCALAR(T, SUF, ATTR)                                                     \
+ATTR static void cb_dw_fwd_cf_scalar_##SUF(const T *x, ptrdiff_t rs, const T *k, ptrdiff_t ks, \
+        T *y, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh,       \
+        ptrdiff_t dw, ptrdiff_t KH, ptrdiff_t KW, int accumulate, T bias, int act) {      \
+    ptrdiff_t oh, ow, ky, kx;                                                             \
+    for (oh = 0; oh < OH; oh++)                                                           \
+        for (ow = 0; ow < OW; ow++) {                                                     \
+            T s = accumulate ? y[oh * OW + ow] : bias;                                    \
+            for (ky = 0; ky < KH; ky++)                                                   \
+                for (kx = 0; kx < KW; kx++)                                               \
+                    s += x[(oh * sh + ky * dh) * rs + ow * sw + kx * dw] * k[(ky * KW + kx) * ks]; \
+            y[oh * OW + ow] = CB_ACT(T, s, act);                                          \
+        }                                                                                 \
+}                                                                                         \
+ATTR static void cb_dw_kgrad_cf_scalar_##SUF(const T *x, ptrdiff_t rs, const T *dy,       \
+        ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh, ptrdiff_t dw, \
+        ptrdiff_t KH, ptrdiff_t KW, T *acc) {                                             \
+    ptrdiff_t oh, ow, ky, kx;                                                             \
+    for (ky = 0; ky < KH; ky++)                                                           \
+        for (kx = 0; kx < KW; kx++) {                                                     \
+            T t = 0;                                                                      \
+            for (oh = 0; oh < OH; oh++)                                                   \
+                for (ow = 0; ow < OW; ow++)                                               \
+                    t += dy[oh * OW + ow] * x[(oh * sh + ky * dh) * rs + ow * sw + kx * dw]; \
+            acc[(ky * KW + kx) * 8] += t;                                                 \
+        }                                                                                 \
+}
+
 #if CB_SIMD_VECTOR
 
 /* channels_last forward row: y[ow, c] for ow in [0, OW), c in [0, C).
@@ -158,63 +200,6 @@ ATTR static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y,   
     }                                                                                     \
 }
 
-/* channels_first forward plane, stride 1 along rows: y (OH, OW) (+= when
- * accumulate). Output row oh reads rows oh*sh - ph + ky*dh of the input
- * plane, Hs rows rs apart, already zero-padded along the row so that tap kx
- * of output ow reads row[ow + kx*dw]; rows outside [0, Hs) are padding.
- * Kernel tap (ky, kx) is k[(ky*KW + kx) * ks]. */
-#define CB_DW_FWD_CF(T, V, VL, SUF, ATTR)                                                 \
-ATTR static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, ptrdiff_t Hs,         \
-        const T *k, ptrdiff_t ks, T *y, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh,         \
-        ptrdiff_t dh, ptrdiff_t ph, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t dw,             \
-        int accumulate, T bias, int act) {                                                \
-    ptrdiff_t oh, ow, ky, kx, OV2 = OW - OW % (2 * VL), OV = OW - OW % VL;            \
-    V b0 = (V){0} + bias;                                                                 \
-    for (oh = 0; oh < OH; oh++) {                                                         \
-        T *yr = y + oh * OW;                                                              \
-        ptrdiff_t ky0 = 0, ky1 = KH;                                                      \
-        ptrdiff_t ih0 = oh * sh - ph;                                                     \
-        /* The kernel rows whose input row lies inside the plane. */                      \
-        while (ky0 < KH && ih0 + ky0 * dh < 0) ky0++;                                      \
-        while (ky1 > ky0 && ih0 + (ky1 - 1) * dh >= Hs) ky1--;                            \
-        for (ow = 0; ow < OV2; ow += 2 * VL) {                                            \
-            V a0 = b0, a1 = b0;                                                           \
-            if (accumulate) { a0 = *(V *)(yr + ow); a1 = *(V *)(yr + ow + VL); }          \
-            for (ky = ky0; ky < ky1; ky++) {                                              \
-                const T *xp = x + (ih0 + ky * dh) * rs + ow;                              \
-                for (kx = 0; kx < KW; kx++) {                                             \
-                    T kv = k[(ky * KW + kx) * ks];                                        \
-                    a0 += *(const V *)(xp + kx * dw) * kv;                                \
-                    a1 += *(const V *)(xp + kx * dw + VL) * kv;                           \
-                }                                                                         \
-            }                                                                             \
-            CB_VACT(a0, act);                                                    \
-            CB_VACT(a1, act);                                                    \
-            *(V *)(yr + ow) = a0;                                                         \
-            *(V *)(yr + ow + VL) = a1;                                                    \
-        }                                                                                 \
-        /* The last vector may overlap the previous one (same values), */                 \
-        /* unless the sums accumulate onto y.                          */                 \
-        for (; ow < OW && OW >= VL && (ow < OV || !accumulate); ow += VL) {               \
-            V a0 = b0;                                                                    \
-            if (ow > OW - VL) ow = OW - VL;                                               \
-            if (accumulate) a0 = *(V *)(yr + ow);                                         \
-            for (ky = ky0; ky < ky1; ky++)                                                \
-                for (kx = 0; kx < KW; kx++)                                               \
-                    a0 += *(const V *)(x + (ih0 + ky * dh) * rs + ow + kx * dw)               \
-                          * k[(ky * KW + kx) * ks];                                       \
-            CB_VACT(a0, act);                                                    \
-            *(V *)(yr + ow) = a0;                                                         \
-        }                                                                                 \
-        for (; ow < OW; ow++) {                                                           \
-            T s = accumulate ? yr[ow] : bias;                                             \
-            for (ky = ky0; ky < ky1; ky++)                                                \
-                for (kx = 0; kx < KW; kx++)                                               \
-                    s += x[(ih0 + ky * dh) * rs + ow + kx * dw] * k[(ky * KW + kx) * ks];      \
-            yr[ow] = CB_ACT(T, s, act);                                                \
-        }                                                                                 \
-    }                                                                                     \
-}
 
 /* channels_last kernel-gradient row: part[ky, kx, c] += sum over ow of
  * dy[ow, c] * x[ky][ow*sw - pw + kx*dw, c] (the valid ow only). */
@@ -266,42 +251,183 @@ ATTR static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy,      
     }                                                                                     \
 }
 
-/* channels_first kernel gradient of one plane, stride 1 along rows:
- * acc[(ky*KW + kx) * 8 + lane] += partial sums of dy[oh, ow] *
- * x[oh*sh - ph + ky*dh][ow + kx*dw] (rows padded as for cb_dw_fwd_cf_plane).
- * The caller sums the 8 lanes of each tap (lanes a vector does not use stay
- * as they were). */
-#define CB_DW_KGRAD_CF(T, V, VL, SUF, ATTR)                                               \
-ATTR static void cb_dw_kgrad_cf_plane_##SUF(const T *x, ptrdiff_t rs, ptrdiff_t Hs,       \
-        const T *dy, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t dh,              \
-        ptrdiff_t ph, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t dw, T *acc) {                 \
-    ptrdiff_t oh, ow, ky, kx, OV = OW - OW % VL;                                          \
-    for (oh = 0; oh < OH; oh++) {                                                         \
-        const T *g = dy + oh * OW;                                                        \
-        ptrdiff_t ih0 = oh * sh - ph;                                                     \
-        for (ky = 0; ky < KH; ky++) {                                                     \
-            const T *xr;                                                                  \
-            if (ih0 + ky * dh < 0 || ih0 + ky * dh >= Hs) continue;                       \
-            xr = x + (ih0 + ky * dh) * rs;                                                \
-            for (kx = 0; kx < KW; kx++) {                                                 \
-                V a = *(V *)(acc + (ky * KW + kx) * 8);                                   \
-                T t = 0;                                                                  \
-                const T *xp = xr + kx * dw;                                               \
-                for (ow = 0; ow < OV; ow += VL)                                           \
-                    a += *(const V *)(g + ow) * *(const V *)(xp + ow);                    \
-                for (; ow < OW; ow++)                                                     \
-                    t += g[ow] * xp[ow];                                                  \
-                a[0] += t;                                                                \
-                *(V *)(acc + (ky * KW + kx) * 8) = a;                                     \
-            }                                                                             \
+
+/* Calls of the always-inlined blocks below with the caller's arguments. */
+#define CB_DW_TILE(SUF, ow, dv, NV)                                                      \
+    cb_dw_cf_tile_##SUF(x, rs, k, ks, y, OW, oh, ow, dv, sh, dh, dw, KH, KW, accumulate,  \
+                        b0, act, R, NV)
+#define CB_DW_ROWS(SUF, R)                                                               \
+    cb_dw_cf_rows_##SUF(x, rs, k, ks, y, OW, oh, sh, dh, dw, KH, KW, accumulate, b0, act, R)
+#define CB_DW_TAPS(SUF, NK)                                                              \
+    cb_dw_kg_cf_taps_##SUF(x, rs, dy, OH, OW, sh, dh, dw, ky, kx0, ky * KW + kx0, keep, acc, NK)
+
+/* The padded plane (see CB_DW_SLACK) in whole vectors, rows in order: a
+ * store past a row's end is overwritten by the next row or lands in the
+ * slack, one before a row's copy is overwritten by the copy. */
+#define CB_DW_PAD_CF(T, V, VL, SUF, ATTR)                                                 \
+ATTR static void cb_dw_pad_plane_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T *buf,    \
+        ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl) {                         \
+    const V z = {0};                                                                      \
+    ptrdiff_t i, j, lead = pl < Wp ? pl : Wp, n = W < Wp - lead ? W : Wp - lead;          \
+    for (i = 0; i < Hp; i++) {                                                            \
+        T *b = buf + i * Wp;                                                              \
+        const T *s;                                                                       \
+        if (i < pt || i - pt >= H || n == 0) {                                            \
+            for (j = 0; j < Wp; j += VL) *(V *)(b + j) = z;                               \
+            continue;                                                                     \
         }                                                                                 \
+        s = src + (i - pt) * W;                                                           \
+        for (j = 0; j < lead; j += VL) *(V *)(b + j) = z;                                 \
+        if (n >= VL) {                                                                    \
+            for (j = 0; j + VL <= n; j += VL) *(V *)(b + lead + j) = *(const V *)(s + j); \
+            *(V *)(b + lead + n - VL) = *(const V *)(s + n - VL);                         \
+        } else {                                                                          \
+            for (j = 0; j < n; j++) b[lead + j] = s[j];                                   \
+        }                                                                                 \
+        for (j = lead + n; j < Wp; j += VL) *(V *)(b + j) = z;                            \
     }                                                                                     \
 }
 
-#define CB_DW_INSTANCE(T, V, VL, SUF, ATTR) \
-    CB_DW_PIXEL_SCALAR(T, SUF, ATTR) \
-    CB_DW_FWD_CL(T, V, VL, SUF, ATTR) CB_DW_FWD_CF(T, V, VL, SUF, ATTR) \
-    CB_DW_KGRAD_CL(T, V, VL, SUF, ATTR) CB_DW_KGRAD_CF(T, V, VL, SUF, ATTR)
+/* channels_first forward, stride 1 along the row: R output rows by NV
+ * vectors (the second dv values after the first) at (oh, ow), the sums in
+ * registers, each tap's weight loaded once for all of them. Overlapping
+ * vectors store the same values twice. */
+#define CB_DW_FWD_CF(T, V, VL, SUF, ATTR)                                                 \
+ATTR static inline __attribute__((always_inline)) void cb_dw_cf_tile_##SUF(const T *x,    \
+        ptrdiff_t rs, const T *k, ptrdiff_t ks, T *y, ptrdiff_t OW, ptrdiff_t oh,         \
+        ptrdiff_t ow, ptrdiff_t dv, ptrdiff_t sh, ptrdiff_t dh, ptrdiff_t dw, ptrdiff_t KH, \
+        ptrdiff_t KW, int accumulate, V b0, int act, const int R, const int NV) {         \
+    V a[4][2];                                                                            \
+    ptrdiff_t ky, kx;                                                                     \
+    int r, v;                                                                             \
+    for (r = 0; r < R; r++)                                                               \
+        for (v = 0; v < NV; v++)                                                          \
+            a[r][v] = accumulate ? *(const V *)(y + (oh + r) * OW + ow + v * dv) : b0;    \
+    for (ky = 0; ky < KH; ky++) {                                                         \
+        const T *xr = x + (oh * sh + ky * dh) * rs + ow;                                  \
+        for (kx = 0; kx < KW; kx++) {                                                     \
+            T kv = k[(ky * KW + kx) * ks];                                                \
+            for (r = 0; r < R; r++)                                                       \
+                for (v = 0; v < NV; v++)                                                  \
+                    a[r][v] += *(const V *)(xr + r * sh * rs + kx * dw + v * dv) * kv;    \
+        }                                                                                 \
+    }                                                                                     \
+    for (r = 0; r < R; r++)                                                               \
+        for (v = 0; v < NV; v++) {                                                        \
+            CB_VACT(a[r][v], act);                                                        \
+            *(V *)(y + (oh + r) * OW + ow + v * dv) = a[r][v];                            \
+        }                                                                                 \
+}                                                                                         \
+/* Output rows [oh, oh + R) of a plane: pairs of vectors, then the last                   \
+ * columns as overlapping vectors (or, when accumulating, single vectors and              \
+ * scalars: an overlapping vector would add twice). */                                    \
+ATTR static inline __attribute__((always_inline)) void cb_dw_cf_rows_##SUF(const T *x,    \
+        ptrdiff_t rs, const T *k, ptrdiff_t ks, T *y, ptrdiff_t OW, ptrdiff_t oh,         \
+        ptrdiff_t sh, ptrdiff_t dh, ptrdiff_t dw, ptrdiff_t KH, ptrdiff_t KW, int accumulate, \
+        V b0, int act, const int R) {                                                     \
+    ptrdiff_t ow, c, r, ky, kx;                                                           \
+    for (ow = 0; ow + 2 * VL <= OW; ow += 2 * VL) CB_DW_TILE(SUF, ow, VL, 2);             \
+    if (ow == OW) return;                                                                 \
+    if (!accumulate) {                                                                    \
+        if (ow + VL >= OW) CB_DW_TILE(SUF, OW - VL, 0, 1);                                \
+        else if (OW >= 2 * VL) CB_DW_TILE(SUF, OW - 2 * VL, VL, 2);                       \
+        else CB_DW_TILE(SUF, 0, OW - VL, 2);                                              \
+        return;                                                                           \
+    }                                                                                     \
+    for (; ow + VL <= OW; ow += VL) CB_DW_TILE(SUF, ow, 0, 1);                            \
+    for (r = 0; r < R; r++)                                                               \
+        for (c = ow; c < OW; c++) {                                                       \
+            T s = y[(oh + r) * OW + c];                                                   \
+            for (ky = 0; ky < KH; ky++)                                                   \
+                for (kx = 0; kx < KW; kx++)                                               \
+                    s += x[((oh + r) * sh + ky * dh) * rs + c + kx * dw] * k[(ky * KW + kx) * ks]; \
+            y[(oh + r) * OW + c] = CB_ACT(T, s, act);                                     \
+        }                                                                                 \
+}                                                                                         \
+/* One plane, as cb_dw_fwd_cf_scalar: blocks of 4 output rows (8 sums in                  \
+ * registers hide the latency of the multiply-adds). */                                   \
+ATTR static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *k, ptrdiff_t ks, \
+        T *y, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh,       \
+        ptrdiff_t dw, ptrdiff_t KH, ptrdiff_t KW, int accumulate, T bias, int act) {      \
+    V b0 = (V){0} + bias;                                                                 \
+    ptrdiff_t oh = 0;                                                                     \
+    if (sw != 1 || OW < VL) {                                                             \
+        cb_dw_fwd_cf_scalar_##SUF(x, rs, k, ks, y, OH, OW, sh, sw, dh, dw, KH, KW, accumulate, \
+                                  bias, act);                                             \
+        return;                                                                           \
+    }                                                                                     \
+    for (; oh + 4 <= OH; oh += 4) CB_DW_ROWS(SUF, 4);                                     \
+    if (oh + 2 <= OH) {                                                                   \
+        CB_DW_ROWS(SUF, 2);                                                               \
+        oh += 2;                                                                          \
+    }                                                                                     \
+    if (oh < OH) CB_DW_ROWS(SUF, 1);                                                      \
+}
+
+/* channels_first kernel gradient, stride 1 along the row: taps
+ * [t0, t0 + NK) of kernel row ky, each with two sums in registers, over the
+ * whole plane. The last vector of a row overlaps the one before; keep masks
+ * off its lanes that were already counted. */
+#define CB_DW_KGRAD_CF(T, V, VL, SUF, ATTR)                                               \
+ATTR static inline __attribute__((always_inline)) void cb_dw_kg_cf_taps_##SUF(const T *x, \
+        ptrdiff_t rs, const T *dy, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t dh, \
+        ptrdiff_t dw, ptrdiff_t ky, ptrdiff_t kx0, ptrdiff_t t0, V keep, T *acc, const int NK) { \
+    typedef __typeof__(keep > keep) mask_t;                                               \
+    V a0[4], a1[4];                                                                       \
+    ptrdiff_t oh, ow;                                                                     \
+    int j;                                                                                \
+    for (j = 0; j < NK; j++) a0[j] = a1[j] = (V){0};                                      \
+    for (oh = 0; oh < OH; oh++) {                                                         \
+        const T *g = dy + oh * OW, *xr = x + (oh * sh + ky * dh) * rs + kx0 * dw;         \
+        for (ow = 0; ow + 2 * VL <= OW; ow += 2 * VL) {                                   \
+            V g0 = *(const V *)(g + ow), g1 = *(const V *)(g + ow + VL);                  \
+            for (j = 0; j < NK; j++) {                                                    \
+                a0[j] += g0 * *(const V *)(xr + ow + j * dw);                             \
+                a1[j] += g1 * *(const V *)(xr + ow + VL + j * dw);                        \
+            }                                                                             \
+        }                                                                                 \
+        if (ow + VL <= OW) {                                                              \
+            V g0 = *(const V *)(g + ow);                                                  \
+            for (j = 0; j < NK; j++) a0[j] += g0 * *(const V *)(xr + ow + j * dw);        \
+            ow += VL;                                                                     \
+        }                                                                                 \
+        if (ow < OW) {                                                                    \
+            V g1 = *(const V *)(g + OW - VL);                                             \
+            for (j = 0; j < NK; j++)                                                      \
+                a1[j] += (V)((mask_t)(g1 * *(const V *)(xr + OW - VL + j * dw)) & (mask_t)keep); \
+        }                                                                                 \
+    }                                                                                     \
+    for (j = 0; j < NK; j++) *(V *)(acc + (t0 + j) * 8) += a0[j] + a1[j];                 \
+}                                                                                         \
+/* One plane, as cb_dw_kgrad_cf_scalar, with the sums spread over the lanes. */           \
+ATTR static void cb_dw_kgrad_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *dy,        \
+        ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh, ptrdiff_t dw, \
+        ptrdiff_t KH, ptrdiff_t KW, T *acc) {                                             \
+    T lane[VL];                                                                           \
+    V keep;                                                                               \
+    ptrdiff_t ky, kx0, j;                                                                 \
+    if (sw != 1 || OW < VL) {                                                             \
+        cb_dw_kgrad_cf_scalar_##SUF(x, rs, dy, OH, OW, sh, sw, dh, dw, KH, KW, acc);      \
+        return;                                                                           \
+    }                                                                                     \
+    /* Lanes at or after VL - OW % VL of the overlapping last vector are new. */          \
+    for (j = 0; j < VL; j++) lane[j] = (T)j;                                              \
+    keep = (V)(*(const V *)lane >= (V){0} + (T)(VL - OW % VL));                           \
+    for (ky = 0; ky < KH; ky++)                                                           \
+        for (kx0 = 0; kx0 < KW; kx0 += 4)                                                 \
+            switch (KW - kx0) {                                                           \
+            case 1: CB_DW_TAPS(SUF, 1); break;                                            \
+            case 2: CB_DW_TAPS(SUF, 2); break;                                            \
+            case 3: CB_DW_TAPS(SUF, 3); break;                                            \
+            default: CB_DW_TAPS(SUF, 4);                                                  \
+            }                                                                             \
+}
+
+#define CB_DW_INSTANCE(T, V, VL, SUF, ATTR)                                               \
+    CB_DW_PIXEL_SCALAR(T, SUF, ATTR) CB_DW_CF_SCALAR(T, SUF, ATTR)                        \
+    CB_DW_FWD_CL(T, V, VL, SUF, ATTR) CB_DW_KGRAD_CL(T, V, VL, SUF, ATTR)                 \
+    CB_DW_PAD_CF(T, V, VL, SUF, ATTR) CB_DW_FWD_CF(T, V, VL, SUF, ATTR)                   \
+    CB_DW_KGRAD_CF(T, V, VL, SUF, ATTR)
 
 CB_DW_INSTANCE(float, cb_v4f, 4, f_base, )
 CB_DW_INSTANCE(double, cb_v2d, 2, d_base, )
@@ -315,27 +441,29 @@ CB_DW_INSTANCE(double, cb_v4d, 4, d_avx2, CB_AVX2_ATTR)
 
 #define CB_DW_DISPATCH(T, SUF)                                                            \
 static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y, ptrdiff_t C,     \
-        ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw,\
+        ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, \
         ptrdiff_t pw, const T *bias, int act) {                                           \
-    CB_DW_PICK(cb_dw_fwd_cl_row_, SUF)(xr, k, y, C, W, KH, KW, OW, sw, dw, pw, bias, act);\
-}                                                                                         \
-static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, ptrdiff_t Hs, const T *k,   \
-        ptrdiff_t ks, T *y, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t dh,       \
-        ptrdiff_t ph, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t dw, int accumulate, T bias,   \
-        int act) {                                                                        \
-    CB_DW_PICK(cb_dw_fwd_cf_plane_, SUF)(x, rs, Hs, k, ks, y, OH, OW, sh, dh, ph, KH, KW, \
-                                         dw, accumulate, bias, act);                      \
+    CB_DW_PICK(cb_dw_fwd_cl_row_, SUF)(xr, k, y, C, W, KH, KW, OW, sw, dw, pw, bias, act); \
 }                                                                                         \
 static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy, T *part,            \
         ptrdiff_t C, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, \
         ptrdiff_t dw, ptrdiff_t pw) {                                                     \
     CB_DW_PICK(cb_dw_kgrad_cl_row_, SUF)(xr, dy, part, C, W, KH, KW, OW, sw, dw, pw);     \
 }                                                                                         \
-static void cb_dw_kgrad_cf_plane_##SUF(const T *x, ptrdiff_t rs, ptrdiff_t Hs, const T *dy,\
-        ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t dh, ptrdiff_t ph, ptrdiff_t KH,\
-        ptrdiff_t KW, ptrdiff_t dw, T *acc) {                                             \
-    CB_DW_PICK(cb_dw_kgrad_cf_plane_, SUF)(x, rs, Hs, dy, OH, OW, sh, dh, ph, KH, KW, dw, \
-                                           acc);                                          \
+static void cb_dw_pad_plane_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T *buf,         \
+        ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl) {                         \
+    CB_DW_PICK(cb_dw_pad_plane_, SUF)(src, H, W, buf, Hp, Wp, pt, pl);                    \
+}                                                                                         \
+static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *k, ptrdiff_t ks,  \
+        T *y, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh,       \
+        ptrdiff_t dw, ptrdiff_t KH, ptrdiff_t KW, int accumulate, T bias, int act) {      \
+    CB_DW_PICK(cb_dw_fwd_cf_plane_, SUF)(x, rs, k, ks, y, OH, OW, sh, sw, dh, dw, KH, KW, \
+                                         accumulate, bias, act);                          \
+}                                                                                         \
+static void cb_dw_kgrad_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *dy,             \
+        ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh, ptrdiff_t dw, \
+        ptrdiff_t KH, ptrdiff_t KW, T *acc) {                                             \
+    CB_DW_PICK(cb_dw_kgrad_cf_plane_, SUF)(x, rs, dy, OH, OW, sh, sw, dh, dw, KH, KW, acc); \
 }
 
 CB_DW_DISPATCH(float, f)
@@ -345,29 +473,12 @@ CB_DW_DISPATCH(double, d)
 
 #define CB_DW_PLAIN(T, SUF)                                                               \
 static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y, ptrdiff_t C,     \
-        ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw,\
+        ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, \
         ptrdiff_t pw, const T *bias, int act) {                                           \
     ptrdiff_t ow;                                                                         \
     for (ow = 0; ow < OW; ow++)                                                           \
         cb_dw_pixel_##SUF(xr, k, y + ow * C, C, W, KH, KW, ow * sw - pw, dw, 0, C,        \
                           bias, act);                                                     \
-}                                                                                         \
-static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, ptrdiff_t Hs, const T *k,   \
-        ptrdiff_t ks, T *y, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t dh,       \
-        ptrdiff_t ph, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t dw, int accumulate, T bias,   \
-        int act) {                                                                        \
-    ptrdiff_t oh, ow, ky, kx, ih;                                                         \
-    for (oh = 0; oh < OH; oh++)                                                           \
-        for (ow = 0; ow < OW; ow++) {                                                     \
-            T s = accumulate ? y[oh * OW + ow] : bias;                                    \
-            for (ky = 0; ky < KH; ky++) {                                                 \
-                ih = oh * sh - ph + ky * dh;                                              \
-                if (ih < 0 || ih >= Hs) continue;                                         \
-                for (kx = 0; kx < KW; kx++)                                               \
-                    s += x[ih * rs + ow + kx * dw] * k[(ky * KW + kx) * ks];              \
-            }                                                                             \
-            y[oh * OW + ow] = CB_ACT(T, s, act);                                       \
-        }                                                                                 \
 }                                                                                         \
 static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy, T *part,            \
         ptrdiff_t C, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, \
@@ -386,30 +497,24 @@ static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy, T *part,  
             }                                                                             \
         }                                                                                 \
     }                                                                                     \
+}                                                                                         \
+static void cb_dw_pad_plane_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T *buf,         \
+        ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl) {                         \
+    ptrdiff_t i, j;                                                                       \
+    for (i = 0; i < Hp; i++)                                                              \
+        for (j = 0; j < Wp; j++)                                                          \
+            buf[i * Wp + j] = i >= pt && i - pt < H && j >= pl && j - pl < W              \
+                              ? src[(i - pt) * W + j - pl] : (T)0;                        \
 }
 
-#define CB_DW_PLAIN_KGRAD_CF(T, SUF)                                                      \
-static void cb_dw_kgrad_cf_plane_##SUF(const T *x, ptrdiff_t rs, ptrdiff_t Hs, const T *dy,\
-        ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t dh, ptrdiff_t ph, ptrdiff_t KH,\
-        ptrdiff_t KW, ptrdiff_t dw, T *acc) {                                             \
-    ptrdiff_t oh, ow, ky, kx, ih;                                                         \
-    for (oh = 0; oh < OH; oh++)                                                           \
-        for (ky = 0; ky < KH; ky++) {                                                     \
-            ih = oh * sh - ph + ky * dh;                                                  \
-            if (ih < 0 || ih >= Hs) continue;                                             \
-            for (kx = 0; kx < KW; kx++) {                                                 \
-                T t = 0;                                                                  \
-                for (ow = 0; ow < OW; ow++)                                               \
-                    t += dy[oh * OW + ow] * x[ih * rs + ow + kx * dw];                    \
-                acc[(ky * KW + kx) * 8] += t;                                             \
-            }                                                                             \
-        }                                                                                 \
-}
-
-CB_DW_PLAIN_KGRAD_CF(float, f)
-CB_DW_PLAIN_KGRAD_CF(double, d)
+CB_DW_CF_SCALAR(float, f, )
+CB_DW_CF_SCALAR(double, d, )
 CB_DW_PLAIN(float, f)
 CB_DW_PLAIN(double, d)
+#define cb_dw_fwd_cf_plane_f cb_dw_fwd_cf_scalar_f
+#define cb_dw_fwd_cf_plane_d cb_dw_fwd_cf_scalar_d
+#define cb_dw_kgrad_cf_plane_f cb_dw_kgrad_cf_scalar_f
+#define cb_dw_kgrad_cf_plane_d cb_dw_kgrad_cf_scalar_d
 
 #endif
 

@@ -16,7 +16,7 @@ import numpy as np
 cimport cython
 from cython.parallel cimport prange, parallel
 from libc.stdlib cimport malloc, free
-from libc.string cimport memcpy, memset
+from libc.string cimport memset
 
 from cyback.kernels._blas cimport floating
 from cyback.kernels._checks import check_float, remembered
@@ -24,6 +24,7 @@ from cyback.kernels._omp cimport cb_threads_for
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 
 cdef extern from "cyback_depthwise.h" nogil:
+    enum: CB_DW_SLACK
     int cb_simd_use_avx2(int on)
     void cb_dw_fwd_cl_row_f(const float** xr, const float* k, float* y, Py_ssize_t C,
                             Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
@@ -33,29 +34,31 @@ cdef extern from "cyback_depthwise.h" nogil:
                             Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
                             Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw, const double* bias,
                             int act)
-    void cb_dw_fwd_cf_plane_f(const float* x, Py_ssize_t rs, Py_ssize_t Hs, const float* k,
-                              Py_ssize_t ks, float* y, Py_ssize_t OH, Py_ssize_t OW,
-                              Py_ssize_t sh, Py_ssize_t dh, Py_ssize_t ph, Py_ssize_t KH,
-                              Py_ssize_t KW, Py_ssize_t dw, int accumulate, float bias, int act)
-    void cb_dw_fwd_cf_plane_d(const double* x, Py_ssize_t rs, Py_ssize_t Hs, const double* k,
-                              Py_ssize_t ks, double* y, Py_ssize_t OH, Py_ssize_t OW,
-                              Py_ssize_t sh, Py_ssize_t dh, Py_ssize_t ph, Py_ssize_t KH,
-                              Py_ssize_t KW, Py_ssize_t dw, int accumulate, double bias,
-                              int act)
-    void cb_dw_kgrad_cf_plane_f(const float* x, Py_ssize_t rs, Py_ssize_t Hs, const float* dy,
-                                Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh, Py_ssize_t dh,
-                                Py_ssize_t ph, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t dw,
-                                float* acc)
-    void cb_dw_kgrad_cf_plane_d(const double* x, Py_ssize_t rs, Py_ssize_t Hs,
-                                const double* dy, Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh,
-                                Py_ssize_t dh, Py_ssize_t ph, Py_ssize_t KH, Py_ssize_t KW,
-                                Py_ssize_t dw, double* acc)
     void cb_dw_kgrad_cl_row_f(const float** xr, const float* dy, float* part, Py_ssize_t C,
                               Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
                               Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw)
     void cb_dw_kgrad_cl_row_d(const double** xr, const double* dy, double* part, Py_ssize_t C,
                               Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
                               Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw)
+    void cb_dw_pad_plane_f(const float* src, Py_ssize_t H, Py_ssize_t W, float* buf,
+                           Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t pt, Py_ssize_t pl)
+    void cb_dw_pad_plane_d(const double* src, Py_ssize_t H, Py_ssize_t W, double* buf,
+                           Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t pt, Py_ssize_t pl)
+    void cb_dw_fwd_cf_plane_f(const float* x, Py_ssize_t rs, const float* k, Py_ssize_t ks,
+                              float* y, Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh,
+                              Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t KH,
+                              Py_ssize_t KW, int accumulate, float bias, int act)
+    void cb_dw_fwd_cf_plane_d(const double* x, Py_ssize_t rs, const double* k, Py_ssize_t ks,
+                              double* y, Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh,
+                              Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t KH,
+                              Py_ssize_t KW, int accumulate, double bias, int act)
+    void cb_dw_kgrad_cf_plane_f(const float* x, Py_ssize_t rs, const float* dy, Py_ssize_t OH,
+                                Py_ssize_t OW, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh,
+                                Py_ssize_t dw, Py_ssize_t KH, Py_ssize_t KW, float* acc)
+    void cb_dw_kgrad_cf_plane_d(const double* x, Py_ssize_t rs, const double* dy,
+                                Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh, Py_ssize_t sw,
+                                Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t KH, Py_ssize_t KW,
+                                double* acc)
 
 # Fixed number of partial sums for the channels_last kernel gradient: fixed,
 # not per thread, so the reduction order (and the result) does not depend on
@@ -264,57 +267,35 @@ cdef void _bwd_k_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
         free(<void*>xr)
 
 
-cdef inline const floating* _pad_plane(const floating* src, Py_ssize_t Hs, Py_ssize_t Ws,
-                                       floating* buf, Py_ssize_t Wp,
-                                       Py_ssize_t pw) noexcept nogil:
-    # The rows of plane src (Hs, Ws) laid out Wp wide with pw zeros in front
-    # (and zeros after), so that the row kernels need no bounds checks.
-    # Returns src itself when it needs no padding.
-    cdef Py_ssize_t i, lead = _imin(pw, Wp), ncopy
-    cdef floating* b
-    if pw == 0 and Wp == Ws:
+cdef inline const floating* _padded(const floating* src, Py_ssize_t H, Py_ssize_t W,
+                                    floating* buf, Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t pt,
+                                    Py_ssize_t pl) noexcept nogil:
+    # Plane src (H, W) as the channels_first kernels read it: Hp rows of Wp,
+    # shifted down by pt and right by pl, zeros around (cyback_depthwise.h).
+    # Returns src itself (rows W apart) when that needs no padding.
+    if pt == 0 and pl == 0 and Hp <= H and Wp <= W:
         return src
-    ncopy = _imax(0, _imin(Ws, Wp - lead))
-    for i in range(Hs):
-        b = buf + i * Wp
-        memset(b, 0, lead * sizeof(floating))
-        memcpy(b + lead, src + i * Ws, ncopy * sizeof(floating))
-        memset(b + lead + ncopy, 0, (Wp - lead - ncopy) * sizeof(floating))
+    if floating is float:
+        cb_dw_pad_plane_f(src, H, W, buf, Hp, Wp, pt, pl)
+    else:
+        cb_dw_pad_plane_d(src, H, W, buf, Hp, Wp, pt, pl)
     return buf
 
 
-cdef inline void _cf_plane(const floating* rows, Py_ssize_t rs, Py_ssize_t Hs,
-                           const floating* k, Py_ssize_t ks, floating* dst, Py_ssize_t OH,
-                           Py_ssize_t OW, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh,
-                           Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t KH, Py_ssize_t KW,
-                           bint accumulate, floating bias=0, int act=0) noexcept nogil:
-    # dst (OH, OW) (+)= the correlation of the padded plane rows (Hs rows,
-    # rs apart) with the taps k[(ky*KW + kx) * ks], plus bias, through the
-    # activation act (bias and act only when not accumulating).
-    cdef Py_ssize_t oh, ky, kx, ih, ow
-    cdef floating s
-    if sw == 1:
-        if floating is float:
-            cb_dw_fwd_cf_plane_f(rows, rs, Hs, k, ks, dst, OH, OW, sh, dh, ph, KH, KW, dw,
-                                 accumulate, bias, act)
-        else:
-            cb_dw_fwd_cf_plane_d(rows, rs, Hs, k, ks, dst, OH, OW, sh, dh, ph, KH, KW, dw,
-                                 accumulate, bias, act)
-        return
-    for oh in range(OH):
-        for ow in range(OW):
-            s = dst[oh * OW + ow] if accumulate else bias
-            for ky in range(KH):
-                ih = oh * sh - ph + ky * dh
-                if ih < 0 or ih >= Hs:
-                    continue
-                for kx in range(KW):
-                    s = s + rows[ih * rs + ow * sw + kx * dw] * k[(ky * KW + kx) * ks]
-            if act != 0 and s < 0:
-                s = 0
-            if act == 2 and s > 6:
-                s = 6
-            dst[oh * OW + ow] = s
+cdef inline void _cf_plane(const floating* rows, Py_ssize_t rs, const floating* k,
+                           Py_ssize_t ks, floating* dst, Py_ssize_t OH, Py_ssize_t OW,
+                           Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw,
+                           Py_ssize_t KH, Py_ssize_t KW, bint accumulate, floating bias=0,
+                           int act=0) noexcept nogil:
+    # dst (OH, OW) (+)= the correlation of the padded plane (rows rs apart)
+    # with the taps k[(ky*KW + kx) * ks], plus bias, through the activation
+    # act (bias and act only when not accumulating).
+    if floating is float:
+        cb_dw_fwd_cf_plane_f(rows, rs, k, ks, dst, OH, OW, sh, sw, dh, dw, KH, KW, accumulate,
+                             bias, act)
+    else:
+        cb_dw_fwd_cf_plane_d(rows, rs, k, ks, dst, OH, OW, sh, sw, dh, dw, KH, KW, accumulate,
+                             bias, act)
 
 
 cdef void _fwd_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
@@ -322,27 +303,28 @@ cdef void _fwd_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
                   Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
         const floating[::1] bias, int act, cb_intr* intr) noexcept nogil:
     # One task per input plane (n, c): it is padded once into a per-thread
-    # buffer, then filtered into its M output planes row by row.
+    # buffer, then filtered into its M output planes.
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], M = k.shape[3]
     cdef Py_ssize_t OH = y.shape[2], OW = y.shape[3]
+    cdef Py_ssize_t Hp = (OH - 1) * sh + (KH - 1) * dh + 1
     cdef Py_ssize_t Wp = (OW - 1) * sw + (KW - 1) * dw + 1
     cdef Py_ssize_t t, n, c, m, rs
     cdef floating* buf = NULL
     cdef const floating* rows
     cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     with parallel(num_threads=nt):
-        buf = <floating*>malloc(H * Wp * sizeof(floating))
+        buf = <floating*>malloc((Hp * Wp + CB_DW_SLACK) * sizeof(floating))
         for t in prange(N * C, schedule='static'):
             if cb_intr_poll(intr):
                 continue
             n = t // C
             c = t % C
-            rows = _pad_plane(&x[n, c, 0, 0], H, W, buf, Wp, pw)
+            rows = _padded(&x[n, c, 0, 0], H, W, buf, Hp, Wp, ph, pw)
             rs = W if rows == &x[n, c, 0, 0] else Wp
             for m in range(M):
-                _cf_plane(rows, rs, H, &k[0, 0, c, m], C * M, &y[n, c * M + m, 0, 0], OH, OW,
-                          sh, sw, dh, dw, ph, KH, KW, False,
+                _cf_plane(rows, rs, &k[0, 0, c, m], C * M, &y[n, c * M + m, 0, 0], OH, OW,
+                          sh, sw, dh, dw, KH, KW, False,
                           bias[c * M + m] if bias.shape[0] > 0 else 0, act)
         free(buf)
 
@@ -356,25 +338,24 @@ cdef void _bwd_in_cf_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
     cdef Py_ssize_t N = dx.shape[0], C = dx.shape[1], H = dx.shape[2], W = dx.shape[3]
     cdef Py_ssize_t KH = kf.shape[0], KW = kf.shape[1], M = kf.shape[3]
     cdef Py_ssize_t OH = dy.shape[2], OW = dy.shape[3]
-    cdef Py_ssize_t Wp = (W - 1) + (KW - 1) * dw + 1
+    cdef Py_ssize_t Hp = H + (KH - 1) * dh, Wp = W + (KW - 1) * dw
     cdef Py_ssize_t t, n, c, m, rs
     cdef floating* buf = NULL
     cdef const floating* rows
     cdef int nt = cb_threads_for(2.0 * N * H * W * C * M * KH * KW)
     with parallel(num_threads=nt):
-        buf = <floating*>malloc(OH * Wp * sizeof(floating))
+        buf = <floating*>malloc((Hp * Wp + CB_DW_SLACK) * sizeof(floating))
         for t in prange(N * C, schedule='static'):
             if cb_intr_poll(intr):
                 continue
             n = t // C
             c = t % C
             for m in range(M):
-                rows = _pad_plane(&dy[n, c * M + m, 0, 0], OH, OW, buf, Wp, fpw)
+                rows = _padded(&dy[n, c * M + m, 0, 0], OH, OW, buf, Hp, Wp, fph, fpw)
                 rs = OW if rows == &dy[n, c * M + m, 0, 0] else Wp
-                _cf_plane(rows, rs, OH, &kf[0, 0, c, m], C * M, &dx[n, c, 0, 0], H, W,
-                          1, 1, dh, dw, fph, KH, KW, m > 0)
+                _cf_plane(rows, rs, &kf[0, 0, c, m], C * M, &dx[n, c, 0, 0], H, W,
+                          1, 1, dh, dw, KH, KW, m > 0)
         free(buf)
-
 
 
 cdef inline Py_ssize_t _src(Py_ssize_t t, Py_ssize_t s, Py_ssize_t n) noexcept nogil:
@@ -541,46 +522,31 @@ cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t KH = dk.shape[0], KW = dk.shape[1], M = dk.shape[3]
     cdef Py_ssize_t OH = dy.shape[2], OW = dy.shape[3]
+    cdef Py_ssize_t Hp = (OH - 1) * sh + (KH - 1) * dh + 1
     cdef Py_ssize_t Wp = (OW - 1) * sw + (KW - 1) * dw + 1, T = KH * KW
-    cdef Py_ssize_t c, n, m, tap, rs, oh, ow, ky, kx, ih, j
+    cdef Py_ssize_t c, n, m, tap, rs, j
     cdef floating* buf = NULL
     cdef floating* acc = NULL
-    cdef floating* a
     cdef const floating* rows
-    cdef const floating* g
     cdef floating s
     cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     with parallel(num_threads=nt):
-        buf = <floating*>malloc(H * Wp * sizeof(floating))
+        buf = <floating*>malloc((Hp * Wp + CB_DW_SLACK) * sizeof(floating))
         acc = <floating*>malloc(M * T * 8 * sizeof(floating))
         for c in prange(C, schedule='static'):
             memset(acc, 0, M * T * 8 * sizeof(floating))
             for n in range(N):
                 if cb_intr_poll(intr):
                     break
-                rows = _pad_plane(&x[n, c, 0, 0], H, W, buf, Wp, pw)
+                rows = _padded(&x[n, c, 0, 0], H, W, buf, Hp, Wp, ph, pw)
                 rs = W if rows == &x[n, c, 0, 0] else Wp
                 for m in range(M):
-                    a = acc + m * T * 8
-                    g = &dy[n, c * M + m, 0, 0]
-                    if sw == 1:
-                        if floating is float:
-                            cb_dw_kgrad_cf_plane_f(rows, rs, H, g, OH, OW, sh, dh, ph, KH, KW,
-                                                   dw, a)
-                        else:
-                            cb_dw_kgrad_cf_plane_d(rows, rs, H, g, OH, OW, sh, dh, ph, KH, KW,
-                                                   dw, a)
-                        continue
-                    for oh in range(OH):
-                        for ky in range(KH):
-                            ih = oh * sh - ph + ky * dh
-                            if ih < 0 or ih >= H:
-                                continue
-                            for kx in range(KW):
-                                s = 0
-                                for ow in range(OW):
-                                    s = s + g[oh * OW + ow] * rows[ih * rs + ow * sw + kx * dw]
-                                a[(ky * KW + kx) * 8] += s
+                    if floating is float:
+                        cb_dw_kgrad_cf_plane_f(rows, rs, &dy[n, c * M + m, 0, 0], OH, OW, sh,
+                                               sw, dh, dw, KH, KW, acc + m * T * 8)
+                    else:
+                        cb_dw_kgrad_cf_plane_d(rows, rs, &dy[n, c * M + m, 0, 0], OH, OW, sh,
+                                               sw, dh, dw, KH, KW, acc + m * T * 8)
             for m in range(M):
                 for tap in range(T):
                     s = 0
