@@ -298,20 +298,25 @@ cdef inline void _cf_plane(const floating* rows, Py_ssize_t rs, const floating* 
                              bias, act)
 
 
-cdef void _fwd_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
-                  floating[:, :, :, ::1] y, Py_ssize_t sh, Py_ssize_t sw,
-                  Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
-        const floating[::1] bias, int act, cb_intr* intr) noexcept nogil:
-    # One task per input plane (n, c): it is padded once into a per-thread
-    # buffer, then filtered into its M output planes.
-    cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
-    cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], M = k.shape[3]
-    cdef Py_ssize_t OH = y.shape[2], OW = y.shape[3]
+cdef void _planes_cf(const floating[:, :, :, ::1] src, const floating[:, :, :, ::1] k,
+                     floating[:, :, :, ::1] dst, bint fan_in, Py_ssize_t sh, Py_ssize_t sw,
+                     Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
+                     const floating* bias, int act, cb_intr* intr) noexcept nogil:
+    # The channels_first correlations, one task per (n, c), each plane padded
+    # once into a per-thread buffer. The forward pass (not fan_in) filters
+    # plane src[n, c] into its M planes dst[n, c*M + m] (bias: C*M values or
+    # NULL, then the activation act). The stride-1 input gradient (fan_in:
+    # src is dy, k the flipped kernel) sums the M planes src[n, c*M + m],
+    # filtered, into dst[n, c].
+    cdef Py_ssize_t N = dst.shape[0], SH = src.shape[2], SW = src.shape[3]
+    cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], C = k.shape[2], M = k.shape[3]
+    cdef Py_ssize_t OH = dst.shape[2], OW = dst.shape[3]
     cdef Py_ssize_t Hp = (OH - 1) * sh + (KH - 1) * dh + 1
     cdef Py_ssize_t Wp = (OW - 1) * sw + (KW - 1) * dw + 1
-    cdef Py_ssize_t t, n, c, m, rs
+    cdef Py_ssize_t t, n, c, m, rs = 0
     cdef floating* buf = NULL
-    cdef const floating* rows
+    cdef const floating* plane
+    cdef const floating* rows = NULL
     cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     with parallel(num_threads=nt):
         buf = <floating*>malloc((Hp * Wp + CB_DW_SLACK) * sizeof(floating))
@@ -320,41 +325,14 @@ cdef void _fwd_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
                 continue
             n = t // C
             c = t % C
-            rows = _padded(&x[n, c, 0, 0], H, W, buf, Hp, Wp, ph, pw)
-            rs = W if rows == &x[n, c, 0, 0] else Wp
             for m in range(M):
-                _cf_plane(rows, rs, &k[0, 0, c, m], C * M, &y[n, c * M + m, 0, 0], OH, OW,
-                          sh, sw, dh, dw, KH, KW, False,
-                          bias[c * M + m] if bias.shape[0] > 0 else 0, act)
-        free(buf)
-
-
-cdef void _bwd_in_cf_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] kf,
-                        floating[:, :, :, ::1] dx, Py_ssize_t dh, Py_ssize_t dw,
-                        Py_ssize_t fph, Py_ssize_t fpw,
-        cb_intr* intr) noexcept nogil:
-    # Stride 1: plane dx[n, c] is the sum over m of the forward convolution of
-    # plane dy[n, c*M + m] with the flipped kernel kf[:, :, c, m].
-    cdef Py_ssize_t N = dx.shape[0], C = dx.shape[1], H = dx.shape[2], W = dx.shape[3]
-    cdef Py_ssize_t KH = kf.shape[0], KW = kf.shape[1], M = kf.shape[3]
-    cdef Py_ssize_t OH = dy.shape[2], OW = dy.shape[3]
-    cdef Py_ssize_t Hp = H + (KH - 1) * dh, Wp = W + (KW - 1) * dw
-    cdef Py_ssize_t t, n, c, m, rs
-    cdef floating* buf = NULL
-    cdef const floating* rows
-    cdef int nt = cb_threads_for(2.0 * N * H * W * C * M * KH * KW)
-    with parallel(num_threads=nt):
-        buf = <floating*>malloc((Hp * Wp + CB_DW_SLACK) * sizeof(floating))
-        for t in prange(N * C, schedule='static'):
-            if cb_intr_poll(intr):
-                continue
-            n = t // C
-            c = t % C
-            for m in range(M):
-                rows = _padded(&dy[n, c * M + m, 0, 0], OH, OW, buf, Hp, Wp, fph, fpw)
-                rs = OW if rows == &dy[n, c * M + m, 0, 0] else Wp
-                _cf_plane(rows, rs, &kf[0, 0, c, m], C * M, &dx[n, c, 0, 0], H, W,
-                          1, 1, dh, dw, KH, KW, m > 0)
+                if fan_in or m == 0:
+                    plane = &src[n, c * M + m if fan_in else c, 0, 0]
+                    rows = _padded(plane, SH, SW, buf, Hp, Wp, ph, pw)
+                    rs = SW if rows == plane else Wp
+                _cf_plane(rows, rs, &k[0, 0, c, m], C * M,
+                          &dst[n, c if fan_in else c * M + m, 0, 0], OH, OW, sh, sw, dh, dw,
+                          KH, KW, fan_in and m > 0, bias[c * M + m] if bias != NULL else 0, act)
         free(buf)
 
 
@@ -442,8 +420,9 @@ cdef void _bwd_in_cl(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::
                     _tap_t(dxp + c0, &dy[n, oh, ow, c0 * M], &k[ky, kx, c0, 0], C - c0, M)
 
 
-cdef void _reduce_parts(const floating[:, ::1] part, floating[::1] out) noexcept nogil:
-    cdef Py_ssize_t P = part.shape[0], L = part.shape[1]
+cdef void _reduce_parts(const floating* part, Py_ssize_t P, Py_ssize_t L,
+                        floating* out) noexcept nogil:
+    # out[j] = sum over p of part[p * L + j], in order of p.
     cdef Py_ssize_t j, p, blk, j0, j1
     cdef Py_ssize_t nblk = (L + 255) // 256
     # Work: P*L elements read, L written.
@@ -452,10 +431,10 @@ cdef void _reduce_parts(const floating[:, ::1] part, floating[::1] out) noexcept
         j0 = blk * 256
         j1 = _imin(j0 + 256, L)
         for j in range(j0, j1):
-            out[j] = part[0, j]
+            out[j] = part[j]
         for p in range(1, P):
             for j in range(j0, j1):
-                out[j] = out[j] + part[p, j]
+                out[j] = out[j] + part[p * L + j]
 
 
 # Output columns ow whose input column ow*sw + off lies in [0, W) form the
@@ -555,6 +534,60 @@ cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
                     dk[tap // KW, tap % KW, c, m] = s
         free(acc)
         free(buf)
+
+
+# ---------------------------------------------------------------- runners
+# One per pass, specialised by Cython for the arrays' dtype; each owns the
+# call's interrupt state.
+
+def _forward(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
+             floating[:, :, :, ::1] y, bint channels_last, Py_ssize_t sh, Py_ssize_t sw,
+             Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
+             const floating[::1] bias, int act):
+    cdef cb_intr intr
+    cb_intr_init(&intr)
+    if channels_last:
+        _fwd_cl(x, k, y, sh, sw, dh, dw, ph, pw, bias, act, &intr)
+    else:
+        _planes_cf(x, k, y, False, sh, sw, dh, dw, ph, pw,
+                   &bias[0] if bias.shape[0] > 0 else NULL, act, &intr)
+    check_interrupt(&intr)
+
+
+def _backward_input(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] k,
+                    floating[:, :, :, ::1] dx, bint channels_last, bint flipped, Py_ssize_t sh,
+                    Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw):
+    # flipped: stride 1, k is the spatially flipped kernel and (ph, pw) its
+    # padding of dy, so that dx is a forward pass over dy.
+    cdef cb_intr intr
+    cb_intr_init(&intr)
+    if flipped and channels_last:
+        _bwd_in_cl_s1(dy, k, dx, dh, dw, ph, pw, &intr)
+    elif flipped:
+        _planes_cf(dy, k, dx, True, 1, 1, dh, dw, ph, pw, NULL, 0, &intr)
+    elif channels_last:
+        _bwd_in_cl(dy, k, dx, sh, sw, dh, dw, ph, pw, &intr)
+    else:
+        _bwd_in_cf(dy, k, dx, sh, sw, dh, dw, ph, pw, &intr)
+    check_interrupt(&intr)
+
+
+def _backward_kernel(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] dy,
+                     floating[:, :, :, ::1] dk, floating[:, :, :, :, ::1] part,
+                     bint channels_last, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh,
+                     Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw):
+    # channels_last sums into the fixed number of partial kernels part, then
+    # adds them up in order.
+    cdef cb_intr intr
+    cb_intr_init(&intr)
+    if channels_last:
+        _bwd_k_cl(x, dy, part, sh, sw, dh, dw, ph, pw, &intr)
+        if not intr.stop:
+            _reduce_parts(&part[0, 0, 0, 0, 0], part.shape[0],
+                          dk.shape[0] * dk.shape[1] * dk.shape[2] * dk.shape[3], &dk[0, 0, 0, 0])
+    else:
+        _bwd_k_cf(x, dy, dk, sh, sw, dh, dw, ph, pw, &intr)
+    check_interrupt(&intr)
 
 
 # ---------------------------------------------------------------- Python API
@@ -663,8 +696,6 @@ def depthwise_forward(x, kernel, strides, dilation, pads, channels_last=True, bi
     'linear', 'relu' or 'relu6' (min(max(v, 0), 6)).
     Returns (N, OH, OW, C*M) / (N, C*M, OH, OW) (1-D: without OH).
     """
-    cdef cb_intr intr
-    cb_intr_init(&intr)
     name = "depthwise_forward"
     x = np.asarray(x)
     kernel = np.asarray(kernel)
@@ -687,29 +718,14 @@ def depthwise_forward(x, kernel, strides, dilation, pads, channels_last=True, bi
     if y.size == 0:
         return y
     xv, kv, yv = _img(x, nd, channels_last), _ker(kernel, nd), _img(y, nd, channels_last)
-    sh, sw, dh, dw, ph, pw = ss[0], ss[1], ds[0], ds[1], ps[0][0], ps[1][0]
-    if channels_last:
-        if x.dtype == np.float32:
-            _fwd_cl[float](xv, kv, yv, sh, sw, dh, dw, ph, pw, bias, act, &intr)
-            check_interrupt(&intr)
-        else:
-            _fwd_cl[double](xv, kv, yv, sh, sw, dh, dw, ph, pw, bias, act, &intr)
-            check_interrupt(&intr)
-    else:
-        if x.dtype == np.float32:
-            _fwd_cf[float](xv, kv, yv, sh, sw, dh, dw, ph, pw, bias, act, &intr)
-            check_interrupt(&intr)
-        else:
-            _fwd_cf[double](xv, kv, yv, sh, sw, dh, dw, ph, pw, bias, act, &intr)
-            check_interrupt(&intr)
+    _forward(xv, kv, yv, channels_last, ss[0], ss[1], ds[0], ds[1], ps[0][0], ps[1][0], bias,
+             act)
     return y
 
 
 @cython.wraparound(True)
 def depthwise_backward_input(dy, kernel, x_shape, strides, dilation, pads, channels_last=True):
     """Gradient of depthwise_forward with respect to x; returns an array of x_shape."""
-    cdef cb_intr intr
-    cb_intr_init(&intr)
     name = "depthwise_backward_input"
     dy = np.asarray(dy)
     kernel = np.asarray(kernel)
@@ -731,37 +747,11 @@ def depthwise_backward_input(dy, kernel, x_shape, strides, dilation, pads, chann
         # Stride 1: a forward pass over dy with the flipped kernel (see
         # _bwd_in_cl_s1), at forward speed and with no scatter.
         kf = np.ascontiguousarray(kv[::-1, ::-1])
-        fdh, fdw, fph, fpw = ds[0], ds[1], spans[0] - ps[0][0], spans[1] - ps[1][0]
-        if channels_last:
-            if dy.dtype == np.float32:
-                _bwd_in_cl_s1[float](dyv, kf, dxv, fdh, fdw, fph, fpw, &intr)
-                check_interrupt(&intr)
-            else:
-                _bwd_in_cl_s1[double](dyv, kf, dxv, fdh, fdw, fph, fpw, &intr)
-                check_interrupt(&intr)
-        else:
-            if dy.dtype == np.float32:
-                _bwd_in_cf_s1[float](dyv, kf, dxv, fdh, fdw, fph, fpw, &intr)
-                check_interrupt(&intr)
-            else:
-                _bwd_in_cf_s1[double](dyv, kf, dxv, fdh, fdw, fph, fpw, &intr)
-                check_interrupt(&intr)
+        _backward_input(dyv, kf, dxv, channels_last, True, 1, 1, ds[0], ds[1],
+                        spans[0] - ps[0][0], spans[1] - ps[1][0])
         return dx
-    sh, sw, dh, dw, ph, pw = ss[0], ss[1], ds[0], ds[1], ps[0][0], ps[1][0]
-    if channels_last:
-        if dy.dtype == np.float32:
-            _bwd_in_cl[float](dyv, kv, dxv, sh, sw, dh, dw, ph, pw, &intr)
-            check_interrupt(&intr)
-        else:
-            _bwd_in_cl[double](dyv, kv, dxv, sh, sw, dh, dw, ph, pw, &intr)
-            check_interrupt(&intr)
-    else:
-        if dy.dtype == np.float32:
-            _bwd_in_cf[float](dyv, kv, dxv, sh, sw, dh, dw, ph, pw, &intr)
-            check_interrupt(&intr)
-        else:
-            _bwd_in_cf[double](dyv, kv, dxv, sh, sw, dh, dw, ph, pw, &intr)
-            check_interrupt(&intr)
+    _backward_input(dyv, kv, dxv, channels_last, False, ss[0], ss[1], ds[0], ds[1], ps[0][0],
+                    ps[1][0])
     return dx
 
 
@@ -771,8 +761,6 @@ def depthwise_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, chan
 
     Deterministic: the same result for any thread count.
     """
-    cdef cb_intr intr
-    cb_intr_init(&intr)
     name = "depthwise_backward_kernel"
     x = np.asarray(x)
     dy = np.asarray(dy)
@@ -793,24 +781,8 @@ def depthwise_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, chan
         return dk
     xv, dyv = _img(x, nd, channels_last), _img(dy, nd, channels_last)
     dkv = _ker(dk, nd)
-    sh, sw, dh, dw, ph, pw = ss[0], ss[1], ds[0], ds[1], ps[0][0], ps[1][0]
-    if channels_last:
-        rows = x.shape[0] * out[0]
-        P = min(rows, KGRAD_CHUNKS)
-        part = np.empty((P,) + dkv.shape, dtype=x.dtype)
-        if x.dtype == np.float32:
-            _bwd_k_cl[float](xv, dyv, part, sh, sw, dh, dw, ph, pw, &intr)
-            check_interrupt(&intr)
-            _reduce_parts[float](part.reshape(P, -1), dk.reshape(-1))
-        else:
-            _bwd_k_cl[double](xv, dyv, part, sh, sw, dh, dw, ph, pw, &intr)
-            check_interrupt(&intr)
-            _reduce_parts[double](part.reshape(P, -1), dk.reshape(-1))
-    else:
-        if x.dtype == np.float32:
-            _bwd_k_cf[float](xv, dyv, dkv, sh, sw, dh, dw, ph, pw, &intr)
-            check_interrupt(&intr)
-        else:
-            _bwd_k_cf[double](xv, dyv, dkv, sh, sw, dh, dw, ph, pw, &intr)
-            check_interrupt(&intr)
+    P = min(x.shape[0] * out[0], KGRAD_CHUNKS) if channels_last else 0
+    part = np.empty((P,) + dkv.shape, dtype=x.dtype)
+    _backward_kernel(xv, dyv, dkv, part, channels_last, ss[0], ss[1], ds[0], ds[1], ps[0][0],
+                     ps[1][0])
     return dk
