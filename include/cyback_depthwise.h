@@ -86,43 +86,78 @@ ATTR static inline void cb_dw_pixel_##SUF(const T *const *xr, const T *k, T *yp,
 CB_DW_PIXEL_SCALAR(float, f, )
 CB_DW_PIXEL_SCALAR(double, d, )
 
-/* channels_first kernels work on whole planes that the caller pads once:
- * the input plane (H, W) is copied into Hp rows of Wp values, shifted down
- * by pt and right by pl, with zeros around (cb_dw_pad_plane), so that output
- * (oh, ow) reads row oh*sh + ky*dh, column ow*sw + kx*dw with no bounds
- * check. A padding buffer holds CB_DW_SLACK values more than Hp*Wp: the
- * vector padding writes whole vectors. Kernel tap (ky, kx) is
- * k[(ky*KW + kx) * ks]. */
+/* channels_first kernels work on whole planes that the caller pads once
+ * (cb_dw_pad_plane): padded row i, column j holds input (i - pt, j - pl),
+ * zero outside the input, for Hp rows and Wp columns. With a stride sw > 1
+ * along the row, each padded row is stored as sw phases of
+ * Wq = ceil(Wp / sw) values (phase p holds columns p, p + sw, ...), so that
+ * the columns ow*sw + kx*dw of consecutive outputs ow are consecutive:
+ * column co[kx] + ow (cb_dw_cols). Rows are rs = sw * Wq apart (or the
+ * input's own rows, when it needs no padding and sw == 1). Output (oh, ow)
+ * reads rows oh*sh + ky*dh with no bounds check. A padding buffer holds
+ * CB_DW_SLACK values more than Hp * rs: the vector padding writes whole
+ * vectors. Kernel tap (ky, kx) is k[(ky*KW + kx) * ks]. */
 #define CB_DW_SLACK 8
 
-/* Scalar channels_first planes: any stride along the row, and the fall-back
- * for rows narrower than a vector. y (OH, OW) += the sums when accumulate,
+static inline void cb_dw_cols(ptrdiff_t *co, ptrdiff_t KW, ptrdiff_t dw, ptrdiff_t sw,
+                              ptrdiff_t rs) {
+    ptrdiff_t kx;
+    for (kx = 0; kx < KW; kx++) co[kx] = kx * dw % sw * (rs / sw) + kx * dw / sw;
+}
+
+/* Scalar channels_first planes: the padding in phases for sw > 1, and the
+ * kernels for rows narrower than a vector. y (OH, OW) += the sums when accumulate,
  * else y = act(bias + sums). The kernel gradient adds each tap's sum to lane
  * 0 of acc[(ky*KW + kx) * 8 ...] (see cb_dw_kgrad_cf_plane). */
 #define CB_DW_CF_SCALAR(T, SUF, ATTR)                                                     \
+ATTR static void cb_dw_pad_phases_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T *buf,   \
+        ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl, ptrdiff_t sw) {           \
+    ptrdiff_t i, j, p, q0, c0, cnt, Wq = (Wp + sw - 1) / sw;                              \
+    ptrdiff_t n = W < Wp - pl ? W : Wp - pl;  /* source columns inside the row */         \
+    for (i = 0; i < Hp; i++) {                                                            \
+        T *b = buf + i * sw * Wq;                                                         \
+        const T *s;                                                                       \
+        for (j = 0; j < sw * Wq; j++) b[j] = 0;                                           \
+        if (i < pt || i - pt >= H) continue;                                              \
+        s = src + (i - pt) * W;                                                           \
+        /* Phase p: padded columns q*sw + p, from q0 on, are source columns */            \
+        /* c0, c0 + sw, ...; the constant stride 2 lets the compiler vectorise. */        \
+        for (p = 0; p < sw; p++) {                                                        \
+            q0 = pl > p ? (pl - p + sw - 1) / sw : 0;                                     \
+            c0 = q0 * sw + p - pl;                                                        \
+            cnt = c0 < n ? (n - c0 + sw - 1) / sw : 0;                                    \
+            if (sw == 2)                                                                  \
+                for (j = 0; j < cnt; j++) b[p * Wq + q0 + j] = s[c0 + 2 * j];             \
+            else                                                                          \
+                for (j = 0; j < cnt; j++) b[p * Wq + q0 + j] = s[c0 + j * sw];            \
+        }                                                                                 \
+    }                                                                                     \
+}                                                                                         \
 ATTR static void cb_dw_fwd_cf_scalar_##SUF(const T *x, ptrdiff_t rs, const T *k, ptrdiff_t ks, \
         T *y, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh,       \
         ptrdiff_t dw, ptrdiff_t KH, ptrdiff_t KW, int accumulate, T bias, int act) {      \
-    ptrdiff_t oh, ow, ky, kx;                                                             \
+    ptrdiff_t oh, ow, ky, kx, co[KW];                                                     \
+    cb_dw_cols(co, KW, dw, sw, rs);                                                       \
     for (oh = 0; oh < OH; oh++)                                                           \
         for (ow = 0; ow < OW; ow++) {                                                     \
             T s = accumulate ? y[oh * OW + ow] : bias;                                    \
             for (ky = 0; ky < KH; ky++)                                                   \
                 for (kx = 0; kx < KW; kx++)                                               \
-                    s += x[(oh * sh + ky * dh) * rs + ow * sw + kx * dw] * k[(ky * KW + kx) * ks]; \
+                    s += x[(oh * sh + ky * dh) * rs + co[kx] + ow] * k[(ky * KW + kx) * ks]; \
             y[oh * OW + ow] = CB_ACT(T, s, act);                                          \
         }                                                                                 \
 }                                                                                         \
 ATTR static void cb_dw_kgrad_cf_scalar_##SUF(const T *x, ptrdiff_t rs, const T *dy,       \
         ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh, ptrdiff_t dw, \
         ptrdiff_t KH, ptrdiff_t KW, T *acc) {                                             \
-    ptrdiff_t oh, ow, ky, kx;                                                             \
+    ptrdiff_t oh, ow, ky, kx, co[KW];                                                     \
+    cb_dw_cols(co, KW, dw, sw, rs);                                                       \
     for (ky = 0; ky < KH; ky++)                                                           \
         for (kx = 0; kx < KW; kx++) {                                                     \
             T t = 0;                                                                      \
             for (oh = 0; oh < OH; oh++)                                                   \
                 for (ow = 0; ow < OW; ow++)                                               \
-                    t += dy[oh * OW + ow] * x[(oh * sh + ky * dh) * rs + ow * sw + kx * dw]; \
+                    t += dy[oh * OW + ow] * x[(oh * sh + ky * dh) * rs + co[kx] + ow];    \
             acc[(ky * KW + kx) * 8] += t;                                                 \
         }                                                                                 \
 }
@@ -254,21 +289,26 @@ ATTR static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy,      
 
 /* Calls of the always-inlined blocks below with the caller's arguments. */
 #define CB_DW_TILE(SUF, ow, dv, NV)                                                      \
-    cb_dw_cf_tile_##SUF(x, rs, k, ks, y, OW, oh, ow, dv, sh, dh, dw, KH, KW, accumulate,  \
+    cb_dw_cf_tile_##SUF(x, rs, k, ks, y, OW, oh, ow, dv, sh, dh, co, KH, KW, accumulate,  \
                         b0, act, R, NV)
 #define CB_DW_ROWS(SUF, R)                                                               \
-    cb_dw_cf_rows_##SUF(x, rs, k, ks, y, OW, oh, sh, dh, dw, KH, KW, accumulate, b0, act, R)
+    cb_dw_cf_rows_##SUF(x, rs, k, ks, y, OW, oh, sh, dh, co, KH, KW, accumulate, b0, act, R)
 #define CB_DW_TAPS(SUF, NK)                                                              \
-    cb_dw_kg_cf_taps_##SUF(x, rs, dy, OH, OW, sh, dh, dw, ky, kx0, ky * KW + kx0, keep, acc, NK)
+    cb_dw_kg_cf_taps_##SUF(x, rs, dy, OH, OW, sh, dh, co + kx0, ky, ky * KW + kx0, keep, acc, \
+                           NK)
 
-/* The padded plane (see CB_DW_SLACK) in whole vectors, rows in order: a
- * store past a row's end is overwritten by the next row or lands in the
- * slack, one before a row's copy is overwritten by the copy. */
+/* The padded plane (see CB_DW_SLACK); for sw == 1 in whole vectors, rows in
+ * order: a store past a row's end is overwritten by the next row or lands in
+ * the slack, one before a row's copy is overwritten by the copy. */
 #define CB_DW_PAD_CF(T, V, VL, SUF, ATTR)                                                 \
 ATTR static void cb_dw_pad_plane_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T *buf,    \
-        ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl) {                         \
+        ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl, ptrdiff_t sw) {           \
     const V z = {0};                                                                      \
     ptrdiff_t i, j, lead = pl < Wp ? pl : Wp, n = W < Wp - lead ? W : Wp - lead;          \
+    if (sw != 1) {                                                                        \
+        cb_dw_pad_phases_##SUF(src, H, W, buf, Hp, Wp, pt, pl, sw);                       \
+        return;                                                                           \
+    }                                                                                     \
     for (i = 0; i < Hp; i++) {                                                            \
         T *b = buf + i * Wp;                                                              \
         const T *s;                                                                       \
@@ -288,15 +328,15 @@ ATTR static void cb_dw_pad_plane_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T
     }                                                                                     \
 }
 
-/* channels_first forward, stride 1 along the row: R output rows by NV
+/* channels_first forward: R output rows by NV
  * vectors (the second dv values after the first) at (oh, ow), the sums in
  * registers, each tap's weight loaded once for all of them. Overlapping
  * vectors store the same values twice. */
 #define CB_DW_FWD_CF(T, V, VL, SUF, ATTR)                                                 \
 ATTR static inline __attribute__((always_inline)) void cb_dw_cf_tile_##SUF(const T *x,    \
         ptrdiff_t rs, const T *k, ptrdiff_t ks, T *y, ptrdiff_t OW, ptrdiff_t oh,         \
-        ptrdiff_t ow, ptrdiff_t dv, ptrdiff_t sh, ptrdiff_t dh, ptrdiff_t dw, ptrdiff_t KH, \
-        ptrdiff_t KW, int accumulate, V b0, int act, const int R, const int NV) {         \
+        ptrdiff_t ow, ptrdiff_t dv, ptrdiff_t sh, ptrdiff_t dh, const ptrdiff_t *co,      \
+        ptrdiff_t KH, ptrdiff_t KW, int accumulate, V b0, int act, const int R, const int NV) { \
     V a[4][2];                                                                            \
     ptrdiff_t ky, kx;                                                                     \
     int r, v;                                                                             \
@@ -309,7 +349,7 @@ ATTR static inline __attribute__((always_inline)) void cb_dw_cf_tile_##SUF(const
             T kv = k[(ky * KW + kx) * ks];                                                \
             for (r = 0; r < R; r++)                                                       \
                 for (v = 0; v < NV; v++)                                                  \
-                    a[r][v] += *(const V *)(xr + r * sh * rs + kx * dw + v * dv) * kv;    \
+                    a[r][v] += *(const V *)(xr + r * sh * rs + co[kx] + v * dv) * kv;     \
         }                                                                                 \
     }                                                                                     \
     for (r = 0; r < R; r++)                                                               \
@@ -323,8 +363,8 @@ ATTR static inline __attribute__((always_inline)) void cb_dw_cf_tile_##SUF(const
  * scalars: an overlapping vector would add twice). */                                    \
 ATTR static inline __attribute__((always_inline)) void cb_dw_cf_rows_##SUF(const T *x,    \
         ptrdiff_t rs, const T *k, ptrdiff_t ks, T *y, ptrdiff_t OW, ptrdiff_t oh,         \
-        ptrdiff_t sh, ptrdiff_t dh, ptrdiff_t dw, ptrdiff_t KH, ptrdiff_t KW, int accumulate, \
-        V b0, int act, const int R) {                                                     \
+        ptrdiff_t sh, ptrdiff_t dh, const ptrdiff_t *co, ptrdiff_t KH, ptrdiff_t KW,      \
+        int accumulate, V b0, int act, const int R) {                                     \
     ptrdiff_t ow, c, r, ky, kx;                                                           \
     for (ow = 0; ow + 2 * VL <= OW; ow += 2 * VL) CB_DW_TILE(SUF, ow, VL, 2);             \
     if (ow == OW) return;                                                                 \
@@ -340,7 +380,7 @@ ATTR static inline __attribute__((always_inline)) void cb_dw_cf_rows_##SUF(const
             T s = y[(oh + r) * OW + c];                                                   \
             for (ky = 0; ky < KH; ky++)                                                   \
                 for (kx = 0; kx < KW; kx++)                                               \
-                    s += x[((oh + r) * sh + ky * dh) * rs + c + kx * dw] * k[(ky * KW + kx) * ks]; \
+                    s += x[((oh + r) * sh + ky * dh) * rs + co[kx] + c] * k[(ky * KW + kx) * ks]; \
             y[(oh + r) * OW + c] = CB_ACT(T, s, act);                                     \
         }                                                                                 \
 }                                                                                         \
@@ -350,12 +390,13 @@ ATTR static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *k, 
         T *y, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh,       \
         ptrdiff_t dw, ptrdiff_t KH, ptrdiff_t KW, int accumulate, T bias, int act) {      \
     V b0 = (V){0} + bias;                                                                 \
-    ptrdiff_t oh = 0;                                                                     \
-    if (sw != 1 || OW < VL) {                                                             \
+    ptrdiff_t oh = 0, co[KW];                                                             \
+    if (OW < VL) {                                                                        \
         cb_dw_fwd_cf_scalar_##SUF(x, rs, k, ks, y, OH, OW, sh, sw, dh, dw, KH, KW, accumulate, \
                                   bias, act);                                             \
         return;                                                                           \
     }                                                                                     \
+    cb_dw_cols(co, KW, dw, sw, rs);                                                       \
     for (; oh + 4 <= OH; oh += 4) CB_DW_ROWS(SUF, 4);                                     \
     if (oh + 2 <= OH) {                                                                   \
         CB_DW_ROWS(SUF, 2);                                                               \
@@ -364,37 +405,37 @@ ATTR static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *k, 
     if (oh < OH) CB_DW_ROWS(SUF, 1);                                                      \
 }
 
-/* channels_first kernel gradient, stride 1 along the row: taps
- * [t0, t0 + NK) of kernel row ky, each with two sums in registers, over the
+/* channels_first kernel gradient: taps [t0, t0 + NK) of kernel row ky
+ * (columns co[j] + ow), each with two sums in registers, over the
  * whole plane. The last vector of a row overlaps the one before; keep masks
  * off its lanes that were already counted. */
 #define CB_DW_KGRAD_CF(T, V, VL, SUF, ATTR)                                               \
 ATTR static inline __attribute__((always_inline)) void cb_dw_kg_cf_taps_##SUF(const T *x, \
         ptrdiff_t rs, const T *dy, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t dh, \
-        ptrdiff_t dw, ptrdiff_t ky, ptrdiff_t kx0, ptrdiff_t t0, V keep, T *acc, const int NK) { \
+        const ptrdiff_t *co, ptrdiff_t ky, ptrdiff_t t0, V keep, T *acc, const int NK) {  \
     typedef __typeof__(keep > keep) mask_t;                                               \
     V a0[4], a1[4];                                                                       \
     ptrdiff_t oh, ow;                                                                     \
     int j;                                                                                \
     for (j = 0; j < NK; j++) a0[j] = a1[j] = (V){0};                                      \
     for (oh = 0; oh < OH; oh++) {                                                         \
-        const T *g = dy + oh * OW, *xr = x + (oh * sh + ky * dh) * rs + kx0 * dw;         \
+        const T *g = dy + oh * OW, *xr = x + (oh * sh + ky * dh) * rs;                    \
         for (ow = 0; ow + 2 * VL <= OW; ow += 2 * VL) {                                   \
             V g0 = *(const V *)(g + ow), g1 = *(const V *)(g + ow + VL);                  \
             for (j = 0; j < NK; j++) {                                                    \
-                a0[j] += g0 * *(const V *)(xr + ow + j * dw);                             \
-                a1[j] += g1 * *(const V *)(xr + ow + VL + j * dw);                        \
+                a0[j] += g0 * *(const V *)(xr + co[j] + ow);                              \
+                a1[j] += g1 * *(const V *)(xr + co[j] + ow + VL);                         \
             }                                                                             \
         }                                                                                 \
         if (ow + VL <= OW) {                                                              \
             V g0 = *(const V *)(g + ow);                                                  \
-            for (j = 0; j < NK; j++) a0[j] += g0 * *(const V *)(xr + ow + j * dw);        \
+            for (j = 0; j < NK; j++) a0[j] += g0 * *(const V *)(xr + co[j] + ow);         \
             ow += VL;                                                                     \
         }                                                                                 \
         if (ow < OW) {                                                                    \
             V g1 = *(const V *)(g + OW - VL);                                             \
             for (j = 0; j < NK; j++)                                                      \
-                a1[j] += (V)((mask_t)(g1 * *(const V *)(xr + OW - VL + j * dw)) & (mask_t)keep); \
+                a1[j] += (V)((mask_t)(g1 * *(const V *)(xr + co[j] + OW - VL)) & (mask_t)keep); \
         }                                                                                 \
     }                                                                                     \
     for (j = 0; j < NK; j++) *(V *)(acc + (t0 + j) * 8) += a0[j] + a1[j];                 \
@@ -405,11 +446,12 @@ ATTR static void cb_dw_kgrad_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *d
         ptrdiff_t KH, ptrdiff_t KW, T *acc) {                                             \
     T lane[VL];                                                                           \
     V keep;                                                                               \
-    ptrdiff_t ky, kx0, j;                                                                 \
-    if (sw != 1 || OW < VL) {                                                             \
+    ptrdiff_t ky, kx0, j, co[KW];                                                         \
+    if (OW < VL) {                                                                        \
         cb_dw_kgrad_cf_scalar_##SUF(x, rs, dy, OH, OW, sh, sw, dh, dw, KH, KW, acc);      \
         return;                                                                           \
     }                                                                                     \
+    cb_dw_cols(co, KW, dw, sw, rs);                                                       \
     /* Lanes at or after VL - OW % VL of the overlapping last vector are new. */          \
     for (j = 0; j < VL; j++) lane[j] = (T)j;                                              \
     keep = (V)(*(const V *)lane >= (V){0} + (T)(VL - OW % VL));                           \
@@ -451,8 +493,8 @@ static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy, T *part,  
     CB_DW_PICK(cb_dw_kgrad_cl_row_, SUF)(xr, dy, part, C, W, KH, KW, OW, sw, dw, pw);     \
 }                                                                                         \
 static void cb_dw_pad_plane_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T *buf,         \
-        ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl) {                         \
-    CB_DW_PICK(cb_dw_pad_plane_, SUF)(src, H, W, buf, Hp, Wp, pt, pl);                    \
+        ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl, ptrdiff_t sw) {           \
+    CB_DW_PICK(cb_dw_pad_plane_, SUF)(src, H, W, buf, Hp, Wp, pt, pl, sw);                \
 }                                                                                         \
 static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *k, ptrdiff_t ks,  \
         T *y, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh,       \
@@ -497,20 +539,14 @@ static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy, T *part,  
             }                                                                             \
         }                                                                                 \
     }                                                                                     \
-}                                                                                         \
-static void cb_dw_pad_plane_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T *buf,         \
-        ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl) {                         \
-    ptrdiff_t i, j;                                                                       \
-    for (i = 0; i < Hp; i++)                                                              \
-        for (j = 0; j < Wp; j++)                                                          \
-            buf[i * Wp + j] = i >= pt && i - pt < H && j >= pl && j - pl < W              \
-                              ? src[(i - pt) * W + j - pl] : (T)0;                        \
 }
 
 CB_DW_CF_SCALAR(float, f, )
 CB_DW_CF_SCALAR(double, d, )
 CB_DW_PLAIN(float, f)
 CB_DW_PLAIN(double, d)
+#define cb_dw_pad_plane_f cb_dw_pad_phases_f
+#define cb_dw_pad_plane_d cb_dw_pad_phases_d
 #define cb_dw_fwd_cf_plane_f cb_dw_fwd_cf_scalar_f
 #define cb_dw_fwd_cf_plane_d cb_dw_fwd_cf_scalar_d
 #define cb_dw_kgrad_cf_plane_f cb_dw_kgrad_cf_scalar_f

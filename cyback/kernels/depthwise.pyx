@@ -41,9 +41,11 @@ cdef extern from "cyback_depthwise.h" nogil:
                               Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
                               Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw)
     void cb_dw_pad_plane_f(const float* src, Py_ssize_t H, Py_ssize_t W, float* buf,
-                           Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t pt, Py_ssize_t pl)
+                           Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t pt, Py_ssize_t pl,
+                           Py_ssize_t sw)
     void cb_dw_pad_plane_d(const double* src, Py_ssize_t H, Py_ssize_t W, double* buf,
-                           Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t pt, Py_ssize_t pl)
+                           Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t pt, Py_ssize_t pl,
+                           Py_ssize_t sw)
     void cb_dw_fwd_cf_plane_f(const float* x, Py_ssize_t rs, const float* k, Py_ssize_t ks,
                               float* y, Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh,
                               Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t KH,
@@ -267,18 +269,25 @@ cdef void _bwd_k_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
         free(<void*>xr)
 
 
+cdef inline Py_ssize_t _row_span(Py_ssize_t Wp, Py_ssize_t sw) noexcept nogil:
+    # Values per padded row: sw phases of ceil(Wp / sw) (cyback_depthwise.h).
+    return (Wp + sw - 1) // sw * sw
+
+
 cdef inline const floating* _padded(const floating* src, Py_ssize_t H, Py_ssize_t W,
                                     floating* buf, Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t pt,
-                                    Py_ssize_t pl) noexcept nogil:
+                                    Py_ssize_t pl, Py_ssize_t sw) noexcept nogil:
     # Plane src (H, W) as the channels_first kernels read it: Hp rows of Wp,
-    # shifted down by pt and right by pl, zeros around (cyback_depthwise.h).
-    # Returns src itself (rows W apart) when that needs no padding.
-    if pt == 0 and pl == 0 and Hp <= H and Wp <= W:
+    # shifted down by pt and right by pl, zeros around, in sw phases along
+    # the row (cyback_depthwise.h); buf holds Hp * _row_span(Wp, sw) +
+    # CB_DW_SLACK values. Returns src itself (rows W apart) when that needs no
+    # padding.
+    if pt == 0 and pl == 0 and Hp <= H and Wp <= W and sw == 1:
         return src
     if floating is float:
-        cb_dw_pad_plane_f(src, H, W, buf, Hp, Wp, pt, pl)
+        cb_dw_pad_plane_f(src, H, W, buf, Hp, Wp, pt, pl, sw)
     else:
-        cb_dw_pad_plane_d(src, H, W, buf, Hp, Wp, pt, pl)
+        cb_dw_pad_plane_d(src, H, W, buf, Hp, Wp, pt, pl, sw)
     return buf
 
 
@@ -312,14 +321,14 @@ cdef void _planes_cf(const floating[:, :, :, ::1] src, const floating[:, :, :, :
     cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], C = k.shape[2], M = k.shape[3]
     cdef Py_ssize_t OH = dst.shape[2], OW = dst.shape[3]
     cdef Py_ssize_t Hp = (OH - 1) * sh + (KH - 1) * dh + 1
-    cdef Py_ssize_t Wp = (OW - 1) * sw + (KW - 1) * dw + 1
+    cdef Py_ssize_t Wp = (OW - 1) * sw + (KW - 1) * dw + 1, span = _row_span(Wp, sw)
     cdef Py_ssize_t t, n, c, m, rs = 0
     cdef floating* buf = NULL
     cdef const floating* plane
     cdef const floating* rows = NULL
     cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     with parallel(num_threads=nt):
-        buf = <floating*>malloc((Hp * Wp + CB_DW_SLACK) * sizeof(floating))
+        buf = <floating*>malloc((Hp * span + CB_DW_SLACK) * sizeof(floating))
         for t in prange(N * C, schedule='static'):
             if cb_intr_poll(intr):
                 continue
@@ -328,8 +337,8 @@ cdef void _planes_cf(const floating[:, :, :, ::1] src, const floating[:, :, :, :
             for m in range(M):
                 if fan_in or m == 0:
                     plane = &src[n, c * M + m if fan_in else c, 0, 0]
-                    rows = _padded(plane, SH, SW, buf, Hp, Wp, ph, pw)
-                    rs = SW if rows == plane else Wp
+                    rows = _padded(plane, SH, SW, buf, Hp, Wp, ph, pw, sw)
+                    rs = SW if rows == plane else span
                 _cf_plane(rows, rs, &k[0, 0, c, m], C * M,
                           &dst[n, c if fan_in else c * M + m, 0, 0], OH, OW, sh, sw, dh, dw,
                           KH, KW, fan_in and m > 0, bias[c * M + m] if bias != NULL else 0, act)
@@ -502,7 +511,8 @@ cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
     cdef Py_ssize_t KH = dk.shape[0], KW = dk.shape[1], M = dk.shape[3]
     cdef Py_ssize_t OH = dy.shape[2], OW = dy.shape[3]
     cdef Py_ssize_t Hp = (OH - 1) * sh + (KH - 1) * dh + 1
-    cdef Py_ssize_t Wp = (OW - 1) * sw + (KW - 1) * dw + 1, T = KH * KW
+    cdef Py_ssize_t Wp = (OW - 1) * sw + (KW - 1) * dw + 1, span = _row_span(Wp, sw)
+    cdef Py_ssize_t T = KH * KW
     cdef Py_ssize_t c, n, m, tap, rs, j
     cdef floating* buf = NULL
     cdef floating* acc = NULL
@@ -510,15 +520,15 @@ cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
     cdef floating s
     cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     with parallel(num_threads=nt):
-        buf = <floating*>malloc((Hp * Wp + CB_DW_SLACK) * sizeof(floating))
+        buf = <floating*>malloc((Hp * span + CB_DW_SLACK) * sizeof(floating))
         acc = <floating*>malloc(M * T * 8 * sizeof(floating))
         for c in prange(C, schedule='static'):
             memset(acc, 0, M * T * 8 * sizeof(floating))
             for n in range(N):
                 if cb_intr_poll(intr):
                     break
-                rows = _padded(&x[n, c, 0, 0], H, W, buf, Hp, Wp, ph, pw)
-                rs = W if rows == &x[n, c, 0, 0] else Wp
+                rows = _padded(&x[n, c, 0, 0], H, W, buf, Hp, Wp, ph, pw, sw)
+                rs = W if rows == &x[n, c, 0, 0] else span
                 for m in range(M):
                     if floating is float:
                         cb_dw_kgrad_cf_plane_f(rows, rs, &dy[n, c * M + m, 0, 0], OH, OW, sh,
