@@ -88,7 +88,9 @@ CB_DW_PIXEL_SCALAR(double, d, )
 
 /* channels_first kernels work on whole planes that the caller pads once
  * (cb_dw_pad_plane): padded row i, column j holds input (i - pt, j - pl),
- * zero outside the input, for Hp rows and Wp columns. With a stride sw > 1
+ * zero outside the input, for Hp rows and Wp columns; with upsampling
+ * factors uh, uw (for the input gradient of a strided convolution) it holds
+ * input ((i - pt) / uh, (j - pl) / uw) where both divide, else zero. With a stride sw > 1
  * along the row, each padded row is stored as sw phases of
  * Wq = ceil(Wp / sw) values (phase p holds columns p, p + sw, ...), so that
  * the columns ow*sw + kx*dw of consecutive outputs ow are consecutive:
@@ -111,15 +113,20 @@ static inline void cb_dw_cols(ptrdiff_t *co, ptrdiff_t KW, ptrdiff_t dw, ptrdiff
  * 0 of acc[(ky*KW + kx) * 8 ...] (see cb_dw_kgrad_cf_plane). */
 #define CB_DW_CF_SCALAR(T, SUF, ATTR)                                                     \
 ATTR static void cb_dw_pad_phases_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T *buf,   \
-        ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl, ptrdiff_t sw) {           \
+        ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl, ptrdiff_t sw, ptrdiff_t uh, \
+        ptrdiff_t uw) {                                                                   \
     ptrdiff_t i, j, p, q0, c0, cnt, Wq = (Wp + sw - 1) / sw;                              \
     ptrdiff_t n = W < Wp - pl ? W : Wp - pl;  /* source columns inside the row */         \
     for (i = 0; i < Hp; i++) {                                                            \
         T *b = buf + i * sw * Wq;                                                         \
         const T *s;                                                                       \
         for (j = 0; j < sw * Wq; j++) b[j] = 0;                                           \
-        if (i < pt || i - pt >= H) continue;                                              \
-        s = src + (i - pt) * W;                                                           \
+        if (i < pt || (i - pt) % uh || (i - pt) / uh >= H) continue;                      \
+        s = src + (i - pt) / uh * W;                                                      \
+        if (uw > 1) {  /* sw == 1 */                                                      \
+            for (j = 0; pl + j * uw < Wp && j < W; j++) b[pl + j * uw] = s[j];            \
+            continue;                                                                     \
+        }                                                                                 \
         /* Phase p: padded columns q*sw + p, from q0 on, are source columns */            \
         /* c0, c0 + sw, ...; the constant stride 2 lets the compiler vectorise. */        \
         for (p = 0; p < sw; p++) {                                                        \
@@ -297,16 +304,18 @@ ATTR static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy,      
     cb_dw_kg_cf_taps_##SUF(x, rs, dy, OH, OW, sh, dh, co + kx0, ky, ky * KW + kx0, keep, acc, \
                            NK)
 
-/* The padded plane (see CB_DW_SLACK); for sw == 1 in whole vectors, rows in
- * order: a store past a row's end is overwritten by the next row or lands in
- * the slack, one before a row's copy is overwritten by the copy. */
+/* The padded plane (see CB_DW_SLACK). Without phases or upsampling it is
+ * written in whole vectors, rows in order: a store past a row's end is
+ * overwritten by the next row or lands in the slack, one before a row's copy
+ * is overwritten by the copy. */
 #define CB_DW_PAD_CF(T, V, VL, SUF, ATTR)                                                 \
 ATTR static void cb_dw_pad_plane_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T *buf,    \
-        ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl, ptrdiff_t sw) {           \
+        ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl, ptrdiff_t sw, ptrdiff_t uh, \
+        ptrdiff_t uw) {                                                                   \
     const V z = {0};                                                                      \
     ptrdiff_t i, j, lead = pl < Wp ? pl : Wp, n = W < Wp - lead ? W : Wp - lead;          \
-    if (sw != 1) {                                                                        \
-        cb_dw_pad_phases_##SUF(src, H, W, buf, Hp, Wp, pt, pl, sw);                       \
+    if (sw != 1 || uh != 1 || uw != 1) {                                                  \
+        cb_dw_pad_phases_##SUF(src, H, W, buf, Hp, Wp, pt, pl, sw, uh, uw);               \
         return;                                                                           \
     }                                                                                     \
     for (i = 0; i < Hp; i++) {                                                            \
@@ -493,8 +502,9 @@ static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy, T *part,  
     CB_DW_PICK(cb_dw_kgrad_cl_row_, SUF)(xr, dy, part, C, W, KH, KW, OW, sw, dw, pw);     \
 }                                                                                         \
 static void cb_dw_pad_plane_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T *buf,         \
-        ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl, ptrdiff_t sw) {           \
-    CB_DW_PICK(cb_dw_pad_plane_, SUF)(src, H, W, buf, Hp, Wp, pt, pl, sw);                \
+        ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl, ptrdiff_t sw, ptrdiff_t uh, \
+        ptrdiff_t uw) {                                                                   \
+    CB_DW_PICK(cb_dw_pad_plane_, SUF)(src, H, W, buf, Hp, Wp, pt, pl, sw, uh, uw);        \
 }                                                                                         \
 static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *k, ptrdiff_t ks,  \
         T *y, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh,       \

@@ -42,10 +42,10 @@ cdef extern from "cyback_depthwise.h" nogil:
                               Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw)
     void cb_dw_pad_plane_f(const float* src, Py_ssize_t H, Py_ssize_t W, float* buf,
                            Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t pt, Py_ssize_t pl,
-                           Py_ssize_t sw)
+                           Py_ssize_t sw, Py_ssize_t uh, Py_ssize_t uw)
     void cb_dw_pad_plane_d(const double* src, Py_ssize_t H, Py_ssize_t W, double* buf,
                            Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t pt, Py_ssize_t pl,
-                           Py_ssize_t sw)
+                           Py_ssize_t sw, Py_ssize_t uh, Py_ssize_t uw)
     void cb_dw_fwd_cf_plane_f(const float* x, Py_ssize_t rs, const float* k, Py_ssize_t ks,
                               float* y, Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh,
                               Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t KH,
@@ -276,18 +276,19 @@ cdef inline Py_ssize_t _row_span(Py_ssize_t Wp, Py_ssize_t sw) noexcept nogil:
 
 cdef inline const floating* _padded(const floating* src, Py_ssize_t H, Py_ssize_t W,
                                     floating* buf, Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t pt,
-                                    Py_ssize_t pl, Py_ssize_t sw) noexcept nogil:
+                                    Py_ssize_t pl, Py_ssize_t sw, Py_ssize_t uh,
+                                    Py_ssize_t uw) noexcept nogil:
     # Plane src (H, W) as the channels_first kernels read it: Hp rows of Wp,
-    # shifted down by pt and right by pl, zeros around, in sw phases along
-    # the row (cyback_depthwise.h); buf holds Hp * _row_span(Wp, sw) +
-    # CB_DW_SLACK values. Returns src itself (rows W apart) when that needs no
-    # padding.
-    if pt == 0 and pl == 0 and Hp <= H and Wp <= W and sw == 1:
+    # upsampled by (uh, uw), shifted down by pt and right by pl, zeros
+    # around, in sw phases along the row (cyback_depthwise.h); buf holds
+    # Hp * _row_span(Wp, sw) + CB_DW_SLACK values. Returns src itself (rows W
+    # apart) when that needs no padding.
+    if pt == 0 and pl == 0 and Hp <= H and Wp <= W and sw == 1 and uh == 1 and uw == 1:
         return src
     if floating is float:
-        cb_dw_pad_plane_f(src, H, W, buf, Hp, Wp, pt, pl, sw)
+        cb_dw_pad_plane_f(src, H, W, buf, Hp, Wp, pt, pl, sw, uh, uw)
     else:
-        cb_dw_pad_plane_d(src, H, W, buf, Hp, Wp, pt, pl, sw)
+        cb_dw_pad_plane_d(src, H, W, buf, Hp, Wp, pt, pl, sw, uh, uw)
     return buf
 
 
@@ -310,13 +311,14 @@ cdef inline void _cf_plane(const floating* rows, Py_ssize_t rs, const floating* 
 cdef void _planes_cf(const floating[:, :, :, ::1] src, const floating[:, :, :, ::1] k,
                      floating[:, :, :, ::1] dst, bint fan_in, Py_ssize_t sh, Py_ssize_t sw,
                      Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
-                     const floating* bias, int act, cb_intr* intr) noexcept nogil:
+                     Py_ssize_t uh, Py_ssize_t uw, const floating* bias, int act,
+                     cb_intr* intr) noexcept nogil:
     # The channels_first correlations, one task per (n, c), each plane padded
     # once into a per-thread buffer. The forward pass (not fan_in) filters
     # plane src[n, c] into its M planes dst[n, c*M + m] (bias: C*M values or
-    # NULL, then the activation act). The stride-1 input gradient (fan_in:
-    # src is dy, k the flipped kernel) sums the M planes src[n, c*M + m],
-    # filtered, into dst[n, c].
+    # NULL, then the activation act). The input gradient (fan_in: src is dy
+    # upsampled by the forward strides (uh, uw), k the flipped kernel, stride
+    # 1) sums the M planes src[n, c*M + m], filtered, into dst[n, c].
     cdef Py_ssize_t N = dst.shape[0], SH = src.shape[2], SW = src.shape[3]
     cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], C = k.shape[2], M = k.shape[3]
     cdef Py_ssize_t OH = dst.shape[2], OW = dst.shape[3]
@@ -337,7 +339,7 @@ cdef void _planes_cf(const floating[:, :, :, ::1] src, const floating[:, :, :, :
             for m in range(M):
                 if fan_in or m == 0:
                     plane = &src[n, c * M + m if fan_in else c, 0, 0]
-                    rows = _padded(plane, SH, SW, buf, Hp, Wp, ph, pw, sw)
+                    rows = _padded(plane, SH, SW, buf, Hp, Wp, ph, pw, sw, uh, uw)
                     rs = SW if rows == plane else span
                 _cf_plane(rows, rs, &k[0, 0, c, m], C * M,
                           &dst[n, c if fan_in else c * M + m, 0, 0], OH, OW, sh, sw, dh, dw,
@@ -527,7 +529,7 @@ cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
             for n in range(N):
                 if cb_intr_poll(intr):
                     break
-                rows = _padded(&x[n, c, 0, 0], H, W, buf, Hp, Wp, ph, pw, sw)
+                rows = _padded(&x[n, c, 0, 0], H, W, buf, Hp, Wp, ph, pw, sw, 1, 1)
                 rs = W if rows == &x[n, c, 0, 0] else span
                 for m in range(M):
                     if floating is float:
@@ -559,7 +561,7 @@ def _forward(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
     if channels_last:
         _fwd_cl(x, k, y, sh, sw, dh, dw, ph, pw, bias, act, &intr)
     else:
-        _planes_cf(x, k, y, False, sh, sw, dh, dw, ph, pw,
+        _planes_cf(x, k, y, False, sh, sw, dh, dw, ph, pw, 1, 1,
                    &bias[0] if bias.shape[0] > 0 else NULL, act, &intr)
     check_interrupt(&intr)
 
@@ -567,14 +569,15 @@ def _forward(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
 def _backward_input(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] k,
                     floating[:, :, :, ::1] dx, bint channels_last, bint flipped, Py_ssize_t sh,
                     Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw):
-    # flipped: stride 1, k is the spatially flipped kernel and (ph, pw) its
-    # padding of dy, so that dx is a forward pass over dy.
+    # flipped: k is the spatially flipped kernel and (ph, pw) its padding of
+    # dy, so that dx is a stride-1 forward pass over dy upsampled by the
+    # strides (sh, sw) (only channels_first takes strides > 1).
     cdef cb_intr intr
     cb_intr_init(&intr)
     if flipped and channels_last:
         _bwd_in_cl_s1(dy, k, dx, dh, dw, ph, pw, &intr)
     elif flipped:
-        _planes_cf(dy, k, dx, True, 1, 1, dh, dw, ph, pw, NULL, 0, &intr)
+        _planes_cf(dy, k, dx, True, 1, 1, dh, dw, ph, pw, sh, sw, NULL, 0, &intr)
     elif channels_last:
         _bwd_in_cl(dy, k, dx, sh, sw, dh, dw, ph, pw, &intr)
     else:
@@ -753,11 +756,14 @@ def depthwise_backward_input(dy, kernel, x_shape, strides, dilation, pads, chann
         return dx
     dyv, kv, dxv = _img(dy, nd, channels_last), _ker(kernel, nd), _img(dx, nd, channels_last)
     spans = ((kv.shape[0] - 1) * ds[0], (kv.shape[1] - 1) * ds[1])
-    if ss == (1, 1) and all(a <= e and b <= e for (a, b), e in zip(ps, spans)):
-        # Stride 1: a forward pass over dy with the flipped kernel (see
-        # _bwd_in_cl_s1), at forward speed and with no scatter.
+    before = all(a <= e for (a, b), e in zip(ps, spans))
+    after = all(b <= e for (a, b), e in zip(ps, spans))
+    if before and (not channels_last or ss == (1, 1) and after):
+        # A forward pass over dy with the flipped kernel (_bwd_in_cl_s1 at
+        # stride 1; _planes_cf, over dy upsampled by the strides), at forward
+        # speed and with no scatter.
         kf = np.ascontiguousarray(kv[::-1, ::-1])
-        _backward_input(dyv, kf, dxv, channels_last, True, 1, 1, ds[0], ds[1],
+        _backward_input(dyv, kf, dxv, channels_last, True, ss[0], ss[1], ds[0], ds[1],
                         spans[0] - ps[0][0], spans[1] - ps[1][0])
         return dx
     _backward_input(dyv, kv, dxv, channels_last, False, ss[0], ss[1], ds[0], ds[1], ps[0][0],
