@@ -64,7 +64,7 @@ static inline void cb_dw_interior(ptrdiff_t W, ptrdiff_t KW, ptrdiff_t OW, ptrdi
 }
 
 /* One output pixel, channels [c0, c1), scalar, with bounds checks. */
-#define CB_DW_PIXEL_SCALAR(T, SUF, ATTR)                                                  \
+#define CB_DW_SCALAR_CL(T, SUF, ATTR)                                                  \
 ATTR static inline void cb_dw_pixel_##SUF(const T *const *xr, const T *k, T *yp, ptrdiff_t C,  \
         ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t iw0, ptrdiff_t dw,              \
         ptrdiff_t c0, ptrdiff_t c1, const T *bias, int act) {                             \
@@ -79,12 +79,33 @@ ATTR static inline void cb_dw_pixel_##SUF(const T *const *xr, const T *k, T *yp,
                 s += xr[ky][iw * C + c] * k[(ky * KW + kx) * C + c];                      \
             }                                                                             \
         }                                                                                 \
-        yp[c] = CB_ACT(T, s, act);                                                     \
+        yp[c] = CB_ACT(T, s, act);                                                        \
+    }                                                                                     \
+}                                                                                         \
+/* channels_last kernel-gradient row, channels [c0, c1), scalar: part[ky, kx, c] += */    \
+/* sum over ow of dy[ow, c] * x[ky][ow*sw - pw + kx*dw, c] (the valid ow only). */        \
+ATTR static inline void cb_dw_kgrad_cl_scalar_##SUF(const T *const *xr, const T *dy, T *part, \
+        ptrdiff_t C, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, \
+        ptrdiff_t dw, ptrdiff_t pw, ptrdiff_t c0, ptrdiff_t c1) {                         \
+    ptrdiff_t c, ow, ky, kx, lo, hi, off;                                                 \
+    for (ky = 0; ky < KH; ky++) {                                                         \
+        if (!xr[ky]) continue;                                                            \
+        for (kx = 0; kx < KW; kx++) {                                                     \
+            T *kp = part + (ky * KW + kx) * C;                                            \
+            off = kx * dw - pw;                                                           \
+            cb_dw_valid(off, sw, W, OW, &lo, &hi);                                        \
+            for (c = c0; c < c1; c++) {                                                   \
+                T s = 0;                                                                  \
+                for (ow = lo; ow < hi; ow++)                                              \
+                    s += dy[ow * C + c] * xr[ky][(ow * sw + off) * C + c];                \
+                kp[c] += s;                                                               \
+            }                                                                             \
+        }                                                                                 \
     }                                                                                     \
 }
 
-CB_DW_PIXEL_SCALAR(float, f, )
-CB_DW_PIXEL_SCALAR(double, d, )
+CB_DW_SCALAR_CL(float, f, )
+CB_DW_SCALAR_CL(double, d, )
 
 /* channels_first kernels work on whole planes that the caller pads once
  * (cb_dw_pad_plane): padded row i, column j holds input (i - pt, j - pl),
@@ -277,20 +298,7 @@ ATTR static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy,      
             }                                                                             \
         }                                                                                 \
     }                                                                                     \
-    for (ky = 0; ky < KH; ky++) {                                                         \
-        if (!xr[ky]) continue;                                                            \
-        for (kx = 0; kx < KW; kx++) {                                                     \
-            T *kp = part + (ky * KW + kx) * C;                                            \
-            off = kx * dw - pw;                                                           \
-            cb_dw_valid(off, sw, W, OW, &lo, &hi);                                        \
-            for (c = CV; c < C; c++) {                                                    \
-                T s = 0;                                                                  \
-                for (ow = lo; ow < hi; ow++)                                              \
-                    s += dy[ow * C + c] * xr[ky][(ow * sw + off) * C + c];                \
-                kp[c] += s;                                                               \
-            }                                                                             \
-        }                                                                                 \
-    }                                                                                     \
+    cb_dw_kgrad_cl_scalar_##SUF(xr, dy, part, C, W, KH, KW, OW, sw, dw, pw, CV, C);       \
 }
 
 
@@ -345,7 +353,8 @@ ATTR static void cb_dw_pad_plane_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T
 ATTR static inline __attribute__((always_inline)) void cb_dw_cf_tile_##SUF(const T *x,    \
         ptrdiff_t rs, const T *k, ptrdiff_t ks, T *y, ptrdiff_t OW, ptrdiff_t oh,         \
         ptrdiff_t ow, ptrdiff_t dv, ptrdiff_t sh, ptrdiff_t dh, const ptrdiff_t *co,      \
-        ptrdiff_t KH, ptrdiff_t KW, int accumulate, V b0, int act, const int R, const int NV) { \
+        ptrdiff_t KH, ptrdiff_t KW, int accumulate, V b0, int act, const int R,           \
+        const int NV) {                                                                   \
     V a[4][2];                                                                            \
     ptrdiff_t ky, kx;                                                                     \
     int r, v;                                                                             \
@@ -389,7 +398,8 @@ ATTR static inline __attribute__((always_inline)) void cb_dw_cf_rows_##SUF(const
             T s = y[(oh + r) * OW + c];                                                   \
             for (ky = 0; ky < KH; ky++)                                                   \
                 for (kx = 0; kx < KW; kx++)                                               \
-                    s += x[((oh + r) * sh + ky * dh) * rs + co[kx] + c] * k[(ky * KW + kx) * ks]; \
+                    s += x[((oh + r) * sh + ky * dh) * rs + co[kx] + c]                   \
+                         * k[(ky * KW + kx) * ks];                                        \
             y[(oh + r) * OW + c] = CB_ACT(T, s, act);                                     \
         }                                                                                 \
 }                                                                                         \
@@ -444,7 +454,8 @@ ATTR static inline __attribute__((always_inline)) void cb_dw_kg_cf_taps_##SUF(co
         if (ow < OW) {                                                                    \
             V g1 = *(const V *)(g + OW - VL);                                             \
             for (j = 0; j < NK; j++)                                                      \
-                a1[j] += (V)((mask_t)(g1 * *(const V *)(xr + co[j] + OW - VL)) & (mask_t)keep); \
+                a1[j] += (V)((mask_t)(g1 * *(const V *)(xr + co[j] + OW - VL))            \
+                             & (mask_t)keep);                                             \
         }                                                                                 \
     }                                                                                     \
     for (j = 0; j < NK; j++) *(V *)(acc + (t0 + j) * 8) += a0[j] + a1[j];                 \
@@ -475,7 +486,7 @@ ATTR static void cb_dw_kgrad_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *d
 }
 
 #define CB_DW_INSTANCE(T, V, VL, SUF, ATTR)                                               \
-    CB_DW_PIXEL_SCALAR(T, SUF, ATTR) CB_DW_CF_SCALAR(T, SUF, ATTR)                        \
+    CB_DW_SCALAR_CL(T, SUF, ATTR) CB_DW_CF_SCALAR(T, SUF, ATTR)                        \
     CB_DW_FWD_CL(T, V, VL, SUF, ATTR) CB_DW_KGRAD_CL(T, V, VL, SUF, ATTR)                 \
     CB_DW_PAD_CF(T, V, VL, SUF, ATTR) CB_DW_FWD_CF(T, V, VL, SUF, ATTR)                   \
     CB_DW_KGRAD_CF(T, V, VL, SUF, ATTR)
@@ -535,20 +546,7 @@ static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y, ptrdiff
 static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy, T *part,            \
         ptrdiff_t C, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, \
         ptrdiff_t dw, ptrdiff_t pw) {                                                     \
-    ptrdiff_t c, ow, ky, kx, lo, hi, off;                                                 \
-    for (ky = 0; ky < KH; ky++) {                                                         \
-        if (!xr[ky]) continue;                                                            \
-        for (kx = 0; kx < KW; kx++) {                                                     \
-            off = kx * dw - pw;                                                           \
-            cb_dw_valid(off, sw, W, OW, &lo, &hi);                                        \
-            for (c = 0; c < C; c++) {                                                     \
-                T s = 0;                                                                  \
-                for (ow = lo; ow < hi; ow++)                                              \
-                    s += dy[ow * C + c] * xr[ky][(ow * sw + off) * C + c];                \
-                part[(ky * KW + kx) * C + c] += s;                                        \
-            }                                                                             \
-        }                                                                                 \
-    }                                                                                     \
+    cb_dw_kgrad_cl_scalar_##SUF(xr, dy, part, C, W, KH, KW, OW, sw, dw, pw, 0, C);        \
 }
 
 CB_DW_CF_SCALAR(float, f, )
