@@ -71,6 +71,18 @@ cdef Py_ssize_t KGRAD_CHUNKS = 32
 DEF CB = 16
 
 
+# Strides, dilations and leading pads (rows, columns) of one call.
+ctypedef struct _Geom:
+    Py_ssize_t sh, sw, dh, dw, ph, pw
+
+
+cdef _Geom _geom(tuple t):
+    # (sh, sw, dh, dw, ph, pw) as a _Geom
+    cdef _Geom g
+    g.sh, g.sw, g.dh, g.dw, g.ph, g.pw = t
+    return g
+
+
 cdef inline Py_ssize_t _imax(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
     return a if a > b else b
 
@@ -162,9 +174,8 @@ cdef inline void _cl_rows(const floating** xr, const floating[:, :, :, ::1] x, f
 
 
 cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
-                  floating[:, :, :, ::1] y, Py_ssize_t sh, Py_ssize_t sw,
-                  Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
-        const floating[::1] bias, int act, cb_intr* intr) noexcept nogil:
+                  floating[:, :, :, ::1] y, _Geom g, const floating[::1] bias, int act,
+                  cb_intr* intr) noexcept nogil:
     # One task per output row; its input rows (KH * W * C) stay in L1/L2.
     # bias (C*M values, or none) and the activation code act are applied to
     # each finished output row while it is in registers (cyback_depthwise.h).
@@ -186,19 +197,17 @@ cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
                 continue
             n = r // OH
             oh = r % OH
-            _cl_rows(xr, x, xe, n, oh * sh - ph, dh, KH, M)
-            _cl_row(xr, &k[0, 0, 0, 0], &y[n, oh, 0, 0], C * M, W, KH, KW, OW, sw, dw, pw,
+            _cl_rows(xr, x, xe, n, oh * g.sh - g.ph, g.dh, KH, M)
+            _cl_row(xr, &k[0, 0, 0, 0], &y[n, oh, 0, 0], C * M, W, KH, KW, OW, g.sw, g.dw, g.pw,
                     &bias[0] if bias.shape[0] > 0 else NULL, act)
         free(xe)
         free(<void*>xr)
 
 
 cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] kf,
-                        floating[:, :, :, ::1] dx, Py_ssize_t dh, Py_ssize_t dw,
-                        Py_ssize_t fph, Py_ssize_t fpw,
-        cb_intr* intr) noexcept nogil:
+                        floating[:, :, :, ::1] dx, _Geom g, cb_intr* intr) noexcept nogil:
     # Stride 1: the input gradient is the forward convolution of dy (C*M
-    # channels) with the spatially flipped kernel kf, padded by fph, fpw;
+    # channels) with the spatially flipped kernel kf, padded by g.ph, g.pw;
     # with M > 1 each group of M channels of that product sums into its
     # input channel.
     cdef Py_ssize_t N = dx.shape[0], H = dx.shape[1], W = dx.shape[2], C = dx.shape[3]
@@ -221,12 +230,12 @@ cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
             n = r // H
             ih = r % H
             # dy has C*M channels: read as a channels_last image with M == 1.
-            _cl_rows(xr, dy, NULL, n, ih - fph, dh, KH, 1)
+            _cl_rows(xr, dy, NULL, n, ih - g.ph, g.dh, KH, 1)
             dxp = &dx[n, ih, 0, 0]
             if M == 1:
-                _cl_row(xr, &kf[0, 0, 0, 0], dxp, C, OW, KH, KW, W, 1, dw, fpw)
+                _cl_row(xr, &kf[0, 0, 0, 0], dxp, C, OW, KH, KW, W, 1, g.dw, g.pw)
             else:
-                _cl_row(xr, &kf[0, 0, 0, 0], t, C * M, OW, KH, KW, W, 1, dw, fpw)
+                _cl_row(xr, &kf[0, 0, 0, 0], t, C * M, OW, KH, KW, W, 1, g.dw, g.pw)
                 for i in range(W * C):
                     s = t[i * M]
                     for m in range(1, M):
@@ -237,9 +246,7 @@ cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
 
 
 cdef void _bwd_k_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] dy,
-                    floating[:, :, :, :, ::1] part, Py_ssize_t sh, Py_ssize_t sw,
-                    Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
-        cb_intr* intr) noexcept nogil:
+                    floating[:, :, :, :, ::1] part, _Geom g, cb_intr* intr) noexcept nogil:
     # part[p] = kernel gradient from the p-th contiguous block of output rows.
     cdef Py_ssize_t N = x.shape[0], W = x.shape[2], C = x.shape[3]
     cdef Py_ssize_t P = part.shape[0], KH = part.shape[1], KW = part.shape[2]
@@ -262,9 +269,9 @@ cdef void _bwd_k_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
                     break
                 n = r // OH
                 oh = r % OH
-                _cl_rows(xr, x, xe, n, oh * sh - ph, dh, KH, M)
+                _cl_rows(xr, x, xe, n, oh * g.sh - g.ph, g.dh, KH, M)
                 _kg_row(xr, &dy[n, oh, 0, 0], &part[p, 0, 0, 0, 0], C * M, W, KH, KW, OW,
-                        sw, dw, pw)
+                        g.sw, g.dw, g.pw)
         free(xe)
         free(<void*>xr)
 
@@ -309,10 +316,8 @@ cdef inline void _cf_plane(const floating* rows, Py_ssize_t rs, const floating* 
 
 
 cdef void _planes_cf(const floating[:, :, :, ::1] src, const floating[:, :, :, ::1] k,
-                     floating[:, :, :, ::1] dst, bint fan_in, Py_ssize_t sh, Py_ssize_t sw,
-                     Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
-                     Py_ssize_t uh, Py_ssize_t uw, const floating* bias, int act,
-                     cb_intr* intr) noexcept nogil:
+                     floating[:, :, :, ::1] dst, bint fan_in, _Geom g, Py_ssize_t uh,
+                     Py_ssize_t uw, const floating* bias, int act, cb_intr* intr) noexcept nogil:
     # The channels_first correlations, one task per (n, c), each plane padded
     # once into a per-thread buffer. The forward pass (not fan_in) filters
     # plane src[n, c] into its M planes dst[n, c*M + m] (bias: C*M values or
@@ -322,8 +327,8 @@ cdef void _planes_cf(const floating[:, :, :, ::1] src, const floating[:, :, :, :
     cdef Py_ssize_t N = dst.shape[0], SH = src.shape[2], SW = src.shape[3]
     cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], C = k.shape[2], M = k.shape[3]
     cdef Py_ssize_t OH = dst.shape[2], OW = dst.shape[3]
-    cdef Py_ssize_t Hp = (OH - 1) * sh + (KH - 1) * dh + 1
-    cdef Py_ssize_t Wp = (OW - 1) * sw + (KW - 1) * dw + 1, span = _row_span(Wp, sw)
+    cdef Py_ssize_t Hp = (OH - 1) * g.sh + (KH - 1) * g.dh + 1
+    cdef Py_ssize_t Wp = (OW - 1) * g.sw + (KW - 1) * g.dw + 1, span = _row_span(Wp, g.sw)
     cdef Py_ssize_t t, n, c, m, rs = 0
     cdef floating* buf = NULL
     cdef const floating* plane
@@ -339,11 +344,12 @@ cdef void _planes_cf(const floating[:, :, :, ::1] src, const floating[:, :, :, :
             for m in range(M):
                 if fan_in or m == 0:
                     plane = &src[n, c * M + m if fan_in else c, 0, 0]
-                    rows = _padded(plane, SH, SW, buf, Hp, Wp, ph, pw, sw, uh, uw)
+                    rows = _padded(plane, SH, SW, buf, Hp, Wp, g.ph, g.pw, g.sw, uh, uw)
                     rs = SW if rows == plane else span
                 _cf_plane(rows, rs, &k[0, 0, c, m], C * M,
-                          &dst[n, c if fan_in else c * M + m, 0, 0], OH, OW, sh, sw, dh, dw,
-                          KH, KW, fan_in and m > 0, bias[c * M + m] if bias != NULL else 0, act)
+                          &dst[n, c if fan_in else c * M + m, 0, 0], OH, OW, g.sh, g.sw, g.dh,
+                          g.dw, KH, KW, fan_in and m > 0,
+                          bias[c * M + m] if bias != NULL else 0, act)
         free(buf)
 
 
@@ -393,9 +399,7 @@ cdef inline Py_ssize_t _bin_pix_blocks(floating* dxp, const floating* gn, const 
 
 
 cdef void _bwd_in_cl(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] k,
-                     floating[:, :, :, ::1] dx, Py_ssize_t sh, Py_ssize_t sw,
-                     Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
-        cb_intr* intr) noexcept nogil:
+                     floating[:, :, :, ::1] dx, _Geom g, cb_intr* intr) noexcept nogil:
     # Gather form: each input pixel collects from the outputs that read it,
     # so rows of dx are independent tasks and nothing races.
     cdef Py_ssize_t N = dx.shape[0], H = dx.shape[1], W = dx.shape[2], C = dx.shape[3]
@@ -416,16 +420,16 @@ cdef void _bwd_in_cl(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::
             c0 = 0
             if M == 1:
                 c0 = _bin_pix_blocks(dxp, &dy[n, 0, 0, 0], &k[0, 0, 0, 0], C, OH, OW, KH, KW,
-                                     ih + ph, iw + pw, sh, sw, dh, dw)
+                                     ih + g.ph, iw + g.pw, g.sh, g.sw, g.dh, g.dw)
             if c0 == C:
                 continue
             memset(dxp + c0, 0, (C - c0) * sizeof(floating))
             for ky in range(KH):
-                oh = _src(ih + ph - ky * dh, sh, OH)
+                oh = _src(ih + g.ph - ky * g.dh, g.sh, OH)
                 if oh < 0:
                     continue
                 for kx in range(KW):
-                    ow = _src(iw + pw - kx * dw, sw, OW)
+                    ow = _src(iw + g.pw - kx * g.dw, g.sw, OW)
                     if ow < 0:
                         continue
                     _tap_t(dxp + c0, &dy[n, oh, ow, c0 * M], &k[ky, kx, c0, 0], C - c0, M)
@@ -461,9 +465,7 @@ cdef inline Py_ssize_t _ow_hi(Py_ssize_t off, Py_ssize_t sw, Py_ssize_t W, Py_ss
 
 
 cdef void _bwd_in_cf(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] k,
-                     floating[:, :, :, ::1] dx, Py_ssize_t sh, Py_ssize_t sw,
-                     Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
-        cb_intr* intr) noexcept nogil:
+                     floating[:, :, :, ::1] dx, _Geom g, cb_intr* intr) noexcept nogil:
     # One task per input plane (n, c): it owns dx[n, c] and scatters into it
     # from the M output planes that read it, so nothing races.
     cdef Py_ssize_t N = dx.shape[0], C = dx.shape[1], H = dx.shape[2], W = dx.shape[3]
@@ -484,27 +486,25 @@ cdef void _bwd_in_cf(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::
             for oh in range(OH):
                 gr = &dy[n, c * M + m, oh, 0]
                 for ky in range(KH):
-                    ih = oh * sh - ph + ky * dh
+                    ih = oh * g.sh - g.ph + ky * g.dh
                     if ih < 0 or ih >= H:
                         continue
                     xr = &dx[n, c, ih, 0]
                     for kx in range(KW):
                         kv = k[ky, kx, c, m]
-                        off = kx * dw - pw
-                        lo = _ow_lo(off, sw)
-                        hi = _ow_hi(off, sw, W, OW, lo)
-                        if sw == 1:
+                        off = kx * g.dw - g.pw
+                        lo = _ow_lo(off, g.sw)
+                        hi = _ow_hi(off, g.sw, W, OW, lo)
+                        if g.sw == 1:
                             for ow in range(lo, hi):
                                 xr[ow + off] = xr[ow + off] + kv * gr[ow]
                         else:
                             for ow in range(lo, hi):
-                                xr[ow * sw + off] = xr[ow * sw + off] + kv * gr[ow]
+                                xr[ow * g.sw + off] = xr[ow * g.sw + off] + kv * gr[ow]
 
 
 cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] dy,
-                    floating[:, :, :, ::1] dk, Py_ssize_t sh, Py_ssize_t sw,
-                    Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
-        cb_intr* intr) noexcept nogil:
+                    floating[:, :, :, ::1] dk, _Geom g, cb_intr* intr) noexcept nogil:
     # One task per input channel c, summing over the batch in order: plane
     # x[n, c] is padded once, then correlated with its M output-gradient
     # planes. Each tap sums into 8 partial lanes (vector-wide), added up at
@@ -512,8 +512,8 @@ cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t KH = dk.shape[0], KW = dk.shape[1], M = dk.shape[3]
     cdef Py_ssize_t OH = dy.shape[2], OW = dy.shape[3]
-    cdef Py_ssize_t Hp = (OH - 1) * sh + (KH - 1) * dh + 1
-    cdef Py_ssize_t Wp = (OW - 1) * sw + (KW - 1) * dw + 1, span = _row_span(Wp, sw)
+    cdef Py_ssize_t Hp = (OH - 1) * g.sh + (KH - 1) * g.dh + 1
+    cdef Py_ssize_t Wp = (OW - 1) * g.sw + (KW - 1) * g.dw + 1, span = _row_span(Wp, g.sw)
     cdef Py_ssize_t T = KH * KW
     cdef Py_ssize_t c, n, m, tap, rs, j
     cdef floating* buf = NULL
@@ -529,15 +529,15 @@ cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
             for n in range(N):
                 if cb_intr_poll(intr):
                     break
-                rows = _padded(&x[n, c, 0, 0], H, W, buf, Hp, Wp, ph, pw, sw, 1, 1)
+                rows = _padded(&x[n, c, 0, 0], H, W, buf, Hp, Wp, g.ph, g.pw, g.sw, 1, 1)
                 rs = W if rows == &x[n, c, 0, 0] else span
                 for m in range(M):
                     if floating is float:
-                        cb_dw_kgrad_cf_plane_f(rows, rs, &dy[n, c * M + m, 0, 0], OH, OW, sh,
-                                               sw, dh, dw, KH, KW, acc + m * T * 8)
+                        cb_dw_kgrad_cf_plane_f(rows, rs, &dy[n, c * M + m, 0, 0], OH, OW, g.sh,
+                                               g.sw, g.dh, g.dw, KH, KW, acc + m * T * 8)
                     else:
-                        cb_dw_kgrad_cf_plane_d(rows, rs, &dy[n, c * M + m, 0, 0], OH, OW, sh,
-                                               sw, dh, dw, KH, KW, acc + m * T * 8)
+                        cb_dw_kgrad_cf_plane_d(rows, rs, &dy[n, c * M + m, 0, 0], OH, OW, g.sh,
+                                               g.sw, g.dh, g.dw, KH, KW, acc + m * T * 8)
             for m in range(M):
                 for tap in range(T):
                     s = 0
@@ -553,53 +553,54 @@ cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
 # call's interrupt state.
 
 def _forward(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
-             floating[:, :, :, ::1] y, bint channels_last, Py_ssize_t sh, Py_ssize_t sw,
-             Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
-             const floating[::1] bias, int act):
+             floating[:, :, :, ::1] y, bint channels_last, tuple geom, const floating[::1] bias,
+             int act):
     cdef cb_intr intr
+    cdef _Geom g = _geom(geom)
     cb_intr_init(&intr)
     if channels_last:
-        _fwd_cl(x, k, y, sh, sw, dh, dw, ph, pw, bias, act, &intr)
+        _fwd_cl(x, k, y, g, bias, act, &intr)
     else:
-        _planes_cf(x, k, y, False, sh, sw, dh, dw, ph, pw, 1, 1,
-                   &bias[0] if bias.shape[0] > 0 else NULL, act, &intr)
+        _planes_cf(x, k, y, False, g, 1, 1, &bias[0] if bias.shape[0] > 0 else NULL, act,
+                   &intr)
     check_interrupt(&intr)
 
 
 def _backward_input(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] k,
-                    floating[:, :, :, ::1] dx, bint channels_last, bint flipped, Py_ssize_t sh,
-                    Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw):
-    # flipped: k is the spatially flipped kernel and (ph, pw) its padding of
-    # dy, so that dx is a stride-1 forward pass over dy upsampled by the
-    # strides (sh, sw) (only channels_first takes strides > 1).
+                    floating[:, :, :, ::1] dx, bint channels_last, bint flipped, tuple geom):
+    # flipped: k is the spatially flipped kernel and the pads of geom its
+    # padding of dy, so that dx is a stride-1 forward pass over dy upsampled
+    # by the strides (only channels_first takes strides > 1).
     cdef cb_intr intr
+    cdef _Geom g = _geom(geom), s1 = g
+    s1.sh = s1.sw = 1
     cb_intr_init(&intr)
     if flipped and channels_last:
-        _bwd_in_cl_s1(dy, k, dx, dh, dw, ph, pw, &intr)
+        _bwd_in_cl_s1(dy, k, dx, g, &intr)
     elif flipped:
-        _planes_cf(dy, k, dx, True, 1, 1, dh, dw, ph, pw, sh, sw, NULL, 0, &intr)
+        _planes_cf(dy, k, dx, True, s1, g.sh, g.sw, NULL, 0, &intr)
     elif channels_last:
-        _bwd_in_cl(dy, k, dx, sh, sw, dh, dw, ph, pw, &intr)
+        _bwd_in_cl(dy, k, dx, g, &intr)
     else:
-        _bwd_in_cf(dy, k, dx, sh, sw, dh, dw, ph, pw, &intr)
+        _bwd_in_cf(dy, k, dx, g, &intr)
     check_interrupt(&intr)
 
 
 def _backward_kernel(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] dy,
                      floating[:, :, :, ::1] dk, floating[:, :, :, :, ::1] part,
-                     bint channels_last, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh,
-                     Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw):
+                     bint channels_last, tuple geom):
     # channels_last sums into the fixed number of partial kernels part, then
     # adds them up in order.
     cdef cb_intr intr
+    cdef _Geom g = _geom(geom)
     cb_intr_init(&intr)
     if channels_last:
-        _bwd_k_cl(x, dy, part, sh, sw, dh, dw, ph, pw, &intr)
+        _bwd_k_cl(x, dy, part, g, &intr)
         if not intr.stop:
             _reduce_parts(&part[0, 0, 0, 0, 0], part.shape[0],
                           dk.shape[0] * dk.shape[1] * dk.shape[2] * dk.shape[3], &dk[0, 0, 0, 0])
     else:
-        _bwd_k_cf(x, dy, dk, sh, sw, dh, dw, ph, pw, &intr)
+        _bwd_k_cf(x, dy, dk, g, &intr)
     check_interrupt(&intr)
 
 
@@ -731,8 +732,7 @@ def depthwise_forward(x, kernel, strides, dilation, pads, channels_last=True, bi
     if y.size == 0:
         return y
     xv, kv, yv = _img(x, nd, channels_last), _ker(kernel, nd), _img(y, nd, channels_last)
-    _forward(xv, kv, yv, channels_last, ss[0], ss[1], ds[0], ds[1], ps[0][0], ps[1][0], bias,
-             act)
+    _forward(xv, kv, yv, channels_last, ss + ds + (ps[0][0], ps[1][0]), bias, act)
     return y
 
 
@@ -763,11 +763,10 @@ def depthwise_backward_input(dy, kernel, x_shape, strides, dilation, pads, chann
         # stride 1; _planes_cf, over dy upsampled by the strides), at forward
         # speed and with no scatter.
         kf = np.ascontiguousarray(kv[::-1, ::-1])
-        _backward_input(dyv, kf, dxv, channels_last, True, ss[0], ss[1], ds[0], ds[1],
-                        spans[0] - ps[0][0], spans[1] - ps[1][0])
+        _backward_input(dyv, kf, dxv, channels_last, True,
+                        ss + ds + (spans[0] - ps[0][0], spans[1] - ps[1][0]))
         return dx
-    _backward_input(dyv, kv, dxv, channels_last, False, ss[0], ss[1], ds[0], ds[1], ps[0][0],
-                    ps[1][0])
+    _backward_input(dyv, kv, dxv, channels_last, False, ss + ds + (ps[0][0], ps[1][0]))
     return dx
 
 
@@ -799,6 +798,5 @@ def depthwise_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, chan
     dkv = _ker(dk, nd)
     P = min(x.shape[0] * out[0], KGRAD_CHUNKS) if channels_last else 0
     part = np.empty((P,) + dkv.shape, dtype=x.dtype)
-    _backward_kernel(xv, dyv, dkv, part, channels_last, ss[0], ss[1], ds[0], ds[1], ps[0][0],
-                     ps[1][0])
+    _backward_kernel(xv, dyv, dkv, part, channels_last, ss + ds + (ps[0][0], ps[1][0]))
     return dk
