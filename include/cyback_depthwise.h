@@ -111,16 +111,18 @@ CB_DW_SCALAR_CL(double, d, )
  * (cb_dw_pad_plane): padded row i, column j holds input (i - pt, j - pl),
  * zero outside the input, for Hp rows and Wp columns; with upsampling
  * factors uh, uw (for the input gradient of a strided convolution) it holds
- * input ((i - pt) / uh, (j - pl) / uw) where both divide, else zero. With a stride sw > 1
- * along the row, each padded row is stored as sw phases of
+ * input ((i - pt) / uh, (j - pl) / uw) where both divide, else zero. With a
+ * stride sw > 1 along the row, each padded row is stored as sw phases of
  * Wq = ceil(Wp / sw) values (phase p holds columns p, p + sw, ...), so that
  * the columns ow*sw + kx*dw of consecutive outputs ow are consecutive:
  * column co[kx] + ow (cb_dw_cols). Rows are rs = sw * Wq apart (or the
  * input's own rows, when it needs no padding and sw == 1). Output (oh, ow)
- * reads rows oh*sh + ky*dh with no bounds check. A padding buffer holds
- * CB_DW_SLACK values more than Hp * rs: the vector padding writes whole
- * vectors. Kernel tap (ky, kx) is k[(ky*KW + kx) * ks]. */
-#define CB_DW_SLACK 8
+ * reads rows oh*sh + ky*dh with no bounds check. Kernel tap (ky, kx) is
+ * k[(ky*KW + kx) * ks].
+ *
+ * The caller zeroes a padding buffer of Hp * rs values once, and
+ * cb_dw_pad_plane then writes only the input's values: the zeros stay where
+ * they are for every plane of the same geometry. */
 
 static inline void cb_dw_cols(ptrdiff_t *co, ptrdiff_t KW, ptrdiff_t dw, ptrdiff_t sw,
                               ptrdiff_t rs) {
@@ -136,16 +138,13 @@ static inline void cb_dw_cols(ptrdiff_t *co, ptrdiff_t KW, ptrdiff_t dw, ptrdiff
 ATTR static void cb_dw_pad_phases_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T *buf,   \
         ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl, ptrdiff_t sw, ptrdiff_t uh, \
         ptrdiff_t uw) {                                                                   \
-    ptrdiff_t i, j, p, q0, c0, cnt, Wq = (Wp + sw - 1) / sw;                              \
+    ptrdiff_t r, j, p, q0, c0, cnt, Wq = (Wp + sw - 1) / sw;                              \
     ptrdiff_t n = W < Wp - pl ? W : Wp - pl;  /* source columns inside the row */         \
-    for (i = 0; i < Hp; i++) {                                                            \
-        T *b = buf + i * sw * Wq;                                                         \
-        const T *s;                                                                       \
-        for (j = 0; j < sw * Wq; j++) b[j] = 0;                                           \
-        if (i < pt || (i - pt) % uh || (i - pt) / uh >= H) continue;                      \
-        s = src + (i - pt) / uh * W;                                                      \
+    for (r = 0; r < H && pt + r * uh < Hp; r++) {                                         \
+        T *b = buf + (pt + r * uh) * sw * Wq;                                             \
+        const T *s = src + r * W;                                                         \
         if (uw > 1) {  /* sw == 1 */                                                      \
-            for (j = 0; pl + j * uw < Wp && j < W; j++) b[pl + j * uw] = s[j];            \
+            for (j = 0; j < n && pl + j * uw < Wp; j++) b[pl + j * uw] = s[j];            \
             continue;                                                                     \
         }                                                                                 \
         /* Phase p: padded columns q*sw + p, from q0 on, are source columns */            \
@@ -312,36 +311,70 @@ ATTR static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy,      
     cb_dw_kg_cf_taps_##SUF(x, rs, dy, OH, OW, sh, dh, co + kx0, ky, ky * KW + kx0, keep, acc, \
                            NK)
 
-/* The padded plane (see CB_DW_SLACK). Without phases or upsampling it is
- * written in whole vectors, rows in order: a store past a row's end is
- * overwritten by the next row or lands in the slack, one before a row's copy
- * is overwritten by the copy. */
+/* GCC's two-vector shuffle splits even and odd lanes; other compilers
+ * (clang has no __builtin_shuffle) keep the scalar phase copy. */
+#if defined(__clang__)
+#define CB_DW_SHUFFLE 0
+#define CB_DW_SHUF(a, b, mask) (a)
+#else
+#define CB_DW_SHUFFLE 1
+#define CB_DW_SHUF(a, b, mask) __builtin_shuffle(a, b, mask)
+#endif
+
+/* Stride 2 along the row: source columns c land in phase (c + pl) % 2 at
+ * (c + pl) / 2; pairs of vectors split into their even and odd lanes
+ * (overlapping at the end, the last column of an odd count alone). */
+#define CB_DW_PAD_HALVES(T, V, VL, SUF, ATTR)                                             \
+ATTR static void cb_dw_pad_halves_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T *buf,   \
+        ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl, ptrdiff_t n) {            \
+    typedef __typeof__((V){0} > (V){0}) mask_t;                                           \
+    mask_t ev, od;                                                                        \
+    ptrdiff_t r, i, Wq = (Wp + 1) / 2, last = (n - 2 * VL) & ~(ptrdiff_t)1;               \
+    int j;                                                                                \
+    for (j = 0; j < VL; j++) {                                                            \
+        ev[j] = 2 * j;                                                                    \
+        od[j] = 2 * j + 1;                                                                \
+    }                                                                                     \
+    for (r = 0; r < H && pt + r < Hp; r++) {                                              \
+        T *b = buf + (pt + r) * 2 * Wq, *be, *bo;                                         \
+        const T *s = src + r * W;                                                         \
+        /* Even source columns go to phase pl % 2, odd ones to the other. */              \
+        be = b + (pl % 2) * Wq + pl / 2;                                                  \
+        bo = b + (1 - pl % 2) * Wq + (pl + 1) / 2;                                        \
+        for (i = 0; i <= last; i += 2 * VL) {                                             \
+            V lo = *(const V *)(s + i), hi = *(const V *)(s + i + VL);                    \
+            *(V *)(be + i / 2) = CB_DW_SHUF(lo, hi, ev);                                  \
+            *(V *)(bo + i / 2) = CB_DW_SHUF(lo, hi, od);                                  \
+        }                                                                                 \
+        if (i != last + 2 * VL) {                                                         \
+            V lo = *(const V *)(s + last), hi = *(const V *)(s + last + VL);              \
+            *(V *)(be + last / 2) = CB_DW_SHUF(lo, hi, ev);                               \
+            *(V *)(bo + last / 2) = CB_DW_SHUF(lo, hi, od);                               \
+        }                                                                                 \
+        if (n % 2) be[(n - 1) / 2] = s[n - 1];                                            \
+    }                                                                                     \
+}
+
+/* The input's values into a zeroed padding buffer (see above), in whole
+ * vectors when there are no phases and no upsampling. */
 #define CB_DW_PAD_CF(T, V, VL, SUF, ATTR)                                                 \
 ATTR static void cb_dw_pad_plane_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T *buf,    \
         ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl, ptrdiff_t sw, ptrdiff_t uh, \
         ptrdiff_t uw) {                                                                   \
-    const V z = {0};                                                                      \
-    ptrdiff_t i, j, lead = pl < Wp ? pl : Wp, n = W < Wp - lead ? W : Wp - lead;          \
-    if (sw != 1 || uh != 1 || uw != 1) {                                                  \
+    ptrdiff_t r, j, n = W < Wp - pl ? W : Wp - pl;                                        \
+    if (CB_DW_SHUFFLE && sw == 2 && uh == 1 && uw == 1 && n >= 2 * VL) {                  \
+        cb_dw_pad_halves_##SUF(src, H, W, buf, Hp, Wp, pt, pl, n);                        \
+        return;                                                                           \
+    }                                                                                     \
+    if (sw != 1 || uh != 1 || uw != 1 || n < VL) {                                        \
         cb_dw_pad_phases_##SUF(src, H, W, buf, Hp, Wp, pt, pl, sw, uh, uw);               \
         return;                                                                           \
     }                                                                                     \
-    for (i = 0; i < Hp; i++) {                                                            \
-        T *b = buf + i * Wp;                                                              \
-        const T *s;                                                                       \
-        if (i < pt || i - pt >= H || n == 0) {                                            \
-            for (j = 0; j < Wp; j += VL) *(V *)(b + j) = z;                               \
-            continue;                                                                     \
-        }                                                                                 \
-        s = src + (i - pt) * W;                                                           \
-        for (j = 0; j < lead; j += VL) *(V *)(b + j) = z;                                 \
-        if (n >= VL) {                                                                    \
-            for (j = 0; j + VL <= n; j += VL) *(V *)(b + lead + j) = *(const V *)(s + j); \
-            *(V *)(b + lead + n - VL) = *(const V *)(s + n - VL);                         \
-        } else {                                                                          \
-            for (j = 0; j < n; j++) b[lead + j] = s[j];                                   \
-        }                                                                                 \
-        for (j = lead + n; j < Wp; j += VL) *(V *)(b + j) = z;                            \
+    for (r = 0; r < H && pt + r < Hp; r++) {                                              \
+        T *b = buf + (pt + r) * Wp + pl;                                                  \
+        const T *s = src + r * W;                                                         \
+        for (j = 0; j + VL <= n; j += VL) *(V *)(b + j) = *(const V *)(s + j);            \
+        *(V *)(b + n - VL) = *(const V *)(s + n - VL);                                    \
     }                                                                                     \
 }
 
@@ -486,9 +519,10 @@ ATTR static void cb_dw_kgrad_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *d
 }
 
 #define CB_DW_INSTANCE(T, V, VL, SUF, ATTR)                                               \
-    CB_DW_SCALAR_CL(T, SUF, ATTR) CB_DW_CF_SCALAR(T, SUF, ATTR)                        \
+    CB_DW_SCALAR_CL(T, SUF, ATTR) CB_DW_CF_SCALAR(T, SUF, ATTR)                           \
     CB_DW_FWD_CL(T, V, VL, SUF, ATTR) CB_DW_KGRAD_CL(T, V, VL, SUF, ATTR)                 \
-    CB_DW_PAD_CF(T, V, VL, SUF, ATTR) CB_DW_FWD_CF(T, V, VL, SUF, ATTR)                   \
+    CB_DW_PAD_HALVES(T, V, VL, SUF, ATTR) CB_DW_PAD_CF(T, V, VL, SUF, ATTR)               \
+    CB_DW_FWD_CF(T, V, VL, SUF, ATTR)                                                     \
     CB_DW_KGRAD_CF(T, V, VL, SUF, ATTR)
 
 CB_DW_INSTANCE(float, cb_v4f, 4, f_base, )

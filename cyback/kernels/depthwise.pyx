@@ -15,7 +15,7 @@ patch matrix would cost more memory traffic than the convolution itself.
 import numpy as np
 cimport cython
 from cython.parallel cimport prange, parallel
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memset
 
 from cyback.kernels._blas cimport floating
@@ -24,7 +24,6 @@ from cyback.kernels._omp cimport cb_threads_for
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 
 cdef extern from "cyback_depthwise.h" nogil:
-    enum: CB_DW_SLACK
     int cb_simd_use_avx2(int on)
     void cb_dw_fwd_cl_row_f(const float** xr, const float* k, float* y, Py_ssize_t C,
                             Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
@@ -287,9 +286,10 @@ cdef inline const floating* _padded(const floating* src, Py_ssize_t H, Py_ssize_
                                     Py_ssize_t uw) noexcept nogil:
     # Plane src (H, W) as the channels_first kernels read it: Hp rows of Wp,
     # upsampled by (uh, uw), shifted down by pt and right by pl, zeros
-    # around, in sw phases along the row (cyback_depthwise.h); buf holds
-    # Hp * _row_span(Wp, sw) + CB_DW_SLACK values. Returns src itself (rows W
-    # apart) when that needs no padding.
+    # around, in sw phases along the row (cyback_depthwise.h). buf holds
+    # Hp * _row_span(Wp, sw) values, zeroed when allocated: only the input's
+    # values are written, over the same places for every plane of a call.
+    # Returns src itself (rows W apart) when that needs no padding.
     if pt == 0 and pl == 0 and Hp <= H and Wp <= W and sw == 1 and uh == 1 and uw == 1:
         return src
     if floating is float:
@@ -335,7 +335,7 @@ cdef void _planes_cf(const floating[:, :, :, ::1] src, const floating[:, :, :, :
     cdef const floating* rows = NULL
     cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     with parallel(num_threads=nt):
-        buf = <floating*>malloc((Hp * span + CB_DW_SLACK) * sizeof(floating))
+        buf = <floating*>calloc(Hp * span, sizeof(floating))
         for t in prange(N * C, schedule='static'):
             if cb_intr_poll(intr):
                 continue
@@ -522,7 +522,7 @@ cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
     cdef floating s
     cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     with parallel(num_threads=nt):
-        buf = <floating*>malloc((Hp * span + CB_DW_SLACK) * sizeof(floating))
+        buf = <floating*>calloc(Hp * span, sizeof(floating))
         acc = <floating*>malloc(M * T * 8 * sizeof(floating))
         for c in prange(C, schedule='static'):
             memset(acc, 0, M * T * 8 * sizeof(floating))
