@@ -271,8 +271,9 @@ def bench_depthwise(rows, rng, shape, repeats, np_repeats, m=1):
                          x_numpy=None if ref is None else ref / t[key],
                          torch_ms=tt[key] * 1e3 if key in tt else None,
                          x_torch=tt[key] / t[key] if key in tt else None))
-    rows.append(dict(case=label % "NCHW/NHWC", pass_="fwd", ms=t["fc"] * 1e3,
-                     x_numpy=None, x_torch=None, cf_over_cl=t["fc"] / t["f"]))
+    for key, pass_ in (("f", "fwd"), ("b", "bwd(in+k)")):
+        rows.append(dict(case=label % "NCHW/NHWC", pass_=pass_, ms=t[key + "c"] * 1e3,
+                         x_numpy=None, x_torch=None, cf_over_cl=t[key + "c"] / t[key]))
 
 
 def bench_local(rows, rng, shape, ks, f, repeats, np_repeats):

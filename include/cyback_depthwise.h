@@ -1,14 +1,15 @@
-/* Row kernels of the depthwise convolution (cyback/kernels/depthwise.pyx).
+/* Row and plane kernels of the depthwise convolution
+ * (cyback/kernels/depthwise.pyx).
  *
  * A depthwise convolution is memory-bound only if its inner loops run at
  * vector width: each output value is a KH*KW-long dot product over one
- * channel. These kernels compute one output row with the accumulators in
- * vector registers:
- *   - channels_last: vectors run over channels, and four output pixels share
- *     each kernel-tap load;
- *   - channels_first: vectors run along the row (stride 1) over input rows
- *     that the caller has zero-padded on the left and right, so no pixel
- *     needs a bounds check.
+ * channel. These kernels keep the accumulators in vector registers:
+ *   - channels_last, one output row: vectors run over channels, and four
+ *     output pixels share each kernel-tap load;
+ *   - channels_first, one (n, c) plane: vectors run along the row (stride 1)
+ *     over a plane that the caller has zero-padded all around, so no pixel
+ *     needs a bounds check; blocks of 4 rows by 2 vectors share each
+ *     kernel-tap load and keep 8 multiply-add chains in flight.
  *
  * The wheels are built for baseline x86-64 (SSE2, 16-byte vectors). On x86
  * with GCC or clang every kernel is compiled a second time for AVX2 + FMA
@@ -63,7 +64,7 @@ static inline void cb_dw_interior(ptrdiff_t W, ptrdiff_t KW, ptrdiff_t OW, ptrdi
 }
 
 /* One output pixel, channels [c0, c1), scalar, with bounds checks. */
-#define CB_DW_PIXEL_SCALAR(T, SUF, ATTR)                                                  \
+#define CB_DW_SCALAR_CL(T, SUF, ATTR)                                                  \
 ATTR static inline void cb_dw_pixel_##SUF(const T *const *xr, const T *k, T *yp, ptrdiff_t C,  \
         ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t iw0, ptrdiff_t dw,              \
         ptrdiff_t c0, ptrdiff_t c1, const T *bias, int act) {                             \
@@ -78,12 +79,115 @@ ATTR static inline void cb_dw_pixel_##SUF(const T *const *xr, const T *k, T *yp,
                 s += xr[ky][iw * C + c] * k[(ky * KW + kx) * C + c];                      \
             }                                                                             \
         }                                                                                 \
-        yp[c] = CB_ACT(T, s, act);                                                     \
+        yp[c] = CB_ACT(T, s, act);                                                        \
+    }                                                                                     \
+}                                                                                         \
+/* channels_last kernel-gradient row, channels [c0, c1), scalar: part[ky, kx, c] += */    \
+/* sum over ow of dy[ow, c] * x[ky][ow*sw - pw + kx*dw, c] (the valid ow only). */        \
+ATTR static inline void cb_dw_kgrad_cl_scalar_##SUF(const T *const *xr, const T *dy, T *part, \
+        ptrdiff_t C, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, \
+        ptrdiff_t dw, ptrdiff_t pw, ptrdiff_t c0, ptrdiff_t c1) {                         \
+    ptrdiff_t c, ow, ky, kx, lo, hi, off;                                                 \
+    for (ky = 0; ky < KH; ky++) {                                                         \
+        if (!xr[ky]) continue;                                                            \
+        for (kx = 0; kx < KW; kx++) {                                                     \
+            T *kp = part + (ky * KW + kx) * C;                                            \
+            off = kx * dw - pw;                                                           \
+            cb_dw_valid(off, sw, W, OW, &lo, &hi);                                        \
+            for (c = c0; c < c1; c++) {                                                   \
+                T s = 0;                                                                  \
+                for (ow = lo; ow < hi; ow++)                                              \
+                    s += dy[ow * C + c] * xr[ky][(ow * sw + off) * C + c];                \
+                kp[c] += s;                                                               \
+            }                                                                             \
+        }                                                                                 \
     }                                                                                     \
 }
 
-CB_DW_PIXEL_SCALAR(float, f, )
-CB_DW_PIXEL_SCALAR(double, d, )
+CB_DW_SCALAR_CL(float, f, )
+CB_DW_SCALAR_CL(double, d, )
+
+/* channels_first kernels work on whole planes that the caller pads once
+ * (cb_dw_pad_plane): padded row i, column j holds input (i - pt, j - pl),
+ * zero outside the input, for Hp rows and Wp columns; with upsampling
+ * factors uh, uw (for the input gradient of a strided convolution) it holds
+ * input ((i - pt) / uh, (j - pl) / uw) where both divide, else zero. With a
+ * stride sw > 1 along the row, each padded row is stored as sw phases of
+ * Wq = ceil(Wp / sw) values (phase p holds columns p, p + sw, ...), so that
+ * the columns ow*sw + kx*dw of consecutive outputs ow are consecutive:
+ * column co[kx] + ow (cb_dw_cols). Rows are rs = sw * Wq apart (or the
+ * input's own rows, when it needs no padding and sw == 1). Output (oh, ow)
+ * reads rows oh*sh + ky*dh with no bounds check. Kernel tap (ky, kx) is
+ * k[(ky*KW + kx) * ks].
+ *
+ * The caller zeroes a padding buffer of Hp * rs values once, and
+ * cb_dw_pad_plane then writes only the input's values: the zeros stay where
+ * they are for every plane of the same geometry. */
+
+static inline void cb_dw_cols(ptrdiff_t *co, ptrdiff_t KW, ptrdiff_t dw, ptrdiff_t sw,
+                              ptrdiff_t rs) {
+    ptrdiff_t kx;
+    for (kx = 0; kx < KW; kx++) co[kx] = kx * dw % sw * (rs / sw) + kx * dw / sw;
+}
+
+/* Scalar channels_first planes: the padding in phases for sw > 1, and the
+ * kernels for rows narrower than a vector. y (OH, OW) += the sums when accumulate,
+ * else y = act(bias + sums). The kernel gradient adds each tap's sum to lane
+ * 0 of acc[(ky*KW + kx) * 8 ...] (see cb_dw_kgrad_cf_plane). */
+#define CB_DW_CF_SCALAR(T, SUF, ATTR)                                                     \
+ATTR static void cb_dw_pad_phases_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T *buf,   \
+        ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl, ptrdiff_t sw, ptrdiff_t uh, \
+        ptrdiff_t uw) {                                                                   \
+    ptrdiff_t r, j, p, q0, c0, cnt, Wq = (Wp + sw - 1) / sw;                              \
+    ptrdiff_t n = W < Wp - pl ? W : Wp - pl;  /* source columns inside the row */         \
+    for (r = 0; r < H && pt + r * uh < Hp; r++) {                                         \
+        T *b = buf + (pt + r * uh) * sw * Wq;                                             \
+        const T *s = src + r * W;                                                         \
+        if (uw > 1) {  /* sw == 1 */                                                      \
+            for (j = 0; j < n && pl + j * uw < Wp; j++) b[pl + j * uw] = s[j];            \
+            continue;                                                                     \
+        }                                                                                 \
+        /* Phase p: padded columns q*sw + p, from q0 on, are source columns */            \
+        /* c0, c0 + sw, ...; the constant stride 2 lets the compiler vectorise. */        \
+        for (p = 0; p < sw; p++) {                                                        \
+            q0 = pl > p ? (pl - p + sw - 1) / sw : 0;                                     \
+            c0 = q0 * sw + p - pl;                                                        \
+            cnt = c0 < n ? (n - c0 + sw - 1) / sw : 0;                                    \
+            if (sw == 2)                                                                  \
+                for (j = 0; j < cnt; j++) b[p * Wq + q0 + j] = s[c0 + 2 * j];             \
+            else                                                                          \
+                for (j = 0; j < cnt; j++) b[p * Wq + q0 + j] = s[c0 + j * sw];            \
+        }                                                                                 \
+    }                                                                                     \
+}                                                                                         \
+ATTR static void cb_dw_fwd_cf_scalar_##SUF(const T *x, ptrdiff_t rs, const T *k, ptrdiff_t ks, \
+        T *y, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh,       \
+        ptrdiff_t dw, ptrdiff_t KH, ptrdiff_t KW, int accumulate, T bias, int act) {      \
+    ptrdiff_t oh, ow, ky, kx, co[KW];                                                     \
+    cb_dw_cols(co, KW, dw, sw, rs);                                                       \
+    for (oh = 0; oh < OH; oh++)                                                           \
+        for (ow = 0; ow < OW; ow++) {                                                     \
+            T s = accumulate ? y[oh * OW + ow] : bias;                                    \
+            for (ky = 0; ky < KH; ky++)                                                   \
+                for (kx = 0; kx < KW; kx++)                                               \
+                    s += x[(oh * sh + ky * dh) * rs + co[kx] + ow] * k[(ky * KW + kx) * ks]; \
+            y[oh * OW + ow] = CB_ACT(T, s, act);                                          \
+        }                                                                                 \
+}                                                                                         \
+ATTR static void cb_dw_kgrad_cf_scalar_##SUF(const T *x, ptrdiff_t rs, const T *dy,       \
+        ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh, ptrdiff_t dw, \
+        ptrdiff_t KH, ptrdiff_t KW, T *acc) {                                             \
+    ptrdiff_t oh, ow, ky, kx, co[KW];                                                     \
+    cb_dw_cols(co, KW, dw, sw, rs);                                                       \
+    for (ky = 0; ky < KH; ky++)                                                           \
+        for (kx = 0; kx < KW; kx++) {                                                     \
+            T t = 0;                                                                      \
+            for (oh = 0; oh < OH; oh++)                                                   \
+                for (ow = 0; ow < OW; ow++)                                               \
+                    t += dy[oh * OW + ow] * x[(oh * sh + ky * dh) * rs + co[kx] + ow];    \
+            acc[(ky * KW + kx) * 8] += t;                                                 \
+        }                                                                                 \
+}
 
 #if CB_SIMD_VECTOR
 
@@ -158,63 +262,6 @@ ATTR static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y,   
     }                                                                                     \
 }
 
-/* channels_first forward plane, stride 1 along rows: y (OH, OW) (+= when
- * accumulate). Output row oh reads rows oh*sh - ph + ky*dh of the input
- * plane, Hs rows rs apart, already zero-padded along the row so that tap kx
- * of output ow reads row[ow + kx*dw]; rows outside [0, Hs) are padding.
- * Kernel tap (ky, kx) is k[(ky*KW + kx) * ks]. */
-#define CB_DW_FWD_CF(T, V, VL, SUF, ATTR)                                                 \
-ATTR static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, ptrdiff_t Hs,         \
-        const T *k, ptrdiff_t ks, T *y, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh,         \
-        ptrdiff_t dh, ptrdiff_t ph, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t dw,             \
-        int accumulate, T bias, int act) {                                                \
-    ptrdiff_t oh, ow, ky, kx, OV2 = OW - OW % (2 * VL), OV = OW - OW % VL;            \
-    V b0 = (V){0} + bias;                                                                 \
-    for (oh = 0; oh < OH; oh++) {                                                         \
-        T *yr = y + oh * OW;                                                              \
-        ptrdiff_t ky0 = 0, ky1 = KH;                                                      \
-        ptrdiff_t ih0 = oh * sh - ph;                                                     \
-        /* The kernel rows whose input row lies inside the plane. */                      \
-        while (ky0 < KH && ih0 + ky0 * dh < 0) ky0++;                                      \
-        while (ky1 > ky0 && ih0 + (ky1 - 1) * dh >= Hs) ky1--;                            \
-        for (ow = 0; ow < OV2; ow += 2 * VL) {                                            \
-            V a0 = b0, a1 = b0;                                                           \
-            if (accumulate) { a0 = *(V *)(yr + ow); a1 = *(V *)(yr + ow + VL); }          \
-            for (ky = ky0; ky < ky1; ky++) {                                              \
-                const T *xp = x + (ih0 + ky * dh) * rs + ow;                              \
-                for (kx = 0; kx < KW; kx++) {                                             \
-                    T kv = k[(ky * KW + kx) * ks];                                        \
-                    a0 += *(const V *)(xp + kx * dw) * kv;                                \
-                    a1 += *(const V *)(xp + kx * dw + VL) * kv;                           \
-                }                                                                         \
-            }                                                                             \
-            CB_VACT(a0, act);                                                    \
-            CB_VACT(a1, act);                                                    \
-            *(V *)(yr + ow) = a0;                                                         \
-            *(V *)(yr + ow + VL) = a1;                                                    \
-        }                                                                                 \
-        /* The last vector may overlap the previous one (same values), */                 \
-        /* unless the sums accumulate onto y.                          */                 \
-        for (; ow < OW && OW >= VL && (ow < OV || !accumulate); ow += VL) {               \
-            V a0 = b0;                                                                    \
-            if (ow > OW - VL) ow = OW - VL;                                               \
-            if (accumulate) a0 = *(V *)(yr + ow);                                         \
-            for (ky = ky0; ky < ky1; ky++)                                                \
-                for (kx = 0; kx < KW; kx++)                                               \
-                    a0 += *(const V *)(x + (ih0 + ky * dh) * rs + ow + kx * dw)               \
-                          * k[(ky * KW + kx) * ks];                                       \
-            CB_VACT(a0, act);                                                    \
-            *(V *)(yr + ow) = a0;                                                         \
-        }                                                                                 \
-        for (; ow < OW; ow++) {                                                           \
-            T s = accumulate ? yr[ow] : bias;                                             \
-            for (ky = ky0; ky < ky1; ky++)                                                \
-                for (kx = 0; kx < KW; kx++)                                               \
-                    s += x[(ih0 + ky * dh) * rs + ow + kx * dw] * k[(ky * KW + kx) * ks];      \
-            yr[ow] = CB_ACT(T, s, act);                                                \
-        }                                                                                 \
-    }                                                                                     \
-}
 
 /* channels_last kernel-gradient row: part[ky, kx, c] += sum over ow of
  * dy[ow, c] * x[ky][ow*sw - pw + kx*dw, c] (the valid ow only). */
@@ -250,58 +297,233 @@ ATTR static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy,      
             }                                                                             \
         }                                                                                 \
     }                                                                                     \
+    cb_dw_kgrad_cl_scalar_##SUF(xr, dy, part, C, W, KH, KW, OW, sw, dw, pw, CV, C);       \
+}
+
+
+/* Calls of the always-inlined blocks below with the caller's arguments. */
+#define CB_DW_TILE(SUF, ow, dv, NV)                                                      \
+    cb_dw_cf_tile_##SUF(x, rs, k, ks, y, OW, oh, ow, dv, sh, dh, co, KH, KW, accumulate,  \
+                        b0, act, R, NV)
+#define CB_DW_ROWS(SUF, R)                                                               \
+    cb_dw_cf_rows_##SUF(x, rs, k, ks, y, OW, oh, sh, dh, co, KH, KW, accumulate, b0, act, R)
+#define CB_DW_TAPS(SUF, NK)                                                              \
+    cb_dw_kg_cf_taps_##SUF(x, rs, dy, OH, OW, sh, dh, co + kx0, ky, ky * KW + kx0, keep, acc, \
+                           NK)
+
+/* GCC's two-vector shuffle splits even and odd lanes; other compilers
+ * (clang has no __builtin_shuffle) keep the scalar phase copy. */
+#if defined(__clang__)
+#define CB_DW_SHUFFLE 0
+#define CB_DW_SHUF(a, b, mask) (a)
+#else
+#define CB_DW_SHUFFLE 1
+#define CB_DW_SHUF(a, b, mask) __builtin_shuffle(a, b, mask)
+#endif
+
+/* Stride 2 along the row: source columns c land in phase (c + pl) % 2 at
+ * (c + pl) / 2; pairs of vectors split into their even and odd lanes
+ * (overlapping at the end, the last column of an odd count alone). */
+#define CB_DW_PAD_HALVES(T, V, VL, SUF, ATTR)                                             \
+ATTR static void cb_dw_pad_halves_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T *buf,   \
+        ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl, ptrdiff_t n) {            \
+    typedef __typeof__((V){0} > (V){0}) mask_t;                                           \
+    mask_t ev, od;                                                                        \
+    ptrdiff_t r, i, Wq = (Wp + 1) / 2, last = (n - 2 * VL) & ~(ptrdiff_t)1;               \
+    int j;                                                                                \
+    for (j = 0; j < VL; j++) {                                                            \
+        ev[j] = 2 * j;                                                                    \
+        od[j] = 2 * j + 1;                                                                \
+    }                                                                                     \
+    for (r = 0; r < H && pt + r < Hp; r++) {                                              \
+        T *b = buf + (pt + r) * 2 * Wq, *be, *bo;                                         \
+        const T *s = src + r * W;                                                         \
+        /* Even source columns go to phase pl % 2, odd ones to the other. */              \
+        be = b + (pl % 2) * Wq + pl / 2;                                                  \
+        bo = b + (1 - pl % 2) * Wq + (pl + 1) / 2;                                        \
+        for (i = 0; i <= last; i += 2 * VL) {                                             \
+            V lo = *(const V *)(s + i), hi = *(const V *)(s + i + VL);                    \
+            *(V *)(be + i / 2) = CB_DW_SHUF(lo, hi, ev);                                  \
+            *(V *)(bo + i / 2) = CB_DW_SHUF(lo, hi, od);                                  \
+        }                                                                                 \
+        if (i != last + 2 * VL) {                                                         \
+            V lo = *(const V *)(s + last), hi = *(const V *)(s + last + VL);              \
+            *(V *)(be + last / 2) = CB_DW_SHUF(lo, hi, ev);                               \
+            *(V *)(bo + last / 2) = CB_DW_SHUF(lo, hi, od);                               \
+        }                                                                                 \
+        if (n % 2) be[(n - 1) / 2] = s[n - 1];                                            \
+    }                                                                                     \
+}
+
+/* The input's values into a zeroed padding buffer (see above), in whole
+ * vectors when there are no phases and no upsampling. */
+#define CB_DW_PAD_CF(T, V, VL, SUF, ATTR)                                                 \
+ATTR static void cb_dw_pad_plane_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T *buf,    \
+        ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl, ptrdiff_t sw, ptrdiff_t uh, \
+        ptrdiff_t uw) {                                                                   \
+    ptrdiff_t r, j, n = W < Wp - pl ? W : Wp - pl;                                        \
+    if (CB_DW_SHUFFLE && sw == 2 && uh == 1 && uw == 1 && n >= 2 * VL) {                  \
+        cb_dw_pad_halves_##SUF(src, H, W, buf, Hp, Wp, pt, pl, n);                        \
+        return;                                                                           \
+    }                                                                                     \
+    if (sw != 1 || uh != 1 || uw != 1 || n < VL) {                                        \
+        cb_dw_pad_phases_##SUF(src, H, W, buf, Hp, Wp, pt, pl, sw, uh, uw);               \
+        return;                                                                           \
+    }                                                                                     \
+    for (r = 0; r < H && pt + r < Hp; r++) {                                              \
+        T *b = buf + (pt + r) * Wp + pl;                                                  \
+        const T *s = src + r * W;                                                         \
+        for (j = 0; j + VL <= n; j += VL) *(V *)(b + j) = *(const V *)(s + j);            \
+        *(V *)(b + n - VL) = *(const V *)(s + n - VL);                                    \
+    }                                                                                     \
+}
+
+/* channels_first forward: R output rows by NV
+ * vectors (the second dv values after the first) at (oh, ow), the sums in
+ * registers, each tap's weight loaded once for all of them. Overlapping
+ * vectors store the same values twice. */
+#define CB_DW_FWD_CF(T, V, VL, SUF, ATTR)                                                 \
+ATTR static inline __attribute__((always_inline)) void cb_dw_cf_tile_##SUF(const T *x,    \
+        ptrdiff_t rs, const T *k, ptrdiff_t ks, T *y, ptrdiff_t OW, ptrdiff_t oh,         \
+        ptrdiff_t ow, ptrdiff_t dv, ptrdiff_t sh, ptrdiff_t dh, const ptrdiff_t *co,      \
+        ptrdiff_t KH, ptrdiff_t KW, int accumulate, V b0, int act, const int R,           \
+        const int NV) {                                                                   \
+    V a[4][2];                                                                            \
+    ptrdiff_t ky, kx;                                                                     \
+    int r, v;                                                                             \
+    for (r = 0; r < R; r++)                                                               \
+        for (v = 0; v < NV; v++)                                                          \
+            a[r][v] = accumulate ? *(const V *)(y + (oh + r) * OW + ow + v * dv) : b0;    \
     for (ky = 0; ky < KH; ky++) {                                                         \
-        if (!xr[ky]) continue;                                                            \
+        const T *xr = x + (oh * sh + ky * dh) * rs + ow;                                  \
         for (kx = 0; kx < KW; kx++) {                                                     \
-            T *kp = part + (ky * KW + kx) * C;                                            \
-            off = kx * dw - pw;                                                           \
-            cb_dw_valid(off, sw, W, OW, &lo, &hi);                                        \
-            for (c = CV; c < C; c++) {                                                    \
-                T s = 0;                                                                  \
-                for (ow = lo; ow < hi; ow++)                                              \
-                    s += dy[ow * C + c] * xr[ky][(ow * sw + off) * C + c];                \
-                kp[c] += s;                                                               \
-            }                                                                             \
+            T kv = k[(ky * KW + kx) * ks];                                                \
+            for (r = 0; r < R; r++)                                                       \
+                for (v = 0; v < NV; v++)                                                  \
+                    a[r][v] += *(const V *)(xr + r * sh * rs + co[kx] + v * dv) * kv;     \
         }                                                                                 \
     }                                                                                     \
+    for (r = 0; r < R; r++)                                                               \
+        for (v = 0; v < NV; v++) {                                                        \
+            CB_VACT(a[r][v], act);                                                        \
+            *(V *)(y + (oh + r) * OW + ow + v * dv) = a[r][v];                            \
+        }                                                                                 \
+}                                                                                         \
+/* Output rows [oh, oh + R) of a plane: pairs of vectors, then the last                   \
+ * columns as overlapping vectors (or, when accumulating, single vectors and              \
+ * scalars: an overlapping vector would add twice). */                                    \
+ATTR static inline __attribute__((always_inline)) void cb_dw_cf_rows_##SUF(const T *x,    \
+        ptrdiff_t rs, const T *k, ptrdiff_t ks, T *y, ptrdiff_t OW, ptrdiff_t oh,         \
+        ptrdiff_t sh, ptrdiff_t dh, const ptrdiff_t *co, ptrdiff_t KH, ptrdiff_t KW,      \
+        int accumulate, V b0, int act, const int R) {                                     \
+    ptrdiff_t ow, c, r, ky, kx;                                                           \
+    for (ow = 0; ow + 2 * VL <= OW; ow += 2 * VL) CB_DW_TILE(SUF, ow, VL, 2);             \
+    if (ow == OW) return;                                                                 \
+    if (!accumulate) {                                                                    \
+        if (ow + VL >= OW) CB_DW_TILE(SUF, OW - VL, 0, 1);                                \
+        else if (OW >= 2 * VL) CB_DW_TILE(SUF, OW - 2 * VL, VL, 2);                       \
+        else CB_DW_TILE(SUF, 0, OW - VL, 2);                                              \
+        return;                                                                           \
+    }                                                                                     \
+    for (; ow + VL <= OW; ow += VL) CB_DW_TILE(SUF, ow, 0, 1);                            \
+    for (r = 0; r < R; r++)                                                               \
+        for (c = ow; c < OW; c++) {                                                       \
+            T s = y[(oh + r) * OW + c];                                                   \
+            for (ky = 0; ky < KH; ky++)                                                   \
+                for (kx = 0; kx < KW; kx++)                                               \
+                    s += x[((oh + r) * sh + ky * dh) * rs + co[kx] + c]                   \
+                         * k[(ky * KW + kx) * ks];                                        \
+            y[(oh + r) * OW + c] = CB_ACT(T, s, act);                                     \
+        }                                                                                 \
+}                                                                                         \
+/* One plane, as cb_dw_fwd_cf_scalar: blocks of 4 output rows (8 sums in                  \
+ * registers hide the latency of the multiply-adds). */                                   \
+ATTR static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *k, ptrdiff_t ks, \
+        T *y, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh,       \
+        ptrdiff_t dw, ptrdiff_t KH, ptrdiff_t KW, int accumulate, T bias, int act) {      \
+    V b0 = (V){0} + bias;                                                                 \
+    ptrdiff_t oh = 0, co[KW];                                                             \
+    if (OW < VL) {                                                                        \
+        cb_dw_fwd_cf_scalar_##SUF(x, rs, k, ks, y, OH, OW, sh, sw, dh, dw, KH, KW, accumulate, \
+                                  bias, act);                                             \
+        return;                                                                           \
+    }                                                                                     \
+    cb_dw_cols(co, KW, dw, sw, rs);                                                       \
+    for (; oh + 4 <= OH; oh += 4) CB_DW_ROWS(SUF, 4);                                     \
+    if (oh + 2 <= OH) {                                                                   \
+        CB_DW_ROWS(SUF, 2);                                                               \
+        oh += 2;                                                                          \
+    }                                                                                     \
+    if (oh < OH) CB_DW_ROWS(SUF, 1);                                                      \
 }
 
-/* channels_first kernel gradient of one plane, stride 1 along rows:
- * acc[(ky*KW + kx) * 8 + lane] += partial sums of dy[oh, ow] *
- * x[oh*sh - ph + ky*dh][ow + kx*dw] (rows padded as for cb_dw_fwd_cf_plane).
- * The caller sums the 8 lanes of each tap (lanes a vector does not use stay
- * as they were). */
+/* channels_first kernel gradient: taps [t0, t0 + NK) of kernel row ky
+ * (columns co[j] + ow), each with two sums in registers, over the
+ * whole plane. The last vector of a row overlaps the one before; keep masks
+ * off its lanes that were already counted. */
 #define CB_DW_KGRAD_CF(T, V, VL, SUF, ATTR)                                               \
-ATTR static void cb_dw_kgrad_cf_plane_##SUF(const T *x, ptrdiff_t rs, ptrdiff_t Hs,       \
-        const T *dy, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t dh,              \
-        ptrdiff_t ph, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t dw, T *acc) {                 \
-    ptrdiff_t oh, ow, ky, kx, OV = OW - OW % VL;                                          \
+ATTR static inline __attribute__((always_inline)) void cb_dw_kg_cf_taps_##SUF(const T *x, \
+        ptrdiff_t rs, const T *dy, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t dh, \
+        const ptrdiff_t *co, ptrdiff_t ky, ptrdiff_t t0, V keep, T *acc, const int NK) {  \
+    typedef __typeof__(keep > keep) mask_t;                                               \
+    V a0[4], a1[4];                                                                       \
+    ptrdiff_t oh, ow;                                                                     \
+    int j;                                                                                \
+    for (j = 0; j < NK; j++) a0[j] = a1[j] = (V){0};                                      \
     for (oh = 0; oh < OH; oh++) {                                                         \
-        const T *g = dy + oh * OW;                                                        \
-        ptrdiff_t ih0 = oh * sh - ph;                                                     \
-        for (ky = 0; ky < KH; ky++) {                                                     \
-            const T *xr;                                                                  \
-            if (ih0 + ky * dh < 0 || ih0 + ky * dh >= Hs) continue;                       \
-            xr = x + (ih0 + ky * dh) * rs;                                                \
-            for (kx = 0; kx < KW; kx++) {                                                 \
-                V a = *(V *)(acc + (ky * KW + kx) * 8);                                   \
-                T t = 0;                                                                  \
-                const T *xp = xr + kx * dw;                                               \
-                for (ow = 0; ow < OV; ow += VL)                                           \
-                    a += *(const V *)(g + ow) * *(const V *)(xp + ow);                    \
-                for (; ow < OW; ow++)                                                     \
-                    t += g[ow] * xp[ow];                                                  \
-                a[0] += t;                                                                \
-                *(V *)(acc + (ky * KW + kx) * 8) = a;                                     \
+        const T *g = dy + oh * OW, *xr = x + (oh * sh + ky * dh) * rs;                    \
+        for (ow = 0; ow + 2 * VL <= OW; ow += 2 * VL) {                                   \
+            V g0 = *(const V *)(g + ow), g1 = *(const V *)(g + ow + VL);                  \
+            for (j = 0; j < NK; j++) {                                                    \
+                a0[j] += g0 * *(const V *)(xr + co[j] + ow);                              \
+                a1[j] += g1 * *(const V *)(xr + co[j] + ow + VL);                         \
             }                                                                             \
         }                                                                                 \
+        if (ow + VL <= OW) {                                                              \
+            V g0 = *(const V *)(g + ow);                                                  \
+            for (j = 0; j < NK; j++) a0[j] += g0 * *(const V *)(xr + co[j] + ow);         \
+            ow += VL;                                                                     \
+        }                                                                                 \
+        if (ow < OW) {                                                                    \
+            V g1 = *(const V *)(g + OW - VL);                                             \
+            for (j = 0; j < NK; j++)                                                      \
+                a1[j] += (V)((mask_t)(g1 * *(const V *)(xr + co[j] + OW - VL))            \
+                             & (mask_t)keep);                                             \
+        }                                                                                 \
     }                                                                                     \
+    for (j = 0; j < NK; j++) *(V *)(acc + (t0 + j) * 8) += a0[j] + a1[j];                 \
+}                                                                                         \
+/* One plane, as cb_dw_kgrad_cf_scalar, with the sums spread over the lanes. */           \
+ATTR static void cb_dw_kgrad_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *dy,        \
+        ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh, ptrdiff_t dw, \
+        ptrdiff_t KH, ptrdiff_t KW, T *acc) {                                             \
+    T lane[VL];                                                                           \
+    V keep;                                                                               \
+    ptrdiff_t ky, kx0, j, co[KW];                                                         \
+    if (OW < VL) {                                                                        \
+        cb_dw_kgrad_cf_scalar_##SUF(x, rs, dy, OH, OW, sh, sw, dh, dw, KH, KW, acc);      \
+        return;                                                                           \
+    }                                                                                     \
+    cb_dw_cols(co, KW, dw, sw, rs);                                                       \
+    /* Lanes at or after VL - OW % VL of the overlapping last vector are new. */          \
+    for (j = 0; j < VL; j++) lane[j] = (T)j;                                              \
+    keep = (V)(*(const V *)lane >= (V){0} + (T)(VL - OW % VL));                           \
+    for (ky = 0; ky < KH; ky++)                                                           \
+        for (kx0 = 0; kx0 < KW; kx0 += 4)                                                 \
+            switch (KW - kx0) {                                                           \
+            case 1: CB_DW_TAPS(SUF, 1); break;                                            \
+            case 2: CB_DW_TAPS(SUF, 2); break;                                            \
+            case 3: CB_DW_TAPS(SUF, 3); break;                                            \
+            default: CB_DW_TAPS(SUF, 4);                                                  \
+            }                                                                             \
 }
 
-#define CB_DW_INSTANCE(T, V, VL, SUF, ATTR) \
-    CB_DW_PIXEL_SCALAR(T, SUF, ATTR) \
-    CB_DW_FWD_CL(T, V, VL, SUF, ATTR) CB_DW_FWD_CF(T, V, VL, SUF, ATTR) \
-    CB_DW_KGRAD_CL(T, V, VL, SUF, ATTR) CB_DW_KGRAD_CF(T, V, VL, SUF, ATTR)
+#define CB_DW_INSTANCE(T, V, VL, SUF, ATTR)                                               \
+    CB_DW_SCALAR_CL(T, SUF, ATTR) CB_DW_CF_SCALAR(T, SUF, ATTR)                           \
+    CB_DW_FWD_CL(T, V, VL, SUF, ATTR) CB_DW_KGRAD_CL(T, V, VL, SUF, ATTR)                 \
+    CB_DW_PAD_HALVES(T, V, VL, SUF, ATTR) CB_DW_PAD_CF(T, V, VL, SUF, ATTR)               \
+    CB_DW_FWD_CF(T, V, VL, SUF, ATTR)                                                     \
+    CB_DW_KGRAD_CF(T, V, VL, SUF, ATTR)
 
 CB_DW_INSTANCE(float, cb_v4f, 4, f_base, )
 CB_DW_INSTANCE(double, cb_v2d, 2, d_base, )
@@ -315,27 +537,30 @@ CB_DW_INSTANCE(double, cb_v4d, 4, d_avx2, CB_AVX2_ATTR)
 
 #define CB_DW_DISPATCH(T, SUF)                                                            \
 static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y, ptrdiff_t C,     \
-        ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw,\
+        ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, \
         ptrdiff_t pw, const T *bias, int act) {                                           \
-    CB_DW_PICK(cb_dw_fwd_cl_row_, SUF)(xr, k, y, C, W, KH, KW, OW, sw, dw, pw, bias, act);\
-}                                                                                         \
-static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, ptrdiff_t Hs, const T *k,   \
-        ptrdiff_t ks, T *y, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t dh,       \
-        ptrdiff_t ph, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t dw, int accumulate, T bias,   \
-        int act) {                                                                        \
-    CB_DW_PICK(cb_dw_fwd_cf_plane_, SUF)(x, rs, Hs, k, ks, y, OH, OW, sh, dh, ph, KH, KW, \
-                                         dw, accumulate, bias, act);                      \
+    CB_DW_PICK(cb_dw_fwd_cl_row_, SUF)(xr, k, y, C, W, KH, KW, OW, sw, dw, pw, bias, act); \
 }                                                                                         \
 static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy, T *part,            \
         ptrdiff_t C, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, \
         ptrdiff_t dw, ptrdiff_t pw) {                                                     \
     CB_DW_PICK(cb_dw_kgrad_cl_row_, SUF)(xr, dy, part, C, W, KH, KW, OW, sw, dw, pw);     \
 }                                                                                         \
-static void cb_dw_kgrad_cf_plane_##SUF(const T *x, ptrdiff_t rs, ptrdiff_t Hs, const T *dy,\
-        ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t dh, ptrdiff_t ph, ptrdiff_t KH,\
-        ptrdiff_t KW, ptrdiff_t dw, T *acc) {                                             \
-    CB_DW_PICK(cb_dw_kgrad_cf_plane_, SUF)(x, rs, Hs, dy, OH, OW, sh, dh, ph, KH, KW, dw, \
-                                           acc);                                          \
+static void cb_dw_pad_plane_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T *buf,         \
+        ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl, ptrdiff_t sw, ptrdiff_t uh, \
+        ptrdiff_t uw) {                                                                   \
+    CB_DW_PICK(cb_dw_pad_plane_, SUF)(src, H, W, buf, Hp, Wp, pt, pl, sw, uh, uw);        \
+}                                                                                         \
+static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *k, ptrdiff_t ks,  \
+        T *y, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh,       \
+        ptrdiff_t dw, ptrdiff_t KH, ptrdiff_t KW, int accumulate, T bias, int act) {      \
+    CB_DW_PICK(cb_dw_fwd_cf_plane_, SUF)(x, rs, k, ks, y, OH, OW, sh, sw, dh, dw, KH, KW, \
+                                         accumulate, bias, act);                          \
+}                                                                                         \
+static void cb_dw_kgrad_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *dy,             \
+        ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh, ptrdiff_t dw, \
+        ptrdiff_t KH, ptrdiff_t KW, T *acc) {                                             \
+    CB_DW_PICK(cb_dw_kgrad_cf_plane_, SUF)(x, rs, dy, OH, OW, sh, sw, dh, dw, KH, KW, acc); \
 }
 
 CB_DW_DISPATCH(float, f)
@@ -345,71 +570,29 @@ CB_DW_DISPATCH(double, d)
 
 #define CB_DW_PLAIN(T, SUF)                                                               \
 static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y, ptrdiff_t C,     \
-        ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw,\
+        ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, \
         ptrdiff_t pw, const T *bias, int act) {                                           \
     ptrdiff_t ow;                                                                         \
     for (ow = 0; ow < OW; ow++)                                                           \
         cb_dw_pixel_##SUF(xr, k, y + ow * C, C, W, KH, KW, ow * sw - pw, dw, 0, C,        \
                           bias, act);                                                     \
 }                                                                                         \
-static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, ptrdiff_t Hs, const T *k,   \
-        ptrdiff_t ks, T *y, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t dh,       \
-        ptrdiff_t ph, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t dw, int accumulate, T bias,   \
-        int act) {                                                                        \
-    ptrdiff_t oh, ow, ky, kx, ih;                                                         \
-    for (oh = 0; oh < OH; oh++)                                                           \
-        for (ow = 0; ow < OW; ow++) {                                                     \
-            T s = accumulate ? y[oh * OW + ow] : bias;                                    \
-            for (ky = 0; ky < KH; ky++) {                                                 \
-                ih = oh * sh - ph + ky * dh;                                              \
-                if (ih < 0 || ih >= Hs) continue;                                         \
-                for (kx = 0; kx < KW; kx++)                                               \
-                    s += x[ih * rs + ow + kx * dw] * k[(ky * KW + kx) * ks];              \
-            }                                                                             \
-            y[oh * OW + ow] = CB_ACT(T, s, act);                                       \
-        }                                                                                 \
-}                                                                                         \
 static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy, T *part,            \
         ptrdiff_t C, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, \
         ptrdiff_t dw, ptrdiff_t pw) {                                                     \
-    ptrdiff_t c, ow, ky, kx, lo, hi, off;                                                 \
-    for (ky = 0; ky < KH; ky++) {                                                         \
-        if (!xr[ky]) continue;                                                            \
-        for (kx = 0; kx < KW; kx++) {                                                     \
-            off = kx * dw - pw;                                                           \
-            cb_dw_valid(off, sw, W, OW, &lo, &hi);                                        \
-            for (c = 0; c < C; c++) {                                                     \
-                T s = 0;                                                                  \
-                for (ow = lo; ow < hi; ow++)                                              \
-                    s += dy[ow * C + c] * xr[ky][(ow * sw + off) * C + c];                \
-                part[(ky * KW + kx) * C + c] += s;                                        \
-            }                                                                             \
-        }                                                                                 \
-    }                                                                                     \
+    cb_dw_kgrad_cl_scalar_##SUF(xr, dy, part, C, W, KH, KW, OW, sw, dw, pw, 0, C);        \
 }
 
-#define CB_DW_PLAIN_KGRAD_CF(T, SUF)                                                      \
-static void cb_dw_kgrad_cf_plane_##SUF(const T *x, ptrdiff_t rs, ptrdiff_t Hs, const T *dy,\
-        ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t dh, ptrdiff_t ph, ptrdiff_t KH,\
-        ptrdiff_t KW, ptrdiff_t dw, T *acc) {                                             \
-    ptrdiff_t oh, ow, ky, kx, ih;                                                         \
-    for (oh = 0; oh < OH; oh++)                                                           \
-        for (ky = 0; ky < KH; ky++) {                                                     \
-            ih = oh * sh - ph + ky * dh;                                                  \
-            if (ih < 0 || ih >= Hs) continue;                                             \
-            for (kx = 0; kx < KW; kx++) {                                                 \
-                T t = 0;                                                                  \
-                for (ow = 0; ow < OW; ow++)                                               \
-                    t += dy[oh * OW + ow] * x[ih * rs + ow + kx * dw];                    \
-                acc[(ky * KW + kx) * 8] += t;                                             \
-            }                                                                             \
-        }                                                                                 \
-}
-
-CB_DW_PLAIN_KGRAD_CF(float, f)
-CB_DW_PLAIN_KGRAD_CF(double, d)
+CB_DW_CF_SCALAR(float, f, )
+CB_DW_CF_SCALAR(double, d, )
 CB_DW_PLAIN(float, f)
 CB_DW_PLAIN(double, d)
+#define cb_dw_pad_plane_f cb_dw_pad_phases_f
+#define cb_dw_pad_plane_d cb_dw_pad_phases_d
+#define cb_dw_fwd_cf_plane_f cb_dw_fwd_cf_scalar_f
+#define cb_dw_fwd_cf_plane_d cb_dw_fwd_cf_scalar_d
+#define cb_dw_kgrad_cf_plane_f cb_dw_kgrad_cf_scalar_f
+#define cb_dw_kgrad_cf_plane_d cb_dw_kgrad_cf_scalar_d
 
 #endif
 

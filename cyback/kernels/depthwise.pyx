@@ -15,8 +15,8 @@ patch matrix would cost more memory traffic than the convolution itself.
 import numpy as np
 cimport cython
 from cython.parallel cimport prange, parallel
-from libc.stdlib cimport malloc, free
-from libc.string cimport memcpy, memset
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memset
 
 from cyback.kernels._blas cimport floating
 from cyback.kernels._checks import check_float, remembered
@@ -33,29 +33,33 @@ cdef extern from "cyback_depthwise.h" nogil:
                             Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
                             Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw, const double* bias,
                             int act)
-    void cb_dw_fwd_cf_plane_f(const float* x, Py_ssize_t rs, Py_ssize_t Hs, const float* k,
-                              Py_ssize_t ks, float* y, Py_ssize_t OH, Py_ssize_t OW,
-                              Py_ssize_t sh, Py_ssize_t dh, Py_ssize_t ph, Py_ssize_t KH,
-                              Py_ssize_t KW, Py_ssize_t dw, int accumulate, float bias, int act)
-    void cb_dw_fwd_cf_plane_d(const double* x, Py_ssize_t rs, Py_ssize_t Hs, const double* k,
-                              Py_ssize_t ks, double* y, Py_ssize_t OH, Py_ssize_t OW,
-                              Py_ssize_t sh, Py_ssize_t dh, Py_ssize_t ph, Py_ssize_t KH,
-                              Py_ssize_t KW, Py_ssize_t dw, int accumulate, double bias,
-                              int act)
-    void cb_dw_kgrad_cf_plane_f(const float* x, Py_ssize_t rs, Py_ssize_t Hs, const float* dy,
-                                Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh, Py_ssize_t dh,
-                                Py_ssize_t ph, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t dw,
-                                float* acc)
-    void cb_dw_kgrad_cf_plane_d(const double* x, Py_ssize_t rs, Py_ssize_t Hs,
-                                const double* dy, Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh,
-                                Py_ssize_t dh, Py_ssize_t ph, Py_ssize_t KH, Py_ssize_t KW,
-                                Py_ssize_t dw, double* acc)
     void cb_dw_kgrad_cl_row_f(const float** xr, const float* dy, float* part, Py_ssize_t C,
                               Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
                               Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw)
     void cb_dw_kgrad_cl_row_d(const double** xr, const double* dy, double* part, Py_ssize_t C,
                               Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
                               Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw)
+    void cb_dw_pad_plane_f(const float* src, Py_ssize_t H, Py_ssize_t W, float* buf,
+                           Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t pt, Py_ssize_t pl,
+                           Py_ssize_t sw, Py_ssize_t uh, Py_ssize_t uw)
+    void cb_dw_pad_plane_d(const double* src, Py_ssize_t H, Py_ssize_t W, double* buf,
+                           Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t pt, Py_ssize_t pl,
+                           Py_ssize_t sw, Py_ssize_t uh, Py_ssize_t uw)
+    void cb_dw_fwd_cf_plane_f(const float* x, Py_ssize_t rs, const float* k, Py_ssize_t ks,
+                              float* y, Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh,
+                              Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t KH,
+                              Py_ssize_t KW, int accumulate, float bias, int act)
+    void cb_dw_fwd_cf_plane_d(const double* x, Py_ssize_t rs, const double* k, Py_ssize_t ks,
+                              double* y, Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh,
+                              Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t KH,
+                              Py_ssize_t KW, int accumulate, double bias, int act)
+    void cb_dw_kgrad_cf_plane_f(const float* x, Py_ssize_t rs, const float* dy, Py_ssize_t OH,
+                                Py_ssize_t OW, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh,
+                                Py_ssize_t dw, Py_ssize_t KH, Py_ssize_t KW, float* acc)
+    void cb_dw_kgrad_cf_plane_d(const double* x, Py_ssize_t rs, const double* dy,
+                                Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh, Py_ssize_t sw,
+                                Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t KH, Py_ssize_t KW,
+                                double* acc)
 
 # Fixed number of partial sums for the channels_last kernel gradient: fixed,
 # not per thread, so the reduction order (and the result) does not depend on
@@ -64,6 +68,18 @@ cdef Py_ssize_t KGRAD_CHUNKS = 32
 
 # Channels per register block in the channels_last M == 1 loops.
 DEF CB = 16
+
+
+# Strides, dilations and leading pads (rows, columns) of one call.
+ctypedef struct _Geom:
+    Py_ssize_t sh, sw, dh, dw, ph, pw
+
+
+cdef _Geom _geom(tuple t):
+    # (sh, sw, dh, dw, ph, pw) as a _Geom
+    cdef _Geom g
+    g.sh, g.sw, g.dh, g.dw, g.ph, g.pw = t
+    return g
 
 
 cdef inline Py_ssize_t _imax(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
@@ -157,9 +173,8 @@ cdef inline void _cl_rows(const floating** xr, const floating[:, :, :, ::1] x, f
 
 
 cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
-                  floating[:, :, :, ::1] y, Py_ssize_t sh, Py_ssize_t sw,
-                  Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
-        const floating[::1] bias, int act, cb_intr* intr) noexcept nogil:
+                  floating[:, :, :, ::1] y, _Geom g, const floating[::1] bias, int act,
+                  cb_intr* intr) noexcept nogil:
     # One task per output row; its input rows (KH * W * C) stay in L1/L2.
     # bias (C*M values, or none) and the activation code act are applied to
     # each finished output row while it is in registers (cyback_depthwise.h).
@@ -181,19 +196,17 @@ cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
                 continue
             n = r // OH
             oh = r % OH
-            _cl_rows(xr, x, xe, n, oh * sh - ph, dh, KH, M)
-            _cl_row(xr, &k[0, 0, 0, 0], &y[n, oh, 0, 0], C * M, W, KH, KW, OW, sw, dw, pw,
+            _cl_rows(xr, x, xe, n, oh * g.sh - g.ph, g.dh, KH, M)
+            _cl_row(xr, &k[0, 0, 0, 0], &y[n, oh, 0, 0], C * M, W, KH, KW, OW, g.sw, g.dw, g.pw,
                     &bias[0] if bias.shape[0] > 0 else NULL, act)
         free(xe)
         free(<void*>xr)
 
 
 cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] kf,
-                        floating[:, :, :, ::1] dx, Py_ssize_t dh, Py_ssize_t dw,
-                        Py_ssize_t fph, Py_ssize_t fpw,
-        cb_intr* intr) noexcept nogil:
+                        floating[:, :, :, ::1] dx, _Geom g, cb_intr* intr) noexcept nogil:
     # Stride 1: the input gradient is the forward convolution of dy (C*M
-    # channels) with the spatially flipped kernel kf, padded by fph, fpw;
+    # channels) with the spatially flipped kernel kf, padded by g.ph, g.pw;
     # with M > 1 each group of M channels of that product sums into its
     # input channel.
     cdef Py_ssize_t N = dx.shape[0], H = dx.shape[1], W = dx.shape[2], C = dx.shape[3]
@@ -216,12 +229,12 @@ cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
             n = r // H
             ih = r % H
             # dy has C*M channels: read as a channels_last image with M == 1.
-            _cl_rows(xr, dy, NULL, n, ih - fph, dh, KH, 1)
+            _cl_rows(xr, dy, NULL, n, ih - g.ph, g.dh, KH, 1)
             dxp = &dx[n, ih, 0, 0]
             if M == 1:
-                _cl_row(xr, &kf[0, 0, 0, 0], dxp, C, OW, KH, KW, W, 1, dw, fpw)
+                _cl_row(xr, &kf[0, 0, 0, 0], dxp, C, OW, KH, KW, W, 1, g.dw, g.pw)
             else:
-                _cl_row(xr, &kf[0, 0, 0, 0], t, C * M, OW, KH, KW, W, 1, dw, fpw)
+                _cl_row(xr, &kf[0, 0, 0, 0], t, C * M, OW, KH, KW, W, 1, g.dw, g.pw)
                 for i in range(W * C):
                     s = t[i * M]
                     for m in range(1, M):
@@ -232,9 +245,7 @@ cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
 
 
 cdef void _bwd_k_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] dy,
-                    floating[:, :, :, :, ::1] part, Py_ssize_t sh, Py_ssize_t sw,
-                    Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
-        cb_intr* intr) noexcept nogil:
+                    floating[:, :, :, :, ::1] part, _Geom g, cb_intr* intr) noexcept nogil:
     # part[p] = kernel gradient from the p-th contiguous block of output rows.
     cdef Py_ssize_t N = x.shape[0], W = x.shape[2], C = x.shape[3]
     cdef Py_ssize_t P = part.shape[0], KH = part.shape[1], KW = part.shape[2]
@@ -257,124 +268,89 @@ cdef void _bwd_k_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
                     break
                 n = r // OH
                 oh = r % OH
-                _cl_rows(xr, x, xe, n, oh * sh - ph, dh, KH, M)
+                _cl_rows(xr, x, xe, n, oh * g.sh - g.ph, g.dh, KH, M)
                 _kg_row(xr, &dy[n, oh, 0, 0], &part[p, 0, 0, 0, 0], C * M, W, KH, KW, OW,
-                        sw, dw, pw)
+                        g.sw, g.dw, g.pw)
         free(xe)
         free(<void*>xr)
 
 
-cdef inline const floating* _pad_plane(const floating* src, Py_ssize_t Hs, Py_ssize_t Ws,
-                                       floating* buf, Py_ssize_t Wp,
-                                       Py_ssize_t pw) noexcept nogil:
-    # The rows of plane src (Hs, Ws) laid out Wp wide with pw zeros in front
-    # (and zeros after), so that the row kernels need no bounds checks.
-    # Returns src itself when it needs no padding.
-    cdef Py_ssize_t i, lead = _imin(pw, Wp), ncopy
-    cdef floating* b
-    if pw == 0 and Wp == Ws:
+cdef inline Py_ssize_t _row_span(Py_ssize_t Wp, Py_ssize_t sw) noexcept nogil:
+    # Values per padded row: sw phases of ceil(Wp / sw) (cyback_depthwise.h).
+    return (Wp + sw - 1) // sw * sw
+
+
+cdef inline const floating* _padded(const floating* src, Py_ssize_t H, Py_ssize_t W,
+                                    floating* buf, Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t pt,
+                                    Py_ssize_t pl, Py_ssize_t sw, Py_ssize_t uh,
+                                    Py_ssize_t uw) noexcept nogil:
+    # Plane src (H, W) as the channels_first kernels read it: Hp rows of Wp,
+    # upsampled by (uh, uw), shifted down by pt and right by pl, zeros
+    # around, in sw phases along the row (cyback_depthwise.h). buf holds
+    # Hp * _row_span(Wp, sw) values, zeroed when allocated: only the input's
+    # values are written, over the same places for every plane of a call.
+    # Returns src itself (rows W apart) when that needs no padding.
+    if pt == 0 and pl == 0 and Hp <= H and Wp <= W and sw == 1 and uh == 1 and uw == 1:
         return src
-    ncopy = _imax(0, _imin(Ws, Wp - lead))
-    for i in range(Hs):
-        b = buf + i * Wp
-        memset(b, 0, lead * sizeof(floating))
-        memcpy(b + lead, src + i * Ws, ncopy * sizeof(floating))
-        memset(b + lead + ncopy, 0, (Wp - lead - ncopy) * sizeof(floating))
+    if floating is float:
+        cb_dw_pad_plane_f(src, H, W, buf, Hp, Wp, pt, pl, sw, uh, uw)
+    else:
+        cb_dw_pad_plane_d(src, H, W, buf, Hp, Wp, pt, pl, sw, uh, uw)
     return buf
 
 
-cdef inline void _cf_plane(const floating* rows, Py_ssize_t rs, Py_ssize_t Hs,
-                           const floating* k, Py_ssize_t ks, floating* dst, Py_ssize_t OH,
-                           Py_ssize_t OW, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh,
-                           Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t KH, Py_ssize_t KW,
-                           bint accumulate, floating bias=0, int act=0) noexcept nogil:
-    # dst (OH, OW) (+)= the correlation of the padded plane rows (Hs rows,
-    # rs apart) with the taps k[(ky*KW + kx) * ks], plus bias, through the
-    # activation act (bias and act only when not accumulating).
-    cdef Py_ssize_t oh, ky, kx, ih, ow
-    cdef floating s
-    if sw == 1:
-        if floating is float:
-            cb_dw_fwd_cf_plane_f(rows, rs, Hs, k, ks, dst, OH, OW, sh, dh, ph, KH, KW, dw,
-                                 accumulate, bias, act)
-        else:
-            cb_dw_fwd_cf_plane_d(rows, rs, Hs, k, ks, dst, OH, OW, sh, dh, ph, KH, KW, dw,
-                                 accumulate, bias, act)
-        return
-    for oh in range(OH):
-        for ow in range(OW):
-            s = dst[oh * OW + ow] if accumulate else bias
-            for ky in range(KH):
-                ih = oh * sh - ph + ky * dh
-                if ih < 0 or ih >= Hs:
-                    continue
-                for kx in range(KW):
-                    s = s + rows[ih * rs + ow * sw + kx * dw] * k[(ky * KW + kx) * ks]
-            if act != 0 and s < 0:
-                s = 0
-            if act == 2 and s > 6:
-                s = 6
-            dst[oh * OW + ow] = s
+cdef inline void _cf_plane(const floating* rows, Py_ssize_t rs, const floating* k,
+                           Py_ssize_t ks, floating* dst, Py_ssize_t OH, Py_ssize_t OW,
+                           Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw,
+                           Py_ssize_t KH, Py_ssize_t KW, bint accumulate, floating bias=0,
+                           int act=0) noexcept nogil:
+    # dst (OH, OW) (+)= the correlation of the padded plane (rows rs apart)
+    # with the taps k[(ky*KW + kx) * ks], plus bias, through the activation
+    # act (bias and act only when not accumulating).
+    if floating is float:
+        cb_dw_fwd_cf_plane_f(rows, rs, k, ks, dst, OH, OW, sh, sw, dh, dw, KH, KW, accumulate,
+                             bias, act)
+    else:
+        cb_dw_fwd_cf_plane_d(rows, rs, k, ks, dst, OH, OW, sh, sw, dh, dw, KH, KW, accumulate,
+                             bias, act)
 
 
-cdef void _fwd_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
-                  floating[:, :, :, ::1] y, Py_ssize_t sh, Py_ssize_t sw,
-                  Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
-        const floating[::1] bias, int act, cb_intr* intr) noexcept nogil:
-    # One task per input plane (n, c): it is padded once into a per-thread
-    # buffer, then filtered into its M output planes row by row.
-    cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
-    cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], M = k.shape[3]
-    cdef Py_ssize_t OH = y.shape[2], OW = y.shape[3]
-    cdef Py_ssize_t Wp = (OW - 1) * sw + (KW - 1) * dw + 1
-    cdef Py_ssize_t t, n, c, m, rs
+cdef void _planes_cf(const floating[:, :, :, ::1] src, const floating[:, :, :, ::1] k,
+                     floating[:, :, :, ::1] dst, bint fan_in, _Geom g, Py_ssize_t uh,
+                     Py_ssize_t uw, const floating* bias, int act, cb_intr* intr) noexcept nogil:
+    # The channels_first correlations, one task per (n, c), each plane padded
+    # once into a per-thread buffer. The forward pass (not fan_in) filters
+    # plane src[n, c] into its M planes dst[n, c*M + m] (bias: C*M values or
+    # NULL, then the activation act). The input gradient (fan_in: src is dy
+    # upsampled by the forward strides (uh, uw), k the flipped kernel, stride
+    # 1) sums the M planes src[n, c*M + m], filtered, into dst[n, c].
+    cdef Py_ssize_t N = dst.shape[0], SH = src.shape[2], SW = src.shape[3]
+    cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], C = k.shape[2], M = k.shape[3]
+    cdef Py_ssize_t OH = dst.shape[2], OW = dst.shape[3]
+    cdef Py_ssize_t Hp = (OH - 1) * g.sh + (KH - 1) * g.dh + 1
+    cdef Py_ssize_t Wp = (OW - 1) * g.sw + (KW - 1) * g.dw + 1, span = _row_span(Wp, g.sw)
+    cdef Py_ssize_t t, n, c, m, rs = 0
     cdef floating* buf = NULL
-    cdef const floating* rows
+    cdef const floating* plane
+    cdef const floating* rows = NULL
     cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     with parallel(num_threads=nt):
-        buf = <floating*>malloc(H * Wp * sizeof(floating))
-        for t in prange(N * C, schedule='static'):
-            if cb_intr_poll(intr):
-                continue
-            n = t // C
-            c = t % C
-            rows = _pad_plane(&x[n, c, 0, 0], H, W, buf, Wp, pw)
-            rs = W if rows == &x[n, c, 0, 0] else Wp
-            for m in range(M):
-                _cf_plane(rows, rs, H, &k[0, 0, c, m], C * M, &y[n, c * M + m, 0, 0], OH, OW,
-                          sh, sw, dh, dw, ph, KH, KW, False,
-                          bias[c * M + m] if bias.shape[0] > 0 else 0, act)
-        free(buf)
-
-
-cdef void _bwd_in_cf_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] kf,
-                        floating[:, :, :, ::1] dx, Py_ssize_t dh, Py_ssize_t dw,
-                        Py_ssize_t fph, Py_ssize_t fpw,
-        cb_intr* intr) noexcept nogil:
-    # Stride 1: plane dx[n, c] is the sum over m of the forward convolution of
-    # plane dy[n, c*M + m] with the flipped kernel kf[:, :, c, m].
-    cdef Py_ssize_t N = dx.shape[0], C = dx.shape[1], H = dx.shape[2], W = dx.shape[3]
-    cdef Py_ssize_t KH = kf.shape[0], KW = kf.shape[1], M = kf.shape[3]
-    cdef Py_ssize_t OH = dy.shape[2], OW = dy.shape[3]
-    cdef Py_ssize_t Wp = (W - 1) + (KW - 1) * dw + 1
-    cdef Py_ssize_t t, n, c, m, rs
-    cdef floating* buf = NULL
-    cdef const floating* rows
-    cdef int nt = cb_threads_for(2.0 * N * H * W * C * M * KH * KW)
-    with parallel(num_threads=nt):
-        buf = <floating*>malloc(OH * Wp * sizeof(floating))
+        buf = <floating*>calloc(Hp * span, sizeof(floating))
         for t in prange(N * C, schedule='static'):
             if cb_intr_poll(intr):
                 continue
             n = t // C
             c = t % C
             for m in range(M):
-                rows = _pad_plane(&dy[n, c * M + m, 0, 0], OH, OW, buf, Wp, fpw)
-                rs = OW if rows == &dy[n, c * M + m, 0, 0] else Wp
-                _cf_plane(rows, rs, OH, &kf[0, 0, c, m], C * M, &dx[n, c, 0, 0], H, W,
-                          1, 1, dh, dw, fph, KH, KW, m > 0)
+                if fan_in or m == 0:
+                    plane = &src[n, c * M + m if fan_in else c, 0, 0]
+                    rows = _padded(plane, SH, SW, buf, Hp, Wp, g.ph, g.pw, g.sw, uh, uw)
+                    rs = SW if rows == plane else span
+                _cf_plane(rows, rs, &k[0, 0, c, m], C * M,
+                          &dst[n, c if fan_in else c * M + m, 0, 0], OH, OW, g.sh, g.sw, g.dh,
+                          g.dw, KH, KW, fan_in and m > 0,
+                          bias[c * M + m] if bias != NULL else 0, act)
         free(buf)
-
 
 
 cdef inline Py_ssize_t _src(Py_ssize_t t, Py_ssize_t s, Py_ssize_t n) noexcept nogil:
@@ -423,9 +399,7 @@ cdef inline Py_ssize_t _bin_pix_blocks(floating* dxp, const floating* gn, const 
 
 
 cdef void _bwd_in_cl(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] k,
-                     floating[:, :, :, ::1] dx, Py_ssize_t sh, Py_ssize_t sw,
-                     Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
-        cb_intr* intr) noexcept nogil:
+                     floating[:, :, :, ::1] dx, _Geom g, cb_intr* intr) noexcept nogil:
     # Gather form: each input pixel collects from the outputs that read it,
     # so rows of dx are independent tasks and nothing races.
     cdef Py_ssize_t N = dx.shape[0], H = dx.shape[1], W = dx.shape[2], C = dx.shape[3]
@@ -446,23 +420,24 @@ cdef void _bwd_in_cl(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::
             c0 = 0
             if M == 1:
                 c0 = _bin_pix_blocks(dxp, &dy[n, 0, 0, 0], &k[0, 0, 0, 0], C, OH, OW, KH, KW,
-                                     ih + ph, iw + pw, sh, sw, dh, dw)
+                                     ih + g.ph, iw + g.pw, g.sh, g.sw, g.dh, g.dw)
             if c0 == C:
                 continue
             memset(dxp + c0, 0, (C - c0) * sizeof(floating))
             for ky in range(KH):
-                oh = _src(ih + ph - ky * dh, sh, OH)
+                oh = _src(ih + g.ph - ky * g.dh, g.sh, OH)
                 if oh < 0:
                     continue
                 for kx in range(KW):
-                    ow = _src(iw + pw - kx * dw, sw, OW)
+                    ow = _src(iw + g.pw - kx * g.dw, g.sw, OW)
                     if ow < 0:
                         continue
                     _tap_t(dxp + c0, &dy[n, oh, ow, c0 * M], &k[ky, kx, c0, 0], C - c0, M)
 
 
-cdef void _reduce_parts(const floating[:, ::1] part, floating[::1] out) noexcept nogil:
-    cdef Py_ssize_t P = part.shape[0], L = part.shape[1]
+cdef void _reduce_parts(const floating* part, Py_ssize_t P, Py_ssize_t L,
+                        floating* out) noexcept nogil:
+    # out[j] = sum over p of part[p * L + j], in order of p.
     cdef Py_ssize_t j, p, blk, j0, j1
     cdef Py_ssize_t nblk = (L + 255) // 256
     # Work: P*L elements read, L written.
@@ -471,10 +446,10 @@ cdef void _reduce_parts(const floating[:, ::1] part, floating[::1] out) noexcept
         j0 = blk * 256
         j1 = _imin(j0 + 256, L)
         for j in range(j0, j1):
-            out[j] = part[0, j]
+            out[j] = part[j]
         for p in range(1, P):
             for j in range(j0, j1):
-                out[j] = out[j] + part[p, j]
+                out[j] = out[j] + part[p * L + j]
 
 
 # Output columns ow whose input column ow*sw + off lies in [0, W) form the
@@ -490,9 +465,7 @@ cdef inline Py_ssize_t _ow_hi(Py_ssize_t off, Py_ssize_t sw, Py_ssize_t W, Py_ss
 
 
 cdef void _bwd_in_cf(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] k,
-                     floating[:, :, :, ::1] dx, Py_ssize_t sh, Py_ssize_t sw,
-                     Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
-        cb_intr* intr) noexcept nogil:
+                     floating[:, :, :, ::1] dx, _Geom g, cb_intr* intr) noexcept nogil:
     # One task per input plane (n, c): it owns dx[n, c] and scatters into it
     # from the M output planes that read it, so nothing races.
     cdef Py_ssize_t N = dx.shape[0], C = dx.shape[1], H = dx.shape[2], W = dx.shape[3]
@@ -513,27 +486,25 @@ cdef void _bwd_in_cf(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::
             for oh in range(OH):
                 gr = &dy[n, c * M + m, oh, 0]
                 for ky in range(KH):
-                    ih = oh * sh - ph + ky * dh
+                    ih = oh * g.sh - g.ph + ky * g.dh
                     if ih < 0 or ih >= H:
                         continue
                     xr = &dx[n, c, ih, 0]
                     for kx in range(KW):
                         kv = k[ky, kx, c, m]
-                        off = kx * dw - pw
-                        lo = _ow_lo(off, sw)
-                        hi = _ow_hi(off, sw, W, OW, lo)
-                        if sw == 1:
+                        off = kx * g.dw - g.pw
+                        lo = _ow_lo(off, g.sw)
+                        hi = _ow_hi(off, g.sw, W, OW, lo)
+                        if g.sw == 1:
                             for ow in range(lo, hi):
                                 xr[ow + off] = xr[ow + off] + kv * gr[ow]
                         else:
                             for ow in range(lo, hi):
-                                xr[ow * sw + off] = xr[ow * sw + off] + kv * gr[ow]
+                                xr[ow * g.sw + off] = xr[ow * g.sw + off] + kv * gr[ow]
 
 
 cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] dy,
-                    floating[:, :, :, ::1] dk, Py_ssize_t sh, Py_ssize_t sw,
-                    Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ph, Py_ssize_t pw,
-        cb_intr* intr) noexcept nogil:
+                    floating[:, :, :, ::1] dk, _Geom g, cb_intr* intr) noexcept nogil:
     # One task per input channel c, summing over the batch in order: plane
     # x[n, c] is padded once, then correlated with its M output-gradient
     # planes. Each tap sums into 8 partial lanes (vector-wide), added up at
@@ -541,46 +512,32 @@ cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t KH = dk.shape[0], KW = dk.shape[1], M = dk.shape[3]
     cdef Py_ssize_t OH = dy.shape[2], OW = dy.shape[3]
-    cdef Py_ssize_t Wp = (OW - 1) * sw + (KW - 1) * dw + 1, T = KH * KW
-    cdef Py_ssize_t c, n, m, tap, rs, oh, ow, ky, kx, ih, j
+    cdef Py_ssize_t Hp = (OH - 1) * g.sh + (KH - 1) * g.dh + 1
+    cdef Py_ssize_t Wp = (OW - 1) * g.sw + (KW - 1) * g.dw + 1, span = _row_span(Wp, g.sw)
+    cdef Py_ssize_t T = KH * KW
+    cdef Py_ssize_t c, n, m, tap, rs, j
     cdef floating* buf = NULL
     cdef floating* acc = NULL
-    cdef floating* a
     cdef const floating* rows
-    cdef const floating* g
     cdef floating s
     cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     with parallel(num_threads=nt):
-        buf = <floating*>malloc(H * Wp * sizeof(floating))
+        buf = <floating*>calloc(Hp * span, sizeof(floating))
         acc = <floating*>malloc(M * T * 8 * sizeof(floating))
         for c in prange(C, schedule='static'):
             memset(acc, 0, M * T * 8 * sizeof(floating))
             for n in range(N):
                 if cb_intr_poll(intr):
                     break
-                rows = _pad_plane(&x[n, c, 0, 0], H, W, buf, Wp, pw)
-                rs = W if rows == &x[n, c, 0, 0] else Wp
+                rows = _padded(&x[n, c, 0, 0], H, W, buf, Hp, Wp, g.ph, g.pw, g.sw, 1, 1)
+                rs = W if rows == &x[n, c, 0, 0] else span
                 for m in range(M):
-                    a = acc + m * T * 8
-                    g = &dy[n, c * M + m, 0, 0]
-                    if sw == 1:
-                        if floating is float:
-                            cb_dw_kgrad_cf_plane_f(rows, rs, H, g, OH, OW, sh, dh, ph, KH, KW,
-                                                   dw, a)
-                        else:
-                            cb_dw_kgrad_cf_plane_d(rows, rs, H, g, OH, OW, sh, dh, ph, KH, KW,
-                                                   dw, a)
-                        continue
-                    for oh in range(OH):
-                        for ky in range(KH):
-                            ih = oh * sh - ph + ky * dh
-                            if ih < 0 or ih >= H:
-                                continue
-                            for kx in range(KW):
-                                s = 0
-                                for ow in range(OW):
-                                    s = s + g[oh * OW + ow] * rows[ih * rs + ow * sw + kx * dw]
-                                a[(ky * KW + kx) * 8] += s
+                    if floating is float:
+                        cb_dw_kgrad_cf_plane_f(rows, rs, &dy[n, c * M + m, 0, 0], OH, OW, g.sh,
+                                               g.sw, g.dh, g.dw, KH, KW, acc + m * T * 8)
+                    else:
+                        cb_dw_kgrad_cf_plane_d(rows, rs, &dy[n, c * M + m, 0, 0], OH, OW, g.sh,
+                                               g.sw, g.dh, g.dw, KH, KW, acc + m * T * 8)
             for m in range(M):
                 for tap in range(T):
                     s = 0
@@ -589,6 +546,62 @@ cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
                     dk[tap // KW, tap % KW, c, m] = s
         free(acc)
         free(buf)
+
+
+# ---------------------------------------------------------------- runners
+# One per pass, specialised by Cython for the arrays' dtype; each owns the
+# call's interrupt state.
+
+def _forward(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
+             floating[:, :, :, ::1] y, bint channels_last, tuple geom, const floating[::1] bias,
+             int act):
+    cdef cb_intr intr
+    cdef _Geom g = _geom(geom)
+    cb_intr_init(&intr)
+    if channels_last:
+        _fwd_cl(x, k, y, g, bias, act, &intr)
+    else:
+        _planes_cf(x, k, y, False, g, 1, 1, &bias[0] if bias.shape[0] > 0 else NULL, act,
+                   &intr)
+    check_interrupt(&intr)
+
+
+def _backward_input(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] k,
+                    floating[:, :, :, ::1] dx, bint channels_last, bint flipped, tuple geom):
+    # flipped: k is the spatially flipped kernel and the pads of geom its
+    # padding of dy, so that dx is a stride-1 forward pass over dy upsampled
+    # by the strides (only channels_first takes strides > 1).
+    cdef cb_intr intr
+    cdef _Geom g = _geom(geom), s1 = g
+    s1.sh = s1.sw = 1
+    cb_intr_init(&intr)
+    if flipped and channels_last:
+        _bwd_in_cl_s1(dy, k, dx, g, &intr)
+    elif flipped:
+        _planes_cf(dy, k, dx, True, s1, g.sh, g.sw, NULL, 0, &intr)
+    elif channels_last:
+        _bwd_in_cl(dy, k, dx, g, &intr)
+    else:
+        _bwd_in_cf(dy, k, dx, g, &intr)
+    check_interrupt(&intr)
+
+
+def _backward_kernel(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] dy,
+                     floating[:, :, :, ::1] dk, floating[:, :, :, :, ::1] part,
+                     bint channels_last, tuple geom):
+    # channels_last sums into the fixed number of partial kernels part, then
+    # adds them up in order.
+    cdef cb_intr intr
+    cdef _Geom g = _geom(geom)
+    cb_intr_init(&intr)
+    if channels_last:
+        _bwd_k_cl(x, dy, part, g, &intr)
+        if not intr.stop:
+            _reduce_parts(&part[0, 0, 0, 0, 0], part.shape[0],
+                          dk.shape[0] * dk.shape[1] * dk.shape[2] * dk.shape[3], &dk[0, 0, 0, 0])
+    else:
+        _bwd_k_cf(x, dy, dk, g, &intr)
+    check_interrupt(&intr)
 
 
 # ---------------------------------------------------------------- Python API
@@ -697,8 +710,6 @@ def depthwise_forward(x, kernel, strides, dilation, pads, channels_last=True, bi
     'linear', 'relu' or 'relu6' (min(max(v, 0), 6)).
     Returns (N, OH, OW, C*M) / (N, C*M, OH, OW) (1-D: without OH).
     """
-    cdef cb_intr intr
-    cb_intr_init(&intr)
     name = "depthwise_forward"
     x = np.asarray(x)
     kernel = np.asarray(kernel)
@@ -721,29 +732,13 @@ def depthwise_forward(x, kernel, strides, dilation, pads, channels_last=True, bi
     if y.size == 0:
         return y
     xv, kv, yv = _img(x, nd, channels_last), _ker(kernel, nd), _img(y, nd, channels_last)
-    sh, sw, dh, dw, ph, pw = ss[0], ss[1], ds[0], ds[1], ps[0][0], ps[1][0]
-    if channels_last:
-        if x.dtype == np.float32:
-            _fwd_cl[float](xv, kv, yv, sh, sw, dh, dw, ph, pw, bias, act, &intr)
-            check_interrupt(&intr)
-        else:
-            _fwd_cl[double](xv, kv, yv, sh, sw, dh, dw, ph, pw, bias, act, &intr)
-            check_interrupt(&intr)
-    else:
-        if x.dtype == np.float32:
-            _fwd_cf[float](xv, kv, yv, sh, sw, dh, dw, ph, pw, bias, act, &intr)
-            check_interrupt(&intr)
-        else:
-            _fwd_cf[double](xv, kv, yv, sh, sw, dh, dw, ph, pw, bias, act, &intr)
-            check_interrupt(&intr)
+    _forward(xv, kv, yv, channels_last, ss + ds + (ps[0][0], ps[1][0]), bias, act)
     return y
 
 
 @cython.wraparound(True)
 def depthwise_backward_input(dy, kernel, x_shape, strides, dilation, pads, channels_last=True):
     """Gradient of depthwise_forward with respect to x; returns an array of x_shape."""
-    cdef cb_intr intr
-    cb_intr_init(&intr)
     name = "depthwise_backward_input"
     dy = np.asarray(dy)
     kernel = np.asarray(kernel)
@@ -761,41 +756,17 @@ def depthwise_backward_input(dy, kernel, x_shape, strides, dilation, pads, chann
         return dx
     dyv, kv, dxv = _img(dy, nd, channels_last), _ker(kernel, nd), _img(dx, nd, channels_last)
     spans = ((kv.shape[0] - 1) * ds[0], (kv.shape[1] - 1) * ds[1])
-    if ss == (1, 1) and all(a <= e and b <= e for (a, b), e in zip(ps, spans)):
-        # Stride 1: a forward pass over dy with the flipped kernel (see
-        # _bwd_in_cl_s1), at forward speed and with no scatter.
+    before = all(a <= e for (a, b), e in zip(ps, spans))
+    after = all(b <= e for (a, b), e in zip(ps, spans))
+    if before and (not channels_last or ss == (1, 1) and after):
+        # A forward pass over dy with the flipped kernel (_bwd_in_cl_s1 at
+        # stride 1; _planes_cf, over dy upsampled by the strides), at forward
+        # speed and with no scatter.
         kf = np.ascontiguousarray(kv[::-1, ::-1])
-        fdh, fdw, fph, fpw = ds[0], ds[1], spans[0] - ps[0][0], spans[1] - ps[1][0]
-        if channels_last:
-            if dy.dtype == np.float32:
-                _bwd_in_cl_s1[float](dyv, kf, dxv, fdh, fdw, fph, fpw, &intr)
-                check_interrupt(&intr)
-            else:
-                _bwd_in_cl_s1[double](dyv, kf, dxv, fdh, fdw, fph, fpw, &intr)
-                check_interrupt(&intr)
-        else:
-            if dy.dtype == np.float32:
-                _bwd_in_cf_s1[float](dyv, kf, dxv, fdh, fdw, fph, fpw, &intr)
-                check_interrupt(&intr)
-            else:
-                _bwd_in_cf_s1[double](dyv, kf, dxv, fdh, fdw, fph, fpw, &intr)
-                check_interrupt(&intr)
+        _backward_input(dyv, kf, dxv, channels_last, True,
+                        ss + ds + (spans[0] - ps[0][0], spans[1] - ps[1][0]))
         return dx
-    sh, sw, dh, dw, ph, pw = ss[0], ss[1], ds[0], ds[1], ps[0][0], ps[1][0]
-    if channels_last:
-        if dy.dtype == np.float32:
-            _bwd_in_cl[float](dyv, kv, dxv, sh, sw, dh, dw, ph, pw, &intr)
-            check_interrupt(&intr)
-        else:
-            _bwd_in_cl[double](dyv, kv, dxv, sh, sw, dh, dw, ph, pw, &intr)
-            check_interrupt(&intr)
-    else:
-        if dy.dtype == np.float32:
-            _bwd_in_cf[float](dyv, kv, dxv, sh, sw, dh, dw, ph, pw, &intr)
-            check_interrupt(&intr)
-        else:
-            _bwd_in_cf[double](dyv, kv, dxv, sh, sw, dh, dw, ph, pw, &intr)
-            check_interrupt(&intr)
+    _backward_input(dyv, kv, dxv, channels_last, False, ss + ds + (ps[0][0], ps[1][0]))
     return dx
 
 
@@ -805,8 +776,6 @@ def depthwise_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, chan
 
     Deterministic: the same result for any thread count.
     """
-    cdef cb_intr intr
-    cb_intr_init(&intr)
     name = "depthwise_backward_kernel"
     x = np.asarray(x)
     dy = np.asarray(dy)
@@ -827,24 +796,7 @@ def depthwise_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, chan
         return dk
     xv, dyv = _img(x, nd, channels_last), _img(dy, nd, channels_last)
     dkv = _ker(dk, nd)
-    sh, sw, dh, dw, ph, pw = ss[0], ss[1], ds[0], ds[1], ps[0][0], ps[1][0]
-    if channels_last:
-        rows = x.shape[0] * out[0]
-        P = min(rows, KGRAD_CHUNKS)
-        part = np.empty((P,) + dkv.shape, dtype=x.dtype)
-        if x.dtype == np.float32:
-            _bwd_k_cl[float](xv, dyv, part, sh, sw, dh, dw, ph, pw, &intr)
-            check_interrupt(&intr)
-            _reduce_parts[float](part.reshape(P, -1), dk.reshape(-1))
-        else:
-            _bwd_k_cl[double](xv, dyv, part, sh, sw, dh, dw, ph, pw, &intr)
-            check_interrupt(&intr)
-            _reduce_parts[double](part.reshape(P, -1), dk.reshape(-1))
-    else:
-        if x.dtype == np.float32:
-            _bwd_k_cf[float](xv, dyv, dkv, sh, sw, dh, dw, ph, pw, &intr)
-            check_interrupt(&intr)
-        else:
-            _bwd_k_cf[double](xv, dyv, dkv, sh, sw, dh, dw, ph, pw, &intr)
-            check_interrupt(&intr)
+    P = min(x.shape[0] * out[0], KGRAD_CHUNKS) if channels_last else 0
+    part = np.empty((P,) + dkv.shape, dtype=x.dtype)
+    _backward_kernel(xv, dyv, dkv, part, channels_last, ss + ds + (ps[0][0], ps[1][0]))
     return dk

@@ -158,6 +158,30 @@ def test_configs(isa, cfg, cl, dtype):
     run_case(rng, n, h, w, c, m, kh, kw, ss, ds, padding, cl, dtype)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("w", [1, 3, 8, 13, 16, 21, 29, 35])
+def test_channels_first_plane_blocks(isa, w, dtype):
+    # channels_first planes run in blocks of 4, 2 and 1 output rows (the
+    # heights below leave each remainder) by pairs of vectors along the row;
+    # the widths cover rows narrower than a vector (scalar), one and two
+    # vectors, an overlapping last vector or pair, and the accumulating
+    # input gradient of M > 1 (single vectors, then scalars). Kernel widths
+    # 5 and 7 split the kernel gradient's taps into blocks of 4 + 1 and 4 + 3.
+    # Stride 2 along the row splits padded rows into even and odd halves
+    # (left pads 0 and 1, odd and even counts; strided input gradients).
+    rng = np.random.default_rng(zlib.crc32(repr((w, dtype)).encode()))
+    for n, h, c, m, kh, kw, ss, ds, padding in [
+            (2, 7, 3, 1, 3, 3, (1, 1), (1, 1), 'same'),
+            (1, 6, 2, 2, 3, 3, (1, 1), (1, 1), 'same'),
+            (1, 9, 2, 1, 3, 5, (2, 1), (1, 2), 'same'),
+            (2, 5, 1, 3, 2, 7, (1, 1), (2, 1), 'same'),
+            (1, 5, 2, 2, 3, 3, (2, 2), (1, 1), 'same'),
+            (1, 4, 2, 1, 3, 3, (1, 2), (1, 1), 'valid'),
+            (1, 8, 2, 1, 3, 1, (1, 1), (1, 1), 'valid')]:
+        if padding == 'same' or w >= (kw - 1) * ds[1] + 1:
+            run_case(rng, n, h, w, c, m, kh, kw, ss, ds, padding, False, dtype)
+
+
 def test_random_noncontiguous(isa):
     rng = np.random.default_rng(1)
     for _ in range(20):
@@ -212,14 +236,17 @@ def test_thread_count_invariant(isa, cl):
             np.testing.assert_array_equal(a, b)
 
 
-def test_empty_batch():
+@pytest.mark.parametrize("cl", [True, False])
+def test_empty_batch(cl):
     x = np.zeros((0, 5, 5, 3), np.float32)
+    if not cl:
+        x = x.transpose(0, 3, 1, 2)
     k = np.ones((3, 3, 3, 2), np.float32)
     ps = ((1, 1), (1, 1))
-    y = depthwise_forward(x, k, 1, 1, ps)
-    assert y.shape == (0, 5, 5, 6)
-    assert depthwise_backward_input(y, k, x.shape, 1, 1, ps).shape == x.shape
-    dk = depthwise_backward_kernel(x, y, k.shape, 1, 1, ps)
+    y = depthwise_forward(x, k, 1, 1, ps, cl)
+    assert y.shape == ((0, 5, 5, 6) if cl else (0, 6, 5, 5))
+    assert depthwise_backward_input(y, k, x.shape, 1, 1, ps, cl).shape == x.shape
+    dk = depthwise_backward_kernel(x, y, k.shape, 1, 1, ps, cl)
     assert dk.shape == k.shape and np.all(dk == 0)
 
 
