@@ -52,8 +52,9 @@ class Geometry(object):
         # local only: the output positions (Keras's output_shape), known even
         # when the input's spatial sizes are not
         self.local_out = None if local_out is None else tuple(local_out)
-        # (x shape, kernel shape) -> pads, for shapes already checked: a
-        # batch-1 convolution is over in microseconds, checking it is not
+        # (x shape, kernel shape) -> (pads, output shape), for shapes already
+        # checked: a batch-1 convolution is over in microseconds, checking it
+        # is not
         self._checked = {}
 
     def as_tuple(self):
@@ -159,8 +160,7 @@ class Geometry(object):
         then ``activation`` ('relu', 'relu6') inside the kernel."""
         x, k, dt = _operands(x, k)
         pads = self._checked.get((x.shape, k.shape))
-        if pads is None:
-            pads = self._check_forward(x.shape, k.shape)
+        pads = self._check_forward(x.shape, k.shape) if pads is None else pads[0]
         if self.family == "conv":
             y = _conv.conv_forward(x, k, self.strides, self.dilation, pads,
                                    self.channels_last, bias=bias, residual=residual,
@@ -175,15 +175,24 @@ class Geometry(object):
         return y.astype(dt, copy=False)
 
     def _check_forward(self, xshape, kshape):
-        """The pads of a forward pass, after the checks; remembered."""
+        """The pads of a forward pass, after the checks; remembered with the
+        output shape."""
         sizes = self.spatial(xshape)
         self.check(xshape, kshape)
         self._check_run(sizes, kshape)
         pads = self.pads(sizes, kshape)
         if len(self._checked) >= 64:
             self._checked.clear()
-        self._checked[(xshape, kshape)] = pads
+        self._checked[(xshape, kshape)] = (pads, self.y_shape(xshape, kshape))
         return pads
+
+    def forward_shape(self, xshape, kshape):
+        """The output shape of a forward pass on these run-time shapes."""
+        known = self._checked.get((xshape, kshape))
+        if known is None:
+            self._check_forward(xshape, kshape)
+            known = self._checked[(xshape, kshape)]
+        return known[1]
 
     def backward_input(self, dy, k, xshape):
         dy, k, dt = _operands(dy, k)
@@ -299,8 +308,8 @@ class Conv(Op):
                 (bias is not None and (bias.dtype != dt or
                                        bias.size != self.geom.out_channels(k.shape))) or \
                 (residual is not None and (residual.dtype != dt or
-                                           residual.shape != self.geom.y_shape(x.shape,
-                                                                               k.shape))):
+                                           residual.shape != self.geom.forward_shape(
+                                               x.shape, k.shape))):
             return None
         return self.geom.forward(x, k, None if bias is None else bias.reshape(-1), activation,
                                  residual)
