@@ -36,7 +36,10 @@ done
 if grep -E '\.(c|cpp|pyx|pxd|h)$' "$work/wheel.txt"; then fail "sources in the wheel"; fi
 wheel_kb=$(du -k "$wheel" | cut -f1)
 echo "wheel $(basename "$wheel"): ${wheel_kb} kB"
-[ "$wheel_kb" -lt 2048 ] || fail "wheel is ${wheel_kb} kB, over 2 MB"
+# Ten kernel modules, most with AVX2 and baseline copies of their vector code and float and
+# double variants, stripped, come to ~2 MB zipped; the limit catches what should never be
+# shipped (symbols and debug info double it, sources, build products).
+[ "$wheel_kb" -lt 2560 ] || fail "wheel is ${wheel_kb} kB, over 2.5 MB"
 
 "$py" -m venv "$work/venv"
 "$work/venv/bin/pip" install -q "$wheel[test]"
