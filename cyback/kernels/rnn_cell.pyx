@@ -214,6 +214,45 @@ cdef inline floating _dact(floating y, int kind) noexcept nogil:
     return 1
 
 
+cdef inline Py_ssize_t _row_blocks(double flops, Py_ssize_t B) noexcept nogil:
+    """Blocks of batch rows (one per thread) for a sequence of ``flops``."""
+    cdef Py_ssize_t n = cb_threads_for(flops)
+    if n > B:
+        n = B if B > 0 else 1
+    return n
+
+
+cdef inline void _ring(bint keep, Py_ssize_t t, Py_ssize_t *ti, Py_ssize_t *tp,
+                       Py_ssize_t *tg) noexcept nogil:
+    """Where step t writes its states (ti), reads the previous ones (tp) and
+    writes its gates (tg): the step itself, or without records (keep off) a
+    ring of two steps for the states and one for the gates."""
+    if keep:
+        ti[0], tp[0], tg[0] = t, t - 1, t
+    else:
+        ti[0], tp[0], tg[0] = t & 1, (t - 1) & 1, 0
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef inline const floating *_recurrent_input(Py_ssize_t t, Py_ssize_t tp, Py_ssize_t b0,
+                                             Py_ssize_t b1, const floating[:, ::1] h0,
+                                             floating[:, :, ::1] hs,
+                                             const floating[:, ::1] rmask, bint use_rmask,
+                                             floating[:, ::1] hm) noexcept nogil:
+    """Rows b0..b1 of the recurrent product's left operand: h_{t-1} (h0 at
+    step 0, else the states' row tp), times the recurrent dropout mask (then
+    written into hm)."""
+    cdef Py_ssize_t u = h0.shape[1], b, j
+    cdef const floating *hp = &h0[b0, 0] if t == 0 else &hs[tp, b0, 0]
+    if not use_rmask:
+        return hp
+    for b in range(b0, b1):
+        for j in range(u):
+            hm[b, j] = hp[(b - b0) * u + j] * rmask[b, j]
+    return &hm[b0, 0]
+
+
 @cython.boundscheck(False)
 @cython.wraparound(False)
 cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] zx,
@@ -237,18 +276,8 @@ cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1]
     for t in range(T):
         if cb_intr_poll(intr):
             return
-        # Without records (keep off) the states live in a ring of two
-        # steps and the gates in one.
-        if keep:
-            ti, tp, tg = t, t - 1, t
-        else:
-            ti, tp, tg = t & 1, (t - 1) & 1, 0
-        hp = &h0[b0, 0] if t == 0 else &hs[tp, b0, 0]
-        if use_rmask:
-            for b in range(b0, b1):
-                for j in range(u):
-                    hm[b, j] = hp[(b - b0) * u + j] * rmask[b, j]
-            hp = &hm[b0, 0]
+        _ring(keep, t, &ti, &tp, &tg)
+        hp = _recurrent_input(t, tp, b0, b1, h0, hs, rmask, use_rmask, hm)
         _rec_product_onto(b1 - b0, u, G, hp, &R[0, 0], Wp, FB, &zx[t, b0, 0], &gates[tg, b0, 0])
         for b in range(b0, b1):
             hp = &h0[b, 0] if t == 0 else &hs[tp, b, 0]
@@ -288,9 +317,7 @@ cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     # own rows, with no barrier between steps (a descheduled thread delays
     # only its rows, not every step of the others).
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0], G = R.shape[1]
-    cdef Py_ssize_t ci, nchunk = cb_threads_for(2.0 * T * B * G * u)
-    if nchunk > B:
-        nchunk = B if B > 0 else 1
+    cdef Py_ssize_t ci, nchunk = _row_blocks(2.0 * T * B * G * u, B)
     if nchunk <= 1:
         _lstm_fwd_rows(0, B, zx, h0, c0, y0, R, Wp, FB, rmask, mask, use_rmask, use_mask, act,
                        ract, hs, cs, ys, gates, hm, keep, intr)
@@ -405,9 +432,7 @@ cdef void _lstm_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating
     # own rows, with no barrier between steps (a descheduled thread delays
     # only its rows, not every step of the others).
     cdef Py_ssize_t T = dys.shape[0], B = dys.shape[1], u = R.shape[0], G = R.shape[1]
-    cdef Py_ssize_t ci, nchunk = cb_threads_for(2.0 * T * B * G * u)
-    if nchunk > B:
-        nchunk = B if B > 0 else 1
+    cdef Py_ssize_t ci, nchunk = _row_blocks(2.0 * T * B * G * u, B)
     if nchunk <= 1:
         _lstm_bwd_rows(0, B, dys, dh, dc, dy, h0, c0, R, Wp, FB, rmask, mask, use_rmask,
                        use_mask, act, ract, hs, cs, gates, dz, dhm, tcs, intr)
@@ -468,18 +493,8 @@ cdef void _simple_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::
     for t in range(T):
         if cb_intr_poll(intr):
             return
-        # Without records (keep off) the states live in a ring of two
-        # steps and the gates in one.
-        if keep:
-            ti, tp, tg = t, t - 1, t
-        else:
-            ti, tp, tg = t & 1, (t - 1) & 1, 0
-        hp = &h0[b0, 0] if t == 0 else &hs[tp, b0, 0]
-        if use_rmask:
-            for b in range(b0, b1):
-                for j in range(u):
-                    hm[b, j] = hp[(b - b0) * u + j] * rmask[b, j]
-            hp = &hm[b0, 0]
+        _ring(keep, t, &ti, &tp, &tg)
+        hp = _recurrent_input(t, tp, b0, b1, h0, hs, rmask, use_rmask, hm)
         _rec_product_onto(b1 - b0, u, u, hp, &R[0, 0], Wp, FB, &zx[t, b0, 0], &pre[tg, b0, 0])
         for b in range(b0, b1):
             hp = &h0[b, 0] if t == 0 else &hs[tp, b, 0]
@@ -506,9 +521,7 @@ cdef void _simple_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     # own rows, with no barrier between steps (a descheduled thread delays
     # only its rows, not every step of the others).
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0], G = R.shape[1]
-    cdef Py_ssize_t ci, nchunk = cb_threads_for(2.0 * T * B * G * u)
-    if nchunk > B:
-        nchunk = B if B > 0 else 1
+    cdef Py_ssize_t ci, nchunk = _row_blocks(2.0 * T * B * G * u, B)
     if nchunk <= 1:
         _simple_fwd_rows(0, B, zx, h0, y0, R, Wp, FB, rmask, mask, use_rmask, use_mask, act, hs,
                          ys, pre, hm, keep, intr)
@@ -591,9 +604,7 @@ cdef void _simple_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floati
     # own rows, with no barrier between steps (a descheduled thread delays
     # only its rows, not every step of the others).
     cdef Py_ssize_t T = dys.shape[0], B = dys.shape[1], u = R.shape[0], G = R.shape[1]
-    cdef Py_ssize_t ci, nchunk = cb_threads_for(2.0 * T * B * G * u)
-    if nchunk > B:
-        nchunk = B if B > 0 else 1
+    cdef Py_ssize_t ci, nchunk = _row_blocks(2.0 * T * B * G * u, B)
     if nchunk <= 1:
         _simple_bwd_rows(0, B, dys, dh, dy, R, Wp, FB, rmask, mask, use_rmask, use_mask, act,
                          acts, dz, dhm, intr)
@@ -731,19 +742,8 @@ cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] 
     for t in range(T):
         if cb_intr_poll(intr):
             return
-        # Without records (keep off) the states live in a ring of two
-        # steps and the gates in one.
-        if keep:
-            ti, tp, tg = t, t - 1, t
-        else:
-            ti, tp, tg = t & 1, (t - 1) & 1, 0
-        hp = &h0[b0, 0] if t == 0 else &hs[tp, b0, 0]
-        hmp = hp
-        if use_rmask:
-            for b in range(b0, b1):
-                for j in range(u):
-                    hm[b, j] = hp[(b - b0) * u + j] * rmask[b, j]
-            hmp = &hm[b0, 0]
+        _ring(keep, t, &ti, &tp, &tg)
+        hmp = _recurrent_input(t, tp, b0, b1, h0, hs, rmask, use_rmask, hm)
         if use_rb:
             for b in range(b0, b1):
                 memcpy(&P[b, 0], &rb[0], NR * sizeof(floating))
@@ -803,9 +803,7 @@ cdef void _gru_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                    bint keep, cb_intr* intr) noexcept nogil:
     # One block of batch rows per thread, all steps (see _lstm_fwd).
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = h0.shape[1]
-    cdef Py_ssize_t ci, nchunk = cb_threads_for(2.0 * T * B * 3 * u * u)
-    if nchunk > B:
-        nchunk = B if B > 0 else 1
+    cdef Py_ssize_t ci, nchunk = _row_blocks(2.0 * T * B * 3 * u * u, B)
     if nchunk <= 1:
         _gru_fwd_rows(0, B, zx, h0, y0, R, Wp, Rh, Whp, FB, rb, rmask, mask, use_rb, use_rmask,
                       use_mask, reset_after, mix_masked, act, ract, hs, ys, gates, ph, hm, P, Q,
@@ -958,9 +956,7 @@ cdef void _gru_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating[
                    cb_intr* intr) noexcept nogil:
     # One block of batch rows per thread, all steps (see _lstm_fwd).
     cdef Py_ssize_t T = dys.shape[0], B = dys.shape[1], u = h0.shape[1]
-    cdef Py_ssize_t ci, nchunk = cb_threads_for(2.0 * T * B * 3 * u * u)
-    if nchunk > B:
-        nchunk = B if B > 0 else 1
+    cdef Py_ssize_t ci, nchunk = _row_blocks(2.0 * T * B * 3 * u * u, B)
     if nchunk <= 1:
         _gru_bwd_rows(0, B, dys, dh, dy, h0, R, Wp, Rh, Whp, FB, rmask, mask, use_rmask,
                       use_mask, reset_after, mix_masked, act, ract, hs, gates, ph, D, Dh, dhm,

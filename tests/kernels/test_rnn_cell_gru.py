@@ -5,8 +5,8 @@ import pytest
 
 from cyback.kernels import rnn_cell as rc
 
-from instruction_sets import instruction_set
-from kernels.test_rnn_cell import ACTS, CASES, _numeric
+# the AVX2 / baseline and packed / BLAS parametrisations of every test
+from kernels.test_rnn_cell import ACTS, CASES, _numeric, isa, recurrent_product  # noqa: F401
 
 
 def gru_ref(zx, h0, y0, R, Rh, rb, rmask, mask, reset_after, mix_masked, act, ract):
@@ -45,22 +45,6 @@ def _gru_case(T, B, u, dtype, reset_after, with_bias, with_rmask, with_mask, see
 
 def _f64(a):
     return None if a is None else np.asarray(a, np.float64)
-
-
-@pytest.fixture(autouse=True, params=["avx2", "baseline"])
-def isa(request):
-    with instruction_set(rc, request.param) as which:
-        yield which
-
-
-@pytest.fixture(autouse=True, params=["packed", "blas"])
-def recurrent_product(request):
-    old = dict(rc._TUNE)
-    rc._TUNE["packed"] = request.param == "packed"
-    try:
-        yield request.param
-    finally:
-        rc._TUNE.update(old)
 
 
 VARIANTS = [(False, False, False), (True, True, False), (True, False, False),
