@@ -70,11 +70,15 @@ def test_keras_model_over_numpy_matches_predict(cnn, images):
                                rtol=1e-6, atol=1e-7)
 
 
-def test_dask_array_chunks_are_kept_and_other_axes_joined(cnn, images):
+def test_dask_array_chunks_kept_or_given_and_other_axes_joined(cnn, images):
     x = da.from_array(images, chunks=(25, 5, 10, 1))
-    pred = cd.predict(cnn, x, batch_size=16)
+    ref = cnn.predict(images)
+    pred = cd.predict(cnn, x, batch_size=16, chunk_rows="keep")
     assert pred.chunks[0] == (25, 25, 25, 15)
-    np.testing.assert_allclose(pred.compute(**SYNC), cnn.predict(images), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(pred.compute(**SYNC), ref, rtol=1e-6, atol=1e-7)
+    pred = cd.predict(cnn, x, batch_size=16, chunk_rows=40)       # rechunked to it
+    assert pred.chunks[0] == (40, 40, 10)
+    np.testing.assert_allclose(pred.compute(**SYNC), ref, rtol=1e-6, atol=1e-7)
 
 
 def test_function_with_two_outputs_and_float64_data():
@@ -110,14 +114,20 @@ def test_h5_path_and_npy_files_and_save(tmp_path, cnn, images):
     for i, part in enumerate(np.array_split(images, 3)):
         files.append(str(tmp_path / ("x%d.npy" % i)))
         np.save(files[-1], part)
-    pred = cd.predict(path, files, batch_size=10)
+    ref = cnn.predict(images, batch_size=10)
+    # Tasks read rows across file boundaries...
+    pred = cd.predict(path, files, batch_size=10, chunk_rows=40)
+    assert pred.chunks[0] == (40, 40, 10)
+    np.testing.assert_allclose(pred.compute(**SYNC), ref, rtol=1e-6, atol=1e-7)
+    # ... or one file each.
+    pred = cd.predict(path, files, batch_size=10, chunk_rows="keep")
     assert pred.chunks[0] == (30, 30, 30)
     out = cd.save(pred, tmp_path / "out", compute=False)
     written = out.compute(**SYNC)
     assert [os.path.basename(p) for p in written] == ["part-00000.npy", "part-00001.npy",
                                                       "part-00002.npy"]
     back = cd.from_npy_files(written).compute(**SYNC)
-    np.testing.assert_allclose(back, cnn.predict(images, batch_size=10), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(back, ref, rtol=1e-6, atol=1e-7)
 
 
 def test_dataframe_columns_give_a_dataframe_with_its_index():
@@ -174,10 +184,16 @@ def test_chunk_of_the_wrong_shape_is_named(cnn, images):
     # A chunk whose data does not match what its array declared.
     liar = da.from_delayed(dask.delayed(np.zeros)((10, 10, 9, 2), "float32"),
                            shape=(10, 10, 10, 2), dtype="float32")
-    pred = cd.predict(cnn, da.concatenate([good, liar]), batch_size=4)
+    data = da.concatenate([good, liar])
+    pred = cd.predict(cnn, data, batch_size=4, chunk_rows="keep")
     with pytest.raises(ValueError, match=r"chunk 2 \(rows 20 to 29\) has shape "
                                          r"\(10, 10, 9, 2\); the model takes samples of shape "
                                          r"\(n, 10, 10, 2\)"):
+        pred.compute(**SYNC)
+    # Joined into one task with its neighbours, the block still names its rows.
+    pred = cd.predict(cnn, data, batch_size=4, chunk_rows="auto")
+    assert pred.numblocks[0] < 3
+    with pytest.raises(ValueError, match=r"chunk \d \(rows 20 to 29\) has shape \(10, 10, 9, 2\)"):
         pred.compute(**SYNC)
 
 
@@ -185,7 +201,7 @@ def test_output_without_one_row_per_input_row_is_named():
     x = K.placeholder((None, 2), name="x")
     f = K.function([x], [x[:1]])          # one row whatever the batch
     with pytest.raises(ValueError, match=r"for chunk 0 \(rows 0 to 3\) the model's output 0 "
-                                         r"has 2 rows, not one per input row \(4\)"):
+                                         r"has 1 rows for a batch of 2, not one per input row"):
         cd.predict(f, np.ones((4, 2), "float32"), batch_size=2, chunk_rows=4).compute(**SYNC)
 
 
@@ -206,7 +222,10 @@ def test_data_that_cannot_fit_fails_before_running(cnn, images):
     ({"batch_size": 2.5}, "batch_size must be a positive integer"),
     ({"nan_policy": "skip"}, "nan_policy must be one of"),
     ({"threads": 0}, "threads must be 'auto' or a positive integer"),
-    ({"chunk_rows": -1}, "chunk_rows must be a positive integer"),
+    ({"chunk_rows": -1}, "chunk_rows must be 'auto', 'keep' or a positive integer"),
+    ({"chunk_rows": "big"}, "chunk_rows must be 'auto', 'keep' or a positive integer"),
+    ({"chunk_rows": "keep"}, "chunk_rows='keep' keeps a dask collection's chunks; the data is "
+                             "a ndarray"),
     ({"columns": ["a"]}, "columns selects DataFrame columns"),
 ])
 def test_bad_arguments(kwargs, message):
