@@ -532,7 +532,7 @@ def _auto_rows(per_row, n_rows, row_bytes, batch_size, slots):
     rows = max(1, int(math.ceil(n_rows / tasks)))
     if rows > batch_size:
         rows = batch_size * int(math.ceil(rows / batch_size))
-    return rows
+    return min(rows, max(1, n_rows))
 
 
 def _merged(sizes, rows):
@@ -583,20 +583,45 @@ def _npy_headers(paths, api):
     return files, tuple(tail), dtype
 
 
+#: {name of a dask array made by from_npy_files: its files}, so that predict
+#: over such an array reads the rows in its own tasks (bounded; names are
+#: tokens of the paths, rows and chunks)
+_npy_arrays = collections.OrderedDict()
+
+
+def _read_rows(rows):
+    return rows.read()
+
+
 def from_npy_files(paths, chunk_rows=None):
     """A dask array over ``.npy`` files (stacked along the first axis), read
-    lazily by the workers (which must see the same paths). Each file is a
-    chunk, split into ``chunk_rows`` rows when given. (``predict`` given the
-    list of paths reads the files in its own tasks instead.)"""
-    dask = _dask()
+    lazily, memory-mapped, by the workers (which must see the same paths).
+    Each file is a chunk, or chunks are ``chunk_rows`` rows across files.
+
+    ``predict`` over this array (not a slice of it or other array made from
+    it) reads the rows in the tasks that predict them, cut to its own
+    ``chunk_rows``: a file is never read on one worker to be moved to
+    another."""
+    _dask()
     import dask.array as da
+    from dask.base import tokenize
     files, tail, dtype = _npy_headers(paths, "from_npy_files")
-    parts = [da.from_delayed(dask.delayed(np.load, pure=True)(p), shape=(n,) + tail, dtype=dtype)
-             for p, n in files]
-    x = da.concatenate(parts, axis=0)
-    if chunk_rows is not None:
-        x = x.rechunk({0: int(chunk_rows)})
-    return x
+    rows = None if chunk_rows is None else int(chunk_rows)
+    tasks = _file_tasks(files, rows)
+    name = "npy-files-" + tokenize(files, rows)
+    zeros = (0,) * len(tail)
+    layer = {}
+    lengths = []
+    for i, (parts, part_rows) in enumerate(tasks):
+        reads = [(_read_rows, p) for p in parts]
+        layer[(name, i) + zeros] = reads[0] if len(reads) == 1 else \
+            (np.concatenate, reads)
+        lengths.append(sum(b - a for a, b in part_rows))
+    _npy_arrays[name] = files, rows
+    while len(_npy_arrays) > 64:
+        _npy_arrays.popitem(last=False)
+    return da.Array(layer, name, (tuple(lengths),) + tuple((d,) for d in tail), dtype=dtype,
+                    meta=np.empty((0,) * (1 + len(tail)), dtype))
 
 
 def _is_dask_frame(data):
@@ -617,6 +642,7 @@ class _Data(object):
         self.kind, self.obj, self.n_rows, self.tail = kind, obj, n_rows, tuple(tail)
         self.dtype = np.dtype(dtype)
         self.row_bytes = self.dtype.itemsize * int(np.prod(self.tail, dtype=np.int64))
+        self.keep_rows = None       # rows per chunk of from_npy_files' array (None: files)
 
 
 def _data_source(data, columns):
@@ -641,6 +667,11 @@ def _data_source(data, columns):
             isinstance(p, (str, os.PathLike)) for p in data):
         files, tail, dtype = _npy_headers(data, _API)
         return _Data("files", files, sum(n for _, n in files), tail, dtype)
+    if isinstance(data, da.Array) and data.name in _npy_arrays:
+        files, rows = _npy_arrays[data.name]
+        src = _Data("files", files, sum(n for _, n in files), data.shape[1:], data.dtype)
+        src.keep_rows = rows
+        return src
     if isinstance(data, np.ndarray):
         kind = "numpy"
     elif isinstance(data, da.Array):
@@ -751,7 +782,8 @@ def _tasks(src, rows, merge):
         return ([([x[a:b]], [(a, b)]) for a, b in _ranges(src.n_rows, rows)], [],
                 ("numpy", x))
     if src.kind == "files":
-        return _file_tasks(src.obj, rows), [], ("files", src.obj)
+        return (_file_tasks(src.obj, src.keep_rows if rows is None else rows), [],
+                ("files", src.obj))
     x = src.obj
     if rows is not None and not merge:
         x = x.rechunk({0: rows})

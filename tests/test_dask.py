@@ -282,6 +282,104 @@ def test_process_cache_loads_once_per_token(cnn, images):
     assert cd.cache_info()["loads"] == 2 and len(cd.cache_info()["models"]) == 2
 
 
+# ------------------------------------------------------------ task size
+
+@pytest.mark.parametrize("per_row, n_rows, row_bytes, batch, slots, rows", [
+    (1e-4, 100000, 4, 64, 2, 2048),     # 0.2 s / 1e-4 = 2000 rows, in whole batches
+    (1e-4, 1000, 4, 64, 4, 256),        # one task per thread: 250 rows, in whole batches
+    (1e-4, 5000, 4, 64, 2, 1280),       # 3 tasks of 2000 rows -> 4, a multiple of the slots
+    (1e-4, 90, 4, 64, 1, 90),           # fewer rows than a batch: one task
+    (1e-2, 1000, 4, 8, 1, 24),          # a slow model: 20 rows -> 3 batches of 8
+    (1e-6, 10 ** 6, 2 ** 20, 32, 1, 128),   # at most array.chunk-size (128 MiB) of input
+    (1e-4, 0, 4, 64, 2, 1),
+])
+def test_auto_rows_rule(per_row, n_rows, row_bytes, batch, slots, rows):
+    with dask.config.set({"array.chunk-size": "128MiB"}):
+        assert cd._auto_rows(per_row, n_rows, row_bytes, batch, slots) == rows
+
+
+@pytest.mark.parametrize("sizes, rows, groups", [
+    ((25, 25, 25, 15), 50, [[0, 1], [2, 3]]),
+    ((10,) * 7, 30, [[0, 1, 2], [3, 4, 5], [6]]),
+    ((100, 10, 10, 200, 5), 50, [[0], [1, 2], [3], [4]]),   # big chunks are not split
+    ((10, 10), 14, [[0], [1]]),         # 20 rows is further from 14 than 10 is
+    ((10, 10), 15, [[0, 1]]),
+    ((), 10, [[]]),
+])
+def test_small_chunks_are_joined_with_their_neighbours(sizes, rows, groups):
+    assert cd._merged(sizes, rows) == groups
+
+
+def test_batches_span_blocks_and_are_views_within_one():
+    blocks = [np.arange(5.0), np.arange(5.0, 8.0), np.arange(8.0, 18.0)]
+    batches = list(cd._batches(blocks, 4))
+    assert [len(b) for b in batches] == [4, 4, 4, 4, 2]
+    np.testing.assert_array_equal(np.concatenate(batches), np.arange(18.0))
+    assert np.shares_memory(batches[0], blocks[0]) and np.shares_memory(batches[3], blocks[2])
+
+
+@pytest.fixture
+def thirty_rows_per_task(monkeypatch):
+    # The probe says a task's 0.2 s of model time is 30 rows.
+    monkeypatch.setattr(cd, "_seconds_per_row", lambda *a: cd._TASK_SECONDS / 30)
+
+
+def test_auto_chunks_for_each_kind_of_data(tmp_path, cnn, images, thirty_rows_per_task):
+    ref = cnn.predict(images, batch_size=8)
+    with dask.config.set(scheduler="synchronous"):          # one slot
+        # NumPy: cut into whole batches of about 30 rows, each slice inside its task.
+        pred = cd.predict(cnn, images, batch_size=8)
+        assert pred.chunks[0] == (32, 32, 26)
+        assert len(dict(pred.__dask_graph__())) == 3 + 1        # the tasks and the model
+        np.testing.assert_allclose(pred.compute(), ref, rtol=1e-6, atol=1e-7)
+        # A dask array's small chunks are joined, three to a task.
+        pred = cd.predict(cnn, da.from_array(images, chunks=10), batch_size=8)
+        assert pred.chunks[0] == (30, 30, 30)
+        np.testing.assert_allclose(pred.compute(), ref, rtol=1e-6, atol=1e-7)
+        # Its big chunks are kept.
+        pred = cd.predict(cnn, da.from_array(images, chunks=45), batch_size=8)
+        assert pred.chunks[0] == (45, 45)
+        # .npy files, as paths or through from_npy_files: rows across files.
+        files = []
+        for i, part in enumerate(np.split(images, [20, 45, 70])):
+            files.append(str(tmp_path / ("x%d.npy" % i)))
+            np.save(files[-1], part)
+        for data in (files, cd.from_npy_files(files)):
+            pred = cd.predict(cnn, data, batch_size=8)
+            assert pred.chunks[0] == (32, 32, 26)
+            np.testing.assert_allclose(pred.compute(), ref, rtol=1e-6, atol=1e-7)
+        # from_npy_files' own chunks, kept; its array sliced is an ordinary dask array.
+        x = cd.from_npy_files(files, chunk_rows=40)
+        assert x.chunks[0] == (40, 40, 10)
+        np.testing.assert_array_equal(x.compute(), images)
+        pred = cd.predict(cnn, x, batch_size=8, chunk_rows="keep")
+        assert pred.chunks[0] == (40, 40, 10)
+        np.testing.assert_allclose(pred.compute(), ref, rtol=1e-6, atol=1e-7)
+        pred = cd.predict(cnn, x[5:], batch_size=8)
+        assert pred.chunks[0] == (35, 40, 10)
+        np.testing.assert_allclose(pred.compute(), ref[5:], rtol=1e-6, atol=1e-7)
+        # pandas: partitions of that many rows.
+        x = K.placeholder((None, 4), name="x")
+        w = np.arange(8.0).reshape(4, 2)
+        f = K.function([x], [K.dot(x, K.variable(w))])
+        frame = pd.DataFrame(np.random.RandomState(2).rand(70, 4), columns=list("abcd"))
+        pred = cd.predict(f, frame, batch_size=8)
+        assert pred.npartitions == 3
+        np.testing.assert_allclose(pred.compute().to_numpy(),
+                                   frame.to_numpy("float32") @ w, rtol=1e-5)
+
+
+def test_auto_rows_leave_no_slot_idle(cnn, images):
+    # The probe's own figure for a tiny model is many rows: all 90 fit one
+    # task's worth, so there is one task per slot of dask's local pool.
+    for slots in (1, 3):
+        with dask.config.set(scheduler="threads", num_workers=slots):
+            pred = cd.predict(cnn, images, batch_size=8)
+            assert pred.numblocks[0] == slots
+            np.testing.assert_allclose(pred.compute(), cnn.predict(images), rtol=1e-6,
+                                       atol=1e-7)
+
+
 # ------------------------------------------------------------ LocalCluster
 
 @pytest.fixture(scope="module")
@@ -320,6 +418,24 @@ def test_cluster_matches_local_and_loads_once_per_worker(client, cnn, images):
     again = cd.predict(cnn, images, batch_size=6, chunk_rows=6).compute()
     np.testing.assert_array_equal(again, got)
     assert all(i["loads"] <= 1 for i in _per_worker(client, cd.cache_info))
+
+
+def test_cluster_auto_chunks_give_each_worker_thread_a_task(client, tmp_path, cnn, images):
+    ref = cnn.predict(images, batch_size=8)
+    # A tiny model: all 90 rows are less than a task's worth; two worker threads.
+    pred = cd.predict(cnn, images, batch_size=8)
+    assert pred.chunks[0] == (48, 42)
+    np.testing.assert_allclose(pred.compute(), ref, rtol=1e-6, atol=1e-7)
+    files = []
+    for i, part in enumerate(np.split(images, [20, 45, 70])):
+        files.append(str(tmp_path / ("x%d.npy" % i)))
+        np.save(files[-1], part)
+    pred = cd.predict(cnn, cd.from_npy_files(files), batch_size=8)
+    assert pred.chunks[0] == (48, 42)
+    np.testing.assert_allclose(pred.compute(), ref, rtol=1e-6, atol=1e-7)
+    pred = cd.predict(cnn, da.from_array(images, chunks=10), batch_size=8)
+    assert pred.chunks[0] == (50, 40)
+    np.testing.assert_allclose(pred.compute(), ref, rtol=1e-6, atol=1e-7)
 
 
 def test_cluster_function_dataframe_and_threads_option(client):
