@@ -39,6 +39,7 @@ import math
 import os
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -217,6 +218,23 @@ def clear_cache():
         _stats.update(loads=0, chunks=0, rows=0, seconds=0.0, threads=None)
 
 
+#: what predict shipped for a Keras model object, with the fingerprint it
+#: was saved at, and for a model file, by (path, modification time, size):
+#: saving a model to HDF5 takes longer than the rest of building a job
+_saved_models = weakref.WeakKeyDictionary()
+_read_files = collections.OrderedDict()
+
+
+def _fingerprint(model):
+    """A digest of a Keras model's layers, configuration and weights."""
+    import hashlib
+    h = hashlib.sha1(repr([id(layer) for layer in model.layers]).encode())
+    h.update(repr(model.get_config()).encode())
+    for w in model.get_weights():
+        h.update(np.ascontiguousarray(w).data)
+    return h.hexdigest()
+
+
 def _model_source(model):
     """(a _Model to ship, a runner loaded here to read shapes from)."""
     from cyback.graph.function import Function
@@ -227,6 +245,10 @@ def _model_source(model):
         path = os.fspath(model)
         try:
             with open(path, "rb") as f:
+                stat = os.fstat(f.fileno())
+                key = (os.path.abspath(path), stat.st_mtime_ns, stat.st_size)
+                if key in _read_files:
+                    return _read_files[key]
                 data = f.read()
         except OSError as e:
             raise ValueError("%s: cannot read the model file %r: %s" % (_API, path, e)) from None
@@ -236,11 +258,25 @@ def _model_source(model):
         except (OSError, ValueError, KeyError) as e:
             raise ValueError("%s: %r is not a Keras HDF5 model file: %s"
                              % (_API, path, e)) from None
-        return _Model("keras", data), _Runner(local), "model in %s" % path
+        _read_files[key] = found = _Model("keras", data), _Runner(local), "model in %s" % path
+        while len(_read_files) > _CACHE_SIZE:
+            _read_files.popitem(last=False)
+        return found
     if hasattr(model, "predict") and hasattr(model, "outputs") and hasattr(model, "layers"):
         from cyback.graph.pickling import custom_objects_of, keras_model_bytes
-        data = keras_model_bytes(model, include_optimizer=False)
-        return _Model("keras", data, custom_objects_of(model)), _Runner(model), "model"
+        fingerprint = _fingerprint(model)
+        try:
+            saved = _saved_models.get(model)
+        except TypeError:       # not weakly referenceable: save it each time
+            saved = None
+        if saved is None or saved[0] != fingerprint:
+            data = keras_model_bytes(model, include_optimizer=False)
+            saved = fingerprint, _Model("keras", data, custom_objects_of(model))
+            try:
+                _saved_models[model] = saved
+            except TypeError:
+                pass
+        return saved[1], _Runner(model), "model"
     raise TypeError("%s: model must be a Keras model on cyback, the path of a Keras .h5 file "
                     "or a cyback function (K.function), got %r" % (_API, type(model).__name__))
 
@@ -559,27 +595,41 @@ def _ranges(n_rows, rows):
 
 # ---------------------------------------------------------------- data
 
+def _npy_header(path):
+    """(shape, dtype) of a ``.npy`` file, from its header alone."""
+    from numpy.lib import format as npy
+    with open(path, "rb") as f:
+        version = npy.read_magic(f)
+        if version == (1, 0):
+            shape, _, dtype = npy.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, _, dtype = npy.read_array_header_2_0(f)
+        else:
+            head = np.load(path, mmap_mode="r")
+            shape, dtype = head.shape, head.dtype
+    return shape, dtype
+
+
 def _npy_headers(paths, api):
     """[(path, rows)], the sample shape and the dtype of ``.npy`` files,
-    from their headers (memory-mapped, not read)."""
+    from their headers."""
     paths = [os.fspath(p) for p in paths]
     if not paths:
         raise ValueError("%s: no files given" % api)
     files, tail, dtype = [], None, None
     for p in paths:
         try:
-            head = np.load(p, mmap_mode="r")
+            shape, kind = _npy_header(p)
         except (OSError, ValueError) as e:
             raise ValueError("%s: cannot read %r: %s" % (api, p, e)) from None
-        if head.ndim == 0:
+        if not shape:
             raise ValueError("%s: %r holds a scalar, not rows of samples" % (api, p))
         if tail is None:
-            tail, dtype = head.shape[1:], head.dtype
-        elif head.shape[1:] != tail or head.dtype != dtype:
+            tail, dtype = shape[1:], kind
+        elif shape[1:] != tail or kind != dtype:
             raise ValueError("%s: %r holds %s rows of dtype %s; %r holds %s of %s"
-                             % (api, p, head.shape[1:], head.dtype, paths[0], tail, dtype))
-        files.append((p, head.shape[0]))
-        del head
+                             % (api, p, shape[1:], kind, paths[0], tail, dtype))
+        files.append((p, shape[0]))
     return files, tuple(tail), dtype
 
 

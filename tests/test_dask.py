@@ -282,6 +282,27 @@ def test_process_cache_loads_once_per_token(cnn, images):
     assert cd.cache_info()["loads"] == 2 and len(cd.cache_info()["models"]) == 2
 
 
+def test_a_changed_model_is_shipped_anew(tmp_path, images):
+    # predict keeps what it saved of a model object, and what it read of a
+    # file, until the weights or the file change.
+    model = _cnn(seed=3)
+    first = cd.predict(model, images[:10]).compute(**SYNC)
+    weights = model.get_weights()
+    weights[-1][0] += 1.0
+    model.set_weights(weights)
+    second = cd.predict(model, images[:10]).compute(**SYNC)
+    np.testing.assert_allclose(second, model.predict(images[:10]), rtol=1e-6, atol=1e-7)
+    assert not np.allclose(first, second)
+    path = str(tmp_path / "m.h5")
+    _cnn(seed=4).save(path)
+    before = cd.predict(path, images[:10]).compute(**SYNC)
+    model.save(path)
+    os.utime(path, ns=(time.time_ns() + 10 ** 9,) * 2)      # whatever the clock's resolution
+    np.testing.assert_allclose(cd.predict(path, images[:10]).compute(**SYNC), second,
+                               rtol=1e-6, atol=1e-7)
+    assert not np.allclose(before, second)
+
+
 # ------------------------------------------------------------ task size
 
 @pytest.mark.parametrize("per_row, n_rows, row_bytes, batch, slots, rows", [
