@@ -48,6 +48,10 @@ __all__ = ["predict", "save", "from_npy_files", "cache_info", "clear_cache"]
 _API = "cyback.dask.predict"
 _NAN_POLICIES = ("allow", "raise")
 _CACHE_SIZE = 4
+#: a model of at most this many bytes rides inside each task; a bigger one is
+#: a key of its own, fetched once by each worker (a dependency costs the job a
+#: round of scheduling and a transfer to each worker, ~10 ms on a LocalCluster)
+_INLINE_BYTES = 1 << 20
 
 
 def _dask():
@@ -805,7 +809,8 @@ def predict(model, data, batch_size=32, columns=None, nan_policy="allow", thread
                          host_threads=cluster if threads == "auto" else {},
                          tune=bool(tune_allocator), in_tail=in_tail, in_dtype=in_dtype,
                          out_specs=out_specs)
-    shipped = dask.delayed(source, pure=True, traverse=False)
+    shipped = source if len(source.data) <= _INLINE_BYTES else \
+        dask.delayed(source, pure=True, traverse=False)
     if src.kind == "frame":
         return _predict_frame(src.obj, shipped, settings, output_columns)
     rows = None
@@ -879,19 +884,23 @@ def _predict_tasks(tasks, deps, identity, shipped, settings):
     import operator
     import dask.array as da
     from dask.base import tokenize
+    from dask.delayed import Delayed
     from dask.highlevelgraph import HighLevelGraph
     out_specs = settings.out_specs
-    name = "cyback-predict-" + tokenize(identity, [r for _, r in tasks], shipped.key, settings)
+    keyed = isinstance(shipped, Delayed)
+    model = shipped.key if keyed else shipped
+    name = "cyback-predict-" + tokenize(identity, [r for _, r in tasks], model, settings)
     single = len(out_specs) == 1
     fn = _task_one if single else _task_all
     tail0 = (0,) * len(out_specs[0][0]) if single else ()
     layer = {}
     lengths = []
     for g, (parts, part_rows) in enumerate(tasks):
-        layer[(name, g) + tail0] = (fn, parts, shipped.key, settings, "chunk %d" % g, part_rows)
+        layer[(name, g) + tail0] = (fn, parts, model, settings, "chunk %d" % g, part_rows)
         known = all(r is not None for r in part_rows)
         lengths.append(sum(b - a for a, b in part_rows) if known else np.nan)
-    graph = HighLevelGraph.from_collections(name, layer, dependencies=[shipped] + list(deps))
+    graph = HighLevelGraph.from_collections(name, layer,
+                                            dependencies=([shipped] if keyed else []) + list(deps))
     arrays = []
     for j, (tail, dtype) in enumerate(out_specs):
         chunks = (tuple(lengths),) + tuple((d,) for d in tail)

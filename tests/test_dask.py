@@ -351,7 +351,7 @@ def test_auto_chunks_for_each_kind_of_data(tmp_path, cnn, images, thirty_rows_pe
         # NumPy: cut into whole batches of about 30 rows, each slice inside its task.
         pred = cd.predict(cnn, images, batch_size=8)
         assert pred.chunks[0] == (32, 32, 26)
-        assert len(dict(pred.__dask_graph__())) == 3 + 1        # the tasks and the model
+        assert len(dict(pred.__dask_graph__())) == 3        # the model rides in the tasks too
         np.testing.assert_allclose(pred.compute(), ref, rtol=1e-6, atol=1e-7)
         # A dask array's small chunks are joined, three to a task.
         pred = cd.predict(cnn, da.from_array(images, chunks=10), batch_size=8)
@@ -419,9 +419,15 @@ def _per_worker(client, fn):
     return list(client.run(fn).values())
 
 
-def test_cluster_matches_local_and_loads_once_per_worker(client, cnn, images):
+@pytest.mark.parametrize("inline_bytes", [1 << 20, 0])
+def test_cluster_matches_local_and_loads_once_per_worker(client, cnn, images, monkeypatch,
+                                                         inline_bytes):
+    # A small model rides in each task; a big one is a key of its own.
+    monkeypatch.setattr(cd, "_INLINE_BYTES", inline_bytes)
     client.run(cd.clear_cache)
     pred = cd.predict(cnn, images, batch_size=6, chunk_rows=6)
+    model_keys = [k for k in pred.__dask_graph__() if str(k).startswith("_Model-")]
+    assert len(model_keys) == (0 if inline_bytes else 1)
     got = pred.compute()
     np.testing.assert_allclose(got, cnn.predict(images, batch_size=6), rtol=1e-6, atol=1e-7)
     infos = _per_worker(client, cd.cache_info)
@@ -434,8 +440,6 @@ def test_cluster_matches_local_and_loads_once_per_worker(client, cnn, images):
             assert info["threads"] == max(1, cd._cores() // 2)
             # The nanny's MALLOC_TRIM_THRESHOLD_ is undone (glibc only).
             assert info["allocator_tuned"]
-    # The model is one key of the graph, shared by every chunk's task.
-    assert len([k for k in pred.__dask_graph__() if str(k).startswith("_Model-")]) == 1
     again = cd.predict(cnn, images, batch_size=6, chunk_rows=6).compute()
     np.testing.assert_array_equal(again, got)
     assert all(i["loads"] <= 1 for i in _per_worker(client, cd.cache_info))
