@@ -510,10 +510,11 @@ def _frame_partition(frame, model, settings, names, partition_info=None):
 
 # ------------------------------------------------------------ task size
 
-#: the model time a task aims at, on one core: long enough that Dask's cost
-#: per task (about a millisecond of worker time and as much in the scheduler)
-#: is a few percent, short enough to spread a job over a cluster's threads.
-_TASK_SECONDS = 0.2
+#: the most model time a task aims at, on one core (it gets between half
+#: that and that): long enough that Dask's cost per task (about a millisecond
+#: of worker time and as much in the scheduler) is a few percent, short
+#: enough to spread a job over a cluster's threads.
+_TASK_SECONDS = 0.3
 _probes = collections.OrderedDict()
 
 
@@ -558,13 +559,17 @@ def _slots(cluster):
 
 
 def _auto_rows(per_row, n_rows, row_bytes, batch_size, slots):
-    """Rows per task: about ``_TASK_SECONDS`` of one core, in whole batches,
-    within dask's ``array.chunk-size`` of input; no fewer tasks than ``slots``
-    (so every thread gets work) and a multiple of them (so the last wave of
-    tasks keeps every thread busy too)."""
+    """Rows per task: at most ``_TASK_SECONDS`` of one core, a power of two
+    of batches (so that the probe's noise rarely changes the chunks: the
+    task time is between half that and that), within dask's
+    ``array.chunk-size`` of input; then no fewer tasks than ``slots`` (so
+    every thread gets work) and a multiple of them (so the last wave of tasks
+    keeps every thread busy too), cut evenly in whole batches."""
     dask = _dask()
     from dask.utils import parse_bytes
     rows = max(1, int(math.ceil(_TASK_SECONDS / max(per_row, 1e-9))))
+    if rows >= batch_size:
+        rows = batch_size << int(math.floor(math.log2(rows / batch_size)))
     cap = parse_bytes(dask.config.get("array.chunk-size", "128MiB")) // max(1, row_bytes)
     rows = max(1, min(rows, cap))
     tasks = int(math.ceil(n_rows / rows)) if n_rows else 1

@@ -306,11 +306,11 @@ def test_a_changed_model_is_shipped_anew(tmp_path, images):
 # ------------------------------------------------------------ task size
 
 @pytest.mark.parametrize("per_row, n_rows, row_bytes, batch, slots, rows", [
-    (1e-4, 100000, 4, 64, 2, 2048),     # 0.2 s / 1e-4 = 2000 rows, in whole batches
+    (1e-4, 100000, 4, 64, 2, 2048),     # 0.3 s / 1e-4 = 3000 rows -> 32 batches of 64
     (1e-4, 1000, 4, 64, 4, 256),        # one task per thread: 250 rows, in whole batches
-    (1e-4, 5000, 4, 64, 2, 1280),       # 3 tasks of 2000 rows -> 4, a multiple of the slots
+    (1e-4, 5000, 4, 64, 2, 1280),       # 3 tasks of 2048 rows -> 4, a multiple of the slots
     (1e-4, 90, 4, 64, 1, 90),           # fewer rows than a batch: one task
-    (1e-2, 1000, 4, 8, 1, 24),          # a slow model: 20 rows -> 3 batches of 8
+    (1e-2, 1000, 4, 8, 1, 16),          # a slow model: 30 rows -> 2 batches of 8
     (1e-6, 10 ** 6, 2 ** 20, 32, 1, 128),   # at most array.chunk-size (128 MiB) of input
     (1e-4, 0, 4, 64, 2, 1),
 ])
@@ -339,16 +339,27 @@ def test_batches_span_blocks_and_are_views_within_one():
     assert np.shares_memory(batches[0], blocks[0]) and np.shares_memory(batches[3], blocks[2])
 
 
+def test_probe_times_two_batches_of_zeros_once_per_model(cnn):
+    cd._probes.clear()
+    runner = cd._Runner(cnn)
+    run_batch, seen = runner.run_batch, []
+    runner.run_batch = lambda b: seen.append((b.shape, float(abs(b).max()))) or run_batch(b)
+    sample = np.zeros((10, 10, 2), "float32")
+    per_row = cd._seconds_per_row(runner, "token", sample, 8)
+    assert 0 < per_row < 1 and seen == [((8, 10, 10, 2), 0.0)] * 2
+    assert cd._seconds_per_row(runner, "token", sample, 8) == per_row and len(seen) == 2
+
+
 @pytest.fixture
-def thirty_rows_per_task(monkeypatch):
-    # The probe says a task's 0.2 s of model time is 30 rows.
-    monkeypatch.setattr(cd, "_seconds_per_row", lambda *a: cd._TASK_SECONDS / 30)
+def rows_32_per_task(monkeypatch):
+    # The probe says a task's time is 32 rows (4 batches of 8).
+    monkeypatch.setattr(cd, "_seconds_per_row", lambda *a: cd._TASK_SECONDS / 32)
 
 
-def test_auto_chunks_for_each_kind_of_data(tmp_path, cnn, images, thirty_rows_per_task):
+def test_auto_chunks_for_each_kind_of_data(tmp_path, cnn, images, rows_32_per_task):
     ref = cnn.predict(images, batch_size=8)
     with dask.config.set(scheduler="synchronous"):          # one slot
-        # NumPy: cut into whole batches of about 30 rows, each slice inside its task.
+        # NumPy: 3 tasks (90 / 32 rows), cut evenly in whole batches, each slice in its task.
         pred = cd.predict(cnn, images, batch_size=8)
         assert pred.chunks[0] == (32, 32, 26)
         assert len(dict(pred.__dask_graph__())) == 3        # the model rides in the tasks too
