@@ -585,14 +585,16 @@ def _auto_rows(per_row, n_rows, row_bytes, batch_size, slots):
     return min(rows, max(1, n_rows))
 
 
-def _merged(sizes, rows):
+def _merged(sizes, rows, holders=None):
     """Consecutive chunks joined into tasks of about ``rows`` rows: a chunk
     joins the task before it while that brings the task nearer to ``rows``
-    (chunks of ``rows`` or more stay tasks of their own). Lists of chunk
-    indices."""
+    (chunks of ``rows`` or more stay tasks of their own) and, given
+    ``holders`` (the worker holding each chunk), while it is on the same
+    worker. Lists of chunk indices."""
     groups, current, n = [], [], 0
     for i, s in enumerate(sizes):
-        if current and n + s / 2.0 > rows:
+        if current and (n + s / 2.0 > rows or
+                        holders is not None and holders[i] != holders[current[-1]]):
             groups.append(current)
             current, n = [], 0
         current.append(i)
@@ -856,7 +858,7 @@ def _tasks(src, rows, merge):
     if rows is None or any(s != s for s in sizes):
         groups = [[i] for i in range(len(sizes))]
     else:
-        groups = _merged(sizes, rows)
+        groups = _merged(sizes, rows, _holders(x))
     known = not any(s != s for s in sizes)
     starts = np.concatenate([[0], np.cumsum(sizes)]) if known else None
     zeros = (0,) * (x.ndim - 1)
@@ -864,6 +866,26 @@ def _tasks(src, rows, merge):
               [(int(starts[i]), int(starts[i + 1])) if known else None for i in g])
              for g in groups]
     return tasks, [x], ("array", x.name)
+
+
+def _holders(x):
+    """The worker holding each chunk of ``x`` when it is persisted on the
+    current distributed client (so that joining chunks moves none), else
+    None."""
+    try:
+        from distributed import futures_of, get_client
+    except ImportError:
+        return None
+    from dask.core import flatten
+    futures = futures_of(x)
+    keys = list(flatten(x.__dask_keys__()))
+    if not futures or not set(keys) <= {f.key for f in futures}:
+        return None
+    try:
+        who = get_client().who_has(futures)
+    except (ValueError, OSError):
+        return None
+    return [tuple(sorted(who.get(k) or ()))[:1] for k in keys]
 
 
 def _file_tasks(files, rows):

@@ -331,6 +331,11 @@ def test_small_chunks_are_joined_with_their_neighbours(sizes, rows, groups):
     assert cd._merged(sizes, rows) == groups
 
 
+def test_chunks_on_different_workers_are_not_joined():
+    holders = [("a",), ("a",), ("b",), ("a",), ("a",), ("a",)]
+    assert cd._merged((10,) * 6, 30, holders) == [[0, 1], [2], [3, 4, 5]]
+
+
 def test_batches_span_blocks_and_are_views_within_one():
     blocks = [np.arange(5.0), np.arange(5.0, 8.0), np.arange(8.0, 18.0)]
     batches = list(cd._batches(blocks, 4))
@@ -472,6 +477,20 @@ def test_cluster_auto_chunks_give_each_worker_thread_a_task(client, tmp_path, cn
     pred = cd.predict(cnn, da.from_array(images, chunks=10), batch_size=8)
     assert pred.chunks[0] == (50, 40)
     np.testing.assert_allclose(pred.compute(), ref, rtol=1e-6, atol=1e-7)
+
+
+def test_cluster_joins_persisted_chunks_only_where_they_are(client, cnn, images):
+    x = client.persist(da.from_array(images, chunks=(6, 10, 10, 2)))
+    distributed.wait(x)
+    where = {k: v[0] for k, v in client.who_has(x).items()}
+    pred = cd.predict(cnn, x, batch_size=6)
+    tasks = list(dict(pred.__dask_graph__().layers[pred.name]).values())
+    assert sum(len(t[1]) for t in tasks) == 15
+    for task in tasks:
+        assert len({where[k] for k in task[1]}) == 1        # no chunk moves
+    if len(set(where.values())) == 1:
+        assert len(tasks) == 2
+    np.testing.assert_allclose(pred.compute(), cnn.predict(images), rtol=1e-6, atol=1e-7)
 
 
 def test_cluster_function_dataframe_and_threads_option(client):
