@@ -415,8 +415,9 @@ class _Settings(_Opaque):
 
 
 class _Rows(_Opaque):
-    """Rows ``start:stop`` of a ``.npy`` file, read (memory-mapped) by the task
-    that predicts them."""
+    """Rows ``start:stop`` of a ``.npy`` file, read (memory-mapped, copy on
+    write: the pages come from the page cache and the array is writable) by
+    the task that predicts them."""
 
     __slots__ = ("path", "start", "stop")
 
@@ -424,7 +425,7 @@ class _Rows(_Opaque):
         self.path, self.start, self.stop = path, start, stop
 
     def read(self):
-        return np.asarray(np.load(self.path, mmap_mode="r")[self.start:self.stop])
+        return np.asarray(np.load(self.path, mmap_mode="c")[self.start:self.stop])
 
 
 def _where(chunk, rows):
@@ -649,9 +650,9 @@ def _npy_headers(paths, api):
     return files, tuple(tail), dtype
 
 
-#: {name of a dask array made by from_npy_files: its files}, so that predict
-#: over such an array reads the rows in its own tasks (bounded; names are
-#: tokens of the paths, rows and chunks)
+#: {name of a dask array made by from_npy_files: (its files, its
+#: chunk_rows)}, so that predict over such an array reads the rows in its own
+#: tasks (bounded; the names are tokens of the files and chunk_rows)
 _npy_arrays = collections.OrderedDict()
 
 
@@ -769,10 +770,11 @@ def predict(model, data, batch_size=32, columns=None, nan_policy="allow", thread
         share of the host's cores; in dask's local thread pool, cores //
         its size; on the synchronous scheduler left as set), or an int.
     chunk_rows: rows per task, i.e. per chunk of the result:
-        "auto" (or None): about 0.2 s of the model on one core (timed here
-        on two batches of zeros), fewer where that leaves some of the
-        cluster's threads idle; a dask array's chunks smaller than that
-        are joined with their neighbours, larger ones are kept;
+        "auto" (or None): 0.15 to 0.3 s of the model on one core (timed
+        here on two batches of zeros, once per model), fewer where that
+        leaves some of the cluster's threads idle; a dask array's chunks
+        smaller than that are joined with their neighbours (on the same
+        worker, for a persisted array), larger ones are kept;
         an int: exactly that many (a dask array is rechunked to it);
         "keep": one task per chunk of a dask array, as it is.
         A dask DataFrame's partitions are always kept.

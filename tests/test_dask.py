@@ -389,6 +389,9 @@ def test_auto_chunks_for_each_kind_of_data(tmp_path, cnn, images, rows_32_per_ta
         x = cd.from_npy_files(files, chunk_rows=40)
         assert x.chunks[0] == (40, 40, 10)
         np.testing.assert_array_equal(x.compute(), images)
+        one = cd.from_npy_files(files[:1]).compute()       # a file's own pages, copy on write
+        one[0] = 7
+        np.testing.assert_array_equal(np.load(files[0]), images[:20])
         pred = cd.predict(cnn, x, batch_size=8, chunk_rows="keep")
         assert pred.chunks[0] == (40, 40, 10)
         np.testing.assert_allclose(pred.compute(), ref, rtol=1e-6, atol=1e-7)
