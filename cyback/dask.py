@@ -256,8 +256,9 @@ def _model_source(model):
             with open(path, "rb") as f:
                 stat = os.fstat(f.fileno())
                 key = (os.path.abspath(path), stat.st_mtime_ns, stat.st_size)
-                if key in _read_files:
-                    return _read_files[key]
+                found = _read_files.get(key)
+                if found is not None:
+                    return found
                 data = f.read()
         except OSError as e:
             raise ValueError("%s: cannot read the model file %r: %s" % (_API, path, e)) from None
@@ -529,8 +530,9 @@ def _seconds_per_row(runner, token, sample, batch_size):
     zeros (the second of two runs: the first builds the plans); remembered
     per model and batch shape."""
     key = (token, batch_size, sample.shape, sample.dtype.str)
-    if key in _probes:
-        return _probes[key]
+    known = _probes.get(key)
+    if known is not None:
+        return known
     from cyback import config
     batch = np.zeros((batch_size,) + sample.shape, sample.dtype)
     saved = config.get_num_threads()
