@@ -16,6 +16,11 @@ the page cache, for every engine alike), then each pass, timed whole:
   round trips through the scheduler. Tasks are sized by predict's default
   rule (``chunk_rows="auto"``); the table gives the rows per task it chose.
 
+With ``--source persisted`` the data is instead generated on the workers in
+chunks of --chunk rows and persisted there before timing (the figures of
+earlier sessions), and ``local`` predicts the same array held in memory:
+scoring data already in the cluster's memory, without reading it.
+
 The workers have loaded the model before timing starts (one untimed pass
 per engine, reported as ``cold_s``). Engines are alternated round by round
 and each figure is the median over --rounds. Every engine's predictions are
@@ -35,7 +40,7 @@ cyback on its share of the host's cores (a lone worker gets both) and the
 local run on all cores.
 
     python benchmarks/bench_dask.py [--samples 4096,32768] [--file-rows 1024] [--batch 64]
-                                    [--rounds 5]
+                                    [--rounds 5] [--source files|persisted] [--chunk 256]
 
 Prints a table per size and writes benchmarks/results/dask.json. Report
 ``uptime`` with the figures: on a busy machine they are indicative only.
@@ -89,14 +94,34 @@ def write_files(directory, samples, file_rows):
     return paths
 
 
+def persisted_data(samples, chunk, clusters):
+    """The images generated on each cluster's workers in chunks of ``chunk``
+    rows and persisted there, and the same array here."""
+    import dask.array as da
+    import distributed
+    data = da.random.RandomState(0).random_sample(
+        (samples, 32, 32, 3), chunks=(chunk, 32, 32, 3)).astype("float32")
+    held = {}
+    for n, (_, client) in clusters.items():
+        held[n] = client.persist(data)
+        with client.as_current():
+            distributed.wait(held[n])
+    return held, data.compute(scheduler="synchronous")
+
+
 def measure(samples, paths, model, clusters, args, cores):
     """Rows of the table for one data size, and the two target ratios."""
     import cyback
     import cyback.dask as cd
 
+    if args.source == "persisted":
+        held, x_local = persisted_data(samples, args.chunk, clusters)
+
     def local(threads):
         def run():
             cyback.set_num_threads(threads)
+            if args.source == "persisted":
+                return model.predict(x_local, batch_size=args.batch)
             return np.concatenate([model.predict(np.load(p, mmap_mode="r"),
                                                  batch_size=args.batch) for p in paths])
         return run
@@ -108,8 +133,8 @@ def measure(samples, paths, model, clusters, args, cores):
 
         def run():
             with client.as_current():
-                pred = cd.predict(model, cd.from_npy_files(paths), batch_size=args.batch,
-                                  threads=threads)
+                data = held[n] if args.source == "persisted" else cd.from_npy_files(paths)
+                pred = cd.predict(model, data, batch_size=args.batch, threads=threads)
                 tasks[(n, threads)] = pred.chunks[0]
                 return client.compute(pred, sync=True)
         return run
@@ -176,6 +201,10 @@ def main():
     ap.add_argument("--file-rows", type=int, default=1024, help="rows per .npy file")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--source", choices=("files", "persisted"), default="files",
+                    help="read .npy files in the job, or score an array persisted on the workers")
+    ap.add_argument("--chunk", type=int, default=256,
+                    help="rows per chunk of the persisted array (--source persisted)")
     args = ap.parse_args()
     sizes = [int(s) for s in args.samples.split(",")]
 
@@ -197,7 +226,8 @@ def main():
             clusters[n] = cluster, distributed.Client(cluster, set_as_default=False)
         all_rows, cases = [], []
         for samples in sizes:
-            paths = write_files(directory, samples, args.file_rows)
+            paths = write_files(directory, samples, args.file_rows) \
+                if args.source == "files" else []
             load_before = load_average()
             rows, one, two = measure(samples, paths, model, clusters, args, cores)
             load_after = load_average()
@@ -206,10 +236,12 @@ def main():
             print_table(rows, ["engine", "workers", "threads", "tasks", "rows_per_task",
                                "median_s", "cold_s", "samples_per_s", "vs_local", "vs_1w",
                                "cpu_s", "samples_per_cpu_s"],
-                        title="CNN 32x32x3 -> 10, %d samples in .npy files of %d rows, batch %d, "
-                              "%d cores (load %.2f before, %.2f after)"
-                              % (samples, args.file_rows, args.batch, cores, load_before or -1,
-                                 load_after or -1))
+                        title="CNN 32x32x3 -> 10, %d samples %s, batch %d, %d cores "
+                              "(load %.2f before, %.2f after)"
+                              % (samples, "in .npy files of %d rows" % args.file_rows
+                                 if args.source == "files" else
+                                 "persisted on the workers in chunks of %d rows" % args.chunk,
+                                 args.batch, cores, load_before or -1, load_after or -1))
             print("targets at 1 thread per process: 1 worker / local = %.2f (>= 0.90), "
                   "2 workers / 1 worker = %.2f (>= 1.80)\n" % (one, two))
             all_rows += rows
@@ -222,8 +254,10 @@ def main():
             cluster.close()
         shutil.rmtree(directory, ignore_errors=True)
     print("model loads per worker:", [[i["loads"] for i in c] for c in loads])
-    path = write_json("dask", all_rows, samples=sizes, file_rows=args.file_rows,
-                      batch=args.batch, rounds=args.rounds, cores=cores, cases=cases)
+    path = write_json("dask" if args.source == "files" else "dask_persisted", all_rows,
+                      samples=sizes, source=args.source, file_rows=args.file_rows,
+                      chunk=args.chunk, batch=args.batch, rounds=args.rounds, cores=cores,
+                      cases=cases)
     print("wrote", path)
 
 
