@@ -849,7 +849,9 @@ def _tasks(src, rows, merge):
     """The tasks over ``src``: [(parts, part_rows)], the collections they
     read, and what identifies the data (for the graph's name)."""
     if src.kind == "numpy":
-        x = src.obj
+        # Copied, as dask.array.from_array does: the job must see the data as
+        # it was when predict was called, not as it is when the job runs.
+        x = src.obj.copy()
         return ([([x[a:b]], [(a, b)]) for a, b in _ranges(src.n_rows, rows)], [],
                 ("numpy", x))
     if src.kind == "files":

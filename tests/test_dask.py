@@ -368,7 +368,11 @@ def test_auto_chunks_for_each_kind_of_data(tmp_path, cnn, images, rows_32_per_ta
         pred = cd.predict(cnn, images, batch_size=8)
         assert pred.chunks[0] == (32, 32, 26)
         assert len(dict(pred.__dask_graph__())) == 3        # the model rides in the tasks too
+        changed = images.copy()
+        later = cd.predict(cnn, changed, batch_size=8)
+        changed[:] = 0                          # after predict: the job sees the data before
         np.testing.assert_allclose(pred.compute(), ref, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(later.compute(), ref, rtol=1e-6, atol=1e-7)
         # A dask array's small chunks are joined, three to a task.
         pred = cd.predict(cnn, da.from_array(images, chunks=10), batch_size=8)
         assert pred.chunks[0] == (30, 30, 30)
