@@ -572,7 +572,9 @@ def _auto_rows(per_row, n_rows, row_bytes, batch_size, slots):
     task time is between half that and that), within dask's
     ``array.chunk-size`` of input; then no fewer tasks than ``slots`` (so
     every thread gets work) and a multiple of them (so the last wave of tasks
-    keeps every thread busy too), cut evenly in whole batches."""
+    keeps every thread busy too), but none under a batch or an eighth of that
+    size (where Dask's cost per task would weigh again), cut evenly in whole
+    batches."""
     dask = _dask()
     from dask.utils import parse_bytes
     rows = max(1, int(math.ceil(_TASK_SECONDS / max(per_row, 1e-9))))
@@ -582,6 +584,8 @@ def _auto_rows(per_row, n_rows, row_bytes, batch_size, slots):
     rows = max(1, min(rows, cap))
     tasks = int(math.ceil(n_rows / rows)) if n_rows else 1
     tasks = slots * int(math.ceil(tasks / slots))
+    smallest = max(batch_size, rows // 8)
+    tasks = max(1, min(tasks, int(math.ceil(n_rows / smallest))))
     rows = max(1, int(math.ceil(n_rows / tasks)))
     if rows > batch_size:
         rows = batch_size * int(math.ceil(rows / batch_size))

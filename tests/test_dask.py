@@ -313,6 +313,8 @@ def test_a_changed_model_is_shipped_anew(tmp_path, images):
     (1e-2, 1000, 4, 8, 1, 16),          # a slow model: 30 rows -> 2 batches of 8
     (1e-6, 10 ** 6, 2 ** 20, 32, 1, 128),   # at most array.chunk-size (128 MiB) of input
     (1e-4, 0, 4, 64, 2, 1),
+    (1e-4, 1000, 4, 64, 400, 256),      # 400 threads, but no task under 2048 / 8 rows
+    (1e-6, 1000, 4, 8, 4, 1000),        # a tiny model: a few rows are one task
 ])
 def test_auto_rows_rule(per_row, n_rows, row_bytes, batch, slots, rows):
     with dask.config.set({"array.chunk-size": "128MiB"}):
@@ -413,15 +415,24 @@ def test_auto_chunks_for_each_kind_of_data(tmp_path, cnn, images, rows_32_per_ta
                                    frame.to_numpy("float32") @ w, rtol=1e-5)
 
 
-def test_auto_rows_leave_no_slot_idle(cnn, images):
-    # The probe's own figure for a tiny model is many rows: all 90 fit one
-    # task's worth, so there is one task per slot of dask's local pool.
-    for slots in (1, 3):
+def test_auto_rows_leave_no_slot_idle(cnn, images, rows_32_per_task):
+    # 90 rows are 3 tasks of 32: as many as dask's local pool has threads, or
+    # the next multiple of them.
+    for slots, chunks in [(1, (32, 32, 26)), (3, (32, 32, 26)), (4, (24, 24, 24, 18))]:
         with dask.config.set(scheduler="threads", num_workers=slots):
             pred = cd.predict(cnn, images, batch_size=8)
-            assert pred.numblocks[0] == slots
+            assert pred.chunks[0] == chunks
             np.testing.assert_allclose(pred.compute(), cnn.predict(images), rtol=1e-6,
                                        atol=1e-7)
+
+
+def test_a_tiny_job_is_one_task(cnn, images):
+    # The probe's own figure for this tiny model: 90 rows are much less than
+    # an eighth of a task, so not worth splitting over the pool's threads.
+    with dask.config.set(scheduler="threads", num_workers=4):
+        pred = cd.predict(cnn, images, batch_size=8)
+        assert pred.numblocks[0] == 1
+        np.testing.assert_allclose(pred.compute(), cnn.predict(images), rtol=1e-6, atol=1e-7)
 
 
 # ------------------------------------------------------------ LocalCluster
@@ -468,35 +479,37 @@ def test_cluster_matches_local_and_loads_once_per_worker(client, cnn, images, mo
     assert all(i["loads"] <= 1 for i in _per_worker(client, cd.cache_info))
 
 
-def test_cluster_auto_chunks_give_each_worker_thread_a_task(client, tmp_path, cnn, images):
+def test_cluster_auto_chunks_give_each_worker_thread_a_task(client, tmp_path, cnn, images,
+                                                            rows_32_per_task):
     ref = cnn.predict(images, batch_size=8)
-    # A tiny model: all 90 rows are less than a task's worth; two worker threads.
+    # 3 tasks' worth of rows, 2 worker threads: 4 tasks.
     pred = cd.predict(cnn, images, batch_size=8)
-    assert pred.chunks[0] == (48, 42)
+    assert pred.chunks[0] == (24, 24, 24, 18)
     np.testing.assert_allclose(pred.compute(), ref, rtol=1e-6, atol=1e-7)
     files = []
     for i, part in enumerate(np.split(images, [20, 45, 70])):
         files.append(str(tmp_path / ("x%d.npy" % i)))
         np.save(files[-1], part)
     pred = cd.predict(cnn, cd.from_npy_files(files), batch_size=8)
-    assert pred.chunks[0] == (48, 42)
+    assert pred.chunks[0] == (24, 24, 24, 18)
     np.testing.assert_allclose(pred.compute(), ref, rtol=1e-6, atol=1e-7)
-    pred = cd.predict(cnn, da.from_array(images, chunks=10), batch_size=8)
-    assert pred.chunks[0] == (50, 40)
+    pred = cd.predict(cnn, da.from_array(images, chunks=8), batch_size=8)
+    assert pred.chunks[0] == (24, 24, 24, 18)
     np.testing.assert_allclose(pred.compute(), ref, rtol=1e-6, atol=1e-7)
 
 
-def test_cluster_joins_persisted_chunks_only_where_they_are(client, cnn, images):
+def test_cluster_joins_persisted_chunks_only_where_they_are(client, cnn, images,
+                                                            rows_32_per_task):
     x = client.persist(da.from_array(images, chunks=(6, 10, 10, 2)))
     distributed.wait(x)
     where = {k: v[0] for k, v in client.who_has(x).items()}
-    pred = cd.predict(cnn, x, batch_size=6)
+    pred = cd.predict(cnn, x, batch_size=6)         # tasks of 24 rows: 4 chunks
     tasks = list(dict(pred.__dask_graph__().layers[pred.name]).values())
-    assert sum(len(t[1]) for t in tasks) == 15
+    assert sum(len(t[1]) for t in tasks) == 15 and max(len(t[1]) for t in tasks) <= 4
     for task in tasks:
         assert len({where[k] for k in task[1]}) == 1        # no chunk moves
     if len(set(where.values())) == 1:
-        assert len(tasks) == 2
+        assert len(tasks) == 4
     np.testing.assert_allclose(pred.compute(), cnn.predict(images), rtol=1e-6, atol=1e-7)
 
 
