@@ -8,6 +8,11 @@ the page cache, for every engine alike), then each pass, timed whole:
 
 - ``local``: this process reads the files (memory-mapped) and runs
   ``model.predict`` on each, batches of --batch rows;
+- ``dask sync``: the same ``cyback.dask.predict`` job as below, computed in
+  this process on Dask's synchronous scheduler: cyback.dask's own way of
+  running the model (its predict function on views of the input, where
+  Keras' ``predict`` copies each batch) without a cluster, so that
+  ``dask 1w`` / ``dask sync`` is what the cluster itself costs;
 - ``dask 1w`` / ``dask 2w``: ``cyback.dask.predict(model,
   cyback.dask.from_npy_files(paths))`` on a LocalCluster of 1 or 2 worker
   processes x 1 thread, computed; the workers read the rows of their tasks,
@@ -139,8 +144,17 @@ def measure(samples, paths, model, clusters, args, cores):
                 return client.compute(pred, sync=True)
         return run
 
-    engines = [("local", 1, 1, local(1)), ("dask 1w", 1, 1, on_cluster(1, 1)),
-               ("dask 2w", 2, 1, on_cluster(2, 1)),
+    def in_process():
+        def run():
+            cyback.set_num_threads(1)
+            data = x_local if args.source == "persisted" else cd.from_npy_files(paths)
+            pred = cd.predict(model, data, batch_size=args.batch, threads=1)
+            tasks[(0, 1)] = pred.chunks[0]
+            return pred.compute(scheduler="synchronous")
+        return run
+
+    engines = [("local", 1, 1, local(1)), ("dask sync", 0, 1, in_process()),
+               ("dask 1w", 1, 1, on_cluster(1, 1)), ("dask 2w", 2, 1, on_cluster(2, 1)),
                ("local", 1, cores, local(cores)), ("dask 1w", 1, "auto", on_cluster(1, "auto")),
                ("dask 2w", 2, "auto", on_cluster(2, "auto"))]
     saved_threads = cyback.get_num_threads()
@@ -165,7 +179,7 @@ def measure(samples, paths, model, clusters, args, cores):
     cpu = {(name, threads): [] for name, _, threads, _ in engines}
     for _ in range(args.rounds):
         for name, workers, threads, run in engines:
-            n = workers if name != "local" else 0
+            n = workers if name.startswith("dask ") else 0
             c0 = cpu_seconds(n)
             t0 = time.perf_counter()
             run()
@@ -191,7 +205,8 @@ def measure(samples, paths, model, clusters, args, cores):
             row["vs_1w"] = row["samples_per_s"] / rate[("dask 1w", row["threads"])]
     one = rate[("dask 1w", 1)] / rate[("local", 1)]
     two = rate[("dask 2w", 1)] / rate[("dask 1w", 1)]
-    return rows, one, two
+    cluster = rate[("dask 1w", 1)] / rate[("dask sync", 1)]
+    return rows, one, two, cluster
 
 
 def main():
@@ -229,7 +244,7 @@ def main():
             paths = write_files(directory, samples, args.file_rows) \
                 if args.source == "files" else []
             load_before = load_average()
-            rows, one, two = measure(samples, paths, model, clusters, args, cores)
+            rows, one, two, cluster = measure(samples, paths, model, clusters, args, cores)
             load_after = load_average()
             for p in paths:
                 os.remove(p)
@@ -243,10 +258,12 @@ def main():
                                  "persisted on the workers in chunks of %d rows" % args.chunk,
                                  args.batch, cores, load_before or -1, load_after or -1))
             print("targets at 1 thread per process: 1 worker / local = %.2f (>= 0.90), "
-                  "2 workers / 1 worker = %.2f (>= 1.80)\n" % (one, two))
+                  "2 workers / 1 worker = %.2f (>= 1.80); 1 worker / dask sync = %.2f\n"
+                  % (one, two, cluster))
             all_rows += rows
             cases.append(dict(samples=samples, one_worker_vs_local=one, two_workers_vs_one=two,
-                              load_before=load_before, load_after=load_after))
+                              one_worker_vs_sync=cluster, load_before=load_before,
+                              load_after=load_after))
         loads = [list(c[1].run(cd.cache_info).values()) for c in clusters.values()]
     finally:
         for cluster, client in clusters.values():
