@@ -1,20 +1,37 @@
-"""Batch scoring of a small CNN over a dask array on a LocalCluster, against
-single-process ``model.predict`` in the same run.
+"""Batch scoring of a small CNN over a dask array read from .npy files, on a
+LocalCluster, against single-process ``model.predict`` in the same run.
 
-Engines (one CNN, one data set, batches of --batch rows):
+What is measured: a scoring job as it runs for real, inputs read from
+storage by whoever computes. The images (32x32x3 float32) are written once
+to .npy files of --file-rows rows in a temporary directory (so they sit in
+the page cache, for every engine alike), then each pass, timed whole:
 
-- ``local``: ``model.predict`` in this process on the whole array;
-- ``dask 1w``: ``cyback.dask.predict`` on a LocalCluster of 1 worker process
-  x 1 thread;
-- ``dask 2w``: the same on 2 worker processes x 1 thread.
+- ``local``: this process reads the files (memory-mapped) and runs
+  ``model.predict`` on each, batches of --batch rows;
+- ``dask sync``: the same ``cyback.dask.predict`` job as below, computed in
+  this process on Dask's synchronous scheduler: cyback.dask's own way of
+  running the model (its predict function on views of the input, where
+  Keras' ``predict`` copies each batch) without a cluster, so that
+  ``dask 1w`` / ``dask sync`` is what the cluster itself costs;
+- ``dask 1w`` / ``dask 2w``: ``cyback.dask.predict(model,
+  cyback.dask.from_npy_files(paths))`` on a LocalCluster of 1 or 2 worker
+  processes x 1 thread, computed; the workers read the rows of their tasks,
+  the predictions (samples x 10 floats) come back here. The pass includes
+  building the graph (``predict`` saves the model to bytes) and the job's
+  round trips through the scheduler. Tasks are sized by predict's default
+  rule (``chunk_rows="auto"``); the table gives the rows per task it chose.
 
-The data is generated on the workers and persisted before timing (scoring,
-not shipping the input from this process, is measured); the predictions
-(--samples x 10 floats) come back. The workers have loaded the model before
-timing starts (one untimed pass: the first pass's time is reported apart as
-``cold_s``). Engines are alternated round by round and each figure is the
-median over --rounds. Every engine's predictions are checked against the
-local ones before any time counts.
+With ``--source persisted`` the data is instead generated on the workers in
+chunks of --chunk rows and persisted there before timing (the figures of
+earlier sessions), and ``local`` predicts the same array held in memory:
+scoring data already in the cluster's memory, without reading it.
+
+The workers have loaded the model before timing starts (one untimed pass
+per engine, reported as ``cold_s``). Engines are alternated round by round
+and each figure is the median over --rounds. Every engine's predictions are
+checked against the local ones before any time counts. Each --samples size
+is its own case: the small one shows what the per-job latency of Dask (tens
+of milliseconds) costs a job of a fraction of a second.
 
 ``cpu_s`` is the CPU time a pass took in all the processes involved (this
 one, which also runs the LocalCluster's scheduler, and the workers):
@@ -27,16 +44,19 @@ worker). Rows at ``threads=auto`` show the default, where each worker runs
 cyback on its share of the host's cores (a lone worker gets both) and the
 local run on all cores.
 
-    python benchmarks/bench_dask.py [--samples 4096] [--batch 64] [--chunk 256] [--rounds 5]
+    python benchmarks/bench_dask.py [--samples 4096,32768] [--file-rows 1024] [--batch 64]
+                                    [--rounds 5] [--source files|persisted] [--chunk 256]
 
-Prints a table and writes benchmarks/results/dask.json. Report ``uptime``
-with the figures: on a busy machine they are indicative only.
+Prints a table per size and writes benchmarks/results/dask.json. Report
+``uptime`` with the figures: on a busy machine they are indicative only.
 """
 import argparse
 import logging
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -68,57 +88,73 @@ def load_average():
         return None
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--samples", type=int, default=4096)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--chunk", type=int, default=256)
-    ap.add_argument("--rounds", type=int, default=5)
-    args = ap.parse_args()
+def write_files(directory, samples, file_rows):
+    """The images as .npy files of ``file_rows`` rows; their paths, in order."""
+    rng = np.random.RandomState(0)
+    paths = []
+    for i, start in enumerate(range(0, samples, file_rows)):
+        n = min(file_rows, samples - start)
+        paths.append(os.path.join(directory, "images-%05d.npy" % i))
+        np.save(paths[-1], rng.random_sample((n, 32, 32, 3)).astype("float32"))
+    return paths
 
+
+def persisted_data(samples, chunk, clusters):
+    """The images generated on each cluster's workers in chunks of ``chunk``
+    rows and persisted there, and the same array here."""
     import dask.array as da
     import distributed
-    import keras
-    logging.getLogger("distributed").setLevel(logging.ERROR)
+    data = da.random.RandomState(0).random_sample(
+        (samples, 32, 32, 3), chunks=(chunk, 32, 32, 3)).astype("float32")
+    held = {}
+    for n, (_, client) in clusters.items():
+        held[n] = client.persist(data)
+        with client.as_current():
+            distributed.wait(held[n])
+    return held, data.compute(scheduler="synchronous")
 
+
+def measure(samples, paths, model, clusters, args, cores):
+    """Rows of the table for one data size, and the two target ratios."""
     import cyback
     import cyback.dask as cd
-    assert keras.backend.backend() == "cyback"
 
-    model = build_cnn()
-    data = da.random.RandomState(0).random_sample(
-        (args.samples, 32, 32, 3), chunks=(args.chunk, 32, 32, 3)).astype("float32")
-    x_local = data.compute(scheduler="synchronous")
-    cores = cd._cores()
-    load_before = load_average()
-
-    clusters = {}
-    for n in (1, 2):
-        cluster = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                           dashboard_address=None, silence_logs=40)
-        client = distributed.Client(cluster, set_as_default=False)
-        persisted = client.persist(data)
-        with client.as_current():
-            distributed.wait(persisted)
-        clusters[n] = (cluster, client, persisted)
+    if args.source == "persisted":
+        held, x_local = persisted_data(samples, args.chunk, clusters)
 
     def local(threads):
         def run():
             cyback.set_num_threads(threads)
-            return model.predict(x_local, batch_size=args.batch)
+            if args.source == "persisted":
+                return model.predict(x_local, batch_size=args.batch)
+            return np.concatenate([model.predict(np.load(p, mmap_mode="r"),
+                                                 batch_size=args.batch) for p in paths])
         return run
 
+    tasks = {}
+
     def on_cluster(n, threads):
-        cluster, client, persisted = clusters[n]
+        cluster, client = clusters[n]
 
         def run():
             with client.as_current():
-                pred = cd.predict(model, persisted, batch_size=args.batch, threads=threads)
+                data = held[n] if args.source == "persisted" else cd.from_npy_files(paths)
+                pred = cd.predict(model, data, batch_size=args.batch, threads=threads)
+                tasks[(n, threads)] = pred.chunks[0]
                 return client.compute(pred, sync=True)
         return run
 
-    engines = [("local", 1, 1, local(1)), ("dask 1w", 1, 1, on_cluster(1, 1)),
-               ("dask 2w", 2, 1, on_cluster(2, 1)),
+    def in_process():
+        def run():
+            cyback.set_num_threads(1)
+            data = x_local if args.source == "persisted" else cd.from_npy_files(paths)
+            pred = cd.predict(model, data, batch_size=args.batch, threads=1)
+            tasks[(0, 1)] = pred.chunks[0]
+            return pred.compute(scheduler="synchronous")
+        return run
+
+    engines = [("local", 1, 1, local(1)), ("dask sync", 0, 1, in_process()),
+               ("dask 1w", 1, 1, on_cluster(1, 1)), ("dask 2w", 2, 1, on_cluster(2, 1)),
                ("local", 1, cores, local(cores)), ("dask 1w", 1, "auto", on_cluster(1, "auto")),
                ("dask 2w", 2, "auto", on_cluster(2, "auto"))]
     saved_threads = cyback.get_num_threads()
@@ -130,6 +166,7 @@ def main():
         cold[(name, threads)] = time.perf_counter() - t0
         np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-6,
                                    err_msg="%s threads=%s" % (name, threads))
+
     def cpu_seconds(workers):
         """CPU time of this process (client, and the LocalCluster's scheduler,
         which runs here) plus that of the engine's worker processes."""
@@ -142,48 +179,102 @@ def main():
     cpu = {(name, threads): [] for name, _, threads, _ in engines}
     for _ in range(args.rounds):
         for name, workers, threads, run in engines:
-            n = workers if name != "local" else 0
+            n = workers if name.startswith("dask ") else 0
             c0 = cpu_seconds(n)
             t0 = time.perf_counter()
             run()
             times[(name, threads)].append(time.perf_counter() - t0)
             cpu[(name, threads)].append(cpu_seconds(n) - c0)
     cyback.set_num_threads(saved_threads)
-    load_after = load_average()
-    loads = [list(c[1].run(cd.cache_info).values()) for c in clusters.values()]
-    for cluster, client, _ in clusters.values():
-        client.close()
-        cluster.close()
 
-    rows = []
-    rate = {}
+    rows, rate = [], {}
     for name, workers, threads, _ in engines:
         t = statistics.median(times[(name, threads)])
-        rate[(name, threads)] = args.samples / t
+        rate[(name, threads)] = samples / t
         c = statistics.median(cpu[(name, threads)])
-        rows.append(dict(engine=name, workers=workers, threads=threads, median_s=t,
-                         cold_s=cold[(name, threads)], samples_per_s=args.samples / t,
-                         cpu_s=c, samples_per_cpu_s=args.samples / c))
+        chunks = tasks.get((workers, threads)) if name != "local" else None
+        rows.append(dict(samples=samples, engine=name, workers=workers, threads=threads,
+                         tasks=len(chunks) if chunks else None,
+                         rows_per_task=max(chunks) if chunks else None, median_s=t,
+                         cold_s=cold[(name, threads)], samples_per_s=samples / t, cpu_s=c,
+                         samples_per_cpu_s=samples / c))
     for row in rows:
         base = rate[("local", 1 if row["threads"] == 1 else cores)]
         row["vs_local"] = row["samples_per_s"] / base
         if row["engine"] == "dask 2w":
             row["vs_1w"] = row["samples_per_s"] / rate[("dask 1w", row["threads"])]
-    print_table(rows, ["engine", "workers", "threads", "median_s", "cold_s", "samples_per_s",
-                       "vs_local", "vs_1w", "cpu_s", "samples_per_cpu_s"],
-                title="CNN 32x32x3 -> 10, %d samples, batch %d, chunks of %d, %d cores "
-                      "(load %.2f before, %.2f after)" % (args.samples, args.batch, args.chunk,
-                                                          cores, load_before or -1,
-                                                          load_after or -1))
     one = rate[("dask 1w", 1)] / rate[("local", 1)]
     two = rate[("dask 2w", 1)] / rate[("dask 1w", 1)]
-    print("targets at 1 thread per process: 1 worker / local = %.2f (>= 0.90), "
-          "2 workers / 1 worker = %.2f (>= 1.80)" % (one, two))
+    cluster = rate[("dask 1w", 1)] / rate[("dask sync", 1)]
+    return rows, one, two, cluster
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--samples", default="4096,32768",
+                    help="comma-separated data sizes, each measured as its own case")
+    ap.add_argument("--file-rows", type=int, default=1024, help="rows per .npy file")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--source", choices=("files", "persisted"), default="files",
+                    help="read .npy files in the job, or score an array persisted on the workers")
+    ap.add_argument("--chunk", type=int, default=256,
+                    help="rows per chunk of the persisted array (--source persisted)")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.samples.split(",")]
+
+    import distributed
+    import keras
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+
+    import cyback.dask as cd
+    assert keras.backend.backend() == "cyback"
+
+    model = build_cnn()
+    cores = cd._cores()
+    directory = tempfile.mkdtemp(prefix="bench_dask-")
+    clusters = {}
+    try:
+        for n in (1, 2):
+            cluster = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                                               dashboard_address=None, silence_logs=40)
+            clusters[n] = cluster, distributed.Client(cluster, set_as_default=False)
+        all_rows, cases = [], []
+        for samples in sizes:
+            paths = write_files(directory, samples, args.file_rows) \
+                if args.source == "files" else []
+            load_before = load_average()
+            rows, one, two, cluster = measure(samples, paths, model, clusters, args, cores)
+            load_after = load_average()
+            for p in paths:
+                os.remove(p)
+            print_table(rows, ["engine", "workers", "threads", "tasks", "rows_per_task",
+                               "median_s", "cold_s", "samples_per_s", "vs_local", "vs_1w",
+                               "cpu_s", "samples_per_cpu_s"],
+                        title="CNN 32x32x3 -> 10, %d samples %s, batch %d, %d cores "
+                              "(load %.2f before, %.2f after)"
+                              % (samples, "in .npy files of %d rows" % args.file_rows
+                                 if args.source == "files" else
+                                 "persisted on the workers in chunks of %d rows" % args.chunk,
+                                 args.batch, cores, load_before or -1, load_after or -1))
+            print("targets at 1 thread per process: 1 worker / local = %.2f (>= 0.90), "
+                  "2 workers / 1 worker = %.2f (>= 1.80); 1 worker / dask sync = %.2f\n"
+                  % (one, two, cluster))
+            all_rows += rows
+            cases.append(dict(samples=samples, one_worker_vs_local=one, two_workers_vs_one=two,
+                              one_worker_vs_sync=cluster, load_before=load_before,
+                              load_after=load_after))
+        loads = [list(c[1].run(cd.cache_info).values()) for c in clusters.values()]
+    finally:
+        for cluster, client in clusters.values():
+            client.close()
+            cluster.close()
+        shutil.rmtree(directory, ignore_errors=True)
     print("model loads per worker:", [[i["loads"] for i in c] for c in loads])
-    path = write_json("dask", rows, samples=args.samples, batch=args.batch, chunk=args.chunk,
-                      rounds=args.rounds, cores=cores, load_before=load_before,
-                      load_after=load_after, one_worker_vs_local=one,
-                      two_workers_vs_one=two)
+    path = write_json("dask" if args.source == "files" else "dask_persisted", all_rows,
+                      samples=sizes, source=args.source, file_rows=args.file_rows,
+                      chunk=args.chunk, batch=args.batch, rounds=args.rounds, cores=cores,
+                      cases=cases)
     print("wrote", path)
 
 

@@ -70,11 +70,15 @@ def test_keras_model_over_numpy_matches_predict(cnn, images):
                                rtol=1e-6, atol=1e-7)
 
 
-def test_dask_array_chunks_are_kept_and_other_axes_joined(cnn, images):
+def test_dask_array_chunks_kept_or_given_and_other_axes_joined(cnn, images):
     x = da.from_array(images, chunks=(25, 5, 10, 1))
-    pred = cd.predict(cnn, x, batch_size=16)
+    ref = cnn.predict(images)
+    pred = cd.predict(cnn, x, batch_size=16, chunk_rows="keep")
     assert pred.chunks[0] == (25, 25, 25, 15)
-    np.testing.assert_allclose(pred.compute(**SYNC), cnn.predict(images), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(pred.compute(**SYNC), ref, rtol=1e-6, atol=1e-7)
+    pred = cd.predict(cnn, x, batch_size=16, chunk_rows=40)       # rechunked to it
+    assert pred.chunks[0] == (40, 40, 10)
+    np.testing.assert_allclose(pred.compute(**SYNC), ref, rtol=1e-6, atol=1e-7)
 
 
 def test_function_with_two_outputs_and_float64_data():
@@ -110,14 +114,20 @@ def test_h5_path_and_npy_files_and_save(tmp_path, cnn, images):
     for i, part in enumerate(np.array_split(images, 3)):
         files.append(str(tmp_path / ("x%d.npy" % i)))
         np.save(files[-1], part)
-    pred = cd.predict(path, files, batch_size=10)
+    ref = cnn.predict(images, batch_size=10)
+    # Tasks read rows across file boundaries...
+    pred = cd.predict(path, files, batch_size=10, chunk_rows=40)
+    assert pred.chunks[0] == (40, 40, 10)
+    np.testing.assert_allclose(pred.compute(**SYNC), ref, rtol=1e-6, atol=1e-7)
+    # ... or one file each.
+    pred = cd.predict(path, files, batch_size=10, chunk_rows="keep")
     assert pred.chunks[0] == (30, 30, 30)
     out = cd.save(pred, tmp_path / "out", compute=False)
     written = out.compute(**SYNC)
     assert [os.path.basename(p) for p in written] == ["part-00000.npy", "part-00001.npy",
                                                       "part-00002.npy"]
     back = cd.from_npy_files(written).compute(**SYNC)
-    np.testing.assert_allclose(back, cnn.predict(images, batch_size=10), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(back, ref, rtol=1e-6, atol=1e-7)
 
 
 def test_dataframe_columns_give_a_dataframe_with_its_index():
@@ -174,10 +184,16 @@ def test_chunk_of_the_wrong_shape_is_named(cnn, images):
     # A chunk whose data does not match what its array declared.
     liar = da.from_delayed(dask.delayed(np.zeros)((10, 10, 9, 2), "float32"),
                            shape=(10, 10, 10, 2), dtype="float32")
-    pred = cd.predict(cnn, da.concatenate([good, liar]), batch_size=4)
+    data = da.concatenate([good, liar])
+    pred = cd.predict(cnn, data, batch_size=4, chunk_rows="keep")
     with pytest.raises(ValueError, match=r"chunk 2 \(rows 20 to 29\) has shape "
                                          r"\(10, 10, 9, 2\); the model takes samples of shape "
                                          r"\(n, 10, 10, 2\)"):
+        pred.compute(**SYNC)
+    # Joined into one task with its neighbours, the block still names its rows.
+    pred = cd.predict(cnn, data, batch_size=4, chunk_rows="auto")
+    assert pred.numblocks[0] < 3
+    with pytest.raises(ValueError, match=r"chunk \d \(rows 20 to 29\) has shape \(10, 10, 9, 2\)"):
         pred.compute(**SYNC)
 
 
@@ -185,7 +201,7 @@ def test_output_without_one_row_per_input_row_is_named():
     x = K.placeholder((None, 2), name="x")
     f = K.function([x], [x[:1]])          # one row whatever the batch
     with pytest.raises(ValueError, match=r"for chunk 0 \(rows 0 to 3\) the model's output 0 "
-                                         r"has 2 rows, not one per input row \(4\)"):
+                                         r"has 1 rows for a batch of 2, not one per input row"):
         cd.predict(f, np.ones((4, 2), "float32"), batch_size=2, chunk_rows=4).compute(**SYNC)
 
 
@@ -206,7 +222,10 @@ def test_data_that_cannot_fit_fails_before_running(cnn, images):
     ({"batch_size": 2.5}, "batch_size must be a positive integer"),
     ({"nan_policy": "skip"}, "nan_policy must be one of"),
     ({"threads": 0}, "threads must be 'auto' or a positive integer"),
-    ({"chunk_rows": -1}, "chunk_rows must be a positive integer"),
+    ({"chunk_rows": -1}, "chunk_rows must be 'auto', 'keep' or a positive integer"),
+    ({"chunk_rows": "big"}, "chunk_rows must be 'auto', 'keep' or a positive integer"),
+    ({"chunk_rows": "keep"}, "chunk_rows='keep' keeps a dask collection's chunks; the data is "
+                             "a ndarray"),
     ({"columns": ["a"]}, "columns selects DataFrame columns"),
 ])
 def test_bad_arguments(kwargs, message):
@@ -263,6 +282,159 @@ def test_process_cache_loads_once_per_token(cnn, images):
     assert cd.cache_info()["loads"] == 2 and len(cd.cache_info()["models"]) == 2
 
 
+def test_a_changed_model_is_shipped_anew(tmp_path, images):
+    # predict keeps what it saved of a model object, and what it read of a
+    # file, until the weights or the file change.
+    model = _cnn(seed=3)
+    first = cd.predict(model, images[:10]).compute(**SYNC)
+    weights = model.get_weights()
+    weights[-1][0] += 1.0
+    model.set_weights(weights)
+    second = cd.predict(model, images[:10]).compute(**SYNC)
+    np.testing.assert_allclose(second, model.predict(images[:10]), rtol=1e-6, atol=1e-7)
+    assert not np.allclose(first, second)
+    path = str(tmp_path / "m.h5")
+    _cnn(seed=4).save(path)
+    before = cd.predict(path, images[:10]).compute(**SYNC)
+    model.save(path)
+    os.utime(path, ns=(time.time_ns() + 10 ** 9,) * 2)      # whatever the clock's resolution
+    np.testing.assert_allclose(cd.predict(path, images[:10]).compute(**SYNC), second,
+                               rtol=1e-6, atol=1e-7)
+    assert not np.allclose(before, second)
+
+
+# ------------------------------------------------------------ task size
+
+@pytest.mark.parametrize("per_row, n_rows, row_bytes, batch, slots, rows", [
+    (1e-4, 100000, 4, 64, 2, 2048),     # 0.3 s / 1e-4 = 3000 rows -> 32 batches of 64
+    (1e-4, 1000, 4, 64, 4, 256),        # one task per thread: 250 rows, in whole batches
+    (1e-4, 5000, 4, 64, 2, 1280),       # 3 tasks of 2048 rows -> 4, a multiple of the slots
+    (1e-4, 90, 4, 64, 1, 90),           # fewer rows than a batch: one task
+    (1e-2, 1000, 4, 8, 1, 16),          # a slow model: 30 rows -> 2 batches of 8
+    (1e-6, 10 ** 6, 2 ** 20, 32, 1, 128),   # at most array.chunk-size (128 MiB) of input
+    (1e-4, 0, 4, 64, 2, 1),
+    (1e-4, 1000, 4, 64, 400, 256),      # 400 threads, but no task under 2048 / 8 rows
+    (1e-6, 1000, 4, 8, 4, 1000),        # a tiny model: a few rows are one task
+])
+def test_auto_rows_rule(per_row, n_rows, row_bytes, batch, slots, rows):
+    with dask.config.set({"array.chunk-size": "128MiB"}):
+        assert cd._auto_rows(per_row, n_rows, row_bytes, batch, slots) == rows
+
+
+@pytest.mark.parametrize("sizes, rows, groups", [
+    ((25, 25, 25, 15), 50, [[0, 1], [2, 3]]),
+    ((10,) * 7, 30, [[0, 1, 2], [3, 4, 5], [6]]),
+    ((100, 10, 10, 200, 5), 50, [[0], [1, 2], [3], [4]]),   # big chunks are not split
+    ((10, 10), 14, [[0], [1]]),         # 20 rows is further from 14 than 10 is
+    ((10, 10), 15, [[0, 1]]),
+    ((), 10, [[]]),
+])
+def test_small_chunks_are_joined_with_their_neighbours(sizes, rows, groups):
+    assert cd._merged(sizes, rows) == groups
+
+
+def test_chunks_on_different_workers_are_not_joined():
+    holders = [("a",), ("a",), ("b",), ("a",), ("a",), ("a",)]
+    assert cd._merged((10,) * 6, 30, holders) == [[0, 1], [2], [3, 4, 5]]
+
+
+def test_batches_span_blocks_and_are_views_within_one():
+    blocks = [np.arange(5.0), np.arange(5.0, 8.0), np.arange(8.0, 18.0)]
+    batches = list(cd._batches(blocks, 4))
+    assert [len(b) for b in batches] == [4, 4, 4, 4, 2]
+    np.testing.assert_array_equal(np.concatenate(batches), np.arange(18.0))
+    assert np.shares_memory(batches[0], blocks[0]) and np.shares_memory(batches[3], blocks[2])
+
+
+def test_probe_times_two_batches_of_zeros_once_per_model(cnn):
+    cd._probes.clear()
+    runner = cd._Runner(cnn)
+    run_batch, seen = runner.run_batch, []
+    runner.run_batch = lambda b: seen.append((b.shape, float(abs(b).max()))) or run_batch(b)
+    sample = np.zeros((10, 10, 2), "float32")
+    per_row = cd._seconds_per_row(runner, "token", sample, 8)
+    assert 0 < per_row < 1 and seen == [((8, 10, 10, 2), 0.0)] * 2
+    assert cd._seconds_per_row(runner, "token", sample, 8) == per_row and len(seen) == 2
+
+
+@pytest.fixture
+def rows_32_per_task(monkeypatch):
+    # The probe says a task's time is 32 rows (4 batches of 8).
+    monkeypatch.setattr(cd, "_seconds_per_row", lambda *a: cd._TASK_SECONDS / 32)
+
+
+def test_auto_chunks_for_each_kind_of_data(tmp_path, cnn, images, rows_32_per_task):
+    ref = cnn.predict(images, batch_size=8)
+    with dask.config.set(scheduler="synchronous"):          # one slot
+        # NumPy: 3 tasks (90 / 32 rows), cut evenly in whole batches, each slice in its task.
+        pred = cd.predict(cnn, images, batch_size=8)
+        assert pred.chunks[0] == (32, 32, 26)
+        assert len(dict(pred.__dask_graph__())) == 3        # the model rides in the tasks too
+        changed = images.copy()
+        later = cd.predict(cnn, changed, batch_size=8)
+        changed[:] = 0                          # after predict: the job sees the data before
+        np.testing.assert_allclose(pred.compute(), ref, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(later.compute(), ref, rtol=1e-6, atol=1e-7)
+        # A dask array's small chunks are joined, three to a task.
+        pred = cd.predict(cnn, da.from_array(images, chunks=10), batch_size=8)
+        assert pred.chunks[0] == (30, 30, 30)
+        np.testing.assert_allclose(pred.compute(), ref, rtol=1e-6, atol=1e-7)
+        # Its big chunks are kept.
+        pred = cd.predict(cnn, da.from_array(images, chunks=45), batch_size=8)
+        assert pred.chunks[0] == (45, 45)
+        # .npy files, as paths or through from_npy_files: rows across files.
+        files = []
+        for i, part in enumerate(np.split(images, [20, 45, 70])):
+            files.append(str(tmp_path / ("x%d.npy" % i)))
+            np.save(files[-1], part)
+        for data in (files, cd.from_npy_files(files)):
+            pred = cd.predict(cnn, data, batch_size=8)
+            assert pred.chunks[0] == (32, 32, 26)
+            np.testing.assert_allclose(pred.compute(), ref, rtol=1e-6, atol=1e-7)
+        # from_npy_files' own chunks, kept; its array sliced is an ordinary dask array.
+        x = cd.from_npy_files(files, chunk_rows=40)
+        assert x.chunks[0] == (40, 40, 10)
+        np.testing.assert_array_equal(x.compute(), images)
+        one = cd.from_npy_files(files[:1]).compute()       # a file's own pages, copy on write
+        one[0] = 7
+        np.testing.assert_array_equal(np.load(files[0]), images[:20])
+        pred = cd.predict(cnn, x, batch_size=8, chunk_rows="keep")
+        assert pred.chunks[0] == (40, 40, 10)
+        np.testing.assert_allclose(pred.compute(), ref, rtol=1e-6, atol=1e-7)
+        pred = cd.predict(cnn, x[5:], batch_size=8)
+        assert pred.chunks[0] == (35, 40, 10)
+        np.testing.assert_allclose(pred.compute(), ref[5:], rtol=1e-6, atol=1e-7)
+        # pandas: partitions of that many rows.
+        x = K.placeholder((None, 4), name="x")
+        w = np.arange(8.0).reshape(4, 2)
+        f = K.function([x], [K.dot(x, K.variable(w))])
+        frame = pd.DataFrame(np.random.RandomState(2).rand(70, 4), columns=list("abcd"))
+        pred = cd.predict(f, frame, batch_size=8)
+        assert pred.npartitions == 3
+        np.testing.assert_allclose(pred.compute().to_numpy(),
+                                   frame.to_numpy("float32") @ w, rtol=1e-5)
+
+
+def test_auto_rows_leave_no_slot_idle(cnn, images, rows_32_per_task):
+    # 90 rows are 3 tasks of 32: as many as dask's local pool has threads, or
+    # the next multiple of them.
+    for slots, chunks in [(1, (32, 32, 26)), (3, (32, 32, 26)), (4, (24, 24, 24, 18))]:
+        with dask.config.set(scheduler="threads", num_workers=slots):
+            pred = cd.predict(cnn, images, batch_size=8)
+            assert pred.chunks[0] == chunks
+            np.testing.assert_allclose(pred.compute(), cnn.predict(images), rtol=1e-6,
+                                       atol=1e-7)
+
+
+def test_a_tiny_job_is_one_task(cnn, images):
+    # The probe's own figure for this tiny model: 90 rows are much less than
+    # an eighth of a task, so not worth splitting over the pool's threads.
+    with dask.config.set(scheduler="threads", num_workers=4):
+        pred = cd.predict(cnn, images, batch_size=8)
+        assert pred.numblocks[0] == 1
+        np.testing.assert_allclose(pred.compute(), cnn.predict(images), rtol=1e-6, atol=1e-7)
+
+
 # ------------------------------------------------------------ LocalCluster
 
 @pytest.fixture(scope="module")
@@ -281,9 +453,15 @@ def _per_worker(client, fn):
     return list(client.run(fn).values())
 
 
-def test_cluster_matches_local_and_loads_once_per_worker(client, cnn, images):
+@pytest.mark.parametrize("inline_bytes", [1 << 20, 0])
+def test_cluster_matches_local_and_loads_once_per_worker(client, cnn, images, monkeypatch,
+                                                         inline_bytes):
+    # A small model rides in each task; a big one is a key of its own.
+    monkeypatch.setattr(cd, "_INLINE_BYTES", inline_bytes)
     client.run(cd.clear_cache)
     pred = cd.predict(cnn, images, batch_size=6, chunk_rows=6)
+    model_keys = [k for k in pred.__dask_graph__() if str(k).startswith("_Model-")]
+    assert len(model_keys) == (0 if inline_bytes else 1)
     got = pred.compute()
     np.testing.assert_allclose(got, cnn.predict(images, batch_size=6), rtol=1e-6, atol=1e-7)
     infos = _per_worker(client, cd.cache_info)
@@ -296,11 +474,43 @@ def test_cluster_matches_local_and_loads_once_per_worker(client, cnn, images):
             assert info["threads"] == max(1, cd._cores() // 2)
             # The nanny's MALLOC_TRIM_THRESHOLD_ is undone (glibc only).
             assert info["allocator_tuned"]
-    # The model is one key of the graph, shared by every chunk's task.
-    assert len([k for k in pred.__dask_graph__() if str(k).startswith("_Model-")]) == 1
     again = cd.predict(cnn, images, batch_size=6, chunk_rows=6).compute()
     np.testing.assert_array_equal(again, got)
     assert all(i["loads"] <= 1 for i in _per_worker(client, cd.cache_info))
+
+
+def test_cluster_auto_chunks_give_each_worker_thread_a_task(client, tmp_path, cnn, images,
+                                                            rows_32_per_task):
+    ref = cnn.predict(images, batch_size=8)
+    # 3 tasks' worth of rows, 2 worker threads: 4 tasks.
+    pred = cd.predict(cnn, images, batch_size=8)
+    assert pred.chunks[0] == (24, 24, 24, 18)
+    np.testing.assert_allclose(pred.compute(), ref, rtol=1e-6, atol=1e-7)
+    files = []
+    for i, part in enumerate(np.split(images, [20, 45, 70])):
+        files.append(str(tmp_path / ("x%d.npy" % i)))
+        np.save(files[-1], part)
+    pred = cd.predict(cnn, cd.from_npy_files(files), batch_size=8)
+    assert pred.chunks[0] == (24, 24, 24, 18)
+    np.testing.assert_allclose(pred.compute(), ref, rtol=1e-6, atol=1e-7)
+    pred = cd.predict(cnn, da.from_array(images, chunks=8), batch_size=8)
+    assert pred.chunks[0] == (24, 24, 24, 18)
+    np.testing.assert_allclose(pred.compute(), ref, rtol=1e-6, atol=1e-7)
+
+
+def test_cluster_joins_persisted_chunks_only_where_they_are(client, cnn, images,
+                                                            rows_32_per_task):
+    x = client.persist(da.from_array(images, chunks=(6, 10, 10, 2)))
+    distributed.wait(x)
+    where = {k: v[0] for k, v in client.who_has(x).items()}
+    pred = cd.predict(cnn, x, batch_size=6)         # tasks of 24 rows: 4 chunks
+    tasks = list(dict(pred.__dask_graph__().layers[pred.name]).values())
+    assert sum(len(t[1]) for t in tasks) == 15 and max(len(t[1]) for t in tasks) <= 4
+    for task in tasks:
+        assert len({where[k] for k in task[1]}) == 1        # no chunk moves
+    if len(set(where.values())) == 1:
+        assert len(tasks) == 4
+    np.testing.assert_allclose(pred.compute(), cnn.predict(images), rtol=1e-6, atol=1e-7)
 
 
 def test_cluster_function_dataframe_and_threads_option(client):
