@@ -924,6 +924,7 @@ def _predict_tasks(tasks, deps, identity, shipped, settings):
     """A dask array per output over ``tasks``: each task gets its input blocks,
     the model's key and the settings, and returns its rows' predictions."""
     import operator
+
     import dask.array as da
     from dask.base import tokenize
     from dask.delayed import Delayed
