@@ -534,10 +534,24 @@ DIRECT_CASES = [
 ]
 
 
+@pytest.fixture(params=["skip", "copy"])
+def pad_mode(request):
+    """W padding skipped by the kernel or read from a padded copy (the size
+    rule picks one per call; every direct test runs both)."""
+    old = conv._TUNE["direct_skip_pad"]
+    conv._TUNE["direct_skip_pad"] = request.param == "skip"
+    conv._DIRECT_GEOMS.clear()
+    try:
+        yield request.param
+    finally:
+        conv._TUNE["direct_skip_pad"] = old
+        conv._DIRECT_GEOMS.clear()
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("activation", [None, "relu", "relu6"])
 @pytest.mark.parametrize("case", range(len(DIRECT_CASES)))
-def test_direct_kernel_with_epilogue(direct_isa, case, activation, dtype):
+def test_direct_kernel_with_epilogue(direct_isa, pad_mode, case, activation, dtype):
     spatial, c, f, k, s, d, p = DIRECT_CASES[case]
     rng = np.random.default_rng(300 + case)
     for n, with_bias, with_res in ((1, True, False), (3, False, True), (2, True, True)):
