@@ -20,8 +20,11 @@ import time
 import pytest
 
 CHILD = textwrap.dedent(r"""
-    import sys, time
+    import signal, sys, time
     import numpy as np
+    # Python's Ctrl-C handler even where SIGINT came in ignored (a job started
+    # in the background by a non-interactive shell inherits SIG_IGN)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from cyback.kernels import conv, ctc, depthwise, linalg, local, pool, rnn_cell
     from cyback.kernels.blas_threads import get_blas_threads
 
@@ -81,6 +84,7 @@ CHILD = textwrap.dedent(r"""
         except KeyboardInterrupt:
             state = "interrupted"
         elapsed = time.perf_counter() - t0
+        end = time.monotonic()
         if state == "completed":
             # a call shorter than the parent's 0.1 s delay: take the signal
             # here, not in the next call
@@ -88,7 +92,6 @@ CHILD = textwrap.dedent(r"""
                 time.sleep(2.0)
             except KeyboardInterrupt:
                 pass
-        end = time.monotonic()
         small()  # the kernels still work afterwards
         print(name, state, "%.3f" % elapsed, "%.3f" % est, get_blas_threads() == blas0,
               "%.6f" % end, flush=True)
