@@ -116,6 +116,13 @@ HARNESS_CHANGES = [
      "Keras's NumPy reference ctc_decode allocates with dtype=np.int, removed in NumPy "
      "1.24; this test process gets the alias back (cyback does not restore it for users: "
      "only this reference uses it)."),
+    ("tests/keras/backend/backend_test.py",
+     "    def test_random_normal(self):\n",
+     "    def test_random_normal(self):\n        np.random.seed(1421)\n", 1,
+     "test_random_normal checks the mean of 40,000 unseeded draws against 0.015 standard "
+     "deviations, 3 standard errors: on any backend it fails about once in 200 runs (CI saw a "
+     "3.5-sigma mean once). cyback draws an unseeded op's seed from NumPy's global state, so "
+     "seeding that makes the draws reproducible; the thresholds stay as they are."),
     ("tests/conftest.py",
      "    if K.backend() == 'tensorflow' or K.backend() == 'cntk':\n",
      "    if K.backend() in ('tensorflow', 'cntk', 'cyback'):\n", 1,
