@@ -46,7 +46,8 @@ echo "wheel $(basename "$wheel"): ${wheel_kb} kB"
 site=$("$work/venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['platlib'])")
 installed_kb=$(du -sk "$site/cyback" | cut -f1)
 echo "installed cyback: ${installed_kb} kB"
-[ "$installed_kb" -lt 6144 ] || fail "installed package is ${installed_kb} kB, over 6 MB"
+# Unzipped, the same modules come to ~4.7 MB of kernels plus the Python and its bytecode.
+[ "$installed_kb" -lt 7680 ] || fail "installed package is ${installed_kb} kB, over 7.5 MB"
 
 cd "$work"
 "$work/venv/bin/python" - "$site" $kernels <<'PY'
