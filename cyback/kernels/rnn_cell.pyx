@@ -828,6 +828,15 @@ def _gru_check(name, zx, h0, y0, R, Rh, rb, bint reset_after):
                                                reset_after))
 
 
+def _candidate_operand(Rh, Py_ssize_t B, bint trans, dt):
+    """The GRU's candidate kernel Rh as a contiguous array (a 1x1 stand-in
+    with ``reset_after``, which has none) and its packed form for the
+    per-step product, or None (see _recurrent_operand; its block width is the
+    same as R's)."""
+    rh = np.ascontiguousarray(Rh if Rh is not None else np.zeros((1, 1)), dtype=dt)
+    return rh, (_recurrent_operand(rh, B, trans)[0] if Rh is not None else None)
+
+
 def gru_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                 const floating[:, ::1] y0, const floating[:, ::1] R, Rh, rb, rmask, mask,
                 bint reset_after, bint mix_masked, int act, int ract, bint keep=True):
@@ -845,15 +854,14 @@ def gru_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef floating[:, ::1] hm = np.empty((B, u), dt)
     cdef floating[:, ::1] P = np.empty((B, R.shape[1]), dt)
     cdef floating[:, ::1] Q = np.empty((B, u), dt)
-    cdef const floating[:, ::1] rh = np.ascontiguousarray(Rh if Rh is not None else
-                                                          np.zeros((1, 1)), dtype=dt)
+    rh_arr, packed_h = _candidate_operand(Rh, B, False, dt)
+    cdef const floating[:, ::1] rh = rh_arr
     cdef const floating[::1] b_ = np.ascontiguousarray(rb if rb is not None else
                                                        np.zeros(1), dtype=dt)
     cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
     cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
-    cdef Py_ssize_t FB, FBh
+    cdef Py_ssize_t FB
     packed, FB = _recurrent_operand(R, B, False)
-    packed_h, FBh = _recurrent_operand(rh, B, False) if Rh is not None else (None, FB)
     cdef const floating *Wp = <const floating*>_address(packed)
     cdef const floating *Whp = <const floating*>_address(packed_h)
     cdef cb_intr intr
@@ -984,14 +992,13 @@ def gru_backward(const floating[:, :, ::1] dys, dhT, dyT, const floating[:, ::1]
     cdef floating[:, ::1] dhm = np.empty((B, u), dt)
     cdef floating[:, ::1] dq = np.empty((B, u), dt)
     cdef floating[:, ::1] dx = np.empty((B, u), dt)
-    cdef const floating[:, ::1] rh = np.ascontiguousarray(Rh if Rh is not None else
-                                                          np.zeros((1, 1)), dtype=dt)
+    rh_arr, packed_h = _candidate_operand(Rh, B, True, dt)
+    cdef const floating[:, ::1] rh = rh_arr
     cdef const floating[:, :, ::1] ph_ = np.ascontiguousarray(ph, dtype=dt)
     cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
     cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
-    cdef Py_ssize_t FB, FBh
+    cdef Py_ssize_t FB
     packed, FB = _recurrent_operand(R, B, True)
-    packed_h, FBh = _recurrent_operand(rh, B, True) if Rh is not None else (None, FB)
     cdef const floating *Wp = <const floating*>_address(packed)
     cdef const floating *Whp = <const floating*>_address(packed_h)
     cdef cb_intr intr
