@@ -12,6 +12,7 @@ import scipy.special
 from cyback import config
 from cyback.graph.op import Op
 from cyback.graph.tensor import Constant, Tensor, as_tensor, dtype_name, is_float_dtype
+from cyback.ops import axis_sums
 
 # ------------------------------------------------------------------ dtypes
 
@@ -114,10 +115,10 @@ def sum_to(g, shape):
         return g
     lead = g.ndim - len(shape)
     if lead:
-        g = g.sum(axis=tuple(range(lead)))
+        g = axis_sums.sum_axes(g, tuple(range(lead)))
     axes = tuple(i for i, d in enumerate(shape) if d == 1 and g.shape[i] != 1)
     if axes:
-        g = g.sum(axis=axes, keepdims=True)
+        g = axis_sums.sum_axes(g, axes, keepdims=True)
     return g.reshape(shape)
 
 

@@ -7,6 +7,7 @@ import numpy as np
 from cyback import config
 from cyback.graph.op import Op
 from cyback.graph.tensor import as_tensor, is_float_dtype
+from cyback.ops import axis_sums
 from cyback.ops import elementwise as ew
 
 
@@ -52,6 +53,8 @@ class Reduce(Op):
         return [(reduced_shape(x.shape, self.axes, self.keepdims), dtype)]
 
     def compute(self, x):
+        if self.kind in ("sum", "mean"):
+            return (axis_sums.sum_axes(x, self.axes, self.keepdims, self.kind == "mean"),)
         fn = _NUMPY[self.kind]
         if self.kind in ("max", "min") and x.size == 0:
             # TF gives -inf/+inf (the identity) for an empty reduction.
