@@ -34,7 +34,9 @@ Special cases, chosen per geometry by the Python entries below:
 """
 import numpy as np
 cimport cython
+cimport numpy as cnp
 from cython.parallel cimport prange, parallel, threadid
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 
 from cyback.kernels._blas cimport floating, gemm
@@ -43,6 +45,9 @@ from cyback.kernels._omp cimport cb_parallel_min_work, cb_threads_for
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 from cyback.kernels._checks import remembered
 from cyback.kernels.blas_threads import blas_threads
+
+
+cnp.import_array()
 
 
 cdef extern from "cyback_conv_direct.h" nogil:
@@ -763,54 +768,68 @@ def _backward_kernel(floating[::1] x, floating[::1] dy, floating[::1] parts,
 
 # ---------------------------------------------------------------- Python entries
 
+class _Tuning(dict):
+    """The kernels' tuning knobs; ``version`` counts changes, so that a
+    prepared ForwardCall sees when its choice of path is stale."""
+    version = 0
+
+    def __setitem__(self, key, value):
+        dict.__setitem__(self, key, value)
+        self.version += 1
+
+    def update(self, *args, **kwargs):
+        dict.update(self, *args, **kwargs)
+        self.version += 1
+
+    def clear(self):
+        dict.clear(self)
+        self.version += 1
+
+
 # Patch-buffer size per thread, a dict so that benchmarks can sweep it.
-_TUNE = {"buf_bytes": BUF_BYTES, "pointwise_gemm": False,
+_TUNE = _Tuning({"buf_bytes": BUF_BYTES, "pointwise_gemm": False,
          "direct": True, "direct_max_c": 64, "direct_max_k": 1024,
          "direct_pointwise_max_cf": 2048, "flops_per_byte": 8.0,
          "tap_min_c": 32, "tap_mnk": 1000000, "tap_min_rows": 96, "tap_rows": 1024,
-         "tap_last_packed": False, "direct_skip_pad": None, "direct_skip_pad_bytes": 1 << 20}
+         "tap_last_packed": False, "direct_skip_pad": None, "direct_skip_pad_bytes": 1 << 20})
 
 
 # ---------------------------------------------------------------- direct (channels_last)
 
-cdef void _forward_direct(floating[::1] x, floating[::1] xp, bint copy, floating[::1] wp,
-                          floating[::1] bp, bint has_bias, floating[::1] res, bint has_res,
-                          int act, floating[::1] y, cb_cd_geom g, int nt,
-                          cb_intr* intr) noexcept:
+cdef void _forward_direct(const floating* x, floating* xp, bint copy, const floating* wp,
+                          const floating* bp, const floating* res, int act, floating* y,
+                          cb_cd_geom g, int nt, cb_intr* intr) noexcept:
     """include/cyback_conv_direct.h over work items of one output row and
-    one block of output channels; xp is the W-padded input when copy."""
+    one block of output channels; xp is the W-padded input when copy, bp
+    and res are NULL without a bias or residual."""
     cdef Py_ssize_t row, it
-    cdef const floating* src = &x[0]
-    cdef const floating* b = &bp[0] if has_bias else NULL
-    cdef const floating* r = &res[0] if has_res else NULL
+    cdef const floating* src = x
     if copy:
-        src = &xp[0]
+        src = xp
     # One parallel region: waking a sleeping team costs more than a small
     # convolution, so the padding and the rows share one wake-up.
     with nogil, parallel(num_threads=nt):
         if copy:
             for row in prange(g.N * g.D * g.H, schedule='static'):
                 if floating is float:
-                    cb_cd_pad_row_f(&x[0], &xp[0], &g, row)
+                    cb_cd_pad_row_f(x, xp, &g, row)
                 else:
-                    cb_cd_pad_row_d(&x[0], &xp[0], &g, row)
+                    cb_cd_pad_row_d(x, xp, &g, row)
         for it in prange(g.N * g.OD * g.OH * g.nfb, schedule='static'):
             if cb_intr_poll(intr):
                 continue
             if floating is float:
-                cb_cd_item_f(src, &wp[0], b, r, act, &y[0], &g, it)
+                cb_cd_item_f(src, wp, bp, res, act, y, &g, it)
             else:
-                cb_cd_item_d(src, &wp[0], b, r, act, &y[0], &g, it)
+                cb_cd_item_d(src, wp, bp, res, act, y, &g, it)
 
 
-cdef void _pack_direct(floating[::1] k, floating[::1] bias, bint has_bias, floating[::1] wp,
-                       floating[::1] bp, cb_cd_geom* g) noexcept:
+cdef void _pack_direct(const floating* k, const floating* bias, floating* wp, floating* bp,
+                       cb_cd_geom* g) noexcept:
     if floating is float:
-        cb_cd_pack_f(&k[0], &bias[0] if has_bias else NULL, &wp[0],
-                     &bp[0] if has_bias else NULL, g)
+        cb_cd_pack_f(k, bias, wp, bp, g)
     else:
-        cb_cd_pack_d(&k[0], &bias[0] if has_bias else NULL, &wp[0],
-                     &bp[0] if has_bias else NULL, g)
+        cb_cd_pack_d(k, bias, wp, bp, g)
 
 
 @cython.wraparound(True)
@@ -911,10 +930,11 @@ def _direct(_DirectGeom d, floating[::1] x, floating[::1] xp, floating[::1] k,
     convolution (typed with the fused float type: Cython picks the float or
     double specialisation from the arrays)."""
     cdef cb_intr intr
+    cdef floating* b = &bp[0] if has_bias else NULL
     cb_intr_init(&intr)
-    _pack_direct[floating](k, bias, has_bias, wp, bp, &d.g)
-    _forward_direct[floating](x, xp, d.copy, wp, bp, has_bias, res, has_res, act, y, d.g, nt,
-                              &intr)
+    _pack_direct[floating](&k[0], &bias[0] if has_bias else NULL, &wp[0], b, &d.g)
+    _forward_direct[floating](&x[0], &xp[0], d.copy, &wp[0], b, &res[0] if has_res else NULL,
+                              act, &y[0], d.g, nt, &intr)
     check_interrupt(&intr)
 
 
@@ -1167,9 +1187,9 @@ def conv_forward(x, kernel, strides, dilation, pads, channels_last=True, out=Non
     if g["K"] == 0:
         y[...] = 0
     else:
-        x = np.ascontiguousarray(x, dtype=cdt)
-        kernel = np.ascontiguousarray(kernel, dtype=cdt)
-        done = _run_forward(x, kernel, y, g, channels_last, pointwise, bias, residual, act)
+        done = _run_forward(_writable(np.ascontiguousarray(x, dtype=cdt)),
+                            _writable(np.ascontiguousarray(kernel, dtype=cdt)), y, g,
+                            channels_last, pointwise, bias, residual, act)
     if not done:
         _epilogue(y, bias, residual, act, channels_last)
     if y is not out and out is not None:
@@ -1187,6 +1207,145 @@ def _epilogue(y, bias, residual, int act, bint channels_last):
         np.maximum(y, 0, out=y)
         if act == 2:
             np.minimum(y, 6, out=y)
+
+
+cdef bint _fits(object a, int typenum, tuple shape):
+    """a is an aligned, C-contiguous ndarray of this type number and shape."""
+    cdef cnp.ndarray arr
+    cdef int i
+    if not isinstance(a, cnp.ndarray):
+        return False
+    arr = <cnp.ndarray> a
+    if cnp.PyArray_TYPE(arr) != typenum or not cnp.PyArray_ISCARRAY_RO(arr) or \
+            cnp.PyArray_NDIM(arr) != len(shape):
+        return False
+    for i in range(len(shape)):
+        if cnp.PyArray_DIM(arr, i) != <Py_ssize_t> shape[i]:
+            return False
+    return True
+
+
+cdef inline object _writable(cnp.ndarray a):
+    # the memoryviews of the GEMM paths refuse read-only buffers (constants)
+    return a if cnp.PyArray_ISWRITEABLE(a) else a.copy()
+
+
+cdef class ForwardCall:
+    """``conv_forward`` for one geometry, dtype (float32 or float64) and
+    epilogue, validated once by ``forward_call``.
+
+    A batch-1 convolution's kernel runs for microseconds, about as long as
+    conv_forward's checks and set-up took, so a compiled plan calls this
+    instead: it checks only what memory safety needs (each array's type,
+    dtype, shape and contiguity) and, on the direct kernel's path, packs
+    the kernel into a scratch block and runs the kernel on raw pointers. An
+    array that does not fit, or tuning changed since (``_TUNE``), takes
+    conv_forward with the same arguments, which converts or raises."""
+    cdef tuple x_shape, k_shape, b_shape, y_shape, args
+    cdef object g, activation, dtype
+    cdef int typenum, act, itemsize, version, y_ndim
+    cdef cnp.npy_intp y_dims[5]
+    cdef bint has_bias, has_res, last, pointwise, direct
+    cdef double work
+    cdef _DirectGeom d
+
+    def __call__(self, x, kernel, bias=None, residual=None):
+        if self.version != _TUNE.version or not _fits(x, self.typenum, self.x_shape) or \
+                not _fits(kernel, self.typenum, self.k_shape) or \
+                (bias is not None) != self.has_bias or (residual is not None) != self.has_res \
+                or (self.has_bias and not _fits(bias, self.typenum, self.b_shape)) or \
+                (self.has_res and not _fits(residual, self.typenum, self.y_shape)):
+            return conv_forward(x, kernel, *self.args, bias=bias, residual=residual,
+                                activation=self.activation)
+        y = cnp.PyArray_EMPTY(self.y_ndim, self.y_dims, self.typenum, 0)
+        if self.direct:
+            self._direct(x, kernel, bias, residual, y)
+        elif not _run_forward(_writable(x), _writable(kernel), y, self.g, self.last,
+                              self.pointwise, bias, residual, self.act):
+            _epilogue(y, bias, residual, self.act, self.last)
+        return y
+
+    cdef _direct(self, cnp.ndarray x, cnp.ndarray k, object bias, object res, cnp.ndarray y):
+        cdef cb_intr intr
+        cdef _DirectGeom d = self.d
+        cdef int nt = cb_threads_for(self.work)
+        cdef char* scratch
+        cdef char* wp
+        cdef char* bp
+        cdef char* xp
+        cdef const void* b = cnp.PyArray_DATA(<cnp.ndarray> bias) if self.has_bias else NULL
+        cdef const void* r = cnp.PyArray_DATA(<cnp.ndarray> res) if self.has_res else NULL
+        # one block for the packed kernel, the packed bias and the padded input
+        scratch = <char*> malloc((d.wp_size + d.bp_size + (d.xp_size if d.copy else 0))
+                                 * self.itemsize)
+        if scratch == NULL:
+            raise MemoryError("conv_forward: no memory for the packed kernel")
+        wp = scratch
+        bp = wp + d.wp_size * self.itemsize
+        xp = bp + d.bp_size * self.itemsize
+        cb_intr_init(&intr)
+        if self.itemsize == 4:
+            _pack_direct[float](<const float*> cnp.PyArray_DATA(k), <const float*> b,
+                                <float*> wp, <float*> bp if b != NULL else NULL, &d.g)
+            _forward_direct[float](<const float*> cnp.PyArray_DATA(x), <float*> xp, d.copy,
+                                   <const float*> wp, <const float*> bp if b != NULL else NULL,
+                                   <const float*> r, self.act, <float*> cnp.PyArray_DATA(y),
+                                   d.g, nt, &intr)
+        else:
+            _pack_direct[double](<const double*> cnp.PyArray_DATA(k), <const double*> b,
+                                 <double*> wp, <double*> bp if b != NULL else NULL, &d.g)
+            _forward_direct[double](<const double*> cnp.PyArray_DATA(x), <double*> xp, d.copy,
+                                    <const double*> wp,
+                                    <const double*> bp if b != NULL else NULL,
+                                    <const double*> r, self.act,
+                                    <double*> cnp.PyArray_DATA(y), d.g, nt, &intr)
+        free(scratch)
+        check_interrupt(&intr)
+
+
+@cython.wraparound(True)
+@cython.boundscheck(True)
+def forward_call(x_shape, k_shape, strides, dilation, pads, channels_last, dtype,
+                 bint has_bias=False, bint has_residual=False, activation=None):
+    """A ``ForwardCall``: ``call(x, kernel, bias, residual)`` computes
+    ``conv_forward(x, kernel, strides, dilation, pads, channels_last,
+    bias=bias, residual=residual, activation=activation)`` for arrays of
+    these shapes and ``dtype`` (float32 or float64), with the checks of
+    conv_forward (the same errors) made here, once."""
+    fname = "conv_forward"
+    cdef ForwardCall call = ForwardCall()
+    dtype = np.dtype(dtype)
+    if dtype != np.float32 and dtype != np.float64:
+        raise TypeError("%s: a prepared call takes float32 or float64 arrays, got %s"
+                        % (fname, dtype))
+    x_shape = tuple(int(d) for d in x_shape)
+    k_shape = tuple(int(d) for d in k_shape)
+    g, osp, pointwise = _geometry(x_shape, k_shape, strides, dilation, pads, channels_last,
+                                  fname)
+    if activation not in _ACTIVATIONS:
+        raise ValueError("%s: activation must be one of None, 'linear', 'relu', 'relu6', got %r"
+                         % (fname, activation))
+    call.x_shape, call.k_shape, call.b_shape = x_shape, k_shape, (g["F"],)
+    call.y_shape = _y_shape(g, osp, channels_last)
+    call.y_ndim = len(call.y_shape)
+    for i in range(call.y_ndim):
+        call.y_dims[i] = call.y_shape[i]
+    call.args = (strides, dilation, pads, channels_last)
+    call.g, call.activation, call.dtype = g, activation, dtype
+    call.typenum, call.itemsize = dtype.num, dtype.itemsize
+    call.act = _ACTIVATIONS[activation]
+    call.has_bias, call.has_res = has_bias, has_residual
+    call.last, call.pointwise = bool(channels_last), pointwise
+    call.version = _TUNE.version
+    # empty outputs and empty patches take conv_forward's own branches
+    empty = g["K"] == 0 or 0 in call.y_shape
+    call.direct = not empty and _use_direct(g, channels_last, dtype == np.float64)
+    if call.direct:
+        call.d = _direct_geom(g, cb_cd_block(dtype == np.float64))
+        call.work = 2.0 * g["N"] * g["P"] * g["K"] * g["F"] / _TUNE["flops_per_byte"]
+    elif empty:
+        call.version = -1
+    return call
 
 
 def _gemm_rows(floating[::1] x, floating[::1] w, floating[::1] y, Py_ssize_t m, Py_ssize_t k,

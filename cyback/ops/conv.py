@@ -37,7 +37,7 @@ class Geometry(object):
 
     _FIELDS = ("api", "family", "rank", "strides", "dilation", "padding", "channels_last",
                "kernel_size", "local_out")
-    __slots__ = _FIELDS + ("_checked",)
+    __slots__ = _FIELDS + ("_checked", "_calls")
 
     def __init__(self, api, family, rank, strides, dilation, padding, channels_last,
                  kernel_size=None, local_out=None):
@@ -56,6 +56,19 @@ class Geometry(object):
         # checked: a batch-1 convolution is over in microseconds, checking it
         # is not
         self._checked = {}
+        # (x shape, kernel shape, dtype, bias?, residual?, activation) ->
+        # the kernel module's prepared forward call for these arguments
+        self._calls = {}
+
+    def __getstate__(self):
+        # the memos are rebuilt on use (prepared kernel calls do not pickle)
+        return self.as_tuple()
+
+    def __setstate__(self, state):
+        for name, value in zip(self._FIELDS, state):
+            setattr(self, name, value)
+        self._checked = {}
+        self._calls = {}
 
     def as_tuple(self):
         return tuple(getattr(self, s) for s in self._FIELDS)
@@ -158,6 +171,13 @@ class Geometry(object):
         """The convolution; for conv and depthwise, optionally + a per-channel
         ``bias`` (for conv, then + a ``residual`` shaped like the output) and
         then ``activation`` ('relu', 'relu6') inside the kernel."""
+        if self.family == "conv" and x.dtype.char in "fd" and k.dtype == x.dtype:
+            key = (x.shape, k.shape, x.dtype, bias is None, residual is None, activation)
+            call = self._calls.get(key)
+            if call is None:
+                call = self._forward_call(x, k, bias, residual, activation)
+                self._calls[key] = call
+            return call(x, k, bias, residual)
         x, k, dt = _operands(x, k)
         pads = self._checked.get((x.shape, k.shape))
         pads = self._check_forward(x.shape, k.shape) if pads is None else pads[0]
@@ -173,6 +193,16 @@ class Geometry(object):
         else:
             y = _local.local_forward(x, k, self.kernel_size, self.strides, self.channels_last)
         return y.astype(dt, copy=False)
+
+    def _forward_call(self, x, k, bias, residual, activation):
+        """The kernel's prepared call for these arguments' shapes, after the
+        checks (the Keras name in their errors)."""
+        pads = self._check_forward(x.shape, k.shape)
+        if len(self._calls) >= 64:
+            self._calls.clear()
+        return _conv.forward_call(x.shape, k.shape, self.strides, self.dilation, pads,
+                                  self.channels_last, x.dtype, bias is not None,
+                                  residual is not None, activation)
 
     def _check_forward(self, xshape, kshape):
         """The pads of a forward pass, after the checks; remembered with the

@@ -543,3 +543,16 @@ def test_depthwise_separable_errors():
          K.placeholder((None, 5, 3)), K.variable(rand(3, 3, 2)), K.variable(rand(1, 1, 6, 4)))
     _err(ValueError, "separable_conv2d: data_format", K.separable_conv2d, x, dk,
          K.variable(rand(1, 1, 6, 4)), data_format="nchw")
+
+
+def test_prepared_calls_are_not_pickled_and_are_rebuilt():
+    import pickle
+    rng = np.random.default_rng(5)
+    k = rng.standard_normal((3, 3, 4, 8)).astype(np.float32)
+    x = rng.standard_normal((2, 6, 6, 4)).astype(np.float32)
+    xp = K.placeholder((None, 6, 6, 4))
+    f = K.function([xp], [K.relu(K.conv2d(xp, K.variable(k), padding="same"))])
+    want = f([x])[0]
+    g = pickle.loads(pickle.dumps(f))
+    np.testing.assert_array_equal(g([x])[0], want)
+    np.testing.assert_array_equal(g([x[:1]])[0], want[:1])     # another batch size

@@ -567,6 +567,9 @@ def test_direct_kernel_with_epilogue(direct_isa, pad_mode, case, activation, dty
         want = _ref_epilogue(plain, bias, activation, res)
         assert y.dtype == dtype and y.shape == want.shape
         np.testing.assert_allclose(y, want, **tol(dtype))
+        call = conv.forward_call(x.shape, w.shape, s, d, p, True, dtype, with_bias, with_res,
+                                 activation)
+        np.testing.assert_array_equal(call(x, w, bias, res), y)
         if activation == "relu6":
             assert y.min() >= 0 and y.max() <= 6
 
