@@ -171,13 +171,16 @@ class Geometry(object):
         """The convolution; for conv and depthwise, optionally + a per-channel
         ``bias`` (for conv, then + a ``residual`` shaped like the output) and
         then ``activation`` ('relu', 'relu6') inside the kernel."""
-        if self.family == "conv" and x.dtype.char in "fd" and k.dtype == x.dtype:
+        if self.family != "local" and x.dtype.char in "fd" and k.dtype == x.dtype and \
+                (residual is None or self.family == "conv") and 0 not in x.shape:
             key = (x.shape, k.shape, x.dtype, bias is None, residual is None, activation)
             call = self._calls.get(key)
             if call is None:
                 call = self._forward_call(x, k, bias, residual, activation)
                 self._calls[key] = call
-            return call(x, k, bias, residual)
+            if self.family == "conv":
+                return call(x, k, bias, residual)
+            return call(x, k, bias)
         x, k, dt = _operands(x, k)
         pads = self._checked.get((x.shape, k.shape))
         pads = self._check_forward(x.shape, k.shape) if pads is None else pads[0]
@@ -200,6 +203,9 @@ class Geometry(object):
         pads = self._check_forward(x.shape, k.shape)
         if len(self._calls) >= 64:
             self._calls.clear()
+        if self.family == "depthwise":
+            return _dw.forward_call(x.shape, k.shape, self.strides, self.dilation, pads,
+                                    self.channels_last, x.dtype, bias is not None, activation)
         return _conv.forward_call(x.shape, k.shape, self.strides, self.dilation, pads,
                                   self.channels_last, x.dtype, bias is not None,
                                   residual is not None, activation)

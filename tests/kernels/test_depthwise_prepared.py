@@ -1,0 +1,75 @@
+"""depthwise.forward_call: a prepared depthwise_forward gives its results bit
+for bit, takes depthwise_forward for arrays that do not fit (and for inputs
+it does not run directly: channels_first, 1-D), and raises its errors when
+it is prepared."""
+import numpy as np
+import pytest
+
+from cyback.kernels import depthwise
+
+# x shape, kernel shape, strides, dilation, pads, channels_last
+CASES = [
+    ((1, 32, 32, 16), (3, 3, 16, 1), (1, 1), (1, 1), ((1, 1), (1, 1)), True),
+    ((2, 9, 11, 5), (3, 3, 5, 2), (2, 2), (1, 1), ((1, 1), (0, 1)), True),
+    ((3, 7, 7, 33), (5, 3, 33, 1), (1, 2), (2, 1), ((4, 4), (1, 1)), True),
+    ((2, 4, 8, 8), (3, 3, 4, 1), (1, 1), (1, 1), ((1, 1), (1, 1)), False),
+    ((2, 20, 6), (5, 6, 3), (2,), (1,), ((2, 2),), True),
+    ((0, 8, 8, 4), (3, 3, 4, 1), (1, 1), (1, 1), ((1, 1), (1, 1)), True),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("epilogue", [(False, None), (True, "relu6"), (True, None)])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_same_bits_as_depthwise_forward(case, epilogue, dtype):
+    xs, ks, s, d, p, last = CASES[case]
+    with_bias, act = epilogue
+    rng = np.random.default_rng(case)
+    x = rng.standard_normal(xs).astype(dtype)
+    k = rng.standard_normal(ks).astype(dtype)
+    bias = rng.standard_normal(ks[-2] * ks[-1]).astype(dtype) if with_bias else None
+    want = depthwise.depthwise_forward(x, k, s, d, p, last, bias, act)
+    call = depthwise.forward_call(xs, ks, s, d, p, last, dtype, with_bias, act)
+    for _ in range(2):
+        y = call(x, k, bias)
+        assert y.dtype == dtype and y.shape == want.shape
+        np.testing.assert_array_equal(y, want)
+
+
+def test_arrays_that_do_not_fit_take_depthwise_forward(monkeypatch):
+    xs, ks, s, d, p, last = CASES[0]
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal(xs).astype(np.float32)
+    k = rng.standard_normal(ks).astype(np.float32)
+    bias = rng.standard_normal(16).astype(np.float32)
+    want = depthwise.depthwise_forward(x, k, s, d, p, last, bias, "relu")
+    call = depthwise.forward_call(xs, ks, s, d, p, last, np.float32, True, "relu")
+    calls = []
+    plain = depthwise.depthwise_forward
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return plain(*args, **kwargs)
+    monkeypatch.setattr(depthwise, "depthwise_forward", counted)
+    readonly = x.copy()
+    readonly.flags.writeable = False
+    np.testing.assert_array_equal(call(readonly, k, bias), want)
+    assert calls == []
+    np.testing.assert_array_equal(call(np.asfortranarray(x), k, bias), want)
+    np.testing.assert_array_equal(call(x, k, bias[::-1].copy()[::-1]), want)   # strided
+    assert len(calls) == 2
+    with pytest.raises(TypeError, match="depthwise_forward: dtype mismatch"):
+        call(x, k.astype(np.float64), bias)
+    with pytest.raises(ValueError, match="depthwise_forward: bias must be"):
+        call(x, k, bias[:8])
+
+
+def test_preparing_checks_like_depthwise_forward():
+    args = ((1, 8, 8, 3), (3, 3, 3, 1), (1, 1), (1, 1), ((0, 0), (0, 0)), True)
+    with pytest.raises(ValueError, match="depthwise_forward: activation"):
+        depthwise.forward_call(*args, "float32", activation="tanh")
+    with pytest.raises(TypeError, match="depthwise_forward: expected float32 or float64"):
+        depthwise.forward_call(*args, "float16")
+    with pytest.raises(ValueError, match="depthwise_forward: kernel"):
+        depthwise.forward_call((1, 8, 8, 3), (3, 3, 4, 1), (1, 1), (1, 1),
+                               ((0, 0), (0, 0)), True, "float32")
