@@ -372,7 +372,8 @@ def _in_kernel_epilogue(b, base, slot, out):
             act, code = "relu6", code[1:]
     if code or (bias is None and res is None and act is None):
         return None
-    if not hook(b.axis if bias is not None else None, act, out, residual=res is not None):
+    if not hook(b.axis if bias is not None else None, act, out, residual=res is not None,
+                exact=b.exact):
         return None
     return bias, res, act
 

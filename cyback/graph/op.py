@@ -33,12 +33,15 @@ same way). Plans (``graph/function.py``, ``graph/optimize.py``):
 - ``fresh_output`` / ``epilogue_host`` (class flags): compute returns a new
   array, so a fused step may write into it / run the op and its element-wise
   tail as one step.
-- ``kernel_epilogue(bias_axis, activation, out, residual=False)`` and
-  ``compute_epilogue(inputs, bias, activation, residual=None)``: whether the
-  op's kernel applies a tail of + per-channel bias, + a full-size residual and
-  relu / relu6 to its output itself, and the compute that does it (None when
-  the run-time arrays do not suit it; the step then runs its program). Conv
-  and depthwise; TensorDot takes a bias alone, as its GEMM's initial value.
+- ``kernel_epilogue(bias_axis, activation, out, residual=False, exact=False)``
+  and ``compute_epilogue(inputs, bias, activation, residual=None)``: whether
+  the op's kernel applies a tail of + per-channel bias, + a full-size residual
+  and relu / relu6 to its output itself (with ``exact``, a training plan's
+  fusion: only with results bit-identical to the ops run one by one), and
+  the compute that does it (None when the run-time arrays do not suit it;
+  the step then runs its program). Conv and depthwise add after the sum, as
+  the ops do; TensorDot's bias is its GEMM's initial value, and a product of
+  a few rows applies relu / relu6 too, so it declines exact fusion.
 
 Loops (``ops/scan.py``: ``scan_trace``, ``scan_program``, ``scan_backward``):
 

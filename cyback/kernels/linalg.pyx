@@ -9,11 +9,14 @@ pools at 2 threads). So a large product is split here into one
 single-threaded GEMM per thread.
 """
 import numpy as np
+cimport numpy as cnp
 from cython.parallel cimport prange
 
 from cyback.kernels._blas cimport floating, gemm
 from cyback.kernels._omp cimport cb_threads_for
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
+
+cnp.import_array()
 
 # Below this many multiply-adds per matrix, OpenMP over the batch beats
 # splitting each matrix across threads in turn (benchmarks/bench_linalg.py
@@ -131,6 +134,87 @@ def matmul(a, b, bias=None):
                                   &intr)
     check_interrupt(&intr)
     return out
+
+
+# dense_rows takes products of at most this many rows, with a weight matrix of
+# at most this many values (128 kB of float32: it stays in L2 between calls).
+DENSE_MAX_ROWS = 4
+DENSE_MAX_WEIGHTS = 32768
+
+
+cdef void _dense_rows(const floating* x, const floating* w, const floating* b, floating* y,
+                      Py_ssize_t m, Py_ssize_t k, Py_ssize_t n, int act) noexcept nogil:
+    """y (m, n) = act(x (m, k) @ w (k, n) + b): each output row starts as the
+    bias and takes one scaled row of w per input value, so w is read in
+    order, once per row."""
+    cdef Py_ssize_t i, kk, j
+    cdef floating v
+    cdef floating* yi
+    cdef const floating* wr
+    for i in range(m):
+        yi = y + i * n
+        for j in range(n):
+            yi[j] = b[j] if b != NULL else 0
+        for kk in range(k):
+            v = x[i * k + kk]
+            wr = w + kk * n
+            for j in range(n):
+                yi[j] = yi[j] + v * wr[j]
+        if act:
+            for j in range(n):
+                # NaN stays NaN, as through np.maximum / np.minimum
+                if yi[j] < 0:
+                    yi[j] = 0
+                elif act == 2 and yi[j] > 6:
+                    yi[j] = 6
+
+
+cdef object _dense_fits(object a, int typenum):
+    return isinstance(a, cnp.ndarray) and cnp.PyArray_TYPE(<cnp.ndarray> a) == typenum and \
+        cnp.PyArray_ISCARRAY_RO(<cnp.ndarray> a)
+
+
+def dense_rows(x, w, bias=None, int act=0):
+    """act(x @ w + bias) for a product of a few rows (a batch-1 Dense layer):
+    x (m, k) with m <= DENSE_MAX_ROWS, w (k, n) with k * n <= DENSE_MAX_WEIGHTS,
+    bias (n,) or None, all C-contiguous float32 or all float64; act 0 (none),
+    1 (relu) or 2 (relu6). One pass over w on the calling thread, with no
+    BLAS call and no pass of its own for the bias or the activation: for
+    such a product those cost more than the arithmetic. Returns None when
+    the arrays are not of that kind (the caller takes another path)."""
+    cdef cnp.ndarray a, b, y
+    cdef const void* bp = NULL
+    cdef Py_ssize_t m, k, n
+    cdef cnp.npy_intp dims[2]
+    if not isinstance(x, cnp.ndarray) or cnp.PyArray_NDIM(<cnp.ndarray> x) != 2:
+        return None
+    a = <cnp.ndarray> x
+    cdef int typenum = cnp.PyArray_TYPE(a)
+    if (typenum != cnp.NPY_FLOAT and typenum != cnp.NPY_DOUBLE) or act < 0 or act > 2 or \
+            not _dense_fits(a, typenum) or not _dense_fits(w, typenum) or \
+            cnp.PyArray_NDIM(<cnp.ndarray> w) != 2:
+        return None
+    m, k = cnp.PyArray_DIM(a, 0), cnp.PyArray_DIM(a, 1)
+    n = cnp.PyArray_DIM(<cnp.ndarray> w, 1)
+    if m > DENSE_MAX_ROWS or k * n > DENSE_MAX_WEIGHTS or \
+            cnp.PyArray_DIM(<cnp.ndarray> w, 0) != k:
+        return None
+    if bias is not None:
+        if not _dense_fits(bias, typenum) or cnp.PyArray_NDIM(<cnp.ndarray> bias) != 1 or \
+                cnp.PyArray_DIM(<cnp.ndarray> bias, 0) != n:
+            return None
+        bp = cnp.PyArray_DATA(<cnp.ndarray> bias)
+    dims[0], dims[1] = m, n
+    y = cnp.PyArray_EMPTY(2, dims, typenum, 0)
+    if typenum == cnp.NPY_FLOAT:
+        _dense_rows[float](<const float*> cnp.PyArray_DATA(a),
+                           <const float*> cnp.PyArray_DATA(<cnp.ndarray> w),
+                           <const float*> bp, <float*> cnp.PyArray_DATA(y), m, k, n, act)
+    else:
+        _dense_rows[double](<const double*> cnp.PyArray_DATA(a),
+                            <const double*> cnp.PyArray_DATA(<cnp.ndarray> w),
+                            <const double*> bp, <double*> cnp.PyArray_DATA(y), m, k, n, act)
+    return y
 
 
 def _writable(x):

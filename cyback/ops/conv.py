@@ -319,7 +319,7 @@ class Conv(Op):
     def compute(self, x, k):
         return (self.geom.forward(x, k),)
 
-    def kernel_epilogue(self, bias_axis, activation, out, residual=False):
+    def kernel_epilogue(self, bias_axis, activation, out, residual=False, exact=False):
         """Whether the kernel can add a per-channel bias (on ``bias_axis``,
         counted from the end, or None for no bias), then (``residual``) an
         array shaped like the output, and apply ``activation`` ('relu',

@@ -10,13 +10,15 @@ import numpy as np
 
 from cyback.graph.op import Op
 from cyback.graph.tensor import as_tensor
-from cyback.kernels.linalg import batch_gemm, matmul
+from cyback.kernels.linalg import DENSE_MAX_ROWS, batch_gemm, dense_rows, matmul
 from cyback.kernels.runtime import parallel_min_work
 from cyback.ops import elementwise as ew
 from cyback.ops.shape import transpose
 
 # Smaller products run on np.dot (single-threaded BLAS): no kernel overhead.
 _PARALLEL_MIN_WORK = parallel_min_work()
+# kernels.linalg.dense_rows's activation codes
+_ACTIVATIONS = {None: 0, "relu": 1, "relu6": 2}
 
 
 def _free(ndim, axes, start=0):
@@ -58,20 +60,30 @@ class TensorDot(Op):
     def compute(self, x, y):
         return (contract(x, y, self.ax, self.ay),)
 
-    def kernel_epilogue(self, bias_axis, activation, out, residual=False):
-        """A bias along the output's last axis, alone, starts the GEMM's
-        accumulator (see graph/op.py): the product then needs no pass of its
-        own for it. Activations stay with the element-wise program."""
-        return bias_axis == -1 and activation is None and not residual and \
-            self.ay == (0,) and len(self.ax) == 1
+    def kernel_epilogue(self, bias_axis, activation, out, residual=False, exact=False):
+        """A bias along the output's last axis starts the GEMM's accumulator
+        (see graph/op.py): the product then needs no pass of its own for it.
+        A product of a few rows (batch-1 Dense layers) also applies relu or
+        relu6 itself; larger ones leave an activation to the element-wise
+        program (compute_epilogue declines them). Neither rounds as a product
+        followed by an add does, so training plans (``exact``) keep the add."""
+        return not exact and bias_axis == -1 and activation in (None, "relu", "relu6") and \
+            not residual and self.ay == (0,) and len(self.ax) == 1
 
     def compute_epilogue(self, inputs, bias, activation, residual=None):
         x, y = inputs
-        if y.ndim != 2 or self.ax != (x.ndim - 1,) or bias is None or activation is not None \
-                or residual is not None or x.dtype != y.dtype or bias.dtype != x.dtype or \
-                x.dtype.char not in "fd" or bias.size != y.shape[1]:
+        if y.ndim != 2 or self.ax != (x.ndim - 1,) or bias is None or residual is not None \
+                or x.dtype != y.dtype or bias.dtype != x.dtype or x.dtype.char not in "fd" \
+                or bias.size != y.shape[1]:
             return None
-        return contract(x, y, self.ax, self.ay, bias.reshape(-1))
+        bias = bias.reshape(-1)
+        if x.ndim == 2 and x.shape[0] <= DENSE_MAX_ROWS:
+            out = dense_rows(x, y, bias, _ACTIVATIONS[activation])
+            if out is not None:
+                return out
+        if activation is not None:
+            return None
+        return contract(x, y, self.ax, self.ay, bias)
 
     def time_mapped(self, ins, variant):
         # x_t @ W over all steps is one product of the (T, ...) stack

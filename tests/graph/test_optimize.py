@@ -753,8 +753,9 @@ def test_conv_bias_residual_and_activation_run_in_the_kernel(data_format, rank, 
 @pytest.mark.parametrize("rank", [2, 3])
 def test_dense_bias_starts_the_gemm(rows, rank):
     # x @ W + b: the bias is the GEMM's initial accumulator (no pass of its
-    # own), small products (np.dot) and a 3-D input included; a relu after it
-    # stays with the element-wise program.
+    # own), small products (np.dot) and a 3-D input included. A relu after it
+    # is the step's too: a product of a few rows applies it in
+    # kernels.linalg.dense_rows, larger ones leave it to the program.
     rng = np.random.default_rng(13)
     x = K.placeholder((None,) * (rank - 1) + (40,))
     W = K.variable(rng.standard_normal((40, 72)).astype("float32"))
@@ -769,8 +770,43 @@ def test_dense_bias_starts_the_gemm(rows, rank):
     assert f([feed[0][:0]])[0].shape[0] == 0
     f, got = _run([x], [K.relu(y)], feed, True)
     op, = f.plan_ops(0)
-    assert op.in_kernel is None
+    assert op.in_kernel is not None and op.in_kernel[-1] == "relu"
     np.testing.assert_allclose(got[0], np.maximum(ref[0], 0), rtol=1e-5, atol=1e-5)
+    for n in (0, 1, 4, 5):
+        np.testing.assert_allclose(f([feed[0][:n]])[0], np.maximum(ref[0][:n], 0),
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("act", [None, "relu", "relu6"])
+def test_batch1_dense_runs_bias_and_activation_in_one_pass(act):
+    rng = np.random.default_rng(14)
+    x = K.placeholder((None, 24))
+    W = K.variable(rng.standard_normal((24, 10)).astype("float32"))
+    b = K.variable(rng.standard_normal(10).astype("float32"))
+    y = K.bias_add(K.dot(x, W), b)
+    y = y if act is None else K.relu(y) if act == "relu" else K.relu(y, max_value=6.0)
+    feed = [rng.standard_normal((1, 24)).astype("float32") * 3]
+    f, got = _run([x], [y], feed, True)
+    _, ref = _run([x], [y], feed, False)
+    op, = f.plan_ops(0)
+    assert op.in_kernel[-1] == act
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-5)
+
+
+def test_training_plans_keep_the_dense_bias_add():
+    # the GEMM's initial value and dense_rows round differently from a
+    # product followed by an add: a training plan keeps values bit-identical
+    rng = np.random.default_rng(15)
+    x = K.placeholder((None, 24))
+    W = K.variable(rng.standard_normal((24, 10)).astype("float32"))
+    b = K.variable(rng.standard_normal(10).astype("float32"))
+    n = K.variable(0.0)
+    y = K.relu(K.bias_add(K.dot(x, W), b))
+    feed = [rng.standard_normal((1, 24)).astype("float32")]
+    f, got = _run([x], [y], feed, True, updates=[(n, n + 1)])
+    _, ref = _run([x], [y], feed, False, updates=[(n, n + 1)])
+    assert all(getattr(op, "in_kernel", None) is None for op in f.plan_ops(0))
+    np.testing.assert_array_equal(got[0], ref[0])
 
 
 def test_conv_epilogue_stays_a_separate_pass():

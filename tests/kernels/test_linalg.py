@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from cyback.kernels import runtime
+from cyback.kernels import linalg, runtime
 from cyback.kernels.linalg import batch_gemm, matmul
 
 SHAPES = [(1, 300, 70), (70, 300, 1), (51, 25, 129), (5, 3, 2), (1, 1, 1), (0, 3, 4),
@@ -92,3 +92,50 @@ def test_batch_gemm_matches_numpy(ta, tb, nb, m, k, n, rng):
     b = rng.standard_normal((nb, n, k) if tb else (nb, k, n))
     ref = np.matmul(a.transpose(0, 2, 1) if ta else a, b.transpose(0, 2, 1) if tb else b)
     np.testing.assert_allclose(batch_gemm(a, b, ta, tb), ref, rtol=1e-10, atol=1e-10)
+
+
+# ---------------------------------------------------------------- dense_rows
+
+@pytest.mark.parametrize("dtype,tol", [(np.float32, 2e-5), (np.float64, 1e-12)])
+@pytest.mark.parametrize("act", [0, 1, 2])
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (1, 32, 64), (4, 128, 10), (3, 7, 13),
+                                   (1, 256, 128), (2, 0, 5), (0, 8, 3)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_dense_rows_matches_numpy(m, k, n, act, dtype, tol, with_bias):
+    rng = np.random.default_rng(m * 100 + k + n)
+    x = (rng.standard_normal((m, k)) * 3).astype(dtype)
+    w = rng.standard_normal((k, n)).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype) if with_bias else None
+    y = linalg.dense_rows(x, w, b, act)
+    ref = x.astype(np.float64) @ w.astype(np.float64) + (0 if b is None else b)
+    if act:
+        ref = np.maximum(ref, 0)
+    if act == 2:
+        ref = np.minimum(ref, 6)
+    assert y.dtype == dtype and y.shape == (m, n)
+    np.testing.assert_allclose(y, ref, rtol=tol, atol=tol * max(1, k))
+
+
+def test_dense_rows_keeps_nan_and_reads_read_only_weights():
+    w = np.ones((3, 4), np.float32)
+    w.flags.writeable = False
+    x = np.array([[np.nan, 1, 1]], np.float32)
+    for act in (0, 1, 2):
+        assert np.isnan(linalg.dense_rows(x, w, None, act)).all()
+    big = np.full((1, 3), 5, np.float32)
+    np.testing.assert_array_equal(linalg.dense_rows(big, w, None, 2), np.full((1, 4), 6))
+
+
+def test_dense_rows_declines_what_it_does_not_take():
+    x = np.ones((1, 8), np.float32)
+    w = np.ones((8, 4), np.float32)
+    b = np.ones(4, np.float32)
+    assert linalg.dense_rows(np.ones((5, 8), np.float32), w, b) is None         # rows
+    assert linalg.dense_rows(x, np.ones((8, 5000), np.float32)) is None         # weights
+    assert linalg.dense_rows(x, np.asfortranarray(w), b) is None                # layout
+    assert linalg.dense_rows(x, w.astype(np.float64), b) is None                # dtypes
+    assert linalg.dense_rows(x.astype(np.float16), w.astype(np.float16)) is None
+    assert linalg.dense_rows(x, w, np.ones(5, np.float32)) is None              # bias size
+    assert linalg.dense_rows(x, np.ones((7, 4), np.float32)) is None            # k
+    assert linalg.dense_rows(x[0], w) is None                                   # rank
+    assert linalg.dense_rows(x, w, b, 3) is None                                # activation
