@@ -740,14 +740,15 @@ def depthwise_forward(x, kernel, strides, dilation, pads, channels_last=True, bi
 
 
 cdef bint _fits(object a, int typenum, tuple shape):
-    """a is an aligned, C-contiguous ndarray of this type number and shape."""
+    """a is an aligned, C-contiguous ndarray of this type number (in the
+    machine's byte order) and shape."""
     cdef cnp.ndarray arr
     cdef int i
     if not isinstance(a, cnp.ndarray):
         return False
     arr = <cnp.ndarray> a
     if cnp.PyArray_TYPE(arr) != typenum or not cnp.PyArray_ISCARRAY_RO(arr) or \
-            cnp.PyArray_NDIM(arr) != len(shape):
+            not cnp.PyArray_ISNOTSWAPPED(arr) or cnp.PyArray_NDIM(arr) != len(shape):
         return False
     for i in range(len(shape)):
         if cnp.PyArray_DIM(arr, i) != <Py_ssize_t> shape[i]:

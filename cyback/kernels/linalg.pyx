@@ -171,7 +171,7 @@ cdef void _dense_rows(const floating* x, const floating* w, const floating* b, f
 
 cdef object _dense_fits(object a, int typenum):
     return isinstance(a, cnp.ndarray) and cnp.PyArray_TYPE(<cnp.ndarray> a) == typenum and \
-        cnp.PyArray_ISCARRAY_RO(<cnp.ndarray> a)
+        cnp.PyArray_ISCARRAY_RO(<cnp.ndarray> a) and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray> a)
 
 
 def dense_rows(x, w, bias=None, int act=0):

@@ -84,6 +84,8 @@ def test_arrays_that_do_not_fit_take_conv_forward(monkeypatch):
     assert len(calls) == 3
     with pytest.raises(ValueError, match="conv_forward: kernel"):
         call(x, k[:, :, :8], bias)
+    with pytest.raises(TypeError, match="conv_forward"):       # not read as native floats
+        call(x.astype(">f4"), k, bias)
     with pytest.raises(TypeError, match="conv_forward: arrays must share one dtype"):
         call(x, k.astype(np.float64), bias)
 

@@ -62,6 +62,8 @@ def test_arrays_that_do_not_fit_take_depthwise_forward(monkeypatch):
         call(x, k.astype(np.float64), bias)
     with pytest.raises(ValueError, match="depthwise_forward: bias must be"):
         call(x, k, bias[:8])
+    with pytest.raises(TypeError, match="depthwise_forward"):  # not read as native floats
+        call(x.astype(">f4"), k, bias)
 
 
 def test_preparing_checks_like_depthwise_forward():

@@ -139,3 +139,4 @@ def test_dense_rows_declines_what_it_does_not_take():
     assert linalg.dense_rows(x, np.ones((7, 4), np.float32)) is None            # k
     assert linalg.dense_rows(x[0], w) is None                                   # rank
     assert linalg.dense_rows(x, w, b, 3) is None                                # activation
+    assert linalg.dense_rows(x.astype(">f4"), w, b) is None                     # byte order
