@@ -4,13 +4,13 @@ sum over every axis but the channels) come to.
 
 NumPy reduces a non-last axis one output row at a time, about 40 ns per row
 of ``inner`` values, which for (1, 1024, 32) is 10x a pass over the data.
-Here each task keeps a strip of up to ``STRIP`` output values in registers
-and adds the ``n`` rows into it, in blocks of ``BLOCK`` rows whose partial
-sums are added to the total: rounding grows with BLOCK + n / BLOCK, not n.
-When there are fewer strips than threads, the rows are split between the
-threads too, each adding its part into its own slot, and the slots are
-summed in a fixed order, so the result does not depend on the scheduling
-(only on the thread count, as OpenMP's own reductions).
+Here each task keeps a strip of up to ``STRIP`` output values in a local
+array (L1) and adds the ``n`` rows into it, in blocks of ``BLOCK`` rows whose
+partial sums are added to the total: rounding grows with BLOCK + n / BLOCK,
+not n. When there are few strips (batch-1 pooling), the rows are split into
+up to ``SPLITS`` parts as well, each summed into its own slot, and the slots
+are added in a fixed order. The split depends on the shape alone, so the
+result is the same for any thread count.
 """
 import numpy as np
 cimport numpy as cnp
@@ -25,6 +25,7 @@ cnp.import_array()
 cdef enum:
     STRIP = 64
     BLOCK = 128
+    SPLITS = 8
 
 
 cdef void _strip(const floating* x, floating* out, Py_ssize_t n, Py_ssize_t inner,
@@ -107,8 +108,8 @@ def sum_middle(x, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner, bint mean=Fa
         return out
     threads = cb_threads_for(1.0 * a.size * a.itemsize)
     strips = (inner + STRIP - 1) // STRIP
-    if threads > 1 and outer * strips < 2 * threads and n >= 2 * BLOCK:
-        splits = threads
+    if outer * strips < SPLITS and n >= 2 * BLOCK:
+        splits = min(SPLITS, n // BLOCK)
         slots = malloc(splits * outer * inner * a.itemsize)
         if slots == NULL:
             raise MemoryError("sum_middle: no memory for %d partial sums" % splits)

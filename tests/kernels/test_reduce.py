@@ -46,16 +46,19 @@ def test_rounding_grows_slowly_with_the_row_count():
     np.testing.assert_allclose(y, exact, rtol=1e-4)
 
 
-def test_thread_count_changes_no_result_of_one_team():
-    x = np.random.default_rng(0).standard_normal((1, 4096, 8)).astype(np.float32)
+@pytest.mark.parametrize("shape", [(1, 4096, 8), (2, 300, 200), (64, 50, 16)])
+def test_results_do_not_depend_on_the_thread_count(shape):
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     old = runtime.get_max_threads()
+    got = []
     try:
-        runtime.set_num_threads(2)
-        a = reduce.sum_middle(x, 1, 4096, 8)
-        b = reduce.sum_middle(x, 1, 4096, 8)
+        for threads in (1, 2, 3, 2):
+            runtime.set_num_threads(threads)
+            got.append(reduce.sum_middle(x, *shape))
     finally:
         runtime.set_num_threads(old)
-    np.testing.assert_array_equal(a, b)
+    for y in got[1:]:
+        np.testing.assert_array_equal(y, got[0])
 
 
 def test_nan_and_inf_propagate():
