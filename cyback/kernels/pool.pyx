@@ -500,13 +500,17 @@ def _geometry(name, shape, pool_size, strides, pads, channels_last):
 
 
 @cython.wraparound(True)
-def _as5(a, nd, spatial, channels_last):
-    """View as (B, D, H, W, C) (channels_last) or (B, D, H, W) planes."""
-    n = a.shape[0]
+def _shape5(shape, nd, spatial, channels_last):
+    """(B, D, H, W, C) (channels_last) or (B, D, H, W) planes for ``shape``."""
     sp = (1,) * (3 - nd) + tuple(spatial)
     if channels_last:
-        return np.ascontiguousarray(a).reshape((n,) + sp + (a.shape[-1],))
-    return np.ascontiguousarray(a).reshape((n * a.shape[1],) + sp)
+        return (shape[0],) + sp + (shape[-1],)
+    return (shape[0] * shape[1],) + sp
+
+
+def _as5(a, nd, spatial, channels_last):
+    """View as (B, D, H, W, C) (channels_last) or (B, D, H, W) planes."""
+    return np.ascontiguousarray(a).reshape(_shape5(a.shape, nd, spatial, channels_last))
 
 
 @cython.wraparound(True)
@@ -532,6 +536,96 @@ def pool_forward(x, pool_size, strides, pads, channels_last=True, mode='max'):
     else:
         _run_fwd_c1(xv, yv, k3, s3, p3, is_max)
     return y
+
+
+cdef bint _fits(object a, int typenum, tuple shape):
+    """a is an aligned, C-contiguous ndarray of this type number (in the
+    machine's byte order) and shape."""
+    cdef cnp.ndarray arr
+    cdef int i
+    if not isinstance(a, cnp.ndarray):
+        return False
+    arr = <cnp.ndarray> a
+    if cnp.PyArray_TYPE(arr) != typenum or not cnp.PyArray_ISCARRAY_RO(arr) or \
+            not cnp.PyArray_ISNOTSWAPPED(arr) or cnp.PyArray_NDIM(arr) != len(shape):
+        return False
+    for i in range(len(shape)):
+        if cnp.PyArray_DIM(arr, i) != <Py_ssize_t> shape[i]:
+            return False
+    return True
+
+
+cdef class ForwardCall:
+    """``pool_forward`` for one input shape, dtype and window, validated once
+    by ``forward_call``: a call checks the array's type, dtype, shape and
+    contiguity and runs the kernel on its 5-D (or plane) view. An array that
+    does not fit takes pool_forward, which converts or raises."""
+    cdef tuple x_shape, y_shape, x5, y5, args
+    cdef int typenum
+    cdef bint last, is_max
+    cdef Py_ssize_t k[3]
+    cdef Py_ssize_t s[3]
+    cdef Py_ssize_t p[3]
+
+    def __call__(self, x):
+        if not _fits(x, self.typenum, self.x_shape):
+            return pool_forward(x, *self.args)
+        y = np.empty(self.y_shape, x.dtype)
+        if self.typenum == cnp.NPY_FLOAT:
+            self._run_f(x.reshape(self.x5), y.reshape(self.y5))
+        else:
+            self._run_d(x.reshape(self.x5), y.reshape(self.y5))
+        return y
+
+    cdef _run_f(self, xv, yv):
+        cdef cb_intr intr
+        cb_intr_init(&intr)
+        if self.last:
+            _fwd[float](xv, yv, self.k[0], self.k[1], self.k[2], self.s[0], self.s[1],
+                        self.s[2], self.p[0], self.p[1], self.p[2], self.is_max, &intr)
+        else:
+            _fwd_c1[float](xv, yv, self.k[0], self.k[1], self.k[2], self.s[0], self.s[1],
+                           self.s[2], self.p[0], self.p[1], self.p[2], self.is_max, &intr)
+        check_interrupt(&intr)
+
+    cdef _run_d(self, xv, yv):
+        cdef cb_intr intr
+        cb_intr_init(&intr)
+        if self.last:
+            _fwd[double](xv, yv, self.k[0], self.k[1], self.k[2], self.s[0], self.s[1],
+                         self.s[2], self.p[0], self.p[1], self.p[2], self.is_max, &intr)
+        else:
+            _fwd_c1[double](xv, yv, self.k[0], self.k[1], self.k[2], self.s[0], self.s[1],
+                            self.s[2], self.p[0], self.p[1], self.p[2], self.is_max, &intr)
+        check_interrupt(&intr)
+
+
+@cython.wraparound(True)
+def forward_call(x_shape, pool_size, strides, pads, channels_last, mode, dtype):
+    """A prepared ``pool_forward(x, pool_size, strides, pads, channels_last,
+    mode)`` for float32 / float64 arrays of shape ``x_shape``: ``call(x)``.
+    The checks (and their errors) are pool_forward's, made here once; an
+    input with no output runs pool_forward every time."""
+    name = "pool_forward"
+    cdef ForwardCall call = ForwardCall()
+    dtype = np.dtype(dtype)
+    if dtype != np.float32 and dtype != np.float64:
+        raise TypeError("%s: expected float32 or float64 input, got %s" % (name, dtype))
+    if mode not in ('max', 'avg'):
+        raise ValueError("%s: mode must be 'max' or 'avg', got %r" % (name, mode))
+    x_shape = tuple(int(d) for d in x_shape)
+    nd, k3, s3, p3, spatial, out, out_shape = remembered(
+        _GEOMETRIES, (x_shape, pool_size, strides, pads, bool(channels_last)), _geometry, name,
+        x_shape, pool_size, strides, pads, channels_last)
+    call.args = (pool_size, strides, pads, channels_last, mode)
+    call.x_shape, call.y_shape = x_shape, out_shape
+    call.x5 = _shape5(x_shape, nd, spatial, channels_last)
+    call.y5 = _shape5(out_shape, nd, out, channels_last)
+    call.last, call.is_max = bool(channels_last), mode == 'max'
+    for i in range(3):
+        call.k[i], call.s[i], call.p[i] = k3[i], s3[i], p3[i]
+    call.typenum = dtype.num if 0 not in out_shape else -1
+    return call
 
 
 @cython.wraparound(True)

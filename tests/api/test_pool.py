@@ -184,3 +184,21 @@ def test_errors():
     xq = K.placeholder((None, None, None, 3))
     f = K.function([xq], [K.pool2d(xq, (3, 3))])
     _err(ValueError, "pool2d: pool_size .* is larger", f, [np.zeros((1, 2, 4, 3), "float32")])
+
+
+def test_pool_ops_keep_their_identity_after_running():
+    # prepared kernel calls live outside the op: CSE keys and pickles are unchanged
+    import pickle
+
+    from cyback.ops.pool import Pool
+    xv = np.random.default_rng(3).standard_normal((2, 6, 6, 3)).astype(np.float32)
+    x = K.placeholder((None, 6, 6, 3))
+    a = K.pool2d(x, (2, 2), (2, 2))
+    f = K.function([x], [a])
+    want = f([xv])[0]
+    op = a.node.op
+    assert isinstance(op, Pool) and op.key() == Pool(*op._params()).key()
+    g = K.function([x], [a, K.pool2d(x, (2, 2), (2, 2))])
+    assert len(g.plan_ops(0)) == 1              # the two pools merged
+    h = pickle.loads(pickle.dumps(f))
+    np.testing.assert_array_equal(h([xv])[0], want)
