@@ -149,3 +149,41 @@ def test_the_thread_holding_a_group_may_still_set_value():
     t.start()
     t.join(timeout=30)
     assert not t.is_alive() and done and K.get_value(c) == 3.0
+
+
+def test_prepared_kernel_calls_serve_threads_with_different_batch_sizes():
+    # conv, depthwise, pool and the batch-1 dense path keep prepared calls per
+    # shape, shared by every caller of the plan: threads feeding different
+    # batch sizes at once must each get their own, right, answer
+    rs = np.random.RandomState(2)
+    x = K.placeholder((None, 10, 10, 3))
+    k = K.variable(rs.randn(3, 3, 3, 8).astype("float32") * 0.3)
+    dk = K.variable(rs.randn(3, 3, 8, 1).astype("float32") * 0.3)
+    w = K.variable(rs.randn(32, 5).astype("float32") * 0.3)
+    b = K.variable(rs.randn(5).astype("float32"))
+    h = K.relu(K.conv2d(x, k, padding="same"))
+    h = K.relu(K.depthwise_conv2d(h, dk, padding="same"))
+    h = K.pool2d(h, (5, 5), (5, 5))
+    y = K.relu(K.bias_add(K.dot(K.batch_flatten(h), w), b))
+    f = K.function([x], [y])
+    feeds = {n: rs.randn(n, 10, 10, 3).astype("float32") for n in (1, 2, 3, 5)}
+    want = {n: f([v])[0] for n, v in feeds.items()}
+    # threads are the first callers: they prepare the calls concurrently too
+    from cyback.ops import pool
+    pool._CALLS.clear()
+    cleared = 0
+    for op in f.plan_ops(0):
+        for o in (op, getattr(op, "base", None)):
+            if hasattr(o, "geom"):
+                o.geom._calls.clear()
+                cleared += 1
+    assert cleared == 2
+    bad = []
+
+    def work(i):
+        for j in range(40):
+            n = (1, 2, 3, 5)[(i + j) % 4]
+            if not np.array_equal(f([feeds[n]])[0], want[n]):
+                bad.append((i, j, n))
+    _run_threads(4, work)
+    assert not bad
