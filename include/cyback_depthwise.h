@@ -412,16 +412,18 @@ ATTR static inline __attribute__((always_inline)) void cb_dw_cf_tile_##SUF(const
     for (r = 0; r < R; r++)                                                               \
         for (v = 0; v < NV; v++)                                                          \
             a[r][v] = accumulate ? *(const V *)(y + (oh + r) * OW + ow + v * dv) : b0;    \
-    /* 3x3 taps at unit row stride and dilation (sh == dh == 1): each vector  */          \
-    /* of input row oh + i is loaded once for the output rows oh + i - ky that */         \
-    /* read it, with the 9 weights w in registers. Same order of taps. */                 \
+    /* 3x3 taps at row stride K3 (1 or 2; 0: any other kernel) and unit row   */          \
+    /* dilation: each vector of input row oh*K3 + i is loaded once for the     */         \
+    /* output rows oh + r (ky = i - r*K3) that read it, with the 9 weights w  */          \
+    /* in registers. Same order of taps. */                                               \
     if (K3) {                                                                             \
-        CB_DW_UNROLL(8) for (i = 0; i < R + 2; i++)                                       \
+        CB_DW_UNROLL(8) for (i = 0; i < (R - 1) * K3 + 3; i++)                            \
             CB_DW_UNROLL(4) for (kx = 0; kx < 3; kx++)                                    \
                 CB_DW_UNROLL(2) for (v = 0; v < NV; v++) {                                \
-                    V xv = *(const V *)(x + (oh + i) * rs + ow + co[kx] + v * dv);        \
+                    V xv = *(const V *)(x + (oh * K3 + i) * rs + ow + co[kx] + v * dv);   \
                     CB_DW_UNROLL(4) for (r = 0; r < R; r++)                               \
-                        if (i - r >= 0 && i - r < 3) a[r][v] += xv * w[(i - r) * 3 + kx]; \
+                        if (i - r * K3 >= 0 && i - r * K3 < 3)                            \
+                            a[r][v] += xv * w[(i - r * K3) * 3 + kx];                     \
                 }                                                                         \
         KH = 0;                                                                           \
     }                                                                                     \
@@ -468,10 +470,11 @@ ATTR static inline __attribute__((always_inline)) void cb_dw_cf_rows_##SUF(const
         }                                                                                 \
 }                                                                                         \
 /* One plane, as cb_dw_fwd_cf_scalar: blocks of 4 output rows (8 sums in                  \
- * registers hide the latency of the multiply-adds). 3x3 kernels at unit row              \
- * stride and dilation run in blocks of 3 rows instead, reusing each input                \
- * vector for up to 3 of them: two loads per output vector rather than                   \
- * nine, most of them across cache lines, which bounded the speed. */                     \
+ * registers hide the latency of the multiply-adds). 3x3 kernels at row stride          \
+ * 1 or 2 and unit row dilation run in blocks of 3 rows instead, reusing each             \
+ * input vector for the rows that read it: at stride 1, two loads per output              \
+ * vector rather than nine, most of them across cache lines, which bounded                \
+ * the speed. */                                                                          \
 ATTR static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *k, ptrdiff_t ks, \
         T *y, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh,       \
         ptrdiff_t dw, ptrdiff_t KH, ptrdiff_t KW, int accumulate, T bias, int act) {      \
@@ -483,14 +486,23 @@ ATTR static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *k, 
         return;                                                                           \
     }                                                                                     \
     cb_dw_cols(co, KW, dw, sw, rs);                                                       \
-    if (KH == 3 && KW == 3 && sh == 1 && dh == 1 && cb_dw_k3_state) {                     \
+    if (KH == 3 && KW == 3 && (sh == 1 || sh == 2) && dh == 1 && cb_dw_k3_state) {       \
         for (t = 0; t < 9; t++) w[t] = (V){0} + k[t * ks];                                \
-        for (; oh + 3 <= OH; oh += 3) CB_DW_ROWS(SUF, 3, 1);                              \
-        if (oh + 2 <= OH) {                                                               \
-            CB_DW_ROWS(SUF, 2, 1);                                                        \
-            oh += 2;                                                                      \
+        if (sh == 1) {                                                                    \
+            for (; oh + 3 <= OH; oh += 3) CB_DW_ROWS(SUF, 3, 1);                          \
+            if (oh + 2 <= OH) {                                                           \
+                CB_DW_ROWS(SUF, 2, 1);                                                    \
+                oh += 2;                                                                  \
+            }                                                                             \
+            if (oh < OH) CB_DW_ROWS(SUF, 1, 1);                                           \
+        } else {                                                                          \
+            for (; oh + 3 <= OH; oh += 3) CB_DW_ROWS(SUF, 3, 2);                          \
+            if (oh + 2 <= OH) {                                                           \
+                CB_DW_ROWS(SUF, 2, 2);                                                    \
+                oh += 2;                                                                  \
+            }                                                                             \
+            if (oh < OH) CB_DW_ROWS(SUF, 1, 2);                                           \
         }                                                                                 \
-        if (oh < OH) CB_DW_ROWS(SUF, 1, 1);                                               \
         return;                                                                           \
     }                                                                                     \
     for (; oh + 4 <= OH; oh += 4) CB_DW_ROWS(SUF, 4, 0);                                  \

@@ -614,9 +614,9 @@ def _use_avx2(bint on):
 
 
 def _use_k3(bint on):
-    """Run 3x3 channels_first planes at unit row stride and dilation through
-    their row-reuse tiles (the default), or through the general ones (for
-    tests). Returns whether the row-reuse tiles now run."""
+    """Run 3x3 channels_first planes at row stride 1 or 2 and unit row
+    dilation through their row-reuse tiles (the default), or through the
+    general ones (for tests). Returns whether the row-reuse tiles now run."""
     return bool(cb_dw_use_k3(on))
 
 

@@ -162,8 +162,8 @@ def test_configs(isa, cfg, cl, dtype):
 @pytest.mark.parametrize("w", [1, 3, 8, 13, 16, 21, 29, 35])
 def test_channels_first_plane_blocks(isa, w, dtype):
     # channels_first planes run in blocks of 4, 2 and 1 output rows (3, 2 and
-    # 1 for 3x3 at unit row stride and dilation; the heights below leave each
-    # remainder) by pairs of vectors along the row;
+    # 1 for 3x3 at row stride 1 or 2 and unit row dilation; the heights below
+    # leave each remainder) by pairs of vectors along the row;
     # the widths cover rows narrower than a vector (scalar), one and two
     # vectors, an overlapping last vector or pair, and the accumulating
     # input gradient of M > 1 (single vectors, then scalars). Kernel widths
@@ -351,13 +351,14 @@ def test_3x3_row_reuse_equals_general_tiles(isa, dtype):
     # The row-reuse tiles sum each output's taps in the general tiles' order:
     # the same bits, forward (bias, relu) and input gradient (M > 1 sums
     # into its planes), over heights leaving each remainder of 3 rows,
-    # rows with vector tails, column dilation, stride 2 along the row (the
-    # input gradient of a stride-2 convolution is a unit-stride pass).
+    # rows with vector tails, column dilation, stride 2 along the row, row
+    # stride 2 (and the unit-stride pass of its input gradient).
     rng = np.random.default_rng(zlib.crc32(repr(dtype).encode()))
     for h, w, m, ss, ds, ps in [(9, 40, 1, (1, 1), (1, 1), ((1, 1), (1, 1))),
                                 (7, 33, 2, (1, 1), (1, 2), ((1, 1), (2, 2))),
                                 (8, 21, 3, (1, 2), (1, 1), ((0, 0), (1, 0))),
                                 (11, 26, 1, (2, 2), (1, 1), ((1, 1), (1, 1))),
+                                (14, 19, 2, (2, 1), (1, 1), ((0, 1), (1, 1))),
                                 (5, 17, 2, (1, 1), (1, 1), ((0, 0), (0, 0)))]:
         x = rng.standard_normal((2, 3, h, w)).astype(dtype)
         k = rng.standard_normal((3, 3, 3, m)).astype(dtype)
