@@ -17,6 +17,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
+from cyback.kernels import depthwise as dw_module  # noqa: E402
 from cyback.kernels.depthwise import (  # noqa: E402
     depthwise_backward_input,
     depthwise_backward_kernel,
@@ -217,7 +218,9 @@ def bench_pool(rows, rng, shape, ks, ss, cl, mode, repeats, np_repeats):
 def bench_depthwise(rows, rng, shape, repeats, np_repeats, m=1):
     """3x3/1 'same' depthwise, depth multiplier m: NHWC and NCHW forward and
     backward (input + kernel gradients), against NumPy and torch (NHWC:
-    channels_last memory format; NCHW: contiguous), outputs checked first."""
+    channels_last memory format; NCHW: contiguous), outputs checked first.
+    The NCHW forward also runs through the general register tiles instead
+    of the 3x3 row-reuse ones (dw_module._use_k3), alternated with them."""
     n, h, w, c = shape
     x = rng.standard_normal(shape, dtype=np.float32)
     k = rng.standard_normal((3, 3, c, m), dtype=np.float32)
@@ -231,7 +234,19 @@ def bench_depthwise(rows, rng, shape, repeats, np_repeats, m=1):
     label = "depthwise 3x3/1 M=%d %%s %s" % (m, "x".join(map(str, shape)))
     t = {}
     t["f"] = median_time(lambda: depthwise_forward(x, k, 1, 1, ps), repeats)
-    t["fc"] = median_time(lambda: depthwise_forward(xcf, k, 1, 1, ps, False), repeats)
+
+    def cf_tiles(reuse):
+        dw_module._use_k3(reuse)
+        try:
+            return depthwise_forward(xcf, k, 1, 1, ps, False)
+        finally:
+            dw_module._use_k3(True)
+    np.testing.assert_array_equal(cf_tiles(False), cf_tiles(True))
+    fc, fg = [], []
+    for _ in range(3):
+        fc.append(median_time(lambda: cf_tiles(True), max(1, repeats // 3 + 1)))
+        fg.append(median_time(lambda: cf_tiles(False), max(1, repeats // 3 + 1)))
+    t["fc"], t["fg"] = float(np.median(fc)), float(np.median(fg))
     t["b"] = median_time(lambda: (depthwise_backward_input(dy, k, x.shape, 1, 1, ps),
                                   depthwise_backward_kernel(x, dy, k.shape, 1, 1, ps)), repeats)
     t["bc"] = median_time(lambda: (depthwise_backward_input(dycf, k, xcf.shape, 1, 1, ps, False),
@@ -274,6 +289,8 @@ def bench_depthwise(rows, rng, shape, repeats, np_repeats, m=1):
     for key, pass_ in (("f", "fwd"), ("b", "bwd(in+k)")):
         rows.append(dict(case=label % "NCHW/NHWC", pass_=pass_, ms=t[key + "c"] * 1e3,
                          x_numpy=None, x_torch=None, cf_over_cl=t[key + "c"] / t[key]))
+    rows.append(dict(case=label % "NCHW general tiles/NHWC", pass_="fwd", ms=t["fg"] * 1e3,
+                     x_numpy=None, x_torch=None, cf_over_cl=t["fg"] / t["f"]))
 
 
 def bench_local(rows, rng, shape, ks, f, repeats, np_repeats):

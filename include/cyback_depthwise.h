@@ -124,6 +124,23 @@ CB_DW_SCALAR_CL(double, d, )
  * cb_dw_pad_plane then writes only the input's values: the zeros stay where
  * they are for every plane of the same geometry. */
 
+/* The 3x3 row-reuse forward of channels_first planes (on unless a test turns
+ * it off to check it against the general one). */
+static int cb_dw_k3_state = 1;
+static int cb_dw_use_k3(int on) {
+    cb_dw_k3_state = on != 0;
+    return cb_dw_k3_state;
+}
+
+/* Full unrolling of the short constant loops of the register tiles, so that
+ * their indices (and the weights they pick) are known when compiled. */
+#if defined(__GNUC__)
+#define CB_DW_PRAGMA(x) _Pragma(#x)
+#define CB_DW_UNROLL(n) CB_DW_PRAGMA(GCC unroll n)
+#else
+#define CB_DW_UNROLL(n)
+#endif
+
 static inline void cb_dw_cols(ptrdiff_t *co, ptrdiff_t KW, ptrdiff_t dw, ptrdiff_t sw,
                               ptrdiff_t rs) {
     ptrdiff_t kx;
@@ -303,10 +320,11 @@ ATTR static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy,      
 
 /* Calls of the always-inlined blocks below with the caller's arguments. */
 #define CB_DW_TILE(SUF, ow, dv, NV)                                                      \
-    cb_dw_cf_tile_##SUF(x, rs, k, ks, y, OW, oh, ow, dv, sh, dh, co, KH, KW, accumulate,  \
-                        b0, act, R, NV)
-#define CB_DW_ROWS(SUF, R)                                                               \
-    cb_dw_cf_rows_##SUF(x, rs, k, ks, y, OW, oh, sh, dh, co, KH, KW, accumulate, b0, act, R)
+    cb_dw_cf_tile_##SUF(x, rs, k, ks, w, y, OW, oh, ow, dv, sh, dh, co, KH, KW, accumulate, \
+                        b0, act, R, NV, K3)
+#define CB_DW_ROWS(SUF, R, K3)                                                           \
+    cb_dw_cf_rows_##SUF(x, rs, k, ks, w, y, OW, oh, sh, dh, co, KH, KW, accumulate, b0, act, \
+                        R, K3)
 #define CB_DW_TAPS(SUF, NK)                                                              \
     cb_dw_kg_cf_taps_##SUF(x, rs, dy, OH, OW, sh, dh, co + kx0, ky, ky * KW + kx0, keep, acc, \
                            NK)
@@ -384,16 +402,31 @@ ATTR static void cb_dw_pad_plane_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T
  * vectors store the same values twice. */
 #define CB_DW_FWD_CF(T, V, VL, SUF, ATTR)                                                 \
 ATTR static inline __attribute__((always_inline)) void cb_dw_cf_tile_##SUF(const T *x,    \
-        ptrdiff_t rs, const T *k, ptrdiff_t ks, T *y, ptrdiff_t OW, ptrdiff_t oh,         \
-        ptrdiff_t ow, ptrdiff_t dv, ptrdiff_t sh, ptrdiff_t dh, const ptrdiff_t *co,      \
-        ptrdiff_t KH, ptrdiff_t KW, int accumulate, V b0, int act, const int R,           \
-        const int NV) {                                                                   \
+        ptrdiff_t rs, const T *k, ptrdiff_t ks, const V *w, T *y, ptrdiff_t OW,           \
+        ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t dv, ptrdiff_t sh, ptrdiff_t dh,             \
+        const ptrdiff_t *co, ptrdiff_t KH, ptrdiff_t KW, int accumulate, V b0, int act,   \
+        const int R, const int NV, const int K3) {                                        \
     V a[4][2];                                                                            \
     ptrdiff_t ky, kx;                                                                     \
-    int r, v;                                                                             \
+    int r, v, i;                                                                          \
     for (r = 0; r < R; r++)                                                               \
         for (v = 0; v < NV; v++)                                                          \
             a[r][v] = accumulate ? *(const V *)(y + (oh + r) * OW + ow + v * dv) : b0;    \
+    /* 3x3 taps at row stride K3 (1 or 2; 0: any other kernel) and unit row   */          \
+    /* dilation: each vector of input row oh*K3 + i is loaded once for the     */         \
+    /* output rows oh + r (ky = i - r*K3) that read it, with the 9 weights w  */          \
+    /* in registers. Same order of taps. */                                               \
+    if (K3) {                                                                             \
+        CB_DW_UNROLL(8) for (i = 0; i < (R - 1) * K3 + 3; i++)                            \
+            CB_DW_UNROLL(4) for (kx = 0; kx < 3; kx++)                                    \
+                CB_DW_UNROLL(2) for (v = 0; v < NV; v++) {                                \
+                    V xv = *(const V *)(x + (oh * K3 + i) * rs + ow + co[kx] + v * dv);   \
+                    CB_DW_UNROLL(4) for (r = 0; r < R; r++)                               \
+                        if (i - r * K3 >= 0 && i - r * K3 < 3)                            \
+                            a[r][v] += xv * w[(i - r * K3) * 3 + kx];                     \
+                }                                                                         \
+        KH = 0;                                                                           \
+    }                                                                                     \
     for (ky = 0; ky < KH; ky++) {                                                         \
         const T *xr = x + (oh * sh + ky * dh) * rs + ow;                                  \
         for (kx = 0; kx < KW; kx++) {                                                     \
@@ -413,9 +446,9 @@ ATTR static inline __attribute__((always_inline)) void cb_dw_cf_tile_##SUF(const
  * columns as overlapping vectors (or, when accumulating, single vectors and              \
  * scalars: an overlapping vector would add twice). */                                    \
 ATTR static inline __attribute__((always_inline)) void cb_dw_cf_rows_##SUF(const T *x,    \
-        ptrdiff_t rs, const T *k, ptrdiff_t ks, T *y, ptrdiff_t OW, ptrdiff_t oh,         \
-        ptrdiff_t sh, ptrdiff_t dh, const ptrdiff_t *co, ptrdiff_t KH, ptrdiff_t KW,      \
-        int accumulate, V b0, int act, const int R) {                                     \
+        ptrdiff_t rs, const T *k, ptrdiff_t ks, const V *w, T *y, ptrdiff_t OW,           \
+        ptrdiff_t oh, ptrdiff_t sh, ptrdiff_t dh, const ptrdiff_t *co, ptrdiff_t KH,      \
+        ptrdiff_t KW, int accumulate, V b0, int act, const int R, const int K3) {         \
     ptrdiff_t ow, c, r, ky, kx;                                                           \
     for (ow = 0; ow + 2 * VL <= OW; ow += 2 * VL) CB_DW_TILE(SUF, ow, VL, 2);             \
     if (ow == OW) return;                                                                 \
@@ -437,24 +470,47 @@ ATTR static inline __attribute__((always_inline)) void cb_dw_cf_rows_##SUF(const
         }                                                                                 \
 }                                                                                         \
 /* One plane, as cb_dw_fwd_cf_scalar: blocks of 4 output rows (8 sums in                  \
- * registers hide the latency of the multiply-adds). */                                   \
+ * registers hide the latency of the multiply-adds). 3x3 kernels at row stride          \
+ * 1 or 2 and unit row dilation run in blocks of 3 rows instead, reusing each             \
+ * input vector for the rows that read it: at stride 1, two loads per output              \
+ * vector rather than nine, most of them across cache lines, which bounded                \
+ * the speed. */                                                                          \
 ATTR static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *k, ptrdiff_t ks, \
         T *y, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh,       \
         ptrdiff_t dw, ptrdiff_t KH, ptrdiff_t KW, int accumulate, T bias, int act) {      \
-    V b0 = (V){0} + bias;                                                                 \
-    ptrdiff_t oh = 0, co[KW];                                                             \
+    V b0 = (V){0} + bias, w[9];                                                           \
+    ptrdiff_t oh = 0, t, co[KW];                                                          \
     if (OW < VL) {                                                                        \
         cb_dw_fwd_cf_scalar_##SUF(x, rs, k, ks, y, OH, OW, sh, sw, dh, dw, KH, KW, accumulate, \
                                   bias, act);                                             \
         return;                                                                           \
     }                                                                                     \
     cb_dw_cols(co, KW, dw, sw, rs);                                                       \
-    for (; oh + 4 <= OH; oh += 4) CB_DW_ROWS(SUF, 4);                                     \
+    if (KH == 3 && KW == 3 && (sh == 1 || sh == 2) && dh == 1 && cb_dw_k3_state) {       \
+        for (t = 0; t < 9; t++) w[t] = (V){0} + k[t * ks];                                \
+        if (sh == 1) {                                                                    \
+            for (; oh + 3 <= OH; oh += 3) CB_DW_ROWS(SUF, 3, 1);                          \
+            if (oh + 2 <= OH) {                                                           \
+                CB_DW_ROWS(SUF, 2, 1);                                                    \
+                oh += 2;                                                                  \
+            }                                                                             \
+            if (oh < OH) CB_DW_ROWS(SUF, 1, 1);                                           \
+        } else {                                                                          \
+            for (; oh + 3 <= OH; oh += 3) CB_DW_ROWS(SUF, 3, 2);                          \
+            if (oh + 2 <= OH) {                                                           \
+                CB_DW_ROWS(SUF, 2, 2);                                                    \
+                oh += 2;                                                                  \
+            }                                                                             \
+            if (oh < OH) CB_DW_ROWS(SUF, 1, 2);                                           \
+        }                                                                                 \
+        return;                                                                           \
+    }                                                                                     \
+    for (; oh + 4 <= OH; oh += 4) CB_DW_ROWS(SUF, 4, 0);                                  \
     if (oh + 2 <= OH) {                                                                   \
-        CB_DW_ROWS(SUF, 2);                                                               \
+        CB_DW_ROWS(SUF, 2, 0);                                                            \
         oh += 2;                                                                          \
     }                                                                                     \
-    if (oh < OH) CB_DW_ROWS(SUF, 1);                                                      \
+    if (oh < OH) CB_DW_ROWS(SUF, 1, 0);                                                   \
 }
 
 /* channels_first kernel gradient: taps [t0, t0 + NK) of kernel row ky

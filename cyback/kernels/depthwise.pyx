@@ -28,6 +28,7 @@ cnp.import_array()
 
 cdef extern from "cyback_depthwise.h" nogil:
     int cb_simd_use_avx2(int on)
+    int cb_dw_use_k3(int on)
     void cb_dw_fwd_cl_row_f(const float** xr, const float* k, float* y, Py_ssize_t C,
                             Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
                             Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw, const float* bias,
@@ -613,6 +614,13 @@ def _use_avx2(bint on):
     """Run the AVX2 + FMA row kernels when the CPU has them (the default), or
     the baseline ones (for tests). Returns whether the AVX2 ones now run."""
     return bool(cb_simd_use_avx2(on))
+
+
+def _use_k3(bint on):
+    """Run 3x3 channels_first planes at row stride 1 or 2 and unit row
+    dilation through their row-reuse tiles (the default), or through the
+    general ones (for tests). Returns whether the row-reuse tiles now run."""
+    return bool(cb_dw_use_k3(on))
 
 
 @cython.wraparound(True)

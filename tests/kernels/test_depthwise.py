@@ -161,8 +161,9 @@ def test_configs(isa, cfg, cl, dtype):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("w", [1, 3, 8, 13, 16, 21, 29, 35])
 def test_channels_first_plane_blocks(isa, w, dtype):
-    # channels_first planes run in blocks of 4, 2 and 1 output rows (the
-    # heights below leave each remainder) by pairs of vectors along the row;
+    # channels_first planes run in blocks of 4, 2 and 1 output rows (3, 2 and
+    # 1 for 3x3 at row stride 1 or 2 and unit row dilation; the heights below
+    # leave each remainder) by pairs of vectors along the row;
     # the widths cover rows narrower than a vector (scalar), one and two
     # vectors, an overlapping last vector or pair, and the accumulating
     # input gradient of M > 1 (single vectors, then scalars). Kernel widths
@@ -177,7 +178,9 @@ def test_channels_first_plane_blocks(isa, w, dtype):
             (2, 5, 1, 3, 2, 7, (1, 1), (2, 1), 'same'),
             (1, 5, 2, 2, 3, 3, (2, 2), (1, 1), 'same'),
             (1, 4, 2, 1, 3, 3, (1, 2), (1, 1), 'valid'),
-            (1, 8, 2, 1, 3, 1, (1, 1), (1, 1), 'valid')]:
+            (1, 8, 2, 1, 3, 1, (1, 1), (1, 1), 'valid'),
+            (1, 10, 2, 1, 3, 3, (1, 1), (1, 2), 'same'),
+            (1, 8, 2, 1, 3, 3, (1, 2), (1, 1), 'valid')]:
         if padding == 'same' or w >= (kw - 1) * ds[1] + 1:
             run_case(rng, n, h, w, c, m, kh, kw, ss, ds, padding, False, dtype)
 
@@ -341,3 +344,36 @@ def test_bad_epilogue_arguments():
         depthwise_forward(x, k, 1, 1, p, bias=np.zeros(3, np.float32))
     with pytest.raises(ValueError, match="depthwise_forward: bias"):
         depthwise_forward(x, k, 1, 1, p, bias=np.zeros(6, np.float64))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_3x3_row_reuse_equals_general_tiles(isa, dtype):
+    # The row-reuse tiles sum each output's taps in the general tiles' order:
+    # the same bits, forward (bias, relu) and input gradient (M > 1 sums
+    # into its planes), over heights leaving each remainder of 3 rows,
+    # rows with vector tails, column dilation, stride 2 along the row, row
+    # stride 2 (and the unit-stride pass of its input gradient).
+    rng = np.random.default_rng(zlib.crc32(repr(dtype).encode()))
+    for h, w, m, ss, ds, ps in [(9, 40, 1, (1, 1), (1, 1), ((1, 1), (1, 1))),
+                                (7, 33, 2, (1, 1), (1, 2), ((1, 1), (2, 2))),
+                                (8, 21, 3, (1, 2), (1, 1), ((0, 0), (1, 0))),
+                                (11, 26, 1, (2, 2), (1, 1), ((1, 1), (1, 1))),
+                                (14, 19, 2, (2, 1), (1, 1), ((0, 1), (1, 1))),
+                                (5, 17, 2, (1, 1), (1, 1), ((0, 0), (0, 0)))]:
+        x = rng.standard_normal((2, 3, h, w)).astype(dtype)
+        k = rng.standard_normal((3, 3, 3, m)).astype(dtype)
+        b = rng.standard_normal(3 * m).astype(dtype)
+        got = []
+        try:
+            for on in (True, False):
+                dw_module._use_k3(on)
+                y = depthwise_forward(x, k, ss, ds, ps, False, bias=b, activation="relu")
+                dx = depthwise_backward_input(y, k, x.shape, ss, ds, ps, False)
+                got.append((y, dx))
+        finally:
+            dw_module._use_k3(True)
+        np.testing.assert_array_equal(got[0][0], got[1][0])
+        np.testing.assert_array_equal(got[0][1], got[1][1])
+        want = np.maximum(ref_forward(x, k.astype(np.float64), ss, ds, ps, False)
+                          + b[:, None, None], 0)
+        np.testing.assert_allclose(got[0][0], want, **tol(dtype))
