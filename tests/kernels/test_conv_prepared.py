@@ -4,6 +4,8 @@ does not fit what it was prepared for (and for changed tuning), and raises
 conv_forward's errors when it is prepared."""
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cyback.kernels import conv
 
@@ -118,3 +120,34 @@ def test_preparing_checks_like_conv_forward():
         conv.forward_call(xs, (3, 3, 5, 4), (1, 1), (1, 1), ((0, 0), (0, 0)), True, "float32")
     with pytest.raises(ValueError, match="conv_forward: strides"):
         conv.forward_call(xs, ks, (0, 1), (1, 1), ((0, 0), (0, 0)), True, "float32")
+
+
+@st.composite
+def _geometries(draw):
+    rank = draw(st.integers(1, 3))
+    ks, ss, ds, ps, sp = [], [], [], [], []
+    for _ in range(rank):
+        k, s, d = draw(st.integers(1, 3)), draw(st.integers(1, 2)), draw(st.integers(1, 2))
+        span = (k - 1) * d + 1
+        a, b = draw(st.integers(0, span)), draw(st.integers(0, span))
+        ks.append(k)
+        ss.append(s)
+        ds.append(d)
+        ps.append((a, b))
+        sp.append(draw(st.integers(max(1, span - a - b), span + 7)))
+    c, f = draw(st.integers(1, 20)), draw(st.integers(1, 40))
+    last = draw(st.booleans())
+    n = draw(st.integers(0, 3))
+    xs = (n,) + tuple(sp) + (c,) if last else (n, c) + tuple(sp)
+    return xs, tuple(ks) + (c, f), tuple(ss), tuple(ds), tuple(ps), last
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_geometries(), st.sampled_from([np.float32, np.float64]), st.booleans(),
+       st.booleans(), st.sampled_from([None, "relu", "relu6"]), st.integers(0, 2 ** 31))
+def test_any_geometry_same_bits_as_conv_forward(geom, dtype, with_bias, with_res, act, seed):
+    xs, ks, s, d, p, last = geom
+    x, k, bias, res = _arrays(geom, dtype, with_bias, with_res, seed)
+    want = conv.conv_forward(x, k, s, d, p, last, bias=bias, residual=res, activation=act)
+    call = conv.forward_call(xs, ks, s, d, p, last, dtype, with_bias, with_res, act)
+    np.testing.assert_array_equal(call(x, k, bias, res), want)
