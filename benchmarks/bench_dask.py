@@ -26,6 +26,15 @@ chunks of --chunk rows and persisted there before timing (the figures of
 earlier sessions), and ``local`` predicts the same array held in memory:
 scoring data already in the cluster's memory, without reading it.
 
+The clusters are started with ``cyback.dask.SCORING_CONFIG`` (Dask's
+profiler off, its event-loop ticks and memory polls slowed), as docs/dask.md
+advises for scoring: on this 2-core machine the LocalCluster's scheduler and
+nannies live in this process, the two clusters' processes all share the
+cores the workers compute on, and Dask's default monitoring takes several
+percent of them, which the lone worker of ``dask 1w`` absorbs on the idle
+core but ``dask 2w`` pays in wall time. ``--dask-config default`` measures
+Dask's defaults instead.
+
 The workers have loaded the model before timing starts (one untimed pass
 per engine, reported as ``cold_s``). Engines are alternated round by round
 and each figure is the median over --rounds. Every engine's predictions are
@@ -46,6 +55,7 @@ local run on all cores.
 
     python benchmarks/bench_dask.py [--samples 4096,32768] [--file-rows 1024] [--batch 64]
                                     [--rounds 5] [--source files|persisted] [--chunk 256]
+                                    [--dask-config scoring|default]
 
 Prints a table per size and writes benchmarks/results/dask.json. Report
 ``uptime`` with the figures: on a busy machine they are indicative only.
@@ -220,9 +230,12 @@ def main():
                     help="read .npy files in the job, or score an array persisted on the workers")
     ap.add_argument("--chunk", type=int, default=256,
                     help="rows per chunk of the persisted array (--source persisted)")
+    ap.add_argument("--dask-config", choices=("scoring", "default"), default="scoring",
+                    help="start the clusters with cyback.dask.SCORING_CONFIG, or Dask's defaults")
     args = ap.parse_args()
     sizes = [int(s) for s in args.samples.split(",")]
 
+    import dask
     import distributed
     import keras
     logging.getLogger("distributed").setLevel(logging.ERROR)
@@ -235,10 +248,15 @@ def main():
     directory = tempfile.mkdtemp(prefix="bench_dask-")
     clusters = {}
     try:
+        config = cd.SCORING_CONFIG if args.dask_config == "scoring" else {}
         for n in (1, 2):
-            cluster = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                               dashboard_address=None, silence_logs=40)
-            clusters[n] = cluster, distributed.Client(cluster, set_as_default=False)
+            # The scheduler and nannies read the settings as they start, the
+            # workers get them from their nannies.
+            with dask.config.set(config):
+                cluster = distributed.LocalCluster(n_workers=n, threads_per_worker=1,
+                                                   processes=True, dashboard_address=None,
+                                                   silence_logs=40)
+                clusters[n] = cluster, distributed.Client(cluster, set_as_default=False)
         all_rows, cases = [], []
         for samples in sizes:
             paths = write_files(directory, samples, args.file_rows) \
@@ -251,12 +269,13 @@ def main():
             print_table(rows, ["engine", "workers", "threads", "tasks", "rows_per_task",
                                "median_s", "cold_s", "samples_per_s", "vs_local", "vs_1w",
                                "cpu_s", "samples_per_cpu_s"],
-                        title="CNN 32x32x3 -> 10, %d samples %s, batch %d, %d cores "
-                              "(load %.2f before, %.2f after)"
+                        title="CNN 32x32x3 -> 10, %d samples %s, batch %d, %d cores, dask "
+                              "config %s (load %.2f before, %.2f after)"
                               % (samples, "in .npy files of %d rows" % args.file_rows
                                  if args.source == "files" else
                                  "persisted on the workers in chunks of %d rows" % args.chunk,
-                                 args.batch, cores, load_before or -1, load_after or -1))
+                                 args.batch, cores, args.dask_config, load_before or -1,
+                                 load_after or -1))
             print("targets at 1 thread per process: 1 worker / local = %.2f (>= 0.90), "
                   "2 workers / 1 worker = %.2f (>= 1.80); 1 worker / dask sync = %.2f\n"
                   % (one, two, cluster))
@@ -271,9 +290,11 @@ def main():
             cluster.close()
         shutil.rmtree(directory, ignore_errors=True)
     print("model loads per worker:", [[i["loads"] for i in c] for c in loads])
-    path = write_json("dask" if args.source == "files" else "dask_persisted", all_rows,
+    name = "dask" if args.source == "files" else "dask_persisted"
+    path = write_json(name if args.dask_config == "scoring" else name + "_default_config", all_rows,
                       samples=sizes, source=args.source, file_rows=args.file_rows,
                       chunk=args.chunk, batch=args.batch, rounds=args.rounds, cores=cores,
+                      dask_config=args.dask_config,
                       cases=cases)
     print("wrote", path)
 
