@@ -51,9 +51,11 @@ scoring. A run takes about 5 minutes on a quiet machine
 (``--samples 4096,32768``: 1.5).
 
 ``cpu_s`` is the CPU time a pass took in all the processes involved (this
-one, which also runs the LocalCluster's scheduler, and the workers):
-``samples_per_cpu_s`` shows what the engines cost when a busy machine makes
-wall times meaningless.
+one, which also runs the LocalCluster's scheduler and nannies, and the
+workers): ``samples_per_cpu_s`` shows what the engines cost when a busy
+machine makes wall times meaningless. ``here_cpu_s`` is this process's
+share: for the cluster rows, what the client, the scheduler and the nannies
+took from the cores the workers compute on.
 
 Rows at ``threads=1`` give each process one core: the like-for-like
 comparison of the targets (1 worker >= 90% of local; 2 workers >= 1.8x 1
@@ -186,23 +188,26 @@ def measure(samples, paths, model, clusters, args, cores):
                                    err_msg="%s threads=%s" % (name, threads))
 
     def cpu_seconds(workers):
-        """CPU time of this process (client, and the LocalCluster's scheduler,
-        which runs here) plus that of the engine's worker processes."""
-        total = time.process_time()
+        """CPU time of this process (client, and the LocalCluster's scheduler
+        and nannies, which run here) and that of the engine's workers."""
+        here = time.process_time()
         if workers:
-            total += sum(clusters[workers][1].run(time.process_time).values())
-        return total
+            return here, sum(clusters[workers][1].run(time.process_time).values())
+        return here, 0.0
 
     times = {(name, threads): [] for name, _, threads, _ in engines}
     cpu = {(name, threads): [] for name, _, threads, _ in engines}
+    here_cpu = {(name, threads): [] for name, _, threads, _ in engines}
     for _ in range(args.rounds):
         for name, workers, threads, run in engines:
             n = workers if name.startswith("dask ") else 0
-            c0 = cpu_seconds(n)
+            h0, w0 = cpu_seconds(n)
             t0 = time.perf_counter()
             run()
             times[(name, threads)].append(time.perf_counter() - t0)
-            cpu[(name, threads)].append(cpu_seconds(n) - c0)
+            h1, w1 = cpu_seconds(n)
+            cpu[(name, threads)].append(h1 - h0 + w1 - w0)
+            here_cpu[(name, threads)].append(h1 - h0)
     cyback.set_num_threads(saved_threads)
 
     rows, rate = [], {}
@@ -215,7 +220,8 @@ def measure(samples, paths, model, clusters, args, cores):
                          tasks=len(chunks) if chunks else None,
                          rows_per_task=max(chunks) if chunks else None, median_s=t,
                          cold_s=cold[(name, threads)], samples_per_s=samples / t, cpu_s=c,
-                         samples_per_cpu_s=samples / c))
+                         samples_per_cpu_s=samples / c,
+                         here_cpu_s=statistics.median(here_cpu[(name, threads)])))
     for row in rows:
         base = rate[("local", 1 if row["threads"] == 1 else cores)]
         row["vs_local"] = row["samples_per_s"] / base
@@ -276,7 +282,7 @@ def main():
                 os.remove(p)
             print_table(rows, ["engine", "workers", "threads", "tasks", "rows_per_task",
                                "median_s", "cold_s", "samples_per_s", "vs_local", "vs_1w",
-                               "cpu_s", "samples_per_cpu_s"],
+                               "cpu_s", "samples_per_cpu_s", "here_cpu_s"],
                         title="CNN 32x32x3 -> 10, %d samples %s, batch %d, %d cores, dask "
                               "config %s (load %.2f before, %.2f after)"
                               % (samples, "in .npy files of %d rows" % args.file_rows
