@@ -69,11 +69,11 @@ _INLINE_BYTES = 1 << 20
 #: model: while a LocalCluster of two workers scored on 2 cores (its
 #: scheduler and nannies share them), Dask's threads took 0.18-0.26 cores
 #: with the defaults, 0.04-0.08 with these settings, which turn the profiler
-#: off and check the rest at a human pace (the dashboard still works; memory
-#: limits are enforced within half a second). Apply them where the processes
-#: start: ``with dask.config.set(SCORING_CONFIG): LocalCluster(...)`` (the
-#: nannies pass the config to their workers), or in the environment of
-#: ``dask scheduler`` / ``dask worker`` (docs/dask.md).
+#: off and check the rest at a human pace (the dashboard works but for its
+#: profile page; memory limits are enforced within half a second). Apply
+#: them where the processes start: ``with dask.config.set(SCORING_CONFIG):
+#: LocalCluster(...)`` (the nannies pass the config to their workers), or in
+#: the environment of ``dask scheduler`` / ``dask worker`` (docs/dask.md).
 SCORING_CONFIG = {
     "distributed.worker.profile.enabled": False,
     "distributed.admin.tick.interval": "1s",
