@@ -18,7 +18,7 @@ a run of rows (one chunk of the result) in batches of ``batch_size``.
 How it runs (see docs/dask.md):
 
 - tasks are sized by ``chunk_rows``: by default 0.15-0.3 s of the model on
-  one core (timed here on two batches of zeros), no fewer than the cluster
+  one core (the CPU time of two batches of zeros here), no fewer than the cluster
   has threads; a dask array's smaller chunks are joined, its bigger ones
   kept; NumPy slices ride inside their tasks, and ``.npy`` rows are read by
   the task that predicts them (also through ``from_npy_files``);
@@ -551,7 +551,10 @@ _probes = collections.OrderedDict()
 def _seconds_per_row(runner, token, sample, batch_size):
     """The model's time per row on one thread, measured here on a batch of
     zeros (the second of two runs: the first builds the plans); remembered
-    per model and batch shape."""
+    per model and batch shape. It is the CPU time of this thread, which runs
+    the whole model at one thread: on a busy machine the wall time also
+    counts the other processes' turns on the core, and the chunks would
+    shrink with the load of the moment."""
     key = (token, batch_size, sample.shape, sample.dtype.str)
     known = _probes.get(key)
     if known is not None:
@@ -563,9 +566,9 @@ def _seconds_per_row(runner, token, sample, batch_size):
     try:
         times = []
         for _ in range(2):
-            start = time.perf_counter()
+            start = time.thread_time()
             runner.run_batch(batch)
-            times.append(time.perf_counter() - start)
+            times.append(time.thread_time() - start)
             if times[0] > _TASK_SECONDS:
                 break       # one batch is a task's worth already
     finally:
@@ -799,8 +802,8 @@ def predict(model, data, batch_size=32, columns=None, nan_policy="allow", thread
         share of the host's cores; in dask's local thread pool, cores //
         its size; on the synchronous scheduler left as set), or an int.
     chunk_rows: rows per task, i.e. per chunk of the result:
-        "auto" (or None): 0.15 to 0.3 s of the model on one core (timed
-        here on two batches of zeros, once per model), fewer where that
+        "auto" (or None): 0.15 to 0.3 s of the model on one core (the
+        CPU time of two batches of zeros here, once per model), fewer where that
         leaves some of the cluster's threads idle; a dask array's chunks
         smaller than that are joined with their neighbours (on the same
         worker, for a persisted array), larger ones are kept;

@@ -357,6 +357,17 @@ def test_probe_times_two_batches_of_zeros_once_per_model(cnn):
     assert cd._seconds_per_row(runner, "token", sample, 8) == per_row and len(seen) == 2
 
 
+def test_probe_counts_the_model_cpu_time_not_the_wait(cnn):
+    # A batch that waits 50 ms for the core (as on a busy machine) takes no
+    # more CPU time than one that does not.
+    cd._probes.clear()
+    runner = cd._Runner(cnn)
+    run_batch = runner.run_batch
+    runner.run_batch = lambda b: time.sleep(0.05) or run_batch(b)
+    per_row = cd._seconds_per_row(runner, "token", np.zeros((10, 10, 2), "float32"), 8)
+    assert 0 < per_row < 0.01 / 8
+
+
 @pytest.fixture
 def rows_32_per_task(monkeypatch):
     # The probe says a task's time is 32 rows (4 batches of 8).
