@@ -26,17 +26,36 @@ chunks of --chunk rows and persisted there before timing (the figures of
 earlier sessions), and ``local`` predicts the same array held in memory:
 scoring data already in the cluster's memory, without reading it.
 
+The clusters are started with ``cyback.dask.SCORING_CONFIG`` (Dask's
+profiler off, its event-loop ticks and memory polls slowed), as docs/dask.md
+advises for scoring: on this 2-core machine the LocalCluster's scheduler and
+nannies live in this process, the two clusters' processes all share the
+cores the workers compute on, and Dask's default monitoring takes several
+percent of them, which the lone worker of ``dask 1w`` absorbs on the idle
+core but ``dask 2w`` pays in wall time. ``--dask-config default`` measures
+Dask's defaults instead.
+
 The workers have loaded the model before timing starts (one untimed pass
 per engine, reported as ``cold_s``). Engines are alternated round by round
 and each figure is the median over --rounds. Every engine's predictions are
 checked against the local ones before any time counts. Each --samples size
-is its own case: the small one shows what the per-job latency of Dask (tens
-of milliseconds) costs a job of a fraction of a second.
+is its own case. Dask costs a job a few tens of milliseconds however long it
+is (submitting the graph, the first task reaching a worker, gathering the
+result), and the lone worker of ``dask 1w`` has the idle core for Dask's own
+processes while ``dask 2w`` shares both cores with them: the 2-worker
+speed-up is capped by what that costs against the job. 4096 samples (0.2 s
+on one core) show the latency of a small job; 32768 (1.6 s) a job of a
+second; 131072 (6.4 s, the case closest to scoring millions of rows, where
+the latency is about 1% of the 2-worker job) the throughput of batch
+scoring. A run takes about 5 minutes on a quiet machine
+(``--samples 4096,32768``: 1.5).
 
 ``cpu_s`` is the CPU time a pass took in all the processes involved (this
-one, which also runs the LocalCluster's scheduler, and the workers):
-``samples_per_cpu_s`` shows what the engines cost when a busy machine makes
-wall times meaningless.
+one, which also runs the LocalCluster's scheduler and nannies, and the
+workers): ``samples_per_cpu_s`` shows what the engines cost when a busy
+machine makes wall times meaningless. ``here_cpu_s`` is this process's
+share: for the cluster rows, what the client, the scheduler and the nannies
+took from the cores the workers compute on.
 
 Rows at ``threads=1`` give each process one core: the like-for-like
 comparison of the targets (1 worker >= 90% of local; 2 workers >= 1.8x 1
@@ -44,8 +63,9 @@ worker). Rows at ``threads=auto`` show the default, where each worker runs
 cyback on its share of the host's cores (a lone worker gets both) and the
 local run on all cores.
 
-    python benchmarks/bench_dask.py [--samples 4096,32768] [--file-rows 1024] [--batch 64]
+    python benchmarks/bench_dask.py [--samples 4096,32768,131072] [--file-rows 1024] [--batch 64]
                                     [--rounds 5] [--source files|persisted] [--chunk 256]
+                                    [--dask-config scoring|default]
 
 Prints a table per size and writes benchmarks/results/dask.json. Report
 ``uptime`` with the figures: on a busy machine they are indicative only.
@@ -168,23 +188,26 @@ def measure(samples, paths, model, clusters, args, cores):
                                    err_msg="%s threads=%s" % (name, threads))
 
     def cpu_seconds(workers):
-        """CPU time of this process (client, and the LocalCluster's scheduler,
-        which runs here) plus that of the engine's worker processes."""
-        total = time.process_time()
+        """CPU time of this process (client, and the LocalCluster's scheduler
+        and nannies, which run here) and that of the engine's workers."""
+        here = time.process_time()
         if workers:
-            total += sum(clusters[workers][1].run(time.process_time).values())
-        return total
+            return here, sum(clusters[workers][1].run(time.process_time).values())
+        return here, 0.0
 
     times = {(name, threads): [] for name, _, threads, _ in engines}
     cpu = {(name, threads): [] for name, _, threads, _ in engines}
+    here_cpu = {(name, threads): [] for name, _, threads, _ in engines}
     for _ in range(args.rounds):
         for name, workers, threads, run in engines:
             n = workers if name.startswith("dask ") else 0
-            c0 = cpu_seconds(n)
+            h0, w0 = cpu_seconds(n)
             t0 = time.perf_counter()
             run()
             times[(name, threads)].append(time.perf_counter() - t0)
-            cpu[(name, threads)].append(cpu_seconds(n) - c0)
+            h1, w1 = cpu_seconds(n)
+            cpu[(name, threads)].append(h1 - h0 + w1 - w0)
+            here_cpu[(name, threads)].append(h1 - h0)
     cyback.set_num_threads(saved_threads)
 
     rows, rate = [], {}
@@ -197,7 +220,8 @@ def measure(samples, paths, model, clusters, args, cores):
                          tasks=len(chunks) if chunks else None,
                          rows_per_task=max(chunks) if chunks else None, median_s=t,
                          cold_s=cold[(name, threads)], samples_per_s=samples / t, cpu_s=c,
-                         samples_per_cpu_s=samples / c))
+                         samples_per_cpu_s=samples / c,
+                         here_cpu_s=statistics.median(here_cpu[(name, threads)])))
     for row in rows:
         base = rate[("local", 1 if row["threads"] == 1 else cores)]
         row["vs_local"] = row["samples_per_s"] / base
@@ -211,7 +235,7 @@ def measure(samples, paths, model, clusters, args, cores):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--samples", default="4096,32768",
+    ap.add_argument("--samples", default="4096,32768,131072",
                     help="comma-separated data sizes, each measured as its own case")
     ap.add_argument("--file-rows", type=int, default=1024, help="rows per .npy file")
     ap.add_argument("--batch", type=int, default=64)
@@ -220,9 +244,12 @@ def main():
                     help="read .npy files in the job, or score an array persisted on the workers")
     ap.add_argument("--chunk", type=int, default=256,
                     help="rows per chunk of the persisted array (--source persisted)")
+    ap.add_argument("--dask-config", choices=("scoring", "default"), default="scoring",
+                    help="start the clusters with cyback.dask.SCORING_CONFIG, or Dask's defaults")
     args = ap.parse_args()
     sizes = [int(s) for s in args.samples.split(",")]
 
+    import dask
     import distributed
     import keras
     logging.getLogger("distributed").setLevel(logging.ERROR)
@@ -235,10 +262,15 @@ def main():
     directory = tempfile.mkdtemp(prefix="bench_dask-")
     clusters = {}
     try:
+        config = cd.SCORING_CONFIG if args.dask_config == "scoring" else {}
         for n in (1, 2):
-            cluster = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                               dashboard_address=None, silence_logs=40)
-            clusters[n] = cluster, distributed.Client(cluster, set_as_default=False)
+            # The scheduler and nannies read the settings as they start, the
+            # workers get them from their nannies.
+            with dask.config.set(config):
+                cluster = distributed.LocalCluster(n_workers=n, threads_per_worker=1,
+                                                   processes=True, dashboard_address=None,
+                                                   silence_logs=40)
+                clusters[n] = cluster, distributed.Client(cluster, set_as_default=False)
         all_rows, cases = [], []
         for samples in sizes:
             paths = write_files(directory, samples, args.file_rows) \
@@ -250,13 +282,14 @@ def main():
                 os.remove(p)
             print_table(rows, ["engine", "workers", "threads", "tasks", "rows_per_task",
                                "median_s", "cold_s", "samples_per_s", "vs_local", "vs_1w",
-                               "cpu_s", "samples_per_cpu_s"],
-                        title="CNN 32x32x3 -> 10, %d samples %s, batch %d, %d cores "
-                              "(load %.2f before, %.2f after)"
+                               "cpu_s", "samples_per_cpu_s", "here_cpu_s"],
+                        title="CNN 32x32x3 -> 10, %d samples %s, batch %d, %d cores, dask "
+                              "config %s (load %.2f before, %.2f after)"
                               % (samples, "in .npy files of %d rows" % args.file_rows
                                  if args.source == "files" else
                                  "persisted on the workers in chunks of %d rows" % args.chunk,
-                                 args.batch, cores, load_before or -1, load_after or -1))
+                                 args.batch, cores, args.dask_config, load_before or -1,
+                                 load_after or -1))
             print("targets at 1 thread per process: 1 worker / local = %.2f (>= 0.90), "
                   "2 workers / 1 worker = %.2f (>= 1.80); 1 worker / dask sync = %.2f\n"
                   % (one, two, cluster))
@@ -271,9 +304,11 @@ def main():
             cluster.close()
         shutil.rmtree(directory, ignore_errors=True)
     print("model loads per worker:", [[i["loads"] for i in c] for c in loads])
-    path = write_json("dask" if args.source == "files" else "dask_persisted", all_rows,
+    name = "dask" if args.source == "files" else "dask_persisted"
+    path = write_json(name if args.dask_config == "scoring" else name + "_default_config", all_rows,
                       samples=sizes, source=args.source, file_rows=args.file_rows,
                       chunk=args.chunk, batch=args.batch, rounds=args.rounds, cores=cores,
+                      dask_config=args.dask_config,
                       cases=cases)
     print("wrote", path)
 

@@ -18,7 +18,7 @@ a run of rows (one chunk of the result) in batches of ``batch_size``.
 How it runs (see docs/dask.md):
 
 - tasks are sized by ``chunk_rows``: by default 0.15-0.3 s of the model on
-  one core (timed here on two batches of zeros), no fewer than the cluster
+  one core (the CPU time of two batches of zeros here), no fewer than the cluster
   has threads; a dask array's smaller chunks are joined, its bigger ones
   kept; NumPy slices ride inside their tasks, and ``.npy`` rows are read by
   the task that predicts them (also through ``from_npy_files``);
@@ -31,6 +31,9 @@ How it runs (see docs/dask.md):
   host's cores (cores // the host's total Dask threads), and in dask's local
   thread pool on cores // its size, so that tasks never oversubscribe the
   machine;
+- ``SCORING_CONFIG`` holds Dask settings that keep Dask's own monitoring
+  (profiler, event-loop ticks, memory polls) from taking the workers' cores;
+  apply them where the cluster starts;
 - a chunk whose shape does not fit the model, or that holds NaN under
   ``nan_policy="raise"``, fails with an error naming the chunk and its rows.
   A worker that dies is Dask's business: its tasks are recomputed elsewhere,
@@ -48,7 +51,7 @@ import weakref
 
 import numpy as np
 
-__all__ = ["predict", "save", "from_npy_files", "cache_info", "clear_cache"]
+__all__ = ["predict", "save", "from_npy_files", "cache_info", "clear_cache", "SCORING_CONFIG"]
 
 _API = "cyback.dask.predict"
 _NAN_POLICIES = ("allow", "raise")
@@ -57,6 +60,26 @@ _CACHE_SIZE = 4
 #: a key of its own, fetched once by each worker (a dependency costs the job a
 #: round of scheduling and a transfer to each worker, ~10 ms on a LocalCluster)
 _INLINE_BYTES = 1 << 20
+
+#: Dask settings for a cluster that does batch scoring. By default every
+#: Dask server (scheduler, nanny, worker) wakes up to check its event loop
+#: every 20 ms, each worker samples the stack of its running task every 10 ms
+#: for Dask's profiler, and nannies and workers read their memory use every
+#: 100 ms. On a host whose cores the workers fill, that is CPU taken from the
+#: model: while a LocalCluster of two workers scored on 2 cores (its
+#: scheduler and nannies share them), Dask's threads took 0.18-0.26 cores
+#: with the defaults, 0.04-0.08 with these settings, which turn the profiler
+#: off and check the rest at a human pace (the dashboard works but for its
+#: profile page; memory limits are enforced within half a second). Apply
+#: them where the processes start: ``with dask.config.set(SCORING_CONFIG):
+#: LocalCluster(...)`` (the nannies pass the config to their workers), or in
+#: the environment of ``dask scheduler`` / ``dask worker`` (docs/dask.md).
+SCORING_CONFIG = {
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.tick.interval": "1s",
+    "distributed.worker.memory.monitor-interval": "500ms",
+    "distributed.admin.system-monitor.interval": "2s",
+}
 
 
 def _dask():
@@ -528,7 +551,10 @@ _probes = collections.OrderedDict()
 def _seconds_per_row(runner, token, sample, batch_size):
     """The model's time per row on one thread, measured here on a batch of
     zeros (the second of two runs: the first builds the plans); remembered
-    per model and batch shape."""
+    per model and batch shape. It is the CPU time of this thread, which runs
+    the whole model at one thread: on a busy machine the wall time also
+    counts the other processes' turns on the core, and the chunks would
+    shrink with the load of the moment."""
     key = (token, batch_size, sample.shape, sample.dtype.str)
     known = _probes.get(key)
     if known is not None:
@@ -540,9 +566,9 @@ def _seconds_per_row(runner, token, sample, batch_size):
     try:
         times = []
         for _ in range(2):
-            start = time.perf_counter()
+            start = time.thread_time()
             runner.run_batch(batch)
-            times.append(time.perf_counter() - start)
+            times.append(time.thread_time() - start)
             if times[0] > _TASK_SECONDS:
                 break       # one batch is a task's worth already
     finally:
@@ -776,8 +802,8 @@ def predict(model, data, batch_size=32, columns=None, nan_policy="allow", thread
         share of the host's cores; in dask's local thread pool, cores //
         its size; on the synchronous scheduler left as set), or an int.
     chunk_rows: rows per task, i.e. per chunk of the result:
-        "auto" (or None): 0.15 to 0.3 s of the model on one core (timed
-        here on two batches of zeros, once per model), fewer where that
+        "auto" (or None): 0.15 to 0.3 s of the model on one core (the
+        CPU time of two batches of zeros here, once per model), fewer where that
         leaves some of the cluster's threads idle; a dask array's chunks
         smaller than that are joined with their neighbours (on the same
         worker, for a persisted array), larger ones are kept;

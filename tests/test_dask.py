@@ -357,6 +357,17 @@ def test_probe_times_two_batches_of_zeros_once_per_model(cnn):
     assert cd._seconds_per_row(runner, "token", sample, 8) == per_row and len(seen) == 2
 
 
+def test_probe_counts_the_model_cpu_time_not_the_wait(cnn):
+    # A batch that waits 50 ms for the core (as on a busy machine) takes no
+    # more CPU time than one that does not.
+    cd._probes.clear()
+    runner = cd._Runner(cnn)
+    run_batch = runner.run_batch
+    runner.run_batch = lambda b: time.sleep(0.05) or run_batch(b)
+    per_row = cd._seconds_per_row(runner, "token", np.zeros((10, 10, 2), "float32"), 8)
+    assert 0 < per_row < 0.01 / 8
+
+
 @pytest.fixture
 def rows_32_per_task(monkeypatch):
     # The probe says a task's time is 32 rows (4 batches of 8).
@@ -439,8 +450,11 @@ def test_a_tiny_job_is_one_task(cnn, images):
 
 @pytest.fixture(scope="module")
 def client():
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                       dashboard_address=None, silence_logs=40)
+    # Started as docs/dask.md advises for scoring (the nannies pass the
+    # settings to their workers, also to one restarted after a kill).
+    with dask.config.set(cd.SCORING_CONFIG):
+        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                           dashboard_address=None, silence_logs=40)
     c = distributed.Client(cluster)
     try:
         yield c
@@ -451,6 +465,32 @@ def client():
 
 def _per_worker(client, fn):
     return list(client.run(fn).values())
+
+
+def _monitoring(dask_worker=None, dask_scheduler=None):
+    server = dask_worker or dask_scheduler
+    return {k: pc.callback_time for k, pc in server.periodic_callbacks.items()
+            if k in ("profile", "tick", "memory_monitor", "monitor")}
+
+
+def test_scoring_config_names_dask_settings():
+    # Each key exists in Dask's own defaults (a renamed key would be ignored).
+    for key, value in cd.SCORING_CONFIG.items():
+        default = dask.config.get(key)
+        assert type(default) is type(value) and default != value, key
+
+
+def test_scoring_config_reaches_the_workers_and_the_scheduler(client):
+    ms = dask.utils.parse_timedelta
+    expected = {"tick": ms(cd.SCORING_CONFIG["distributed.admin.tick.interval"]) * 1000,
+                "memory_monitor":
+                    ms(cd.SCORING_CONFIG["distributed.worker.memory.monitor-interval"]) * 1000,
+                "monitor":
+                    ms(cd.SCORING_CONFIG["distributed.admin.system-monitor.interval"]) * 1000}
+    for got in client.run(_monitoring).values():
+        assert got == expected          # no "profile": Dask's profiler is off
+    scheduler = client.run_on_scheduler(_monitoring)
+    assert scheduler == {k: expected[k] for k in ("tick", "monitor")}
 
 
 @pytest.mark.parametrize("inline_bytes", [1 << 20, 0])
