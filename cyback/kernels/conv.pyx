@@ -29,8 +29,12 @@ Special cases, chosen per geometry by the Python entries below:
   one K = C GEMM per tap runs straight on its rows and no patch matrix is
   built (_tap_rows, _fwd_tap_item);
 - a stride-1 input gradient is a forward convolution with the flipped kernel
-  (no scatter-add); otherwise the input gradient is GEMM + col2im over slabs
-  of output rows that never touch the same input element at the same time.
+  (no scatter-add); a strided one (a transposed convolution's forward pass),
+  channels_last with few channels, splits into one stride-1 convolution per
+  phase of the strides that the direct kernel writes straight into its
+  interleaved places (_PhasePlan); otherwise the input gradient is GEMM +
+  col2im over slabs of output rows that never touch the same input element
+  at the same time.
 """
 import numpy as np
 cimport cython
@@ -68,6 +72,14 @@ cdef extern from "cyback_conv_direct.h" nogil:
                       int act, float* y, const cb_cd_geom* g, Py_ssize_t it)
     void cb_cd_item_d(const double* x, const double* wp, const double* bp, const double* res,
                       int act, double* y, const cb_cd_geom* g, Py_ssize_t it)
+    ctypedef struct cb_cd_out:
+        Py_ssize_t D, H, W, d0, h0, w0, sd, sh, sw, xw0
+    void cb_cd_item_out_f(const float* x, const float* wp, const float* bp, const float* res,
+                          int act, float* y, const cb_cd_geom* g, Py_ssize_t it,
+                          const cb_cd_out* out)
+    void cb_cd_item_out_d(const double* x, const double* wp, const double* bp,
+                          const double* res, int act, double* y, const cb_cd_geom* g,
+                          Py_ssize_t it, const cb_cd_out* out)
 
 
 cdef struct Geom:
@@ -791,7 +803,8 @@ _TUNE = _Tuning({"buf_bytes": BUF_BYTES, "pointwise_gemm": False,
          "direct": True, "direct_max_c": 64, "direct_max_k": 1024,
          "direct_pointwise_max_cf": 2048, "flops_per_byte": 8.0,
          "tap_min_c": 32, "tap_mnk": 1000000, "tap_min_rows": 96, "tap_rows": 1024,
-         "tap_last_packed": False, "direct_skip_pad": None, "direct_skip_pad_bytes": 1 << 20})
+         "tap_last_packed": False, "direct_skip_pad": None, "direct_skip_pad_bytes": 1 << 20,
+         "phase_split": None})
 
 
 # ---------------------------------------------------------------- direct (channels_last)
@@ -1392,6 +1405,201 @@ def _run_forward(x, kernel, y, g, bint last, bint pointwise, bias=None, residual
     return False
 
 
+# ---------------------------------------------------------------- phases of a strided input gradient
+
+cdef class _PhasePlan:
+    """A strided input gradient (a transposed convolution's forward pass) cut
+    into phases, one per residue of the dx position modulo the strides.
+
+    A dx position i (per axis) takes dy[o] * w[k] for every o * s + k * d - p
+    = i, so the positions of one residue r = i mod s see only the taps k with
+    k * d = r + p (mod s), and each of them the same shift of dy: a phase is
+    a stride-1 convolution of dy with a sub-kernel of those taps (reversed,
+    channels swapped). The direct kernel runs every phase in one parallel
+    region and writes its outputs straight into their interleaved places in
+    dx (cb_cd_out), so there is no patch matrix, no scatter-add and no pass
+    to interleave. Positions whose residue gets no tap (a kernel shorter
+    than the stride) are zero.
+    """
+    cdef Py_ssize_t nph, most, wp_size, most_taps
+    cdef cb_cd_geom* geoms
+    cdef cb_cd_out* outs
+    cdef Py_ssize_t* items
+    cdef Py_ssize_t* wp_off
+    cdef object taps    # per phase: the sub-kernel's taps along D, H, W, reversed
+    cdef bint zero      # some residues get no tap
+
+    def __cinit__(self, Py_ssize_t nph):
+        self.nph = nph
+        self.geoms = <cb_cd_geom*> malloc(max(1, nph) * sizeof(cb_cd_geom))
+        self.outs = <cb_cd_out*> malloc(max(1, nph) * sizeof(cb_cd_out))
+        self.items = <Py_ssize_t*> malloc(max(1, nph) * sizeof(Py_ssize_t))
+        self.wp_off = <Py_ssize_t*> malloc(max(1, nph) * sizeof(Py_ssize_t))
+        if not (self.geoms and self.outs and self.items and self.wp_off):
+            raise MemoryError("conv_backward_input: no memory for a phase plan")
+
+    def __dealloc__(self):
+        free(self.geoms)
+        free(self.outs)
+        free(self.items)
+        free(self.wp_off)
+
+
+@cython.wraparound(True)
+@cython.boundscheck(True)
+def _axis_phases(Py_ssize_t X, Py_ssize_t K, Py_ssize_t s, Py_ssize_t d, Py_ssize_t p):
+    """The phases of one axis of dx (X long; kernel K taps, stride s, dilation
+    d, padding p before): (r, positions, taps reversed, sub-kernel dilation,
+    sub-convolution padding before) per residue r that has positions.
+
+    Output j of residue r (dx position r + s * j) reads dy[j + c - e * t] * w
+    [k0 + step * t] for the taps k0 + step * t (step = s / gcd(s, d), e = d /
+    gcd(s, d), c = (r + p - k0 * d) / s): a stride-1 correlation of dy with
+    dilation e and the taps reversed, padded by e * (T - 1) - c before."""
+    phases = []
+    for r in range(min(s, X)):
+        J = (X - r + s - 1) // s
+        taps = [k for k in range(K) if (k * d - r - p) % s == 0]
+        if not taps:
+            phases.append((r, J, (), 1, 0))
+            continue
+        T = len(taps)
+        e = (taps[1] - taps[0]) * d // s if T > 1 else 1
+        c = (r + p - taps[0] * d) // s
+        phases.append((r, J, tuple(reversed(taps)), e, e * (T - 1) - c))
+    return phases
+
+
+@cython.wraparound(True)
+@cython.boundscheck(True)
+def _phase_plan(g, Py_ssize_t FB):
+    """The _PhasePlan of a channels_last input gradient of geometry g with
+    direct-kernel blocks of FB channels, or None where the direct kernel
+    cannot run a phase: without the vector kernels (the scalar one needs a
+    W-padded copy) or with more tap rows than it holds. A phase whose
+    padding before is negative (its first output reads past the start of
+    dy, as 'same' padding of a strided convolution can give) reads its rows
+    from that column on (cb_cd_out's xw0)."""
+    if not cb_cd_pads_itself():
+        return None
+    axes = [_axis_phases(g[X], g[K], g[s], g[d], g[p]) for X, K, s, d, p in
+            (("D", "KD", "sd", "dd", "pd"), ("H", "KH", "sh", "dh", "ph"),
+             ("W", "KW", "sw", "dw", "pw"))]
+    live = [(a, b, c) for a in axes[0] for b in axes[1] for c in axes[2]
+            if a[2] and b[2] and c[2]]
+    zero = len(live) < len(axes[0]) * len(axes[1]) * len(axes[2])
+    if any(len(a[2]) * len(b[2]) > CB_CD_MAX_ROWS for a, b, c in live):
+        return None
+    cdef _PhasePlan plan = _PhasePlan(len(live))
+    cdef Py_ssize_t i, off = 0, nfb = (g["C"] + FB - 1) // FB
+    plan.zero = zero
+    plan.most = plan.most_taps = 0
+    plan.taps = []
+    for i, (a, b, c) in enumerate(live):
+        x0 = max(0, -c[4])
+        W = max(0, g["OW"] - x0)
+        plan.geoms[i] = dict(N=g["N"], C=g["F"], F=g["C"], D=g["OD"], H=g["OH"], W=W,
+                             Wp=W, pw=max(0, c[4]), OD=a[1], OH=b[1], OW=c[1], KD=len(a[2]),
+                             KH=len(b[2]), KW=len(c[2]), sd=1, sh=1, sw=1, dd=a[3], dh=b[3],
+                             dw=c[3], pd=a[4], ph=b[4], FB=FB, nfb=nfb)
+        plan.outs[i] = dict(D=g["D"], H=g["H"], W=g["W"], d0=a[0], h0=b[0], w0=c[0],
+                            sd=g["sd"], sh=g["sh"], sw=g["sw"], xw0=g["OW"] - W)
+        plan.items[i] = g["N"] * a[1] * b[1] * nfb
+        plan.most = max(plan.most, plan.items[i])
+        plan.wp_off[i] = off
+        off += nfb * FB * len(a[2]) * len(b[2]) * len(c[2]) * g["F"]
+        plan.taps.append((a[2], b[2], c[2]))
+        plan.most_taps = max(plan.most_taps, len(a[2]) * len(b[2]) * len(c[2]))
+    plan.wp_size = max(1, off)
+    return plan
+
+
+_PHASE_PLANS = {}
+
+
+@cython.wraparound(True)
+@cython.boundscheck(True)
+def _use_phases(g, bint last, bint dbl):
+    """The _PhasePlan a strided input gradient runs, or None for col2im.
+
+    _TUNE["phase_split"] True or False forces the choice where both can run;
+    by default the phases run where they measured faster (benchmarks/
+    bench_conv.py, "phases" rows): with as few dy channels and as short
+    patches as the direct kernel takes in a forward pass, and at least half
+    a block of dx channels (3x3/2, 64 -> 3 channels ran 2.4x slower). Where
+    every phase has a single tap (kernel no longer than the stride), col2im
+    is one plain GEMM with no overlapping adds; phases still won for 16
+    channels in and out (1.4x) but lost for 64 (0.9x), so they take the
+    bound of the direct kernel's 1x1 convolutions."""
+    mode = _TUNE["phase_split"]
+    if not last or mode is False or g["sd"] * g["sh"] * g["sw"] == 1:
+        return None
+    FB = cb_cd_block(dbl)
+    if mode is None and not (g["F"] <= _TUNE["direct_max_c"] and g["K"] // g["C"] * g["F"]
+                             <= _TUNE["direct_max_k"] and 2 * g["C"] > FB):
+        return None
+    cdef _PhasePlan plan
+    entry = _PHASE_PLANS.get((id(g), FB))
+    if entry is not None and entry[0] is g:
+        plan = entry[1]
+    else:
+        plan = _phase_plan(g, FB)
+        if len(_PHASE_PLANS) >= 512:
+            _PHASE_PLANS.clear()
+        # g is held so that its id is not reused while the entry lives
+        _PHASE_PLANS[(id(g), FB)] = (g, plan)
+    if mode is None and plan is not None and plan.most_taps == 1 and \
+            g["C"] * g["F"] > _TUNE["direct_pointwise_max_cf"]:
+        return None
+    return plan
+
+
+def _pack_phase(_PhasePlan plan, Py_ssize_t i, floating[::1] sub, floating[::1] wp):
+    _pack_direct[floating](&sub[0], NULL, &wp[plan.wp_off[i]], NULL, &plan.geoms[i])
+
+
+def _run_phases(_PhasePlan plan, floating[::1] dy, floating[::1] wp, floating[::1] dx, int nt):
+    """Every phase's rows in one parallel region, the phases interleaved so
+    that each thread's share holds all of them (their costs differ)."""
+    cdef Py_ssize_t it, ph, i, nph = plan.nph
+    cdef const cb_cd_geom* geoms = plan.geoms
+    cdef const cb_cd_out* outs = plan.outs
+    cdef const Py_ssize_t* items = plan.items
+    cdef const Py_ssize_t* off = plan.wp_off
+    cdef cb_intr intr
+    cb_intr_init(&intr)
+    with nogil, parallel(num_threads=nt):
+        for it in prange(nph * plan.most, schedule='static'):
+            if cb_intr_poll(&intr):
+                continue
+            ph = it % nph
+            i = it // nph
+            if i >= items[ph]:
+                continue
+            if floating is float:
+                cb_cd_item_out_f(&dy[0], &wp[off[ph]], NULL, NULL, 0, &dx[0], &geoms[ph], i,
+                                 &outs[ph])
+            else:
+                cb_cd_item_out_d(&dy[0], &wp[off[ph]], NULL, NULL, 0, &dx[0], &geoms[ph], i,
+                                 &outs[ph])
+    check_interrupt(&intr)
+
+
+@cython.wraparound(True)
+@cython.boundscheck(True)
+def _backward_input_phases(_PhasePlan plan, dy, kernel, x_shape, g, int nt):
+    """dx for contiguous dy and kernel of the compute dtype (see _PhasePlan)."""
+    k5 = kernel.reshape(g["KD"], g["KH"], g["KW"], g["C"], g["F"])
+    wp = np.empty(plan.wp_size, dtype=dy.dtype)
+    for i, (td, th, tw) in enumerate(plan.taps):
+        sub = k5[np.ix_(td, th, tw)].swapaxes(-1, -2)
+        _pack_phase(plan, i, np.ascontiguousarray(sub).reshape(-1), wp)
+    dx = (np.zeros if plan.zero else np.empty)(x_shape, dtype=dy.dtype)
+    if plan.nph:
+        _run_phases(plan, _flat(dy), wp, _flat(dx), nt)
+    return dx
+
+
 @cython.wraparound(True)
 @cython.boundscheck(True)
 def conv_backward_input(dy, kernel, x_shape, strides, dilation, pads, channels_last=True):
@@ -1438,6 +1646,10 @@ def conv_backward_input(dy, kernel, x_shape, strides, dilation, pads, channels_l
     dy = np.ascontiguousarray(dy, dtype=cdt)
     kernel = np.ascontiguousarray(kernel, dtype=cdt)
     cdef bint last = channels_last
+    nt, limit = _threads(g)
+    plan = _use_phases(g, last, cdt == np.float64)
+    if plan is not None:
+        return _backward_input_phases(plan, dy, kernel, x_shape, g, nt).astype(dt, copy=False)
     dx = np.zeros(x_shape, dtype=cdt)
     # Slab axis: the outermost output axis longer than 1 (the ones before it
     # are 1, so a slab is a contiguous range of output positions).
@@ -1454,7 +1666,6 @@ def conv_backward_input(dy, kernel, x_shape, strides, dilation, pads, channels_l
     B = _block_rows(g, dy.itemsize)
     t_min = ((ks[a] - 1) * ds[a] + 1 + ss[a] - 1) // ss[a]
     T = max(t_min, (B + inner - 1) // inner)
-    nt, limit = _threads(g)
     bufs, stride = _work_bufs(g, B, cdt, nt)
     with limit:
         _backward_input(_flat(dy), _flat(kernel), _flat(dx), bufs, stride, g, last, B, T, outs[a],
