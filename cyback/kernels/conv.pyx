@@ -804,7 +804,7 @@ _TUNE = _Tuning({"buf_bytes": BUF_BYTES, "pointwise_gemm": False,
          "direct_pointwise_max_cf": 2048, "flops_per_byte": 8.0,
          "tap_min_c": 32, "tap_mnk": 1000000, "tap_min_rows": 96, "tap_rows": 1024,
          "tap_last_packed": False, "direct_skip_pad": None, "direct_skip_pad_bytes": 1 << 20,
-         "phase_split": None})
+         "phase_split": None, "phase_max_c": 512, "phase_min_w": 24})
 
 
 # ---------------------------------------------------------------- direct (channels_last)
@@ -1524,19 +1524,27 @@ def _use_phases(g, bint last, bint dbl):
 
     _TUNE["phase_split"] True or False forces the choice where both can run;
     by default the phases run where they measured faster (benchmarks/
-    bench_conv.py, "phases" rows): with as few dy channels and as short
-    patches as the direct kernel takes in a forward pass, and at least half
-    a block of dx channels (3x3/2, 64 -> 3 channels ran 2.4x slower). Where
-    every phase has a single tap (kernel no longer than the stride), col2im
-    is one plain GEMM with no overlapping adds; phases still won for 16
-    channels in and out (1.4x) but lost for 64 (0.9x), so they take the
-    bound of the direct kernel's 1x1 convolutions."""
+    bench_conv.py, "phases" rows; a shared machine, so ratios only):
+
+    - at least half a block of dx channels (3x3/2, 64 -> 8 dx channels ran
+      0.8x, 64 -> 3 0.4x);
+    - as few dy channels and as short patches as the direct kernel takes in
+      a forward pass (3x3/2 with 16-64 dy channels: 1.1-1.5x on 28-wide dy
+      rows, even on 14-wide ones), or up to phase_max_c dy channels on dy
+      rows at least phase_min_w wide (3x3/2 and 4x4/2, 128-256 dy channels
+      on 28-wide rows: 1.03-1.15x; on 14-wide rows the 6-pixel tiles waste
+      more: 256 -> 128 ran 0.85-0.91x);
+    - where every phase has a single tap (a kernel no longer than the
+      stride), col2im is one plain GEMM with no overlapping adds: phases
+      won for 16 channels in and out (1.4x), not clearly for 64 (0.9-1.2x),
+      so they take the bound of the direct kernel's 1x1 convolutions."""
     mode = _TUNE["phase_split"]
     if not last or mode is False or g["sd"] * g["sh"] * g["sw"] == 1:
         return None
     FB = cb_cd_block(dbl)
-    if mode is None and not (g["F"] <= _TUNE["direct_max_c"] and g["K"] // g["C"] * g["F"]
-                             <= _TUNE["direct_max_k"] and 2 * g["C"] > FB):
+    if mode is None and not (2 * g["C"] > FB and (
+            g["F"] <= _TUNE["direct_max_c"] and g["K"] // g["C"] * g["F"] <= _TUNE["direct_max_k"]
+            or g["F"] <= _TUNE["phase_max_c"] and g["OW"] >= _TUNE["phase_min_w"])):
         return None
     cdef _PhasePlan plan
     entry = _PHASE_PLANS.get((id(g), FB))

@@ -825,10 +825,14 @@ def test_phases_chosen_by_default_where_they_won():
     same = [(0, 1), (0, 1)]
     # transposed 3x3/2, 64 -> 32 channels: phases
     assert _takes_phases((16, 56, 56, 32), (3, 3, 32, 64), (2, 2), (1, 1), same, np.float32)
-    # too few dx channels for a block, too many dy channels: col2im
+    # too few dx channels for a block: col2im
     assert not _takes_phases((16, 56, 56, fb // 2), (3, 3, fb // 2, 64), (2, 2), (1, 1), same,
                              np.float32)
-    assert not _takes_phases((16, 56, 56, 64), (3, 3, 64, 128), (2, 2), (1, 1), same,
+    # many dy channels: phases on wide dy rows, col2im on narrow ones
+    assert _takes_phases((16, 56, 56, 64), (3, 3, 64, 128), (2, 2), (1, 1), same, np.float32)
+    assert not _takes_phases((16, 28, 28, 128), (3, 3, 128, 256), (2, 2), (1, 1), same,
+                             np.float32)
+    assert not _takes_phases((16, 56, 56, 64), (3, 3, 64, 1024), (2, 2), (1, 1), same,
                              np.float32)
     # single-tap phases (2x2/2): phases for 16 channels, col2im for 64
     assert _takes_phases((16, 56, 56, 16), (2, 2, 16, 16), (2, 2), (1, 1), [(0, 0)] * 2,
