@@ -1407,6 +1407,17 @@ def _run_forward(x, kernel, y, g, bint last, bint pointwise, bias=None, residual
 
 # ---------------------------------------------------------------- phases of a strided input gradient
 
+cdef struct Phases:
+    Py_ssize_t nph, most, wp_size
+    Py_ssize_t KH, KW, C, F    # the whole kernel's (*k, C, F) (dx, dy channels)
+    cb_cd_geom* geoms
+    cb_cd_out* outs
+    Py_ssize_t* items
+    Py_ssize_t* wp_off
+    Py_ssize_t* taps           # per phase: its kernel taps along D, then H, then W, reversed
+    Py_ssize_t* taps_off
+
+
 cdef class _PhasePlan:
     """A strided input gradient (a transposed convolution's forward pass) cut
     into phases, one per residue of the dx position modulo the strides.
@@ -1421,28 +1432,29 @@ cdef class _PhasePlan:
     to interleave. Positions whose residue gets no tap (a kernel shorter
     than the stride) are zero.
     """
-    cdef Py_ssize_t nph, most, wp_size, most_taps
-    cdef cb_cd_geom* geoms
-    cdef cb_cd_out* outs
-    cdef Py_ssize_t* items
-    cdef Py_ssize_t* wp_off
-    cdef object taps    # per phase: the sub-kernel's taps along D, H, W, reversed
-    cdef bint zero      # some residues get no tap
+    cdef Phases p
+    cdef Py_ssize_t most_taps
+    cdef bint zero          # some residues get no tap
 
-    def __cinit__(self, Py_ssize_t nph):
-        self.nph = nph
-        self.geoms = <cb_cd_geom*> malloc(max(1, nph) * sizeof(cb_cd_geom))
-        self.outs = <cb_cd_out*> malloc(max(1, nph) * sizeof(cb_cd_out))
-        self.items = <Py_ssize_t*> malloc(max(1, nph) * sizeof(Py_ssize_t))
-        self.wp_off = <Py_ssize_t*> malloc(max(1, nph) * sizeof(Py_ssize_t))
-        if not (self.geoms and self.outs and self.items and self.wp_off):
+    def __cinit__(self, Py_ssize_t nph, Py_ssize_t ntaps):
+        self.p.nph = nph
+        self.p.geoms = <cb_cd_geom*> malloc(max(1, nph) * sizeof(cb_cd_geom))
+        self.p.outs = <cb_cd_out*> malloc(max(1, nph) * sizeof(cb_cd_out))
+        self.p.items = <Py_ssize_t*> malloc(max(1, nph) * sizeof(Py_ssize_t))
+        self.p.wp_off = <Py_ssize_t*> malloc(max(1, nph) * sizeof(Py_ssize_t))
+        self.p.taps = <Py_ssize_t*> malloc(max(1, ntaps) * sizeof(Py_ssize_t))
+        self.p.taps_off = <Py_ssize_t*> malloc(max(1, nph) * sizeof(Py_ssize_t))
+        if not (self.p.geoms and self.p.outs and self.p.items and self.p.wp_off
+                and self.p.taps and self.p.taps_off):
             raise MemoryError("conv_backward_input: no memory for a phase plan")
 
     def __dealloc__(self):
-        free(self.geoms)
-        free(self.outs)
-        free(self.items)
-        free(self.wp_off)
+        free(self.p.geoms)
+        free(self.p.outs)
+        free(self.p.items)
+        free(self.p.wp_off)
+        free(self.p.taps)
+        free(self.p.taps_off)
 
 
 @cython.wraparound(True)
@@ -1490,27 +1502,31 @@ def _phase_plan(g, Py_ssize_t FB):
     zero = len(live) < len(axes[0]) * len(axes[1]) * len(axes[2])
     if any(len(a[2]) * len(b[2]) > CB_CD_MAX_ROWS for a, b, c in live):
         return None
-    cdef _PhasePlan plan = _PhasePlan(len(live))
-    cdef Py_ssize_t i, off = 0, nfb = (g["C"] + FB - 1) // FB
+    cdef _PhasePlan plan = _PhasePlan(len(live), sum(len(a[2]) + len(b[2]) + len(c[2])
+                                                     for a, b, c in live))
+    cdef Py_ssize_t i, j, off = 0, toff = 0, nfb = (g["C"] + FB - 1) // FB
     plan.zero = zero
-    plan.most = plan.most_taps = 0
-    plan.taps = []
+    plan.p.most = plan.most_taps = 0
+    plan.p.KH, plan.p.KW, plan.p.C, plan.p.F = g["KH"], g["KW"], g["C"], g["F"]
     for i, (a, b, c) in enumerate(live):
         x0 = max(0, -c[4])
         W = max(0, g["OW"] - x0)
-        plan.geoms[i] = dict(N=g["N"], C=g["F"], F=g["C"], D=g["OD"], H=g["OH"], W=W,
+        plan.p.geoms[i] = dict(N=g["N"], C=g["F"], F=g["C"], D=g["OD"], H=g["OH"], W=W,
                              Wp=W, pw=max(0, c[4]), OD=a[1], OH=b[1], OW=c[1], KD=len(a[2]),
                              KH=len(b[2]), KW=len(c[2]), sd=1, sh=1, sw=1, dd=a[3], dh=b[3],
                              dw=c[3], pd=a[4], ph=b[4], FB=FB, nfb=nfb)
-        plan.outs[i] = dict(D=g["D"], H=g["H"], W=g["W"], d0=a[0], h0=b[0], w0=c[0],
+        plan.p.outs[i] = dict(D=g["D"], H=g["H"], W=g["W"], d0=a[0], h0=b[0], w0=c[0],
                             sd=g["sd"], sh=g["sh"], sw=g["sw"], xw0=g["OW"] - W)
-        plan.items[i] = g["N"] * a[1] * b[1] * nfb
-        plan.most = max(plan.most, plan.items[i])
-        plan.wp_off[i] = off
+        plan.p.items[i] = g["N"] * a[1] * b[1] * nfb
+        plan.p.most = max(plan.p.most, plan.p.items[i])
+        plan.p.wp_off[i] = off
         off += nfb * FB * len(a[2]) * len(b[2]) * len(c[2]) * g["F"]
-        plan.taps.append((a[2], b[2], c[2]))
+        plan.p.taps_off[i] = toff
+        for j in a[2] + b[2] + c[2]:
+            plan.p.taps[toff] = j
+            toff += 1
         plan.most_taps = max(plan.most_taps, len(a[2]) * len(b[2]) * len(c[2]))
-    plan.wp_size = max(1, off)
+    plan.p.wp_size = max(1, off)
     return plan
 
 
@@ -1546,65 +1562,93 @@ def _use_phases(g, bint last, bint dbl):
             g["F"] <= _TUNE["direct_max_c"] and g["K"] // g["C"] * g["F"] <= _TUNE["direct_max_k"]
             or g["F"] <= _TUNE["phase_max_c"] and g["OW"] >= _TUNE["phase_min_w"])):
         return None
-    cdef _PhasePlan plan
-    entry = _PHASE_PLANS.get((id(g), FB))
-    if entry is not None and entry[0] is g:
-        plan = entry[1]
-    else:
-        plan = _phase_plan(g, FB)
-        if len(_PHASE_PLANS) >= 512:
-            _PHASE_PLANS.clear()
-        # g is held so that its id is not reused while the entry lives
-        _PHASE_PLANS[(id(g), FB)] = (g, plan)
+    # keyed by the geometry's values: g itself is rebuilt on every call whose
+    # pads come as a list (_geometry cannot remember those)
+    cdef _PhasePlan plan = remembered(_PHASE_PLANS, (tuple(g.values()), FB), _phase_plan, g,
+                                      FB)
     if mode is None and plan is not None and plan.most_taps == 1 and \
             g["C"] * g["F"] > _TUNE["direct_pointwise_max_cf"]:
         return None
     return plan
 
 
-def _pack_phase(_PhasePlan plan, Py_ssize_t i, floating[::1] sub, floating[::1] wp):
-    _pack_direct[floating](&sub[0], NULL, &wp[plan.wp_off[i]], NULL, &plan.geoms[i])
+cdef void _pack_phase(const floating* k, floating* wp, const Phases* plan,
+                      Py_ssize_t ph) noexcept nogil:
+    """Phase ph's sub-kernel, packed for the direct kernel (as cb_cd_pack):
+    wp[b][t][c][j] = k[tap t][b * FB + j][c], the taps reversed and the
+    channels swapped (dy's are the phase's inputs), 0 past the dx channels."""
+    cdef const cb_cd_geom* pg = &plan.geoms[ph]
+    cdef const Py_ssize_t* td = &plan.taps[plan.taps_off[ph]]
+    cdef const Py_ssize_t* th = td + pg.KD
+    cdef const Py_ssize_t* tw = th + pg.KH
+    cdef Py_ssize_t FB = pg.FB, C = plan.C, F = plan.F, T = pg.KD * pg.KH * pg.KW
+    cdef Py_ssize_t b, a, h, w, c, j, f
+    cdef const floating* src
+    cdef floating* dst
+    wp += plan.wp_off[ph]
+    for b in range(pg.nfb):
+        for a in range(pg.KD):
+            for h in range(pg.KH):
+                for w in range(pg.KW):
+                    src = k + ((td[a] * plan.KH + th[h]) * plan.KW + tw[w]) * C * F
+                    dst = wp + (b * T + (a * pg.KH + h) * pg.KW + w) * F * FB
+                    for c in range(F):
+                        for j in range(FB):
+                            f = b * FB + j
+                            dst[c * FB + j] = src[f * F + c] if f < C else 0
 
 
-def _run_phases(_PhasePlan plan, floating[::1] dy, floating[::1] wp, floating[::1] dx, int nt):
-    """Every phase's rows in one parallel region, the phases interleaved so
-    that each thread's share holds all of them (their costs differ)."""
+cdef void _run_phases(const floating* dy, const floating* k, floating* wp, floating* dx,
+                      const Phases* plan, int nt, cb_intr* intr) noexcept nogil:
+    """Every phase's sub-kernel packed, then all their rows in one parallel
+    region, the phases interleaved so that each thread's share holds all of
+    them (their costs differ)."""
     cdef Py_ssize_t it, ph, i, nph = plan.nph
     cdef const cb_cd_geom* geoms = plan.geoms
     cdef const cb_cd_out* outs = plan.outs
     cdef const Py_ssize_t* items = plan.items
     cdef const Py_ssize_t* off = plan.wp_off
-    cdef cb_intr intr
-    cb_intr_init(&intr)
-    with nogil, parallel(num_threads=nt):
+    for ph in range(nph):
+        _pack_phase(k, wp, plan, ph)
+    with parallel(num_threads=nt):
         for it in prange(nph * plan.most, schedule='static'):
-            if cb_intr_poll(&intr):
+            if cb_intr_poll(intr):
                 continue
             ph = it % nph
             i = it // nph
             if i >= items[ph]:
                 continue
             if floating is float:
-                cb_cd_item_out_f(&dy[0], &wp[off[ph]], NULL, NULL, 0, &dx[0], &geoms[ph], i,
-                                 &outs[ph])
+                cb_cd_item_out_f(dy, wp + off[ph], NULL, NULL, 0, dx, &geoms[ph], i, &outs[ph])
             else:
-                cb_cd_item_out_d(&dy[0], &wp[off[ph]], NULL, NULL, 0, &dx[0], &geoms[ph], i,
-                                 &outs[ph])
+                cb_cd_item_out_d(dy, wp + off[ph], NULL, NULL, 0, dx, &geoms[ph], i, &outs[ph])
+
+
+def _backward_input_phases(_PhasePlan plan, cnp.ndarray dy, cnp.ndarray kernel, x_shape,
+                           int nt):
+    """dx for C-contiguous dy and kernel of the compute dtype, float32 or
+    float64 (see _PhasePlan)."""
+    cdef cnp.ndarray dx = (np.zeros if plan.zero else np.empty)(x_shape, dtype=dy.dtype)
+    cdef cb_intr intr
+    cdef bint dbl = cnp.PyArray_TYPE(dy) == cnp.NPY_DOUBLE
+    cdef void* wp
+    if plan.p.nph == 0:
+        return dx
+    wp = malloc(plan.p.wp_size * (8 if dbl else 4))
+    if wp == NULL:
+        raise MemoryError("conv_backward_input: no memory for the packed kernel")
+    cb_intr_init(&intr)
+    with nogil:
+        if dbl:
+            _run_phases[double](<const double*> cnp.PyArray_DATA(dy),
+                                <const double*> cnp.PyArray_DATA(kernel), <double*> wp,
+                                <double*> cnp.PyArray_DATA(dx), &plan.p, nt, &intr)
+        else:
+            _run_phases[float](<const float*> cnp.PyArray_DATA(dy),
+                               <const float*> cnp.PyArray_DATA(kernel), <float*> wp,
+                               <float*> cnp.PyArray_DATA(dx), &plan.p, nt, &intr)
+    free(wp)
     check_interrupt(&intr)
-
-
-@cython.wraparound(True)
-@cython.boundscheck(True)
-def _backward_input_phases(_PhasePlan plan, dy, kernel, x_shape, g, int nt):
-    """dx for contiguous dy and kernel of the compute dtype (see _PhasePlan)."""
-    k5 = kernel.reshape(g["KD"], g["KH"], g["KW"], g["C"], g["F"])
-    wp = np.empty(plan.wp_size, dtype=dy.dtype)
-    for i, (td, th, tw) in enumerate(plan.taps):
-        sub = k5[np.ix_(td, th, tw)].swapaxes(-1, -2)
-        _pack_phase(plan, i, np.ascontiguousarray(sub).reshape(-1), wp)
-    dx = (np.zeros if plan.zero else np.empty)(x_shape, dtype=dy.dtype)
-    if plan.nph:
-        _run_phases(plan, _flat(dy), wp, _flat(dx), nt)
     return dx
 
 
@@ -1657,7 +1701,7 @@ def conv_backward_input(dy, kernel, x_shape, strides, dilation, pads, channels_l
     nt, limit = _threads(g)
     plan = _use_phases(g, last, cdt == np.float64)
     if plan is not None:
-        return _backward_input_phases(plan, dy, kernel, x_shape, g, nt).astype(dt, copy=False)
+        return _backward_input_phases(plan, dy, kernel, x_shape, nt).astype(dt, copy=False)
     dx = np.zeros(x_shape, dtype=cdt)
     # Slab axis: the outermost output axis longer than 1 (the ones before it
     # are 1, so a slab is a contiguous range of output positions).
