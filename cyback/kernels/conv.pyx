@@ -1433,7 +1433,6 @@ cdef class _PhasePlan:
     than the stride) are zero.
     """
     cdef Phases p
-    cdef Py_ssize_t most_taps
     cdef bint zero          # some residues get no tap
 
     def __cinit__(self, Py_ssize_t nph, Py_ssize_t ntaps):
@@ -1506,7 +1505,7 @@ def _phase_plan(g, Py_ssize_t FB):
                                                      for a, b, c in live))
     cdef Py_ssize_t i, j, off = 0, toff = 0, nfb = (g["C"] + FB - 1) // FB
     plan.zero = zero
-    plan.p.most = plan.most_taps = 0
+    plan.p.most = 0
     plan.p.KH, plan.p.KW, plan.p.C, plan.p.F = g["KH"], g["KW"], g["C"], g["F"]
     for i, (a, b, c) in enumerate(live):
         x0 = max(0, -c[4])
@@ -1525,7 +1524,6 @@ def _phase_plan(g, Py_ssize_t FB):
         for j in a[2] + b[2] + c[2]:
             plan.p.taps[toff] = j
             toff += 1
-        plan.most_taps = max(plan.most_taps, len(a[2]) * len(b[2]) * len(c[2]))
     plan.p.wp_size = max(1, off)
     return plan
 
@@ -1549,11 +1547,11 @@ def _use_phases(g, bint last, bint dbl):
       rows, even on 14-wide ones), or up to phase_max_c dy channels on dy
       rows at least phase_min_w wide (3x3/2 and 4x4/2, 128-256 dy channels
       on 28-wide rows: 1.03-1.15x; on 14-wide rows the 6-pixel tiles waste
-      more: 256 -> 128 ran 0.85-0.91x);
-    - where every phase has a single tap (a kernel no longer than the
-      stride), col2im is one plain GEMM with no overlapping adds: phases
-      won for 16 channels in and out (1.4x), not clearly for 64 (0.9-1.2x),
-      so they take the bound of the direct kernel's 1x1 convolutions."""
+      more: 256 -> 128 ran 0.82-0.98x).
+
+    A kernel no longer than the stride (one tap per phase) makes col2im one
+    plain GEMM with no overlapping adds, yet the phases still matched or beat
+    it (2x2/2, 16 to 256 channels: 1.02-1.8x; once 0.9x for 64)."""
     mode = _TUNE["phase_split"]
     if not last or mode is False or g["sd"] * g["sh"] * g["sw"] == 1:
         return None
@@ -1564,12 +1562,7 @@ def _use_phases(g, bint last, bint dbl):
         return None
     # keyed by the geometry's values: g itself is rebuilt on every call whose
     # pads come as a list (_geometry cannot remember those)
-    cdef _PhasePlan plan = remembered(_PHASE_PLANS, (tuple(g.values()), FB), _phase_plan, g,
-                                      FB)
-    if mode is None and plan is not None and plan.most_taps == 1 and \
-            g["C"] * g["F"] > _TUNE["direct_pointwise_max_cf"]:
-        return None
-    return plan
+    return remembered(_PHASE_PLANS, (tuple(g.values()), FB), _phase_plan, g, FB)
 
 
 cdef void _pack_phase(const floating* k, floating* wp, const Phases* plan,
