@@ -290,7 +290,7 @@ def direct_vs_gemm(nthreads):
 
 
 # Strided input gradients: name, dx shape (channels_last), kernel (*k, dx
-# channels, dy channels), strides, padding. A transposed convolution's forward
+# channels, dy channels), strides, padding[, channels_last]. A transposed convolution's forward
 # pass is the input gradient of the convolution it transposes (dx is then
 # its output).
 PHASE_CASES = [
@@ -308,6 +308,8 @@ PHASE_CASES = [
     ("conv2d_T 3x3/2 64->8 b16", (16, 56, 56, 8), (3, 3, 8, 64), (2, 2), "same"),
     ("conv2d_T 3x3/2 128->64 b16", (16, 56, 56, 64), (3, 3, 64, 128), (2, 2), "same"),
     ("conv2d_T 3x3/2 256->128 b8", (8, 28, 28, 128), (3, 3, 128, 256), (2, 2), "same"),
+    ("conv2d_T 3x3/2 64->32 b16 NCHW", (16, 56, 56, 32), (3, 3, 32, 64), (2, 2), "same", False),
+    ("conv2d_T 3x3/2 32->32 b16 NCHW", (16, 56, 56, 32), (3, 3, 32, 32), (2, 2), "same", False),
 ]
 
 
@@ -318,28 +320,32 @@ def phases_vs_col2im():
     conv_backward_input takes unforced."""
     rng = np.random.default_rng(4)
     rows = []
-    for name, xs, ks, strides, padding in PHASE_CASES:
+    for name, xs, ks, strides, padding, *layout in PHASE_CASES:
+        last = layout[0] if layout else True
         rank = len(strides)
         dil = (1,) * rank
         pads = [conv_pads(n, k, s, 1, padding) for n, k, s in zip(xs[1:-1], ks[:rank], strides)]
         w = rng.standard_normal(ks, dtype=np.float32)
         ys = conv.conv_forward(np.zeros(xs, np.float32), w, strides, dil, pads).shape
         dy = rng.standard_normal(ys, dtype=np.float32)
+        if not last:
+            dy = np.ascontiguousarray(np.moveaxis(dy, -1, 1))
+            xs = (xs[0], xs[-1]) + xs[1:-1]
 
-        def run(dy=dy, w=w, xs=xs, strides=strides, dil=dil, pads=pads):
-            return conv.conv_backward_input(dy, w, xs, strides, dil, pads)
+        def run(dy=dy, w=w, xs=xs, strides=strides, dil=dil, pads=pads, last=last):
+            return conv.conv_backward_input(dy, w, xs, strides, dil, pads, channels_last=last)
         engines = {"phases": _tuned(run, phase_split=True),
                    "col2im": _tuned(run, phase_split=False)}
         a, b = engines["phases"](), engines["col2im"]()
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
-        g = conv._geometry(xs, ks, strides, dil, pads, True, "bench")[0]
+        g = conv._geometry(xs, ks, strides, dil, pads, last, "bench")[0]
         flops = 2.0 * dy.size * np.prod(ks[:-1])
         st = time_alternated(engines, blocks=3 if QUICK else 7, block_seconds=0.1)
         med = {k: v["median_s"] for k, v in st.items()}
         rows.append(dict(case=name, phases_ms=med["phases"] * 1e3, col2im_ms=med["col2im"] * 1e3,
                          col2im_over_phases=med["col2im"] / med["phases"],
                          phases_gflops=flops / med["phases"] / 1e9,
-                         default="phases" if conv._use_phases(g, True, False) is not None
+                         default="phases" if conv._use_phases(g, last, False) is not None
                          else "col2im"))
     return rows
 

@@ -29,10 +29,11 @@ Special cases, chosen per geometry by the Python entries below:
   one K = C GEMM per tap runs straight on its rows and no patch matrix is
   built (_tap_rows, _fwd_tap_item);
 - a stride-1 input gradient is a forward convolution with the flipped kernel
-  (no scatter-add); a strided one (a transposed convolution's forward pass),
-  channels_last with few channels, splits into one stride-1 convolution per
-  phase of the strides that the direct kernel writes straight into its
-  interleaved places (_PhasePlan); otherwise the input gradient is GEMM +
+  (no scatter-add); a strided one (a transposed convolution's forward pass)
+  with few enough channels splits into one stride-1 convolution per phase of
+  the strides that the direct kernel writes straight into its interleaved
+  places (_PhasePlan; channels_first through channels_last copies);
+  otherwise the input gradient is GEMM +
   col2im over slabs of output rows that never touch the same input element
   at the same time.
 """
@@ -1484,7 +1485,7 @@ def _axis_phases(Py_ssize_t X, Py_ssize_t K, Py_ssize_t s, Py_ssize_t d, Py_ssiz
 @cython.wraparound(True)
 @cython.boundscheck(True)
 def _phase_plan(g, Py_ssize_t FB):
-    """The _PhasePlan of a channels_last input gradient of geometry g with
+    """The _PhasePlan of an input gradient of geometry g (run channels_last) with
     direct-kernel blocks of FB channels, or None where the direct kernel
     cannot run a phase: without the vector kernels (the scalar one needs a
     W-padded copy) or with more tap rows than it holds. A phase whose
@@ -1547,18 +1548,21 @@ def _use_phases(g, bint last, bint dbl):
       rows, even on 14-wide ones), or up to phase_max_c dy channels on dy
       rows at least phase_min_w wide (3x3/2 and 4x4/2, 128-256 dy channels
       on 28-wide rows: 1.03-1.15x; on 14-wide rows the 6-pixel tiles waste
-      more: 256 -> 128 ran 0.82-0.98x).
+      more: 256 -> 128 ran 0.82-0.98x). channels_first runs the phases
+      between two transposing copies, which ate that margin (128 -> 64:
+      0.86-1.01x), so it keeps the first bound (64 -> 32: 0.97-1.3x, 32 ->
+      32: 1.15-1.4x).
 
     A kernel no longer than the stride (one tap per phase) makes col2im one
     plain GEMM with no overlapping adds, yet the phases still matched or beat
     it (2x2/2, 16 to 256 channels: 1.02-1.8x; once 0.9x for 64)."""
     mode = _TUNE["phase_split"]
-    if not last or mode is False or g["sd"] * g["sh"] * g["sw"] == 1:
+    if mode is False or g["sd"] * g["sh"] * g["sw"] == 1:
         return None
     FB = cb_cd_block(dbl)
     if mode is None and not (2 * g["C"] > FB and (
             g["F"] <= _TUNE["direct_max_c"] and g["K"] // g["C"] * g["F"] <= _TUNE["direct_max_k"]
-            or g["F"] <= _TUNE["phase_max_c"] and g["OW"] >= _TUNE["phase_min_w"])):
+            or last and g["F"] <= _TUNE["phase_max_c"] and g["OW"] >= _TUNE["phase_min_w"])):
         return None
     # keyed by the geometry's values: g itself is rebuilt on every call whose
     # pads come as a list (_geometry cannot remember those)
@@ -1694,7 +1698,12 @@ def conv_backward_input(dy, kernel, x_shape, strides, dilation, pads, channels_l
     nt, limit = _threads(g)
     plan = _use_phases(g, last, cdt == np.float64)
     if plan is not None:
-        return _backward_input_phases(plan, dy, kernel, x_shape, nt).astype(dt, copy=False)
+        if last:
+            return _backward_input_phases(plan, dy, kernel, x_shape, nt).astype(dt, copy=False)
+        # channels_first through channels_last copies (see _use_phases)
+        dx = _backward_input_phases(plan, np.ascontiguousarray(np.moveaxis(dy, 1, -1)), kernel,
+                                    (x_shape[0],) + x_shape[2:] + (x_shape[1],), nt)
+        return np.ascontiguousarray(np.moveaxis(dx, -1, 1), dtype=dt)
     dx = np.zeros(x_shape, dtype=cdt)
     # Slab axis: the outermost output axis longer than 1 (the ones before it
     # are 1, so a slab is a contiguous range of output positions).

@@ -25,8 +25,8 @@ def rand(*shape, dtype="float64"):
 
 @pytest.fixture(params=[True, False], ids=["phases", "col2im"])
 def phase_split(request):
-    """Strided transposes and input gradients (channels_last) through the
-    kernels' phase split or through col2im (cyback.kernels.conv)."""
+    """Strided transposes and input gradients through the kernels' phase
+    split or through col2im (cyback.kernels.conv)."""
     from cyback.kernels import conv
     old = conv._TUNE["phase_split"]
     conv._TUNE["phase_split"] = request.param

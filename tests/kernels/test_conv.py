@@ -679,8 +679,8 @@ def test_in_kernel_activations_keep_nan_like_numpy(direct_isa, activation):
 
 @pytest.fixture(params=[True, False], ids=["phases", "col2im"])
 def phase_split(request):
-    """Strided channels_last input gradients through the phase split (where
-    it can run) or through GEMM + col2im."""
+    """Strided input gradients through the phase split (where it can run)
+    or through GEMM + col2im."""
     old = conv._TUNE["phase_split"]
     conv._TUNE["phase_split"] = request.param
     try:
@@ -726,6 +726,7 @@ PHASE_CASES = [
 @pytest.mark.parametrize("case", range(len(PHASE_CASES)))
 def test_strided_input_gradient_phases(direct_isa, phase_split, case, dtype):
     sizes, ks, strides, dil, padding, f, c = PHASE_CASES[case]
+    last = case % 3 != 1    # a third of the cases channels_first
     rng = np.random.default_rng(100 + case)
     pads = padding if isinstance(padding, list) else \
         _padding_pads(sizes, ks, strides, dil, padding)
@@ -735,7 +736,11 @@ def test_strided_input_gradient_phases(direct_isa, phase_split, case, dtype):
         out = _out_shape(sizes, ks, strides, dil, pads)
         dy = rng.standard_normal((n,) + out + (f,)).astype(dtype)
         assert _takes_phases(x_shape, w.shape, strides, dil, pads, dtype) == phase_split
-        dx = conv.conv_backward_input(dy, w, x_shape, strides, dil, pads)
+        if last:
+            dx = conv.conv_backward_input(dy, w, x_shape, strides, dil, pads)
+        else:
+            dx = to_last(conv.conv_backward_input(to_first(dy), w, to_first(np.empty(x_shape))
+                                                  .shape, strides, dil, pads, False))
         assert dx.dtype == dtype and dx.shape == x_shape
         np.testing.assert_allclose(dx, ref_backward_input(dy, w, x_shape, strides, dil, pads),
                                    **tol(dtype))
@@ -801,14 +806,11 @@ def test_phases_float16_empty_and_thread_invariant(phase_split):
 
 
 def test_phases_fall_back_where_they_cannot_run():
-    # channels_first, and more tap rows per phase than the direct kernel
-    # holds: col2im, even when forced.
+    # More tap rows per phase than the direct kernel holds: col2im, even
+    # when forced.
     rng = np.random.default_rng(23)
     conv._TUNE["phase_split"] = True
     try:
-        w = rng.standard_normal((2, 4, 3)).astype(np.float32)
-        g, _, _ = conv._geometry((1, 4, 9), w.shape, (3,), (1,), [(2, 1)], False, "t")
-        assert conv._use_phases(g, False, False) is None
         w = rng.standard_normal((9, 9, 2, 2, 3)).astype(np.float32)
         args = ((1, 1, 2), (1, 1, 1), [(0, 0), (0, 0), (1, 0)])
         assert not _takes_phases((1, 10, 9, 5, 2), w.shape, *args, np.float32)
@@ -834,6 +836,11 @@ def test_phases_chosen_by_default_where_they_won():
                              np.float32)
     assert not _takes_phases((16, 56, 56, 64), (3, 3, 64, 1024), (2, 2), (1, 1), same,
                              np.float32)
+    # channels_first: only the first bound
+    g = conv._geometry((16, 64, 56, 56), (3, 3, 64, 128), (2, 2), (1, 1), same, False, "t")[0]
+    assert conv._use_phases(g, False, False) is None
+    g = conv._geometry((16, 32, 56, 56), (3, 3, 32, 64), (2, 2), (1, 1), same, False, "t")[0]
+    assert conv._use_phases(g, False, False) is not None
     # single-tap phases (2x2/2)
     assert _takes_phases((16, 56, 56, 64), (2, 2, 64, 64), (2, 2), (1, 1), [(0, 0)] * 2,
                          np.float32)
