@@ -1704,6 +1704,8 @@ def conv_backward_input(dy, kernel, x_shape, strides, dilation, pads, channels_l
         dx = _backward_input_phases(plan, np.ascontiguousarray(np.moveaxis(dy, 1, -1)), kernel,
                                     (x_shape[0],) + x_shape[2:] + (x_shape[1],), nt)
         return np.ascontiguousarray(np.moveaxis(dx, -1, 1), dtype=dt)
+    dy = _writable(dy)
+    kernel = _writable(kernel)
     dx = np.zeros(x_shape, dtype=cdt)
     # Slab axis: the outermost output axis longer than 1 (the ones before it
     # are 1, so a slab is a contiguous range of output positions).

@@ -785,6 +785,13 @@ def test_phases_float16_empty_and_thread_invariant(phase_split):
     assert dx.dtype == np.float16
     np.testing.assert_allclose(dx, ref_backward_input(dy, w, (2, 8, 5, 5), (2, 2), (1, 1), pads),
                                rtol=2e-2, atol=5e-2)
+    # channels_first, read-only arrays
+    dyf, wf = to_first(dy).astype(np.float32), w.astype(np.float32)
+    dyf.flags.writeable = wf.flags.writeable = False
+    dx = conv.conv_backward_input(dyf, wf, (2, 5, 8, 5), (2, 2), (1, 1), pads, False)
+    assert dx.flags.c_contiguous
+    np.testing.assert_allclose(to_last(dx), ref_backward_input(dy, w, (2, 8, 5, 5), (2, 2),
+                                                               (1, 1), pads), **tol(np.float32))
     empty = conv.conv_backward_input(np.zeros((0, 4, 3, 4), np.float32), w.astype(np.float32),
                                      (0, 8, 5, 5), (2, 2), (1, 1), pads)
     assert empty.shape == (0, 8, 5, 5)
