@@ -1,13 +1,15 @@
 """Benchmark of the convolution kernels (cyback.kernels.conv).
 
-    python benchmarks/bench_conv.py [--quick]
+    python benchmarks/bench_conv.py [--quick] [--phases]
 
 For each shape: forward and backward (input + kernel gradients) GFLOPS of
 cyback, a NumPy im2col + matmul reference, PyTorch CPU if it is installed, and
 the machine's sgemm rate measured in the same run (the roofline). Also the
 2-thread over 1-thread speedup of the ResNet 3x3 forward, the direct kernel
 against the GEMM paths on the narrow layers of the model benchmark, and
-1 against 2 threads at batch 1. Writes benchmarks/results/conv.json.
+1 against 2 threads at batch 1, and the phase split of strided input
+gradients (transposed convolutions) against col2im. Writes
+benchmarks/results/conv.json.
 """
 import os
 import sys
@@ -287,13 +289,86 @@ def direct_vs_gemm(nthreads):
     return rows
 
 
+# Strided input gradients: name, dx shape (channels_last), kernel (*k, dx
+# channels, dy channels), strides, padding[, channels_last]. A transposed convolution's forward
+# pass is the input gradient of the convolution it transposes (dx is then
+# its output).
+PHASE_CASES = [
+    ("conv2d_T 3x3/2 64->32 b16", (16, 56, 56, 32), (3, 3, 32, 64), (2, 2), "same"),
+    ("conv2d_T 4x4/2 64->32 b16", (16, 56, 56, 32), (4, 4, 32, 64), (2, 2), "same"),
+    ("conv2d_T 3x3/2 32->32 b16", (16, 56, 56, 32), (3, 3, 32, 32), (2, 2), "same"),
+    ("conv2d_T 3x3/2 64->64 b1", (1, 56, 56, 64), (3, 3, 64, 64), (2, 2), "same"),
+    ("conv2d_T 4x4/3 32->32 b16", (16, 60, 60, 32), (4, 4, 32, 32), (3, 3), "same"),
+    ("conv2d_T 2x2/2 16->16 b16", (16, 56, 56, 16), (2, 2, 16, 16), (2, 2), "valid"),
+    ("conv2d_T 2x2/2 64->64 b16", (16, 56, 56, 64), (2, 2, 64, 64), (2, 2), "valid"),
+    ("conv3d_T 3^3/2 32->16 b4", (4, 16, 32, 32, 16), (3, 3, 3, 16, 32), (2, 2, 2), "same"),
+    ("conv1d_T k4/2 64->64 b32", (32, 400, 64), (4, 64, 64), (2,), "same"),
+    ("conv 3x3/2 32->64 dx b32", (32, 56, 56, 32), (3, 3, 32, 64), (2, 2), "same"),
+    ("conv 3x3/2 64->128 dx b32", (32, 56, 56, 64), (3, 3, 64, 128), (2, 2), "same"),
+    ("conv2d_T 3x3/2 64->8 b16", (16, 56, 56, 8), (3, 3, 8, 64), (2, 2), "same"),
+    ("conv2d_T 3x3/2 128->64 b16", (16, 56, 56, 64), (3, 3, 64, 128), (2, 2), "same"),
+    ("conv2d_T 3x3/2 256->128 b8", (8, 28, 28, 128), (3, 3, 128, 256), (2, 2), "same"),
+    ("conv2d_T 3x3/2 64->32 b16 NCHW", (16, 56, 56, 32), (3, 3, 32, 64), (2, 2), "same", False),
+    ("conv2d_T 3x3/2 32->32 b16 NCHW", (16, 56, 56, 32), (3, 3, 32, 32), (2, 2), "same", False),
+]
+
+
+def phases_vs_col2im():
+    """Strided channels_last input gradients through the phase split and
+    through GEMM + col2im (_TUNE['phase_split'] True / False), alternated in
+    blocks, outputs checked against each other first; `default` is the path
+    conv_backward_input takes unforced."""
+    rng = np.random.default_rng(4)
+    rows = []
+    for name, xs, ks, strides, padding, *layout in PHASE_CASES:
+        last = layout[0] if layout else True
+        rank = len(strides)
+        dil = (1,) * rank
+        pads = [conv_pads(n, k, s, 1, padding) for n, k, s in zip(xs[1:-1], ks[:rank], strides)]
+        w = rng.standard_normal(ks, dtype=np.float32)
+        ys = conv.conv_forward(np.zeros(xs, np.float32), w, strides, dil, pads).shape
+        dy = rng.standard_normal(ys, dtype=np.float32)
+        if not last:
+            dy = np.ascontiguousarray(np.moveaxis(dy, -1, 1))
+            xs = (xs[0], xs[-1]) + xs[1:-1]
+
+        def run(dy=dy, w=w, xs=xs, strides=strides, dil=dil, pads=pads, last=last):
+            return conv.conv_backward_input(dy, w, xs, strides, dil, pads, channels_last=last)
+        engines = {"phases": _tuned(run, phase_split=True),
+                   "col2im": _tuned(run, phase_split=False)}
+        a, b = engines["phases"](), engines["col2im"]()
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
+        g = conv._geometry(xs, ks, strides, dil, pads, last, "bench")[0]
+        flops = 2.0 * dy.size * np.prod(ks[:-1])
+        st = time_alternated(engines, blocks=3 if QUICK else 7, block_seconds=0.1)
+        med = {k: v["median_s"] for k, v in st.items()}
+        rows.append(dict(case=name, phases_ms=med["phases"] * 1e3, col2im_ms=med["col2im"] * 1e3,
+                         col2im_over_phases=med["col2im"] / med["phases"],
+                         phases_gflops=flops / med["phases"] / 1e9,
+                         default="phases" if conv._use_phases(g, last, False) is not None
+                         else "col2im"))
+    return rows
+
+
 def settle():
     """Let the previous library's idle worker threads go to sleep: they spin
     for a while after their work and would steal the next timing's cores."""
     time.sleep(0.3)
 
 
+def print_phases():
+    print_table(phases_vs_col2im(), ["case", "phases_ms", "col2im_ms", "col2im_over_phases",
+                                     "phases_gflops", "default"],
+                title="strided input gradients / transposed convs: phase split against "
+                      "col2im (col2im_over_phases > 1: phases are faster); load average %.1f"
+                      % os.getloadavg()[0])
+
+
 def main():
+    if "--phases" in sys.argv:
+        # only the phase split's table (no JSON)
+        print_phases()
+        return
     torch = try_import_torch()
     if torch is not None:
         torch.set_num_threads(os.cpu_count())
@@ -371,9 +446,17 @@ def main():
                          "b1_1thread_us", "b1_team_us"],
                 title="direct kernel against the GEMM paths (gemm_over_direct > 1: direct "
                       "is faster); batch 1 on one thread and on %d" % nthreads)
+    settle()
+    ph_rows = phases_vs_col2im()
+    print()
+    print_table(ph_rows, ["case", "phases_ms", "col2im_ms", "col2im_over_phases",
+                          "phases_gflops", "default"],
+                title="strided input gradients / transposed convs: phase split against "
+                      "col2im (col2im_over_phases > 1: phases are faster)")
     load = os.getloadavg()[0]
     print("load average at the end: %.1f (a shared machine makes every figure noisy)" % load)
-    path = write_json("conv", rows, pointwise=pw_rows, direct=d_rows, threads=nthreads,
+    path = write_json("conv", rows, pointwise=pw_rows, direct=d_rows, phases=ph_rows,
+                      threads=nthreads,
                       thread_speedup=speedup,
                       torch=torch.__version__ if torch else None, load_average=load)
     print("wrote", path)

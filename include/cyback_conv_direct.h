@@ -90,8 +90,8 @@ static void cb_cd_pad_row_##SUF(const T *x, T *xp, const cb_cd_geom *g, ptrdiff_
                                                                                           \
 /* Scalar tile of np pixels, for compilers without vector extensions. */                  \
 static void cb_cd_tile_scalar_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,         \
-        const T *bp, const T *res, int act, T *y, ptrdiff_t nf, ptrdiff_t np,             \
-        const cb_cd_geom *g) {                                                            \
+        const T *bp, const T *res, int act, T *y, ptrdiff_t ys, ptrdiff_t nf,             \
+        ptrdiff_t np, const cb_cd_geom *g) {                                              \
     ptrdiff_t p, j, r, kw, c, FB = g->FB, C = g->C;                                       \
     for (p = 0; p < np; p++)                                                              \
         for (j = 0; j < nf; j++) {                                                        \
@@ -105,8 +105,8 @@ static void cb_cd_tile_scalar_##SUF(const T *const *xr, ptrdiff_t R, const T *wp
                              * wp[((r * g->KW + kw) * C + c) * FB + j];                   \
             }                                                                             \
             if (bp) s += bp[j];                                                           \
-            if (res) s += res[p * g->F + j];                                              \
-            y[p * g->F + j] = CB_ACT(T, s, act);                                          \
+            if (res) s += res[p * ys + j];                                                \
+            y[p * ys + j] = CB_ACT(T, s, act);                                            \
         }                                                                                 \
 }
 
@@ -168,15 +168,17 @@ CB_CD_COMMON(double, d)
                 }                                                                         \
             }                                                                             \
         }                                                                                 \
-        CB_CD_STORE(T, V, VL, a0, b0, y + (ow_) * F, res ? res + (ow_) * F : NULL);       \
+        CB_CD_STORE(T, V, VL, a0, b0, y + (ow_) * ys, res ? res + (ow_) * ys : NULL);     \
     } while (0)
 
 /* One output row (all OW pixels) of one channel block. xr[r]: input row of
  * tap row r (Wp wide; when Wp == W its pw leading zero columns are implied,
  * otherwise they are in the row), or NULL; wp: the block's packed kernel; bp:
  * its packed bias or NULL; res: a residual laid out like y, or NULL (it may be
- * y itself); y: output pixel 0 of the block (pixel stride F); nf: channels of
- * the block that exist.
+ * y itself); y: output pixel 0 of the block; ys: the output pixel stride (F,
+ * or a multiple of F when the row's pixels are interleaved with others, as the
+ * phases of a transposed convolution are); nf: channels of the block that
+ * exist.
  * Pixels [lo, hi) read only inside their rows and run in tiles; a tile of 2
  * to 5 pixels at the end runs as a full tile whose missing pixels repeat its
  * last one (read, never stored): cheaper than pixels one at a time, which
@@ -184,8 +186,9 @@ CB_CD_COMMON(double, d)
  * a few per side, skip their taps outside the row. */
 #define CB_CD_ROW(T, V, VL, SUF, ATTR)                                                    \
 ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,            \
-        const T *bp, const T *res, int act, T *y, ptrdiff_t nf, const cb_cd_geom *g) {    \
-    const ptrdiff_t C = g->C, F = g->F, OW = g->OW;                                       \
+        const T *bp, const T *res, int act, T *y, ptrdiff_t ys, ptrdiff_t nf,             \
+        const cb_cd_geom *g) {                                                            \
+    const ptrdiff_t C = g->C, OW = g->OW;                                                 \
     const ptrdiff_t sC = g->sw * C, dC = g->dw * C, tap = C * 2 * VL;                     \
     /* Undilated taps of a row are one run of KW * C inputs and of kernel    */          \
     /* vectors: one loop instead of two (few channels: the first layer).     */          \
@@ -205,8 +208,8 @@ ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,  
         V a0 = zero, b0 = zero, a1 = zero, b1 = zero, a2 = zero, b2 = zero;               \
         V a3 = zero, b3 = zero, a4 = zero, b4 = zero, a5 = zero, b5 = zero;               \
         ptrdiff_t o[CB_CD_TILE];                                                          \
-        T *yo = y + ow * F;                                                               \
-        const T *ro = res ? res + ow * F : NULL;                                          \
+        T *yo = y + ow * ys;                                                              \
+        const T *ro = res ? res + ow * ys : NULL;                                         \
         np = hi - ow < CB_CD_TILE ? hi - ow : CB_CD_TILE;                                 \
         for (p = 0; p < CB_CD_TILE; p++) o[p] = (p < np ? p : np - 1) * sC;               \
         for (r = 0; r < R; r++) {                                                         \
@@ -233,11 +236,11 @@ ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,  
             }                                                                             \
         }                                                                                 \
         CB_CD_STORE(T, V, VL, a0, b0, yo, ro);                                            \
-        CB_CD_STORE(T, V, VL, a1, b1, yo + F, ro ? ro + F : NULL);                        \
-        if (np > 2) CB_CD_STORE(T, V, VL, a2, b2, yo + 2 * F, ro ? ro + 2 * F : NULL);    \
-        if (np > 3) CB_CD_STORE(T, V, VL, a3, b3, yo + 3 * F, ro ? ro + 3 * F : NULL);    \
-        if (np > 4) CB_CD_STORE(T, V, VL, a4, b4, yo + 4 * F, ro ? ro + 4 * F : NULL);    \
-        if (np > 5) CB_CD_STORE(T, V, VL, a5, b5, yo + 5 * F, ro ? ro + 5 * F : NULL);    \
+        CB_CD_STORE(T, V, VL, a1, b1, yo + ys, ro ? ro + ys : NULL);                      \
+        if (np > 2) CB_CD_STORE(T, V, VL, a2, b2, yo + 2 * ys, ro ? ro + 2 * ys : NULL);  \
+        if (np > 3) CB_CD_STORE(T, V, VL, a3, b3, yo + 3 * ys, ro ? ro + 3 * ys : NULL);  \
+        if (np > 4) CB_CD_STORE(T, V, VL, a4, b4, yo + 4 * ys, ro ? ro + 4 * ys : NULL);  \
+        if (np > 5) CB_CD_STORE(T, V, VL, a5, b5, yo + 5 * ys, ro ? ro + 5 * ys : NULL);  \
     }                                                                                     \
     if (ow > hi) ow = hi;           /* the last tile ended at hi */                      \
     for (; ow < OW; ow++) CB_CD_EDGE(T, V, VL, ow);                                       \
@@ -251,16 +254,29 @@ CB_CD_ROW(double, cb_v4d, 4, d_avx2, CB_AVX2_ATTR)
 #endif
 #endif  /* CB_SIMD_VECTOR */
 
+/* Where the output rows of a convolution go in a larger output array: output
+ * position (od, oh, ow) of sample n is element ((n * D + d0 + od * sd) * H + h0
+ * + oh * sh) * W + w0 + ow * sw of an (N, D, H, W, F) array. One phase of a
+ * transposed convolution with strides (sd, sh, sw) is a stride-1 convolution
+ * whose outputs are every sd-th, sh-th, sw-th position of its result from
+ * (d0, h0, w0) on (see conv.pyx, _phase_plan). Its input rows may also start
+ * xw0 columns into rows of g->W + xw0 (a negative padding before). */
+typedef struct {
+    ptrdiff_t D, H, W, d0, h0, w0, sd, sh, sw, xw0;
+} cb_cd_out;
+
 /* Work item `it` over N * OD * OH * nfb: one output row of one channel block.
  * x: the input, or its W-padded copy (rows of Wp * C); wp, bp: packed kernel
  * and bias (bp may be NULL); res: NULL or a residual shaped like y (it may
- * be y); y: the (N, OD, OH, OW, F) output. */
+ * be y); y: the (N, OD, OH, OW, F) output, or with `out` (else NULL) the
+ * larger array it describes. */
 #define CB_CD_ITEM(T, SUF, VL_AVX2, VL_BASE)                                              \
-static void cb_cd_item_##SUF(const T *x, const T *wp, const T *bp, const T *res, int act,  \
-                             T *y, const cb_cd_geom *g, ptrdiff_t it) {                    \
+static void cb_cd_item_out_##SUF(const T *x, const T *wp, const T *bp, const T *res,      \
+        int act, T *y, const cb_cd_geom *g, ptrdiff_t it, const cb_cd_out *out) {         \
     const T *xr[CB_CD_MAX_ROWS];                                                          \
     ptrdiff_t b = it % g->nfb, row = it / g->nfb, oh, od, n, kd, kh, id, ih, R = 0, nf;   \
-    ptrdiff_t taps = g->KD * g->KH * g->KW * g->C;                                        \
+    ptrdiff_t taps = g->KD * g->KH * g->KW * g->C, ys = g->F;                             \
+    const ptrdiff_t x0 = out ? out->xw0 : 0, rowlen = (g->Wp + x0) * g->C;                \
     T *yb;                                                                                \
     oh = row % g->OH;                                                                     \
     od = (row / g->OH) % g->OD;                                                           \
@@ -270,27 +286,37 @@ static void cb_cd_item_##SUF(const T *x, const T *wp, const T *bp, const T *res,
             id = od * g->sd - g->pd + kd * g->dd;                                         \
             ih = oh * g->sh - g->ph + kh * g->dh;                                         \
             xr[R++] = (id < 0 || id >= g->D || ih < 0 || ih >= g->H) ? NULL               \
-                : x + ((n * g->D + id) * g->H + ih) * g->Wp * g->C;                       \
+                : x + ((n * g->D + id) * g->H + ih) * rowlen + x0 * g->C;                 \
         }                                                                                 \
     nf = g->F - b * g->FB;                                                                \
     if (nf > g->FB) nf = g->FB;                                                           \
-    yb = y + ((n * g->OD + od) * g->OH + oh) * g->OW * g->F + b * g->FB;                  \
+    if (out) {                                                                            \
+        yb = y + (((n * out->D + out->d0 + od * out->sd) * out->H + out->h0               \
+                   + oh * out->sh) * out->W + out->w0) * g->F + b * g->FB;                \
+        ys = out->sw * g->F;                                                              \
+    } else                                                                                \
+        yb = y + ((n * g->OD + od) * g->OH + oh) * g->OW * g->F + b * g->FB;              \
     if (res) res += yb - y;                                                               \
     wp += b * taps * g->FB;                                                               \
     if (bp) bp += b * g->FB;                                                              \
     CB_CD_DISPATCH(SUF, VL_AVX2, VL_BASE)                                                 \
+}                                                                                         \
+                                                                                          \
+static void cb_cd_item_##SUF(const T *x, const T *wp, const T *bp, const T *res, int act,  \
+                             T *y, const cb_cd_geom *g, ptrdiff_t it) {                    \
+    cb_cd_item_out_##SUF(x, wp, bp, res, act, y, g, it, NULL);                            \
 }
 
 #if CB_SIMD_VECTOR && CB_SIMD_AVX2
 #define CB_CD_DISPATCH(SUF, VL_AVX2, VL_BASE)                                             \
-    if (g->FB == 2 * VL_AVX2) cb_cd_row_##SUF##_avx2(xr, R, wp, bp, res, act, yb, nf, g);       \
-    else cb_cd_row_##SUF##_base(xr, R, wp, bp, res, act, yb, nf, g);
+    if (g->FB == 2 * VL_AVX2) cb_cd_row_##SUF##_avx2(xr, R, wp, bp, res, act, yb, ys, nf, g);   \
+    else cb_cd_row_##SUF##_base(xr, R, wp, bp, res, act, yb, ys, nf, g);
 #elif CB_SIMD_VECTOR
 #define CB_CD_DISPATCH(SUF, VL_AVX2, VL_BASE)                                             \
-    cb_cd_row_##SUF##_base(xr, R, wp, bp, res, act, yb, nf, g);
+    cb_cd_row_##SUF##_base(xr, R, wp, bp, res, act, yb, ys, nf, g);
 #else
 #define CB_CD_DISPATCH(SUF, VL_AVX2, VL_BASE)                                             \
-    cb_cd_tile_scalar_##SUF(xr, R, wp, bp, res, act, yb, nf, g->OW, g);
+    cb_cd_tile_scalar_##SUF(xr, R, wp, bp, res, act, yb, ys, nf, g->OW, g);
 #endif
 
 CB_CD_ITEM(float, f, 8, 4)

@@ -23,6 +23,19 @@ def rand(*shape, dtype="float64"):
     return RS.uniform(-1, 1, size=shape).astype(dtype)
 
 
+@pytest.fixture(params=[True, False], ids=["phases", "col2im"])
+def phase_split(request):
+    """Strided transposes and input gradients through the kernels' phase
+    split or through col2im (cyback.kernels.conv)."""
+    from cyback.kernels import conv
+    old = conv._TUNE["phase_split"]
+    conv._TUNE["phase_split"] = request.param
+    try:
+        yield request.param
+    finally:
+        conv._TUNE["phase_split"] = old
+
+
 # ------------------------------------------------------------------ references
 
 def ref_pads(n, k, s, d, padding):
@@ -247,7 +260,7 @@ TRANSPOSE_CASES = [
 
 @pytest.mark.parametrize("fmt", ["channels_last", "channels_first"])
 @pytest.mark.parametrize("case", TRANSPOSE_CASES)
-def test_conv2d_transpose_values(case, fmt):
+def test_conv2d_transpose_values(phase_split, case, fmt):
     sp, ks, st, pad, osp = case
     cl = fmt == "channels_last"
     x = rand(2, *sp, 3)
@@ -398,7 +411,7 @@ def test_depthwise_none_batch():
 
 # ------------------------------------------------------------------ gradients
 
-def test_conv2d_grads(one_thread):
+def test_conv2d_grads(one_thread, phase_split):
     x, k = rand(2, 5, 4, 2), rand(3, 2, 2, 3)
     for st, dl, pad, fmt in (((1, 1), (1, 1), "valid", "channels_last"),
                              ((2, 2), (1, 1), "same", "channels_first"),
@@ -416,7 +429,7 @@ def test_conv1d_and_conv3d_grads(one_thread):
                 rand(2, 2, 1, 2, 2))
 
 
-def test_transpose_grads(one_thread):
+def test_transpose_grads(one_thread, phase_split):
     check_grads(lambda a, b: K.conv2d_transpose(a, b, (2, 7, 6, 2), (2, 2), "same"),
                 rand(2, 4, 3, 3), rand(3, 2, 2, 3))
     check_grads(lambda a, b: K.conv2d_transpose(a, b, (1, 2, 5, 5), (2, 2), "valid",
@@ -424,6 +437,11 @@ def test_transpose_grads(one_thread):
                 rand(1, 2, 2, 2), rand(2, 2, 2, 2))
     check_grads(lambda a, b: K.conv3d_transpose(a, b, (1, 3, 3, 4, 2), (1, 1, 2), "same"),
                 rand(1, 3, 3, 2, 2), rand(2, 1, 2, 2, 2))
+    check_grads(lambda a, b: K.conv2d_transpose(a, b, (2, 8, 7, 3), (3, 2), "same"),
+                rand(2, 3, 4, 2), rand(2, 3, 3, 2))
+    # the input gradient of a strided conv
+    check_grads(lambda a, b: K.conv2d(a, b, (2, 3), "same"), rand(2, 7, 8, 2),
+                rand(3, 3, 2, 3))
 
 
 def test_depthwise_and_separable_grads(one_thread):

@@ -673,3 +673,181 @@ def test_in_kernel_activations_keep_nan_like_numpy(direct_isa, activation):
         got = fwd(x, kern, (1, 1), (1, 1), pads, True, bias=bias, activation=activation)
         np.testing.assert_array_equal(got, want)
         assert np.isnan(got).any()
+
+
+# ---------------------------------------------------------------- phases of strided input gradients
+
+@pytest.fixture(params=[True, False], ids=["phases", "col2im"])
+def phase_split(request):
+    """Strided input gradients through the phase split (where it can run)
+    or through GEMM + col2im."""
+    old = conv._TUNE["phase_split"]
+    conv._TUNE["phase_split"] = request.param
+    try:
+        yield request.param
+    finally:
+        conv._TUNE["phase_split"] = old
+
+
+def _takes_phases(x_shape, k_shape, strides, dilation, pads, dtype):
+    g, _, _ = conv._geometry(x_shape, k_shape, strides, dilation, pads, True, "t")
+    return conv._use_phases(g, True, dtype == np.float64) is not None
+
+
+def _padding_pads(sizes, ksize, strides, dilation, padding):
+    return [conv_utils.conv_pads(n, k, s, d, padding)
+            for n, k, s, d in zip(sizes, ksize, strides, dilation)]
+
+
+# dx spatial size, kernel, strides, dilation, padding ('same' / 'valid' as
+# Keras computes them from the wanted output size, or explicit pairs), dy
+# channels, dx channels
+PHASE_CASES = [
+    ((8, 8), (3, 3), (2, 2), (1, 1), "same", 5, 4),
+    ((9, 7), (3, 3), (2, 2), (1, 1), "same", 3, 6),      # odd sizes
+    ((9, 11), (3, 4), (2, 3), (1, 1), "valid", 4, 3),
+    ((12, 10), (3, 3), (3, 3), (1, 1), "same", 4, 5),
+    ((10, 13), (2, 1), (3, 2), (1, 1), "valid", 3, 3),   # kernel shorter than stride
+    ((7, 8), (1, 1), (2, 2), (1, 1), "same", 2, 3),      # 1x1/2: three residues get nothing
+    ((11, 9), (3, 3), (2, 2), (2, 2), "same", 3, 4),     # dilation shares a factor with stride
+    ((10, 11), (3, 2), (2, 3), (3, 2), "valid", 2, 5),   # and not
+    ((9, 8), (4, 3), (2, 2), (1, 1), [(2, 1), (1, 2)], 3, 4),
+    ((9, 14), (2, 2), (3, 3), (1, 1), [(2, 1), (3, 0)], 3, 4),  # dy windows start late
+    ((7, 6), (3, 3), (2, 2), (1, 1), [(2, 2), (2, 2)], 3, 4),
+    ((40,), (4,), (2,), (1,), "same", 6, 20),            # several channel blocks
+    ((31,), (5,), (3,), (1,), "valid", 3, 17),
+    ((6, 7, 8), (3, 3, 3), (2, 2, 2), (1, 1, 1), "same", 3, 4),
+    ((5, 8, 7), (2, 3, 1), (1, 2, 3), (1, 1, 1), "valid", 2, 3),
+    ((3, 30, 2), (3, 3, 3), (2, 2, 1), (1, 1, 1), [(1, 1), (1, 1), (1, 1)], 7, 9),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", range(len(PHASE_CASES)))
+def test_strided_input_gradient_phases(direct_isa, phase_split, case, dtype):
+    sizes, ks, strides, dil, padding, f, c = PHASE_CASES[case]
+    last = case % 3 != 1    # a third of the cases channels_first
+    rng = np.random.default_rng(100 + case)
+    pads = padding if isinstance(padding, list) else \
+        _padding_pads(sizes, ks, strides, dil, padding)
+    w = rng.standard_normal(ks + (c, f)).astype(dtype)
+    for n in (1, 3):
+        x_shape = (n,) + sizes + (c,)
+        out = _out_shape(sizes, ks, strides, dil, pads)
+        dy = rng.standard_normal((n,) + out + (f,)).astype(dtype)
+        assert _takes_phases(x_shape, w.shape, strides, dil, pads, dtype) == phase_split
+        if last:
+            dx = conv.conv_backward_input(dy, w, x_shape, strides, dil, pads)
+        else:
+            dx = to_last(conv.conv_backward_input(to_first(dy), w, to_first(np.empty(x_shape))
+                                                  .shape, strides, dil, pads, False))
+        assert dx.dtype == dtype and dx.shape == x_shape
+        np.testing.assert_allclose(dx, ref_backward_input(dy, w, x_shape, strides, dil, pads),
+                                   **tol(dtype))
+
+
+@pytest.mark.parametrize("padding", ["same", "valid"])
+def test_conv_transpose_phases_match_col2im(padding):
+    # A transposed convolution (dy is its input) through both paths, with the
+    # wanted output one longer than the minimum where Keras allows it.
+    rng = np.random.default_rng(21)
+    for rank, strides, ks in ((1, (3,), (5,)), (2, (2, 2), (3, 3)), (2, (3, 2), (2, 4)),
+                              (3, (2, 2, 2), (3, 2, 3))):
+        sp = (6, 5, 4)[:rank]
+        x = rng.standard_normal((2,) + sp + (24,)).astype(np.float32)
+        w = rng.standard_normal(ks + (20, 24)).astype(np.float32)
+        for extra in (0, 1):
+            out = tuple(conv_utils.deconv_output_length(n, k, s, padding) + extra
+                        for n, k, s in zip(sp, ks, strides))
+            pads = _padding_pads(out, ks, strides, (1,) * rank, padding)
+            if _out_shape(out, ks, strides, (1,) * rank, pads) != sp:
+                continue
+            shape = (2,) + out + (20,)
+            got = {}
+            for mode in (True, False):
+                conv._TUNE["phase_split"] = mode
+                try:
+                    got[mode] = conv.conv_backward_input(x, w, shape, strides, (1,) * rank, pads)
+                finally:
+                    conv._TUNE["phase_split"] = None
+            np.testing.assert_allclose(got[True], got[False], rtol=1e-5, atol=1e-4)
+            np.testing.assert_allclose(got[True], ref_backward_input(x, w, shape, strides,
+                                                                     (1,) * rank, pads),
+                                       rtol=1e-4, atol=1e-4)
+
+
+def test_phases_float16_empty_and_thread_invariant(phase_split):
+    rng = np.random.default_rng(22)
+    w = rng.standard_normal((3, 3, 5, 4)).astype(np.float16)
+    pads = [(0, 1), (1, 1)]
+    dy = rng.standard_normal((2, 4, 3, 4)).astype(np.float16)
+    dx = conv.conv_backward_input(dy, w, (2, 8, 5, 5), (2, 2), (1, 1), pads)
+    assert dx.dtype == np.float16
+    np.testing.assert_allclose(dx, ref_backward_input(dy, w, (2, 8, 5, 5), (2, 2), (1, 1), pads),
+                               rtol=2e-2, atol=5e-2)
+    # channels_first, read-only arrays
+    dyf, wf = to_first(dy).astype(np.float32), w.astype(np.float32)
+    dyf.flags.writeable = wf.flags.writeable = False
+    dx = conv.conv_backward_input(dyf, wf, (2, 5, 8, 5), (2, 2), (1, 1), pads, False)
+    assert dx.flags.c_contiguous
+    np.testing.assert_allclose(to_last(dx), ref_backward_input(dy, w, (2, 8, 5, 5), (2, 2),
+                                                               (1, 1), pads), **tol(np.float32))
+    empty = conv.conv_backward_input(np.zeros((0, 4, 3, 4), np.float32), w.astype(np.float32),
+                                     (0, 8, 5, 5), (2, 2), (1, 1), pads)
+    assert empty.shape == (0, 8, 5, 5)
+    w = rng.standard_normal((3, 3, 24, 40)).astype(np.float32)
+    dy = rng.standard_normal((3, 15, 16, 40)).astype(np.float32)
+    args = ((2, 2), (1, 1), [(1, 1), (1, 1)])
+    old = get_max_threads()
+    try:
+        outs = []
+        for nt in (1, 2, 3):
+            set_num_threads(nt)
+            outs.append(conv.conv_backward_input(dy, w, (3, 30, 31, 24), *args))
+    finally:
+        set_num_threads(old)
+    for dx in outs[1:]:
+        assert np.array_equal(dx, outs[0])
+    np.testing.assert_allclose(outs[0], ref_backward_input(dy, w, (3, 30, 31, 24), *args),
+                               **tol(np.float32))
+
+
+def test_phases_fall_back_where_they_cannot_run():
+    # More tap rows per phase than the direct kernel holds: col2im, even
+    # when forced.
+    rng = np.random.default_rng(23)
+    conv._TUNE["phase_split"] = True
+    try:
+        w = rng.standard_normal((9, 9, 2, 2, 3)).astype(np.float32)
+        args = ((1, 1, 2), (1, 1, 1), [(0, 0), (0, 0), (1, 0)])
+        assert not _takes_phases((1, 10, 9, 5, 2), w.shape, *args, np.float32)
+        dy = rng.standard_normal((1, 2, 1, 3, 3)).astype(np.float32)
+        dx = conv.conv_backward_input(dy, w, (1, 10, 9, 5, 2), *args)
+        np.testing.assert_allclose(dx, ref_backward_input(dy, w, (1, 10, 9, 5, 2), *args),
+                                   **tol(np.float32))
+    finally:
+        conv._TUNE["phase_split"] = None
+
+
+def test_phases_chosen_by_default_where_they_won():
+    fb = conv._direct_block_width(False)
+    same = [(0, 1), (0, 1)]
+    # transposed 3x3/2, 64 -> 32 channels: phases
+    assert _takes_phases((16, 56, 56, 32), (3, 3, 32, 64), (2, 2), (1, 1), same, np.float32)
+    # too few dx channels for a block: col2im
+    assert not _takes_phases((16, 56, 56, fb // 2), (3, 3, fb // 2, 64), (2, 2), (1, 1), same,
+                             np.float32)
+    # many dy channels: phases on wide dy rows, col2im on narrow ones
+    assert _takes_phases((16, 56, 56, 64), (3, 3, 64, 128), (2, 2), (1, 1), same, np.float32)
+    assert not _takes_phases((16, 28, 28, 128), (3, 3, 128, 256), (2, 2), (1, 1), same,
+                             np.float32)
+    assert not _takes_phases((16, 56, 56, 64), (3, 3, 64, 1024), (2, 2), (1, 1), same,
+                             np.float32)
+    # channels_first: only the first bound
+    g = conv._geometry((16, 64, 56, 56), (3, 3, 64, 128), (2, 2), (1, 1), same, False, "t")[0]
+    assert conv._use_phases(g, False, False) is None
+    g = conv._geometry((16, 32, 56, 56), (3, 3, 32, 64), (2, 2), (1, 1), same, False, "t")[0]
+    assert conv._use_phases(g, False, False) is not None
+    # single-tap phases (2x2/2)
+    assert _takes_phases((16, 56, 56, 64), (2, 2, 64, 64), (2, 2), (1, 1), [(0, 0)] * 2,
+                         np.float32)
