@@ -47,6 +47,7 @@ from libc.string cimport memcpy, memset
 from cyback.kernels._blas cimport floating, gemm
 from contextlib import nullcontext
 from cyback.kernels._omp cimport cb_parallel_min_work, cb_threads_for
+from cyback.kernels._arrays cimport fits
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 from cyback.kernels._checks import remembered
 from cyback.kernels.blas_threads import blas_threads
@@ -1223,23 +1224,6 @@ def _epilogue(y, bias, residual, int act, bint channels_last):
             np.minimum(y, 6, out=y)
 
 
-cdef bint _fits(object a, int typenum, tuple shape):
-    """a is an aligned, C-contiguous ndarray of this type number (in the
-    machine's byte order) and shape."""
-    cdef cnp.ndarray arr
-    cdef int i
-    if not isinstance(a, cnp.ndarray):
-        return False
-    arr = <cnp.ndarray> a
-    if cnp.PyArray_TYPE(arr) != typenum or not cnp.PyArray_ISCARRAY_RO(arr) or \
-            not cnp.PyArray_ISNOTSWAPPED(arr) or cnp.PyArray_NDIM(arr) != len(shape):
-        return False
-    for i in range(len(shape)):
-        if cnp.PyArray_DIM(arr, i) != <Py_ssize_t> shape[i]:
-            return False
-    return True
-
-
 cdef inline object _writable(cnp.ndarray a):
     # the memoryviews of the GEMM paths refuse read-only buffers (constants)
     return a if cnp.PyArray_ISWRITEABLE(a) else a.copy()
@@ -1265,11 +1249,11 @@ cdef class ForwardCall:
     cdef _DirectGeom d
 
     def __call__(self, x, kernel, bias=None, residual=None):
-        if self.version != _TUNE.version or not _fits(x, self.typenum, self.x_shape) or \
-                not _fits(kernel, self.typenum, self.k_shape) or \
+        if self.version != _TUNE.version or not fits(x, self.typenum, self.x_shape) or \
+                not fits(kernel, self.typenum, self.k_shape) or \
                 (bias is not None) != self.has_bias or (residual is not None) != self.has_res \
-                or (self.has_bias and not _fits(bias, self.typenum, self.b_shape)) or \
-                (self.has_res and not _fits(residual, self.typenum, self.y_shape)):
+                or (self.has_bias and not fits(bias, self.typenum, self.b_shape)) or \
+                (self.has_res and not fits(residual, self.typenum, self.y_shape)):
             return conv_forward(x, kernel, *self.args, bias=bias, residual=residual,
                                 activation=self.activation)
         y = cnp.PyArray_EMPTY(self.y_ndim, self.y_dims, self.typenum, 0)

@@ -22,6 +22,7 @@ from libc.string cimport memset
 from cyback.kernels._blas cimport floating
 from cyback.kernels._checks import check_float, remembered
 from cyback.kernels._omp cimport cb_threads_for
+from cyback.kernels._arrays cimport fits
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 
 cnp.import_array()
@@ -747,23 +748,6 @@ def depthwise_forward(x, kernel, strides, dilation, pads, channels_last=True, bi
     return y
 
 
-cdef bint _fits(object a, int typenum, tuple shape):
-    """a is an aligned, C-contiguous ndarray of this type number (in the
-    machine's byte order) and shape."""
-    cdef cnp.ndarray arr
-    cdef int i
-    if not isinstance(a, cnp.ndarray):
-        return False
-    arr = <cnp.ndarray> a
-    if cnp.PyArray_TYPE(arr) != typenum or not cnp.PyArray_ISCARRAY_RO(arr) or \
-            not cnp.PyArray_ISNOTSWAPPED(arr) or cnp.PyArray_NDIM(arr) != len(shape):
-        return False
-    for i in range(len(shape)):
-        if cnp.PyArray_DIM(arr, i) != <Py_ssize_t> shape[i]:
-            return False
-    return True
-
-
 cdef class ForwardCall:
     """``depthwise_forward`` for one 2-D channels_last geometry, dtype and
     epilogue, validated once by ``forward_call`` (see conv.ForwardCall: at
@@ -779,10 +763,10 @@ cdef class ForwardCall:
 
     def __call__(self, x, kernel, bias=None):
         cdef cnp.ndarray y
-        if not _fits(x, self.typenum, self.x_shape) or \
-                not _fits(kernel, self.typenum, self.k_shape) or \
+        if not fits(x, self.typenum, self.x_shape) or \
+                not fits(kernel, self.typenum, self.k_shape) or \
                 (bias is not None) != self.has_bias or \
-                (self.has_bias and not _fits(bias, self.typenum, self.b_shape)):
+                (self.has_bias and not fits(bias, self.typenum, self.b_shape)):
             return depthwise_forward(x, kernel, *self.args, bias=bias,
                                      activation=self.activation)
         y = cnp.PyArray_EMPTY(4, self.y_dims, self.typenum, 0)

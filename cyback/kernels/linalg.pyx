@@ -14,6 +14,7 @@ from cython.parallel cimport prange
 
 from cyback.kernels._blas cimport floating, gemm
 from cyback.kernels._omp cimport cb_threads_for
+from cyback.kernels._arrays cimport fits_layout
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 
 cnp.import_array()
@@ -169,11 +170,6 @@ cdef void _dense_rows(const floating* x, const floating* w, const floating* b, f
                     yi[j] = 6
 
 
-cdef object _dense_fits(object a, int typenum):
-    return isinstance(a, cnp.ndarray) and cnp.PyArray_TYPE(<cnp.ndarray> a) == typenum and \
-        cnp.PyArray_ISCARRAY_RO(<cnp.ndarray> a) and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray> a)
-
-
 def dense_rows(x, w, bias=None, int act=0):
     """act(x @ w + bias) for a product of a few rows (a batch-1 Dense layer):
     x (m, k) with m <= DENSE_MAX_ROWS, w (k, n) with k * n <= DENSE_MAX_WEIGHTS,
@@ -191,7 +187,7 @@ def dense_rows(x, w, bias=None, int act=0):
     a = <cnp.ndarray> x
     cdef int typenum = cnp.PyArray_TYPE(a)
     if (typenum != cnp.NPY_FLOAT and typenum != cnp.NPY_DOUBLE) or act < 0 or act > 2 or \
-            not _dense_fits(a, typenum) or not _dense_fits(w, typenum) or \
+            not fits_layout(a, typenum) or not fits_layout(w, typenum) or \
             cnp.PyArray_NDIM(<cnp.ndarray> w) != 2:
         return None
     m, k = cnp.PyArray_DIM(a, 0), cnp.PyArray_DIM(a, 1)
@@ -200,7 +196,7 @@ def dense_rows(x, w, bias=None, int act=0):
             cnp.PyArray_DIM(<cnp.ndarray> w, 0) != k:
         return None
     if bias is not None:
-        if not _dense_fits(bias, typenum) or cnp.PyArray_NDIM(<cnp.ndarray> bias) != 1 or \
+        if not fits_layout(bias, typenum) or cnp.PyArray_NDIM(<cnp.ndarray> bias) != 1 or \
                 cnp.PyArray_DIM(<cnp.ndarray> bias, 0) != n:
             return None
         bp = cnp.PyArray_DATA(<cnp.ndarray> bias)

@@ -20,6 +20,7 @@ from libc.math cimport INFINITY
 
 from cyback.kernels._blas cimport floating
 from cyback.kernels._omp cimport cb_threads_for
+from cyback.kernels._arrays cimport fits
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 from cyback.kernels._checks import remembered
 
@@ -538,23 +539,6 @@ def pool_forward(x, pool_size, strides, pads, channels_last=True, mode='max'):
     return y
 
 
-cdef bint _fits(object a, int typenum, tuple shape):
-    """a is an aligned, C-contiguous ndarray of this type number (in the
-    machine's byte order) and shape."""
-    cdef cnp.ndarray arr
-    cdef int i
-    if not isinstance(a, cnp.ndarray):
-        return False
-    arr = <cnp.ndarray> a
-    if cnp.PyArray_TYPE(arr) != typenum or not cnp.PyArray_ISCARRAY_RO(arr) or \
-            not cnp.PyArray_ISNOTSWAPPED(arr) or cnp.PyArray_NDIM(arr) != len(shape):
-        return False
-    for i in range(len(shape)):
-        if cnp.PyArray_DIM(arr, i) != <Py_ssize_t> shape[i]:
-            return False
-    return True
-
-
 cdef class ForwardCall:
     """``pool_forward`` for one input shape, dtype and window, validated once
     by ``forward_call``: a call checks the array's type, dtype, shape and
@@ -568,7 +552,7 @@ cdef class ForwardCall:
     cdef Py_ssize_t p[3]
 
     def __call__(self, x):
-        if not _fits(x, self.typenum, self.x_shape):
+        if not fits(x, self.typenum, self.x_shape):
             return pool_forward(x, *self.args)
         y = np.empty(self.y_shape, x.dtype)
         if self.typenum == cnp.NPY_FLOAT:
