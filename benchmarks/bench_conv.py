@@ -1,10 +1,11 @@
 """Benchmark of the convolution kernels (cyback.kernels.conv).
 
-    python benchmarks/bench_conv.py [--quick] [--phases]
+    python benchmarks/bench_conv.py [--quick] [--phases | --vs-torch]
 
 For each shape: forward and backward (input + kernel gradients) GFLOPS of
-cyback, a NumPy im2col + matmul reference, PyTorch CPU if it is installed, and
-the machine's sgemm rate measured in the same run (the roofline). Also the
+cyback, a NumPy im2col + matmul reference, PyTorch CPU if it is installed (timed
+alternately with cyback; fwd_x_torch, bwd_x_torch: torch time / cyback time),
+and the machine's sgemm rate measured in the same run (the roofline). Also the
 2-thread over 1-thread speedup of the ResNet 3x3 forward, the direct kernel
 against the GEMM paths on the narrow layers of the model benchmark, and
 1 against 2 threads at batch 1, and the phase split of strided input
@@ -350,6 +351,23 @@ def phases_vs_col2im():
     return rows
 
 
+def vs_torch(c):
+    """cyback against torch on one case, forward and backward each timed with
+    the two engines alternated block by block (cyback.bench.timing), so that
+    a noisy neighbour or a slow spell of the host falls on both alike. Sets
+    torch's median times (t_tf, t_tb) and the speed ratios torch time /
+    cyback time (x_tf, x_tb; above 1: cyback is faster), both medians of the
+    same run. The pause before each block lets the other library's worker
+    threads stop spinning first."""
+    for key, i, mine in (("tf", 0, c["fwd"]), ("tb", 1, c["bwd"])):
+        st = time_alternated({"cyback": mine, "torch": c["torch"][i]},
+                             blocks=3 if QUICK else 7, block_seconds=0.15,
+                             settle_seconds=0.1)
+        c["t_" + key] = st["torch"]["median_s"]
+        c["t_c" + key[1]] = st["cyback"]["median_s"]
+        c["x_" + key] = st["torch"]["median_s"] / st["cyback"]["median_s"]
+
+
 def settle():
     """Let the previous library's idle worker threads go to sleep: they spin
     for a while after their work and would steal the next timing's cores."""
@@ -364,12 +382,35 @@ def print_phases():
                       % os.getloadavg()[0])
 
 
+def print_vs_torch(torch):
+    rows = []
+    for case in CASES:
+        c = run_case(*case, torch=torch, roof=None)
+        vs_torch(c)
+        f = c["flops"]
+        rows.append(dict(case=c["name"], fwd_gflops=f / c["t_cf"] / 1e9,
+                         torch_fwd_gflops=f / c["t_tf"] / 1e9, fwd_x_torch=c["x_tf"],
+                         bwd_gflops=2 * f / c["t_cb"] / 1e9,
+                         torch_bwd_gflops=2 * f / c["t_tb"] / 1e9, bwd_x_torch=c["x_tb"]))
+        settle()
+    print_table(rows, list(rows[0]),
+                title="cyback against torch, engines alternated (x_torch: torch time / cyback "
+                      "time, above 1: cyback is faster); load average %.1f" % os.getloadavg()[0])
+
+
 def main():
     if "--phases" in sys.argv:
         # only the phase split's table (no JSON)
         print_phases()
         return
     torch = try_import_torch()
+    if "--vs-torch" in sys.argv:
+        # only the alternated comparison with torch (no JSON)
+        if torch is None:
+            sys.exit("--vs-torch needs torch installed")
+        torch.set_num_threads(os.cpu_count())
+        print_vs_torch(torch)
+        return
     if torch is not None:
         torch.set_num_threads(os.cpu_count())
     nthreads = get_max_threads()
@@ -378,9 +419,10 @@ def main():
     print("sgemm roofline (numpy 2048^2 float32): %.1f GFLOPS; threads: %d; torch: %s; "
           "load average %.1f" % (roof, nthreads, torch.__version__ if torch else "not installed",
                                  os.getloadavg()[0]))
-    # Each library is timed in its own phase (cyback, then the NumPy
-    # references, then torch): thread pools of different libraries slow each
-    # other down when their timings interleave.
+    # cyback's own figures and the NumPy references are timed in phases of
+    # their own; the torch columns and the ratios come from vs_torch, which
+    # alternates the two engines with a pause between blocks so that neither
+    # library's idle threads spin while the other runs.
     cases = [run_case(*case, torch=torch, roof=roof) for case in CASES]
     for c in cases:
         c["t_f"] = median_time(c["fwd"], REPEATS, 1)
@@ -393,8 +435,7 @@ def main():
     if torch is not None:
         settle()
         for c in cases:
-            c["t_tf"] = median_time(c["torch"][0], REPEATS, 1)
-            c["t_tb"] = median_time(c["torch"][1], REPEATS, 1)
+            vs_torch(c)
     settle()
     roof_end = sgemm_gflops()
     for c in cases:
@@ -406,6 +447,8 @@ def main():
         if torch is not None:
             row["torch_fwd_gflops"] = flops / c["t_tf"] / 1e9
             row["torch_bwd_gflops"] = 2 * flops / c["t_tb"] / 1e9
+            row["fwd_x_torch"] = c["x_tf"]
+            row["bwd_x_torch"] = c["x_tb"]
         rows.append(row)
     print("sgemm roofline re-measured at the end: %.1f GFLOPS" % roof_end)
     settle()
@@ -426,7 +469,7 @@ def main():
     columns = ["case", "fwd_ms", "fwd_gflops", "fwd_vs_sgemm", "bwd_ms", "bwd_gflops",
                "bwd_over_fwd", "np_fwd_x", "np_bwd_x", "sgemm_gflops"]
     if torch is not None:
-        columns += ["torch_fwd_gflops", "torch_bwd_gflops"]
+        columns += ["torch_fwd_gflops", "torch_bwd_gflops", "fwd_x_torch", "bwd_x_torch"]
     print()
     print_table(rows, columns,
                 title="conv kernels, float32 (np_*_x: NumPy im2col time / cyback time)")
