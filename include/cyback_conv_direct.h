@@ -34,8 +34,11 @@
 
 /* Most tap rows (KD * KH) a row of outputs may read. */
 #define CB_CD_MAX_ROWS 64
-/* Output pixels per register tile. */
+/* Most output pixels per register tile. */
 #define CB_CD_TILE 6
+/* Most input channels (of the vector kernels, which read taps in the W
+ * padding from a row of zeros this long). */
+#define CB_CD_MAX_C 1024
 
 typedef struct {
     ptrdiff_t N, C, F;
@@ -145,31 +148,62 @@ CB_CD_COMMON(double, d)
         }                                                                                 \
     } while (0)
 
-/* One pixel whose taps may fall outside its input row (Wp wide, the pixel's
- * first tap at column iw0): those taps are skipped; the sum keeps the
- * (r, kw, c) order of the tiles. */
-#define CB_CD_EDGE(T, V, VL, ow_)                                                         \
-    do {                                                                                  \
-        V a0 = zero, b0 = zero;                                                           \
-        const ptrdiff_t iw0 = (ow_) * g->sw - lead;                                       \
-        for (r = 0; r < R; r++) {                                                         \
-            const T *xb = xr[r];                                                          \
-            const T *wr = wp + r * g->KW * tap;                                           \
-            if (!xb) continue;                                                            \
-            for (kw = 0; kw < g->KW; kw++) {                                              \
-                const ptrdiff_t iw = iw0 + kw * g->dw;                                    \
-                const T *xk = xb + iw * C;                                                \
-                const T *wk = wr + kw * tap;                                              \
-                if (iw < 0 || iw >= g->Wp) continue;                                      \
-                for (c = 0; c < C; c++) {                                                 \
-                    T x = xk[c];                                                          \
-                    a0 += x * *(const V *)(wk + c * 2 * VL);                              \
-                    b0 += x * *(const V *)(wk + c * 2 * VL + VL);                         \
+#if CB_SIMD_VECTOR
+/* The W padding as the vector kernels read it (never written). */
+static float cb_cd_zeros_float[CB_CD_MAX_C];
+static double cb_cd_zeros_double[CB_CD_MAX_C];
+#endif
+
+/* A tile of NP (1 to 6) output pixels from ow on, their 2 * NP vectors of
+ * sums in registers; then the epilogue, and the pixels go to y. NP is a
+ * constant at every call, so the pixel loops unroll and the sums stay in
+ * registers. With `inside`, every tap of the tile reads inside its input
+ * row; otherwise each tap's row is checked per pixel, and taps in the W
+ * padding read zeros (as from a padded copy, adding 0 * w in the same
+ * place of the sum). */
+#define CB_CD_TILE_FN(T, V, VL, SUF, ATTR)                                                \
+ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const int NP,    \
+        const T *const *xr, ptrdiff_t R, const T *wp, const T *bp, const T *res, int act, \
+        T *y, ptrdiff_t ys, ptrdiff_t nf, const cb_cd_geom *g, ptrdiff_t ow, int inside) { \
+    const ptrdiff_t C = g->C, tap = C * 2 * VL;                                           \
+    const ptrdiff_t lead = g->Wp == g->W ? g->pw : 0;                                     \
+    /* Undilated taps of a row are one run of KW * C inputs and of kernel    */          \
+    /* vectors: one loop instead of two (few channels: the first layer).     */          \
+    const int run = inside && g->dw == 1;                                                 \
+    const ptrdiff_t KW = run ? 1 : g->KW, CK = run ? g->KW * C : C;                       \
+    const V zero = (V){0};                                                                \
+    V a[CB_CD_TILE], b[CB_CD_TILE], bv0 = zero, bv1 = zero;                               \
+    const T *xk[CB_CD_TILE];                                                              \
+    ptrdiff_t r, kw, c;                                                                   \
+    int p;                                                                                \
+    for (p = 0; p < NP; p++) a[p] = b[p] = zero;                                          \
+    for (r = 0; r < R; r++) {                                                             \
+        const T *xb = xr[r];                                                              \
+        const T *wr = wp + r * g->KW * tap;                                               \
+        if (!xb) continue;                                                                \
+        for (kw = 0; kw < KW; kw++) {                                                     \
+            const T *wk = wr + kw * tap;                                                  \
+            for (p = 0; p < NP; p++) {                                                    \
+                const ptrdiff_t iw = (ow + p) * g->sw - lead + kw * g->dw;                \
+                xk[p] = inside || (iw >= 0 && iw < g->Wp) ? xb + iw * C                   \
+                                                          : cb_cd_zeros_##T;              \
+            }                                                                             \
+            for (c = 0; c < CK; c++) {                                                    \
+                const V w0 = *(const V *)(wk + c * 2 * VL);                               \
+                const V w1 = *(const V *)(wk + c * 2 * VL + VL);                          \
+                for (p = 0; p < NP; p++) {                                                \
+                    const T x = xk[p][c];                                                 \
+                    a[p] += x * w0;                                                       \
+                    b[p] += x * w1;                                                       \
                 }                                                                         \
             }                                                                             \
         }                                                                                 \
-        CB_CD_STORE(T, V, VL, a0, b0, y + (ow_) * ys, res ? res + (ow_) * ys : NULL);     \
-    } while (0)
+    }                                                                                     \
+    if (bp) { bv0 = *(const V *)bp; bv1 = *(const V *)(bp + VL); }                        \
+    for (p = 0; p < NP; p++)                                                              \
+        CB_CD_STORE(T, V, VL, a[p], b[p], y + (ow + p) * ys,                              \
+                    res ? res + (ow + p) * ys : NULL);                                    \
+}
 
 /* One output row (all OW pixels) of one channel block. xr[r]: input row of
  * tap row r (Wp wide; when Wp == W its pw leading zero columns are implied,
@@ -179,71 +213,35 @@ CB_CD_COMMON(double, d)
  * or a multiple of F when the row's pixels are interleaved with others, as the
  * phases of a transposed convolution are); nf: channels of the block that
  * exist.
- * Pixels [lo, hi) read only inside their rows and run in tiles; a tile of 2
- * to 5 pixels at the end runs as a full tile whose missing pixels repeat its
- * last one (read, never stored): cheaper than pixels one at a time, which
- * load two kernel vectors per broadcast. The pixels outside [lo, hi), at most
- * a few per side, skip their taps outside the row. */
+ * The row runs in tiles of sizes as nearly equal as tiles of at most 6
+ * allow (56 pixels: 6 x 6 + 4 x 5, where 9 x 6 + 2 would spend a whole
+ * tile's time on 2 pixels; a tile of 5 still keeps as many FMAs in flight as
+ * the units take). Only the tiles that reach pixels outside [lo, hi), the
+ * few at each end whose taps leave the row, check their taps. */
 #define CB_CD_ROW(T, V, VL, SUF, ATTR)                                                    \
+CB_CD_TILE_FN(T, V, VL, SUF, ATTR)                                                        \
 ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,            \
         const T *bp, const T *res, int act, T *y, ptrdiff_t ys, ptrdiff_t nf,             \
         const cb_cd_geom *g) {                                                            \
-    const ptrdiff_t C = g->C, OW = g->OW;                                                 \
-    const ptrdiff_t sC = g->sw * C, dC = g->dw * C, tap = C * 2 * VL;                     \
-    /* Undilated taps of a row are one run of KW * C inputs and of kernel    */          \
-    /* vectors: one loop instead of two (few channels: the first layer).     */          \
-    const ptrdiff_t KW = g->dw == 1 ? 1 : g->KW, CK = g->dw == 1 ? g->KW * C : C;         \
-    const ptrdiff_t lead = g->Wp == g->W ? g->pw : 0;                                     \
+    const ptrdiff_t OW = g->OW, lead = g->Wp == g->W ? g->pw : 0;                         \
     const ptrdiff_t last = g->Wp - 1 + lead - (g->KW - 1) * g->dw;                        \
-    const V zero = (V){0};                                                                \
-    V bv0 = zero, bv1 = zero;                                                             \
-    ptrdiff_t lo = (lead + g->sw - 1) / g->sw, hi = last < 0 ? 0 : last / g->sw + 1;      \
-    ptrdiff_t ow, r, kw, c, np, p;                                                        \
-    if (lo > OW) lo = OW;                                                                 \
-    if (hi > OW) hi = OW;                                                                 \
-    if (hi < lo) hi = lo;                                                                 \
-    if (bp) { bv0 = *(const V *)bp; bv1 = *(const V *)(bp + VL); }                        \
-    for (ow = 0; ow < lo; ow++) CB_CD_EDGE(T, V, VL, ow);                                 \
-    for (ow = lo; ow + 1 < hi; ow += CB_CD_TILE) {                                        \
-        V a0 = zero, b0 = zero, a1 = zero, b1 = zero, a2 = zero, b2 = zero;               \
-        V a3 = zero, b3 = zero, a4 = zero, b4 = zero, a5 = zero, b5 = zero;               \
-        ptrdiff_t o[CB_CD_TILE];                                                          \
-        T *yo = y + ow * ys;                                                              \
-        const T *ro = res ? res + ow * ys : NULL;                                         \
-        np = hi - ow < CB_CD_TILE ? hi - ow : CB_CD_TILE;                                 \
-        for (p = 0; p < CB_CD_TILE; p++) o[p] = (p < np ? p : np - 1) * sC;               \
-        for (r = 0; r < R; r++) {                                                         \
-            const T *xb = xr[r];                                                          \
-            const T *wr = wp + r * g->KW * tap;                                           \
-            if (!xb) continue;                                                            \
-            xb += ow * sC - lead * C;                                                     \
-            for (kw = 0; kw < KW; kw++) {                                                 \
-                const T *x0 = xb + kw * dC + o[0], *x1 = xb + kw * dC + o[1];             \
-                const T *x2 = xb + kw * dC + o[2], *x3 = xb + kw * dC + o[3];             \
-                const T *x4 = xb + kw * dC + o[4], *x5 = xb + kw * dC + o[5];             \
-                const T *wk = wr + kw * tap;                                              \
-                for (c = 0; c < CK; c++) {                                                \
-                    const V w0 = *(const V *)(wk + c * 2 * VL);                           \
-                    const V w1 = *(const V *)(wk + c * 2 * VL + VL);                      \
-                    T x;                                                                  \
-                    x = x0[c]; a0 += x * w0; b0 += x * w1;                                \
-                    x = x1[c]; a1 += x * w0; b1 += x * w1;                                \
-                    x = x2[c]; a2 += x * w0; b2 += x * w1;                                \
-                    x = x3[c]; a3 += x * w0; b3 += x * w1;                                \
-                    x = x4[c]; a4 += x * w0; b4 += x * w1;                                \
-                    x = x5[c]; a5 += x * w0; b5 += x * w1;                                \
-                }                                                                         \
-            }                                                                             \
+    const ptrdiff_t lo = (lead + g->sw - 1) / g->sw, hi = last < 0 ? 0 : last / g->sw + 1; \
+    const ptrdiff_t nt = (OW + CB_CD_TILE - 1) / CB_CD_TILE;                              \
+    const ptrdiff_t base = nt ? OW / nt : 0, extra = nt ? OW % nt : 0;                    \
+    ptrdiff_t i, ow, np;                                                                  \
+    /* the first `extra` tiles take base + 1 pixels, the others base */                  \
+    for (i = 0, ow = 0; i < nt; i++, ow += np) {                                          \
+        const int in = ow >= lo && ow + base + (i < extra) <= hi;                         \
+        np = base + (i < extra);                                                          \
+        switch (np) {                                                                     \
+        case 6: cb_cd_tile_##SUF(6, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in); break; \
+        case 5: cb_cd_tile_##SUF(5, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in); break; \
+        case 4: cb_cd_tile_##SUF(4, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in); break; \
+        case 3: cb_cd_tile_##SUF(3, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in); break; \
+        case 2: cb_cd_tile_##SUF(2, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in); break; \
+        default: cb_cd_tile_##SUF(1, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in); break; \
         }                                                                                 \
-        CB_CD_STORE(T, V, VL, a0, b0, yo, ro);                                            \
-        CB_CD_STORE(T, V, VL, a1, b1, yo + ys, ro ? ro + ys : NULL);                      \
-        if (np > 2) CB_CD_STORE(T, V, VL, a2, b2, yo + 2 * ys, ro ? ro + 2 * ys : NULL);  \
-        if (np > 3) CB_CD_STORE(T, V, VL, a3, b3, yo + 3 * ys, ro ? ro + 3 * ys : NULL);  \
-        if (np > 4) CB_CD_STORE(T, V, VL, a4, b4, yo + 4 * ys, ro ? ro + 4 * ys : NULL);  \
-        if (np > 5) CB_CD_STORE(T, V, VL, a5, b5, yo + 5 * ys, ro ? ro + 5 * ys : NULL);  \
     }                                                                                     \
-    if (ow > hi) ow = hi;           /* the last tile ended at hi */                      \
-    for (; ow < OW; ow++) CB_CD_EDGE(T, V, VL, ow);                                       \
 }
 
 CB_CD_ROW(float, cb_v4f, 4, f_base, )

@@ -61,6 +61,7 @@ cdef extern from "cyback_conv_direct.h" nogil:
         Py_ssize_t N, C, F, D, H, W, Wp, pw, OD, OH, OW, KD, KH, KW
         Py_ssize_t sd, sh, sw, dd, dh, dw, pd, ph, FB, nfb
     enum: CB_CD_MAX_ROWS
+    enum: CB_CD_MAX_C
     int cb_simd_use_avx2(int on)
     Py_ssize_t cb_cd_block(int dbl)
     int cb_cd_pads_itself()
@@ -805,7 +806,7 @@ _TUNE = _Tuning({"buf_bytes": BUF_BYTES, "pointwise_gemm": False,
          "direct": True, "direct_max_c": 64, "direct_max_k": 1024,
          "direct_pointwise_max_cf": 2048, "flops_per_byte": 8.0,
          "tap_min_c": 32, "tap_mnk": 1000000, "tap_min_rows": 96, "tap_rows": 1024,
-         "tap_last_packed": False, "direct_skip_pad": None, "direct_skip_pad_bytes": 1 << 20,
+         "tap_last_packed": False, "direct_skip_pad": None,
          "phase_split": None, "phase_max_c": 512, "phase_min_w": 24})
 
 
@@ -858,7 +859,8 @@ def _use_direct(g, last, bint dbl=False):
     benchmarks/bench_conv.py, "direct" rows). With half a block of output
     channels or fewer, most of the tile's lanes would be idle: 3x3, 32
     channels in, 8 out ran 1.1x faster through im2col, 1 out 1.6x."""
-    if not last or not _TUNE["direct"] or g["KD"] * g["KH"] > CB_CD_MAX_ROWS:
+    if not last or not _TUNE["direct"] or g["KD"] * g["KH"] > CB_CD_MAX_ROWS \
+            or g["C"] > CB_CD_MAX_C:
         return False
     if g["K"] == g["C"] and g["sd"] * g["sh"] * g["sw"] == 1 and \
             g["C"] * g["F"] > _TUNE["direct_pointwise_max_cf"]:
@@ -909,21 +911,18 @@ cdef _DirectGeom _direct_geom(g, Py_ssize_t FB):
 
 
 def _skip_pad(g, Py_ssize_t FB):
-    """Whether the direct kernel reads the input rows as they are, skipping
-    the taps of W padding at each row's edge pixels (the vector kernels can),
-    rather than a zero-padded copy. An edge pixel runs alone, a few times
-    slower per pixel than a tile; the copy costs a pass over the input and a
-    barrier, which weigh most against one block of output channels or a small
-    input. Measured (bench_conv's shapes, same process): skipping was 7-9%
-    faster for 16 output channels and for inputs up to 1 MB, 4-12% slower
-    for (32, 28, 28, 32) -> 32 and (32, 56, 56, 64) -> 64."""
+    """Whether the direct kernel reads the input rows as they are, its tiles
+    at each row's ends checking their taps against the W padding (the vector
+    kernels can), rather than a zero-padded copy (the scalar kernel needs
+    one; _TUNE["direct_skip_pad"] forces either for tests). The copy is a
+    pass over the input and a barrier: 2-12% of a 3x3 convolution's time
+    with 16-64 channels on (32, 14..56, 14..56), batch 1 included (2
+    threads, alternated)."""
     if not cb_cd_pads_itself():
         return False
     if _TUNE["direct_skip_pad"] is not None:
         return _TUNE["direct_skip_pad"]
-    # a block holds fewer doubles than floats
-    nbytes = g["N"] * g["D"] * g["H"] * g["W"] * g["C"] * (8 if FB < cb_cd_block(0) else 4)
-    return g["F"] <= FB or nbytes <= _TUNE["direct_skip_pad_bytes"]
+    return True
 
 
 def _run_direct(x, kernel, y, g, bias, residual, int act, int nt):
@@ -1485,7 +1484,7 @@ def _phase_plan(g, Py_ssize_t FB):
     live = [(a, b, c) for a in axes[0] for b in axes[1] for c in axes[2]
             if a[2] and b[2] and c[2]]
     zero = len(live) < len(axes[0]) * len(axes[1]) * len(axes[2])
-    if any(len(a[2]) * len(b[2]) > CB_CD_MAX_ROWS for a, b, c in live):
+    if g["F"] > CB_CD_MAX_C or any(len(a[2]) * len(b[2]) > CB_CD_MAX_ROWS for a, b, c in live):
         return None
     cdef _PhasePlan plan = _PhasePlan(len(live), sum(len(a[2]) + len(b[2]) + len(c[2])
                                                      for a, b, c in live))

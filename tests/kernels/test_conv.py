@@ -574,6 +574,44 @@ def test_direct_kernel_with_epilogue(direct_isa, pad_mode, case, activation, dty
             assert y.min() >= 0 and y.max() <= 6
 
 
+def _forced_pad(mode, run):
+    old = conv._TUNE["direct_skip_pad"]
+    conv._TUNE["direct_skip_pad"] = mode == "skip"
+    conv._DIRECT_GEOMS.clear()
+    try:
+        return run()
+    finally:
+        conv._TUNE["direct_skip_pad"] = old
+        conv._DIRECT_GEOMS.clear()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_direct_row_tiles_every_width(direct_isa, dtype):
+    # A row of OW pixels runs in tiles of 1 to 6 pixels of nearly equal size,
+    # the tiles at its ends checking their taps against the W padding. Every
+    # width from 1 to 20 (each tile size, end tiles that are also the first
+    # tile), strides and dilations whose padded taps fall inside end tiles:
+    # against NumPy, and bit for bit against the same kernel reading a
+    # zero-padded copy, which sums the same products in the same order.
+    rng = np.random.default_rng(77)
+    for ow, (k, s, d, p) in itertools.product(
+            range(1, 21), [(3, 1, 1, (1, 1)), (5, 2, 1, (2, 2)), (3, 1, 3, (3, 3)),
+                           (4, 1, 1, (0, 3))]):
+        w_in = (ow - 1) * s + 1 + (k - 1) * d - sum(p)
+        if w_in < 1:
+            continue
+        x = rng.standard_normal((2, 3, w_in, 5)).astype(dtype)
+        w = rng.standard_normal((1, k, 5, 20)).astype(dtype)
+        bias = rng.standard_normal(20).astype(dtype)
+        args = ((1, s), (1, d), [(0, 0), p])
+        want = ref_forward(x, w, *args) + bias
+        skip = _forced_pad("skip", lambda: conv.conv_forward(x, w, *args, bias=bias))
+        copy = _forced_pad("copy", lambda: conv.conv_forward(x, w, *args, bias=bias))
+        assert skip.shape == want.shape and skip.shape[2] == ow
+        np.testing.assert_allclose(skip, want, **tol(dtype))
+        np.testing.assert_array_equal(skip, copy)
+
+
 def test_direct_matches_im2col_and_ignores_threads():
     # Same sums in a different order than the GEMM path: equal to rounding;
     # bit-identical for 1, 2 and 3 threads (rows are split, sums are not).
