@@ -804,6 +804,7 @@ class _Tuning(dict):
 # Patch-buffer size per thread, a dict so that benchmarks can sweep it.
 _TUNE = _Tuning({"buf_bytes": BUF_BYTES, "pointwise_gemm": False,
          "direct": True, "direct_max_c": 64, "direct_max_k": 1024,
+         "direct_wide_max_c": 1024, "direct_wide_max_k": 4608, "direct_wide_min_pixels": 512,
          "direct_pointwise_max_cf": 2048, "flops_per_byte": 8.0,
          "tap_min_c": 32, "tap_mnk": 1000000, "tap_min_rows": 96, "tap_rows": 1024,
          "tap_last_packed": False, "direct_skip_pad": None,
@@ -855,10 +856,11 @@ def _use_direct(g, last, bint dbl=False):
 
     It reads the input in place (no patch matrix) and keeps a 6 x FB output
     tile in registers, which wins while the patch length K = taps * C is
-    short; past that, im2col + BLAS's packed GEMM is faster (see
-    benchmarks/bench_conv.py, "direct" rows). With half a block of output
-    channels or fewer, most of the tile's lanes would be idle: 3x3, 32
-    channels in, 8 out ran 1.1x faster through im2col, 1 out 1.6x."""
+    short, and on wider layers with enough pixels (below); past that,
+    im2col + BLAS's packed GEMM is faster (see benchmarks/bench_conv.py,
+    "direct" rows). With half a block of output channels or fewer, most of
+    the tile's lanes would be idle: 3x3, 32 channels in, 8 out ran 1.1x
+    faster through im2col, 1 out 1.6x."""
     if not last or not _TUNE["direct"] or g["KD"] * g["KH"] > CB_CD_MAX_ROWS \
             or g["C"] > CB_CD_MAX_C:
         return False
@@ -868,8 +870,20 @@ def _use_direct(g, last, bint dbl=False):
         # BLAS's GEMM on the (N*P, C) rows beats the register tile (1x1
         # 64 -> 64 on (32, 56, 56): 1.5x).
         return False
-    return g["C"] <= _TUNE["direct_max_c"] and g["K"] <= _TUNE["direct_max_k"] and \
-        2 * g["F"] > cb_cd_block(dbl)
+    if 2 * g["F"] <= cb_cd_block(dbl):
+        return False
+    if g["C"] <= _TUNE["direct_max_c"] and g["K"] <= _TUNE["direct_max_k"]:
+        return True
+    # Wider layers: the direct kernel streams a block's packed kernel (K *
+    # FB values) once per tile, from L2 while it fits there (K <= 4608:
+    # 3x3 x 512 is 288 KB of floats); BLAS packs it once per GEMM, which
+    # pays when a call has few pixels. 2 threads, alternated: 3x3 128 ->
+    # 128 on (32, 28, 28) 1.23x faster than im2col + GEMM, 256 on (32, 14,
+    # 14) 1.32x, 512 on (32, 7, 7) 1.19x, conv1d k5 128 on (32, 200) 1.10x,
+    # (1, 28, 28, 128) 1.1-1.3x; but 512 on (1, 7, 7) 0.4-0.7x.
+    return g["C"] <= min(_TUNE["direct_wide_max_c"], CB_CD_MAX_C) and \
+        g["K"] <= _TUNE["direct_wide_max_k"] and \
+        g["N"] * g["OD"] * g["OH"] * g["OW"] >= _TUNE["direct_wide_min_pixels"]
 
 
 cdef class _DirectGeom:

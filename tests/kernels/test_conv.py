@@ -612,6 +612,22 @@ def test_direct_row_tiles_every_width(direct_isa, dtype):
         np.testing.assert_array_equal(skip, copy)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_direct_wide_layers_with_enough_pixels(direct_isa, dtype):
+    # Past 64 input channels the direct kernel runs where a call has enough
+    # pixels to beat BLAS's packing; with few it leaves them to im2col + GEMM.
+    rng = np.random.default_rng(78)
+    args = ((1, 1), (1, 1), [(1, 1), (1, 1)])
+    for shape, direct in (((2, 16, 16, 96), True), ((1, 7, 7, 96), False),
+                          ((1, 40, 13, 130), True)):
+        x = rng.standard_normal(shape).astype(dtype)
+        w = (rng.standard_normal((3, 3, shape[-1], 40)) / 10).astype(dtype)
+        g, _, _ = conv._geometry(x.shape, w.shape, *args, True, "test")
+        assert conv._use_direct(g, True, dtype == np.float64) == direct, shape
+        np.testing.assert_allclose(conv.conv_forward(x, w, *args), ref_forward(x, w, *args),
+                                   **tol(dtype))
+
+
 def test_direct_matches_im2col_and_ignores_threads():
     # Same sums in a different order than the GEMM path: equal to rounding;
     # bit-identical for 1, 2 and 3 threads (rows are split, sums are not).
