@@ -1755,8 +1755,8 @@ def conv_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, channels_
     cdt = np.float32 if dt == np.float16 else dt
     if dy.size == 0 or g["K"] == 0 or int(np.prod(kernel_shape)) == 0:
         return np.zeros(kernel_shape, dtype=dt)
-    x = np.ascontiguousarray(x, dtype=cdt)
-    dy = np.ascontiguousarray(dy, dtype=cdt)
+    x = _writable(np.ascontiguousarray(x, dtype=cdt))
+    dy = _writable(np.ascontiguousarray(dy, dtype=cdt))
     dw = np.empty(kernel_shape, dtype=cdt)
     cdef bint last = channels_last
     # A pointwise kernel gradient is one GEMM with a very long inner dimension,

@@ -905,3 +905,22 @@ def test_phases_chosen_by_default_where_they_won():
     # single-tap phases (2x2/2)
     assert _takes_phases((16, 56, 56, 64), (2, 2, 64, 64), (2, 2), (1, 1), [(0, 0)] * 2,
                          np.float32)
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_kernel_gradient_of_read_only_arrays(channels_last):
+    # Constants and arrays from np.broadcast_to are read-only; every path of
+    # the kernel gradient (direct, tap GEMMs, im2col, 1x1, strided) takes them.
+    rng = np.random.default_rng(79)
+    for c, k, s, p in ((4, 3, 1, 1), (64, 3, 1, 1), (64, 1, 1, 0), (40, 3, 2, 1)):
+        x = rng.standard_normal((2, 9, 8, c)).astype(np.float32)
+        w_shape = (k, k, c, 24)
+        args = ((s, s), (1, 1), [(p, p), (p, p)])
+        dy = rng.standard_normal(ref_forward(x, np.zeros(w_shape, np.float32), *args).shape)
+        dy = dy.astype(np.float32)
+        want = ref_backward_kernel(x, dy, w_shape, *args)
+        xi, dyi = (x, dy) if channels_last else (to_first(x), to_first(dy))
+        xi, dyi = np.array(xi), np.array(dyi)
+        xi.flags.writeable = dyi.flags.writeable = False
+        got = conv.conv_backward_kernel(xi, dyi, w_shape, *args, channels_last=channels_last)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
