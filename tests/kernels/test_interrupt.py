@@ -100,10 +100,11 @@ CHILD = textwrap.dedent(r"""
 FAMILIES = ["conv", "depthwise", "pool", "local", "ctc", "linalg", "rnn"]
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process is POSIX")
-def test_ctrl_c_stops_long_kernel_calls():
+def _run_child(families):
+    """Run the child on `families`, sending SIGINT 0.1 s into each long call;
+    returns the calls that ran on too long after it."""
     env = dict(os.environ)     # the child imports the installed cyback (see conftest)
-    proc = subprocess.Popen([sys.executable, "-c", CHILD] + FAMILIES, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", CHILD] + families, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     results, sent = {}, {}
     try:
@@ -123,7 +124,7 @@ def test_ctrl_c_stops_long_kernel_calls():
             proc.kill()
     assert proc.returncode == 0, proc.stderr.read()
     slow = []
-    for name in FAMILIES:
+    for name in families:
         state, elapsed, est, blas_ok, end = results[name]
         # Seconds from the signal to the call's end. A call that ended before
         # the signal came (a fast machine, or a parent scheduled late) had
@@ -135,4 +136,16 @@ def test_ctrl_c_stops_long_kernel_calls():
         # Calls too short to tell are not judged.
         if state == "interrupted" and est > 0.6 and after > max(0.25, 0.4 * est):
             slow.append((name, after, est))
+    return slow
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process is POSIX")
+def test_ctrl_c_stops_long_kernel_calls():
+    slow = _run_child(FAMILIES)
+    if slow:
+        # The bounds are wall time and assume the child has its cores: on a
+        # machine busy with other work (a parallel test run) a thread that
+        # saw the signal may wait its turn. A family that is slow twice in a
+        # row is slow.
+        slow = _run_child([name for name, _, _ in slow])
     assert not slow, "calls ran on after SIGINT (name, seconds after it, full call): %s" % slow
