@@ -70,13 +70,16 @@ static ptrdiff_t cb_cd_block(int dbl) {
 /* wp[b][r][kw][c][j] = k[r][kw][c][b*FB + j] (0 past F); bp likewise for bias. */        \
 static void cb_cd_pack_##SUF(const T *k, const T *bias, T *wp, T *bp,                    \
                              const cb_cd_geom *g) {                                       \
-    ptrdiff_t taps = g->KD * g->KH * g->KW * g->C, b, t, j, f;                            \
-    for (b = 0; b < g->nfb; b++)                                                          \
-        for (t = 0; t < taps; t++)                                                        \
-            for (j = 0; j < g->FB; j++) {                                                 \
-                f = b * g->FB + j;                                                        \
-                wp[(b * taps + t) * g->FB + j] = f < g->F ? k[t * g->F + f] : (T)0;       \
-            }                                                                             \
+    ptrdiff_t taps = g->KD * g->KH * g->KW * g->C, b, t, f, nf;                           \
+    /* row copies: a batch-1 call packs its kernel every time */                         \
+    for (b = 0; b < g->nfb; b++) {                                                        \
+        nf = g->F - b * g->FB < g->FB ? g->F - b * g->FB : g->FB;                         \
+        for (t = 0; t < taps; t++) {                                                      \
+            T *dst = wp + (b * taps + t) * g->FB;                                         \
+            memcpy(dst, k + t * g->F + b * g->FB, nf * sizeof(T));                        \
+            if (nf < g->FB) memset(dst + nf, 0, (g->FB - nf) * sizeof(T));                \
+        }                                                                                 \
+    }                                                                                     \
     if (bp)                                                                               \
         for (f = 0; f < g->nfb * g->FB; f++)                                              \
             bp[f] = f < g->F ? bias[f] : (T)0;                                            \
