@@ -36,6 +36,8 @@
 #define CB_CD_MAX_ROWS 64
 /* Most output pixels per register tile. */
 #define CB_CD_TILE 6
+/* Longest patch (taps x channels) run through a table of tap offsets. */
+#define CB_CD_SHORT_K 256
 /* Most input channels (of the vector kernels, which read taps in the W
  * padding from a row of zeros this long). */
 #define CB_CD_MAX_C 1024
@@ -167,7 +169,8 @@ static double cb_cd_zeros_double[CB_CD_MAX_C];
 #define CB_CD_TILE_FN(T, V, VL, SUF, ATTR)                                                \
 ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const int NP,    \
         const T *const *xr, ptrdiff_t R, const T *wp, const T *bp, const T *res, int act, \
-        T *y, ptrdiff_t ys, ptrdiff_t nf, const cb_cd_geom *g, ptrdiff_t ow, int inside) { \
+        T *y, ptrdiff_t ys, ptrdiff_t nf, const cb_cd_geom *g, ptrdiff_t ow, int inside,  \
+        const ptrdiff_t *offs) {                                                          \
     const ptrdiff_t C = g->C, tap = C * 2 * VL;                                           \
     const ptrdiff_t lead = g->Wp == g->W ? g->pw : 0;                                     \
     /* Undilated taps of a row are one run of KW * C inputs and of kernel    */          \
@@ -180,6 +183,21 @@ ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const in
     ptrdiff_t r, kw, c;                                                                   \
     int p;                                                                                \
     for (p = 0; p < NP; p++) a[p] = b[p] = zero;                                          \
+    if (offs) {                                                                           \
+        /* all taps in one loop: offs[t] is tap t's input from the first */               \
+        const T *x0 = xr[0] + (ow * g->sw - lead) * C;                                    \
+        const ptrdiff_t K = R * g->KW * C, sC = g->sw * C;                                \
+        for (c = 0; c < K; c++) {                                                         \
+            const V w0 = *(const V *)(wp + c * 2 * VL);                                   \
+            const V w1 = *(const V *)(wp + c * 2 * VL + VL);                              \
+            const T *xo = x0 + offs[c];                                                   \
+            for (p = 0; p < NP; p++) {                                                    \
+                const T x = xo[p * sC];                                                   \
+                a[p] += x * w0;                                                           \
+                b[p] += x * w1;                                                           \
+            }                                                                             \
+        }                                                                                 \
+    } else                                                                                \
     for (r = 0; r < R; r++) {                                                             \
         const T *xb = xr[r];                                                              \
         const T *wr = wp + r * g->KW * tap;                                               \
@@ -231,18 +249,31 @@ ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,  
     const ptrdiff_t lo = (lead + g->sw - 1) / g->sw, hi = last < 0 ? 0 : last / g->sw + 1; \
     const ptrdiff_t nt = (OW + CB_CD_TILE - 1) / CB_CD_TILE;                              \
     const ptrdiff_t base = nt ? OW / nt : 0, extra = nt ? OW % nt : 0;                    \
-    ptrdiff_t i, ow, np;                                                                  \
+    const ptrdiff_t C = g->C, K = R * g->KW * C;                                           \
+    ptrdiff_t offs[CB_CD_SHORT_K], i, ow, np, r, kw, c, t = 0;                            \
+    const ptrdiff_t *po = NULL;                                                           \
+    /* A short patch (few channels) would spend a tile's time on its loops */            \
+    /* over tap rows: with every row present, interior tiles run all taps  */            \
+    /* in one loop through their offsets from the first row.               */            \
+    if (K <= CB_CD_SHORT_K) {                                                             \
+        for (r = 0; r < R && xr[r]; r++)                                                  \
+            for (kw = 0; kw < g->KW; kw++)                                                \
+                for (c = 0; c < C; c++)                                                   \
+                    offs[t++] = (xr[r] - xr[0]) + kw * g->dw * C + c;                     \
+        if (r == R) po = offs;                                                            \
+    }                                                                                     \
     /* the first `extra` tiles take base + 1 pixels, the others base */                  \
     for (i = 0, ow = 0; i < nt; i++, ow += np) {                                          \
         const int in = ow >= lo && ow + base + (i < extra) <= hi;                         \
+        const ptrdiff_t *o = in ? po : NULL;                                              \
         np = base + (i < extra);                                                          \
         switch (np) {                                                                     \
-        case 6: cb_cd_tile_##SUF(6, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in); break; \
-        case 5: cb_cd_tile_##SUF(5, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in); break; \
-        case 4: cb_cd_tile_##SUF(4, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in); break; \
-        case 3: cb_cd_tile_##SUF(3, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in); break; \
-        case 2: cb_cd_tile_##SUF(2, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in); break; \
-        default: cb_cd_tile_##SUF(1, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in); break; \
+        case 6: cb_cd_tile_##SUF(6, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in, o); break; \
+        case 5: cb_cd_tile_##SUF(5, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in, o); break; \
+        case 4: cb_cd_tile_##SUF(4, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in, o); break; \
+        case 3: cb_cd_tile_##SUF(3, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in, o); break; \
+        case 2: cb_cd_tile_##SUF(2, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in, o); break; \
+        default: cb_cd_tile_##SUF(1, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in, o); break; \
         }                                                                                 \
     }                                                                                     \
 }
