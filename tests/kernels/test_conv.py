@@ -924,3 +924,77 @@ def test_kernel_gradient_of_read_only_arrays(channels_last):
         xi.flags.writeable = dyi.flags.writeable = False
         got = conv.conv_backward_kernel(xi, dyi, w_shape, *args, channels_last=channels_last)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
+# ---------------------------------------------------------------- direct kernel gradient
+
+# spatial, C, F (in vector pairs of the AVX2 float set: 16), kernel, strides,
+# dilation, pads: narrow 3x3, row blocks with a short last one, strides,
+# dilation, uneven padding, padding wider than the kernel reaches, 1-D and 3-D,
+# 1x1, channel counts that are not multiples of the 6-channel tile
+DW_CASES = [
+    ((12, 11), 16, 16, (3, 3), (1, 1), (1, 1), [(1, 1), (1, 1)]),
+    ((19, 9), 7, 32, (3, 3), (2, 2), (1, 1), [(1, 0), (0, 1)]),
+    ((9, 13), 5, 16, (3, 2), (2, 3), (2, 1), [(2, 1), (0, 3)]),
+    ((30,), 3, 16, (5,), (1,), (2,), [(4, 4)]),
+    ((4, 5, 6), 2, 16, (2, 3, 3), (1, 1, 2), (2, 1, 1), [(1, 1), (1, 1), (2, 0)]),
+    ((6, 5), 13, 32, (1, 1), (1, 1), (1, 1), [(0, 0), (0, 0)]),
+    ((2, 2), 1, 16, (3, 3), (1, 1), (1, 1), [(2, 2), (2, 2)]),
+    ((3, 20), 8, 16, (1, 7), (1, 3), (1, 2), [(0, 0), (5, 6)]),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", range(len(DW_CASES)))
+def test_direct_kernel_gradient(direct_isa, case, dtype):
+    spatial, c, f, k, s, d, p = DW_CASES[case]
+    rng = np.random.default_rng(500 + case)
+    for n in (1, 3):
+        x = rng.standard_normal((n,) + spatial + (c,)).astype(dtype)
+        w_shape = k + (c, f)
+        g, _, _ = conv._geometry(x.shape, w_shape, s, d, p, True, "test")
+        assert conv._use_direct_dw(g, True, dtype == np.float64)
+        dy = rng.standard_normal(ref_forward(x, np.zeros(w_shape, dtype), s, d, p).shape)
+        dy = dy.astype(dtype)
+        got = conv.conv_backward_kernel(x, dy, w_shape, s, d, p)
+        assert got.dtype == dtype and got.shape == w_shape
+        np.testing.assert_allclose(got, ref_backward_kernel(x, dy, w_shape, s, d, p),
+                                   **tol(dtype))
+
+
+def test_direct_kernel_gradient_paths_and_threads():
+    # Bit-identical for 1, 2 and 3 threads (row blocks are grouped by shape);
+    # equal to rounding to the GEMM paths; F not in whole vector pairs, or a
+    # gradient too large for L2, takes those paths.
+    rng = np.random.default_rng(81)
+    x = rng.standard_normal((5, 17, 19, 24)).astype(np.float32)
+    dy = rng.standard_normal((5, 17, 19, 32)).astype(np.float32)
+    args = ((1, 1), (1, 1), [(1, 1), (1, 1)])
+    old = get_max_threads()
+    try:
+        outs = []
+        for nt in (1, 2, 3):
+            set_num_threads(nt)
+            outs.append(conv.conv_backward_kernel(x, dy, (3, 3, 24, 32), *args))
+    finally:
+        set_num_threads(old)
+    for y in outs[1:]:
+        assert np.array_equal(y, outs[0])
+    conv._TUNE["direct_dw"] = False
+    try:
+        gemm = conv.conv_backward_kernel(x, dy, (3, 3, 24, 32), *args)
+    finally:
+        conv._TUNE["direct_dw"] = True
+    np.testing.assert_allclose(outs[0], gemm, rtol=1e-5, atol=1e-3)
+    for shape in ((3, 3, 24, 20), (3, 3, 64, 128)):
+        g, _, _ = conv._geometry((5, 17, 19, shape[2]), shape, *args, True, "test")
+        assert not conv._use_direct_dw(g, True, False), shape
+    g, _, _ = conv._geometry((5, 24, 17, 19), (3, 3, 24, 32), *args, False, "test")
+    assert not conv._use_direct_dw(g, False, False)
+
+
+def test_direct_kernel_gradient_of_an_empty_batch():
+    x = np.zeros((0, 6, 6, 4), np.float32)
+    dy = np.zeros((0, 6, 6, 16), np.float32)
+    got = conv.conv_backward_kernel(x, dy, (3, 3, 4, 16), (1, 1), (1, 1), [(1, 1), (1, 1)])
+    assert got.shape == (3, 3, 4, 16) and not got.any()
