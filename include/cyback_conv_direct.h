@@ -7,16 +7,17 @@
  *
  *   - the kernel is packed once per call into blocks of FB output channels,
  *     (blocks, R, KW, C, FB), R = KD * KH rows of taps, zero-filled past F;
- *   - a tile of 6 output pixels x FB channels lives in 12 vector registers
- *     (FB is two vectors); each input value is broadcast once per tile and
- *     multiplied into both vectors, each kernel vector is loaded once per tile;
+ *   - a tile of up to 6 output pixels x FB channels lives in up to 12 vector
+ *     registers (FB is two vectors); each input value is broadcast once per
+ *     tile and multiplied into both vectors, each kernel vector is loaded
+ *     once per tile;
  *   - strides and dilations are only address arithmetic, so strided
  *     convolutions need no im2col either;
- *   - padding along W: the vector kernels read the input rows as they are
- *     and skip the taps of the few edge pixels that fall outside a row (no
- *     copy of the input); the scalar fallback reads a zero-padded copy made
- *     by the caller. Input rows above or below the image (D, H padding) are
- *     NULL and skipped.
+ *   - padding along W: the vector kernels read the input rows as they are,
+ *     and the tiles at a row's ends read the taps that fall in the padding
+ *     from a row of zeros (no copy of the input); the scalar fallback reads a
+ *     zero-padded copy made by the caller. Input rows above or below the
+ *     image (D, H padding) are NULL and skipped.
  *
  * Epilogue in registers: + a per-channel bias (packed like a kernel block),
  * + a residual array shaped like the output, then CB_ACT_RELU / CB_ACT_RELU6.
