@@ -1743,10 +1743,11 @@ def _use_direct_dw(g, bint last, bint dbl):
     and a gradient (each group's partial sums, read and written by every
     tile) that stays in L2. Those are the products (taps * C x F outputs over
     every pixel) that BLAS runs slowly: 1 thread, alternated, 3x3 16 -> 16
-    on (32, 56, 56) ran 2.65x faster than the tap GEMMs, 32 -> 32 1.99x,
-    64 -> 64 1.34x, 1x1 64 -> 64 1.18x, a 7x7/2 3 -> 64 stem 1.07x; with
-    the gradient past L2 it lost (3x3 64 -> 128 stride 2, 295 KB: 0.84x;
-    128 -> 128: 0.86x)."""
+    on (32, 56, 56) ran 2.6x faster than the tap GEMMs, 32 -> 32 2.0x,
+    64 -> 64 1.35x, 1x1 64 -> 64 1.2x, first layers of 1-8 channels
+    2.2-2.9x, a 7x7/2 3 -> 64 stem 0.9-1.07x. Past that it lost (3x3 64 ->
+    128 stride 2: 0.84x; 128 -> 128: 0.8x; 1x1 64 -> 256: 0.75x), also
+    with the output channels split into ranges whose gradient fits L2."""
     return last and _TUNE["direct_dw"] and cb_cd_pads_itself() and \
         g["F"] % cb_cd_block(dbl) == 0 and g["C"] <= _TUNE["direct_dw_max_c"] and \
         g["K"] * g["F"] * (8 if dbl else 4) <= _TUNE["direct_dw_max_bytes"]
