@@ -64,8 +64,53 @@ ATTR static void cb_act_row_f_##SUF(float *p, ptrdiff_t n, int kind) {          
 CB_FAST_EXPF(base, )
 CB_ACT_ROW_F(base, )
 #if CB_SIMD_AVX2
-CB_FAST_EXPF(avx2, CB_AVX2_ATTR)
-CB_ACT_ROW_F(avx2, CB_AVX2_ATTR)
+#include <immintrin.h>
+CB_FAST_EXPF(avx2_tail, CB_AVX2_ATTR)
+CB_ACT_ROW_F(avx2_tail, CB_AVX2_ATTR)
+
+/* cb_fast_expf of 8 lanes, the same steps written with intrinsics: GCC's
+ * vectorisation of the scalar loop clamps with compare-and-blend sequences and
+ * spends a fifth more time per row. */
+CB_AVX2_ATTR static inline __m256 cb_fast_exp8(__m256 x) {
+    const __m256 magic = _mm256_set1_ps(12582912.0f);
+    __m256 n, r, p;
+    __m256i bits;
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    n = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), magic), magic);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723e-6f), r);
+    p = _mm256_fmadd_ps(_mm256_set1_ps(0.00138888889f), r, _mm256_set1_ps(0.00833333333f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.0416666667f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.166666667f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)),
+                             23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+/* tanh and sigmoid 8 lanes at a time; the last n % 8 values and the other
+ * kinds go to the scalar loops. */
+CB_AVX2_ATTR static void cb_act_row_f_avx2(float *p, ptrdiff_t n, int kind) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    ptrdiff_t j = 0;
+    if (kind == 0) {
+        const __m256 two = _mm256_set1_ps(2.0f), m2 = _mm256_set1_ps(-2.0f);
+        for (; j + 8 <= n; j += 8) {
+            __m256 e = cb_fast_exp8(_mm256_mul_ps(m2, _mm256_loadu_ps(p + j)));
+            _mm256_storeu_ps(p + j, _mm256_sub_ps(_mm256_div_ps(two, _mm256_add_ps(one, e)),
+                                                  one));
+        }
+    } else if (kind == 1) {
+        const __m256 zero = _mm256_setzero_ps();
+        for (; j + 8 <= n; j += 8) {
+            __m256 e = cb_fast_exp8(_mm256_sub_ps(zero, _mm256_loadu_ps(p + j)));
+            _mm256_storeu_ps(p + j, _mm256_div_ps(one, _mm256_add_ps(one, e)));
+        }
+    }
+    cb_act_row_f_avx2_tail(p + j, n - j, kind);
+}
 #endif
 
 static inline void cb_act_row_f(float *p, ptrdiff_t n, int kind) {

@@ -207,6 +207,21 @@ def test_activations_stay_finite_and_saturate():
         np.testing.assert_allclose(ys.ravel(), f(x.astype(np.float64)), atol=2e-7)
 
 
+@pytest.mark.parametrize("u", [8, 19, 64])
+def test_activation_rows_match_reference_over_the_range(u):
+    # rows of u values: whole vectors and a scalar tail (19), from saturation
+    # on both sides through zero
+    x = np.concatenate([np.linspace(-30, 30, 20 * u - 8), [-1e4, -100, -88.5, 88.5, 100, 1e4,
+                                                           -1e-3, 1e-3]]).astype(np.float32)
+    zx = x.reshape(-1, 1, u)
+    zero = np.zeros((1, u), np.float32)
+    R = np.zeros((u, u), np.float32)
+    for act, f in (("tanh", np.tanh), ("sigmoid", ACTS["sigmoid"])):
+        _, ys, _ = rc.simple_forward(zx, zero, zero, R, None, None, rc.ACTIVATIONS[act])
+        assert np.all(np.isfinite(ys))
+        np.testing.assert_allclose(ys.ravel(), f(x.astype(np.float64)), atol=2e-7)
+
+
 def test_bad_shapes_name_the_function():
     zx, h0, c0, y0, R, _, _ = _case(3, 2, 4, 4, "float32", False, False)
     with pytest.raises(ValueError, match="lstm_forward"):
