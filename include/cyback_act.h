@@ -90,26 +90,33 @@ CB_AVX2_ATTR static inline __m256 cb_fast_exp8(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
-/* tanh and sigmoid 8 lanes at a time; the last n % 8 values and the other
- * kinds go to the scalar loops. */
-CB_AVX2_ATTR static void cb_act_row_f_avx2(float *p, ptrdiff_t n, int kind) {
+CB_AVX2_ATTR static inline __m256 cb_act8(__m256 x, int kind) {
     const __m256 one = _mm256_set1_ps(1.0f);
-    ptrdiff_t j = 0;
     if (kind == 0) {
-        const __m256 two = _mm256_set1_ps(2.0f), m2 = _mm256_set1_ps(-2.0f);
-        for (; j + 8 <= n; j += 8) {
-            __m256 e = cb_fast_exp8(_mm256_mul_ps(m2, _mm256_loadu_ps(p + j)));
-            _mm256_storeu_ps(p + j, _mm256_sub_ps(_mm256_div_ps(two, _mm256_add_ps(one, e)),
-                                                  one));
-        }
-    } else if (kind == 1) {
-        const __m256 zero = _mm256_setzero_ps();
-        for (; j + 8 <= n; j += 8) {
-            __m256 e = cb_fast_exp8(_mm256_sub_ps(zero, _mm256_loadu_ps(p + j)));
-            _mm256_storeu_ps(p + j, _mm256_div_ps(one, _mm256_add_ps(one, e)));
-        }
+        __m256 e = cb_fast_exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0f), x));
+        return _mm256_sub_ps(_mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(one, e)), one);
     }
-    cb_act_row_f_avx2_tail(p + j, n - j, kind);
+    return _mm256_div_ps(one, _mm256_add_ps(one, cb_fast_exp8(_mm256_sub_ps(_mm256_setzero_ps(),
+                                                                             x))));
+}
+
+/* tanh and sigmoid 8 lanes at a time, the last n % 8 values as one masked
+ * vector rather than one at a time (rows of a few dozen units have a tail
+ * in every gate); hard_sigmoid in the scalar loop. */
+CB_AVX2_ATTR static void cb_act_row_f_avx2(float *p, ptrdiff_t n, int kind) {
+    ptrdiff_t j = 0;
+    if (kind == 0 || kind == 1) {
+        for (; j + 8 <= n; j += 8)
+            _mm256_storeu_ps(p + j, cb_act8(_mm256_loadu_ps(p + j), kind));
+        if (j < n) {
+            /* lanes below n - j: masked loads and stores touch no memory past p + n */
+            const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - j)), lanes);
+            _mm256_maskstore_ps(p + j, m, cb_act8(_mm256_maskload_ps(p + j, m), kind));
+        }
+        return;
+    }
+    cb_act_row_f_avx2_tail(p, n, kind);
 }
 #endif
 
