@@ -694,15 +694,26 @@ def _steps(bint keep, Py_ssize_t ring, Py_ssize_t T, Py_ssize_t B, Py_ssize_t wi
     return np.empty((T if keep else ring, B, width), dt)
 
 
+def _absent(dt, _made={}):
+    """A read-only (1, 1) array of zeros standing for an absent mask (the
+    kernels read it only where the flag says it is there), made once per
+    dtype: a batch-1 call spends its time on such bookkeeping."""
+    a = _made.get(dt)
+    if a is None:
+        a = _made[dt] = np.zeros((1, 1), dt)
+        a.flags.writeable = False
+    return a
+
+
 def _rmask(rmask, B, u, dt):
     if rmask is None:
-        return np.zeros((1, 1), dt)
+        return _absent(dt)
     return np.array(np.broadcast_to(rmask, (B, u)), dtype=dt, order="C")
 
 
 def _mask(mask, T, B):
     if mask is None:
-        return np.zeros((1, 1), np.uint8)
+        return _absent(np.uint8)
     return np.ascontiguousarray(np.broadcast_to(mask, (T, B)), dtype=np.uint8)
 
 
