@@ -2,7 +2,8 @@
  *
  * libm's expf/tanhf are one call per element; a recurrent step spends most of
  * its element-wise time there. These loops are branch-free so that the
- * compiler turns them into SIMD code at -O3 without -ffast-math.
+ * compiler turns them into SIMD code at -O3 without -ffast-math; the AVX2
+ * float rows are written with intrinsics (the same steps, bit for bit).
  *
  * exp(x): x = n ln2 + r with |r| <= ln2/2, exp(r) by its degree-6 Taylor
  * polynomial (relative error ~2e-7), 2^n written into the exponent bits;
@@ -19,6 +20,9 @@
 #include <stdint.h>
 #include <string.h>
 #include "cyback_simd.h"
+#if CB_SIMD_AVX2
+#include <immintrin.h>
+#endif
 
 /* The clamps are selects, not branches, only if the compiler may evaluate
  * both sides: allow that here (no floating-point traps are enabled anyway). */
@@ -64,7 +68,6 @@ ATTR static void cb_act_row_f_##SUF(float *p, ptrdiff_t n, int kind) {          
 CB_FAST_EXPF(base, )
 CB_ACT_ROW_F(base, )
 #if CB_SIMD_AVX2
-#include <immintrin.h>
 CB_FAST_EXPF(avx2_tail, CB_AVX2_ATTR)
 CB_ACT_ROW_F(avx2_tail, CB_AVX2_ATTR)
 

@@ -103,7 +103,9 @@ def _packed_rows(const floating[:, ::1] h, W, base):
     cdef const floating *wp = <const floating*>_address(packed)
     cdef const floating *hp = NULL
     if B and N:
-        hp = &h[0, 0] if K else &o[0, 0]    # K = 0: no value of h is read
+        hp = &o[0, 0]               # K = 0: no value of h is read
+        if K:
+            hp = &h[0, 0]
         _packed_product(B, K, N, hp, wp, FB, bp, &o[0, 0])
     return out
 
