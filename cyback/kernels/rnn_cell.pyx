@@ -51,57 +51,67 @@ ACTIVATIONS = {"tanh": 0, "sigmoid": 1, "hard_sigmoid": 2, "linear": 3}
 DEF GEMV_ROWS = 4
 
 
-cdef extern from "cyback_conv_direct.h" nogil:
-    ctypedef struct cb_cd_geom:
-        Py_ssize_t N, C, F, D, H, W, Wp, pw, OD, OH, OW, KD, KH, KW
-        Py_ssize_t sd, sh, sw, dd, dh, dw, pd, ph, FB, nfb
-    Py_ssize_t cb_cd_block(int dbl)
-    void cb_cd_pack_f(const float* k, const float* bias, float* wp, float* bp,
-                      const cb_cd_geom* g)
-    void cb_cd_pack_d(const double* k, const double* bias, double* wp, double* bp,
-                      const cb_cd_geom* g)
-    void cb_cd_item_f(const float* x, const float* wp, const float* bp, const float* res,
-                      int act, float* y, const cb_cd_geom* g, Py_ssize_t it)
-    void cb_cd_item_d(const double* x, const double* wp, const double* bp, const double* res,
-                      int act, double* y, const cb_cd_geom* g, Py_ssize_t it)
+cdef extern from "cyback_rnn_product.h" nogil:
+    Py_ssize_t cb_rp_block(int dbl)
+    void cb_rp_pack_f(const float* w, Py_ssize_t K, Py_ssize_t N, Py_ssize_t FB, float* wp)
+    void cb_rp_pack_d(const double* w, Py_ssize_t K, Py_ssize_t N, Py_ssize_t FB, double* wp)
+    void cb_rp_product_f(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, const float* h,
+                         const float* wp, Py_ssize_t FB, const float* base, float* out)
+    void cb_rp_product_d(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, const double* h,
+                         const double* wp, Py_ssize_t FB, const double* base, double* out)
 
 
-cdef inline cb_cd_geom _product_geom(Py_ssize_t rows, Py_ssize_t K, Py_ssize_t N,
-                                     Py_ssize_t FB) noexcept nogil:
-    # (rows, K) @ (K, N) as a 1x1 convolution over a row of `rows` pixels
-    cdef cb_cd_geom g
-    memset(&g, 0, sizeof(g))
-    g.N = g.D = g.H = g.OD = g.OH = 1
-    g.KD = g.KH = g.KW = g.sd = g.sh = g.sw = g.dd = g.dh = g.dw = 1
-    g.W = g.Wp = g.OW = rows
-    g.C, g.F, g.FB, g.nfb = K, N, FB, (N + FB - 1) // FB
-    return g
-
-
-def _pack_product(W, int FB=0):
-    """W (K, N) packed for the direct kernel's products (see
-    include/cyback_conv_direct.h), as ``(packed, FB)``: packed once per
-    sequence, the recurrent kernel is not re-packed by BLAS at every step."""
+def _pack_product(W, Py_ssize_t FB=0):
+    """W (K, N) packed for the recurrent product (include/cyback_rnn_product.h)
+    as ``(packed, FB)``: packed once per sequence, the recurrent kernel is not
+    re-packed by BLAS at every step."""
     W = np.ascontiguousarray(W)
     cdef bint dbl = W.dtype == np.float64
     if FB == 0:
-        FB = cb_cd_block(dbl)
-    cdef cb_cd_geom g = _product_geom(1, W.shape[0], W.shape[1], FB)
-    packed = np.zeros(max(1, g.nfb * FB * W.shape[0]), W.dtype)
+        FB = cb_rp_block(dbl)
+    cdef Py_ssize_t K = W.shape[0], N = W.shape[1]
+    packed = np.empty(max(1, (N + FB - 1) // FB * FB * K), W.dtype)
     cdef float[::1] wf, pf
     cdef double[::1] wd, pd
     if W.size:
         if dbl:
             wd, pd = W.reshape(-1), packed
-            cb_cd_pack_d(&wd[0], NULL, &pd[0], NULL, &g)
+            cb_rp_pack_d(&wd[0], K, N, FB, &pd[0])
         else:
             wf, pf = W.reshape(-1), packed
-            cb_cd_pack_f(&wf[0], NULL, &pf[0], NULL, &g)
+            cb_rp_pack_f(&wf[0], K, N, FB, &pf[0])
     return packed, FB
 
 
-# The recurrent product on R packed once per sequence (the direct kernel of
-# include/cyback_conv_direct.h) rather than BLAS, which packs R at every step
+def _packed_rows(const floating[:, ::1] h, W, base):
+    """``h @ W (+ base)`` through the packed product (for tests)."""
+    dt = np.float32 if floating is float else np.float64
+    cdef Py_ssize_t FB
+    packed, FB = _pack_product(np.asarray(W, dtype=dt))
+    cdef Py_ssize_t B = h.shape[0], K = h.shape[1], N = W.shape[1]
+    if W.shape[0] != K:
+        raise ValueError("_packed_rows: shapes h %s, W %s do not agree"
+                         % (np.shape(h), np.shape(W)))
+    out = np.empty((B, N), dt)
+    cdef floating[:, ::1] o = out
+    cdef const floating[:, ::1] b_
+    cdef const floating *bp = NULL
+    if base is not None:
+        b_ = np.ascontiguousarray(np.broadcast_to(base, (B, N)), dtype=dt)
+        if B and N:
+            bp = &b_[0, 0]
+    cdef const floating *wp = <const floating*>_address(packed)
+    cdef const floating *hp = NULL
+    if B and N:
+        hp = &o[0, 0]               # K = 0: no value of h is read
+        if K:
+            hp = &h[0, 0]
+        _packed_product(B, K, N, hp, wp, FB, bp, &o[0, 0])
+    return out
+
+
+# The recurrent product on R packed once per sequence (the kernels of
+# include/cyback_rnn_product.h) rather than BLAS, which packs R at every step
 # of every thread; off for tests of the BLAS path.
 _TUNE = {"packed": True}
 
@@ -125,13 +135,10 @@ cdef inline void _packed_product(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, const
                                  floating *out) noexcept nogil:
     """out = h @ W (+ base, shaped like out, unless NULL; it may be out): h
     (B, K), out (B, N), W packed by _pack_product."""
-    cdef cb_cd_geom g = _product_geom(B, K, N, FB)
-    cdef Py_ssize_t it
-    for it in range(g.nfb):
-        if floating is float:
-            cb_cd_item_f(h, Wp, NULL, base, 0, out, &g, it)
-        else:
-            cb_cd_item_d(h, Wp, NULL, base, 0, out, &g, it)
+    if floating is float:
+        cb_rp_product_f(B, K, N, h, Wp, FB, base, out)
+    else:
+        cb_rp_product_d(B, K, N, h, Wp, FB, base, out)
 
 
 cdef inline void _rec_product_onto(Py_ssize_t B, Py_ssize_t u, Py_ssize_t G, const floating *h,
@@ -689,15 +696,26 @@ def _steps(bint keep, Py_ssize_t ring, Py_ssize_t T, Py_ssize_t B, Py_ssize_t wi
     return np.empty((T if keep else ring, B, width), dt)
 
 
+def _absent(dt, _made={}):
+    """A read-only (1, 1) array of zeros standing for an absent mask (the
+    kernels read it only where the flag says it is there), made once per
+    dtype: a batch-1 call spends its time on such bookkeeping."""
+    a = _made.get(dt)
+    if a is None:
+        a = _made[dt] = np.zeros((1, 1), dt)
+        a.flags.writeable = False
+    return a
+
+
 def _rmask(rmask, B, u, dt):
     if rmask is None:
-        return np.zeros((1, 1), dt)
+        return _absent(dt)
     return np.array(np.broadcast_to(rmask, (B, u)), dtype=dt, order="C")
 
 
 def _mask(mask, T, B):
     if mask is None:
-        return np.zeros((1, 1), np.uint8)
+        return _absent(np.uint8)
     return np.ascontiguousarray(np.broadcast_to(mask, (T, B)), dtype=np.uint8)
 
 

@@ -173,12 +173,51 @@ def test_simple_backward_matches_finite_differences(with_rmask, with_mask, B):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("K,N", [(5, 3), (7, 17), (16, 40), (0, 9)])
+@pytest.mark.parametrize("with_base", [False, True])
+def test_packed_product_matches_numpy(dtype, K, N, with_base):
+    # every row count up to 20 cuts into tiles of a different set of heights
+    rs = np.random.RandomState(1)
+    W = rs.randn(K, N).astype(dtype)
+    for B in range(1, 21):
+        h = rs.randn(B, K).astype(dtype)
+        base = rs.randn(B, N).astype(dtype) if with_base else None
+        got = rc._packed_rows(h, W, base)
+        want = h.astype(np.float64) @ W.astype(np.float64)
+        if with_base:
+            want += base
+        tol = dict(rtol=1e-5, atol=1e-5) if dtype == "float32" else dict(rtol=1e-12, atol=1e-12)
+        assert got.dtype == dtype and got.shape == (B, N)
+        np.testing.assert_allclose(got, want, **tol)
+
+
+def test_packed_product_bad_shapes_name_the_function():
+    with pytest.raises(ValueError, match="_packed_rows"):
+        rc._packed_rows(np.ones((3, 4), np.float32), np.ones((5, 2), np.float32), None)
+
+
 def test_activations_stay_finite_and_saturate():
     x = np.array([-1e4, -100, -88.5, -20, -1e-3, 0, 1e-3, 20, 88.5, 100, 1e4], np.float32)
     zx = x.reshape(-1, 1, 1)
     zero = np.zeros((1, 1), np.float32)
     for act, f in (("tanh", np.tanh), ("sigmoid", ACTS["sigmoid"])):
         _, ys, _ = rc.simple_forward(zx, zero, zero, zero, None, None, rc.ACTIVATIONS[act])
+        assert np.all(np.isfinite(ys))
+        np.testing.assert_allclose(ys.ravel(), f(x.astype(np.float64)), atol=2e-7)
+
+
+@pytest.mark.parametrize("u", [8, 19, 64])
+def test_activation_rows_match_reference_over_the_range(u):
+    # rows of u values: whole vectors and a scalar tail (19), from saturation
+    # on both sides through zero
+    x = np.concatenate([np.linspace(-30, 30, 20 * u - 8), [-1e4, -100, -88.5, 88.5, 100, 1e4,
+                                                           -1e-3, 1e-3]]).astype(np.float32)
+    zx = x.reshape(-1, 1, u)
+    zero = np.zeros((1, u), np.float32)
+    R = np.zeros((u, u), np.float32)
+    for act, f in (("tanh", np.tanh), ("sigmoid", ACTS["sigmoid"])):
+        _, ys, _ = rc.simple_forward(zx, zero, zero, R, None, None, rc.ACTIVATIONS[act])
         assert np.all(np.isfinite(ys))
         np.testing.assert_allclose(ys.ravel(), f(x.astype(np.float64)), atol=2e-7)
 
