@@ -116,7 +116,11 @@ def matmul(a, b, bias=None):
     # A product of a few rows (batch-1 Dense layers) streams B once: its
     # cost is B's size, not the flops, and a woken team took longer than the
     # CNN benchmark's 4608 x 128 one alone (73 us on 2 threads, 57 on 1).
-    cdef int nt = cb_threads_for(2.0 * m * n * k if m > 4 else 1.0 * n * k)
+    # Larger products count a quarter of their flops against the cutoff: a
+    # sleeping team's wake-up outweighs the split below about 4 MFLOP (2
+    # threads against 1, quiet machine: 1.6 MFLOP, an LSTM's batch-1 input
+    # projection, 0.67x; 6.6 MFLOP 1.1-1.35x; 13 MFLOP 1.65x).
+    cdef int nt = cb_threads_for(0.5 * m * n * k if m > 4 else 1.0 * n * k)
     cdef float[:, ::1] af, bf, of
     cdef double[:, ::1] ad, bd, od
     cdef cb_intr intr
