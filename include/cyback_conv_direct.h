@@ -255,8 +255,9 @@ ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,  
     const ptrdiff_t *po = NULL;                                                           \
     /* A short patch (few channels) would spend a tile's time on its loops */            \
     /* over tap rows: with every row present, interior tiles run all taps  */            \
-    /* in one loop through their offsets from the first row.               */            \
-    if (K <= CB_CD_SHORT_K) {                                                             \
+    /* in one loop through their offsets from the first row (a 1x1 kernel  */            \
+    /* is one loop already).                                                */           \
+    if (K <= CB_CD_SHORT_K && R * g->KW > 1) {                                            \
         for (r = 0; r < R && xr[r]; r++)                                                  \
             for (kw = 0; kw < g->KW; kw++)                                                \
                 for (c = 0; c < C; c++)                                                   \
