@@ -785,12 +785,19 @@ def test_batch1_dense_runs_bias_and_activation_in_one_pass(act):
     b = K.variable(rng.standard_normal(10).astype("float32"))
     y = K.bias_add(K.dot(x, W), b)
     y = y if act is None else K.relu(y) if act == "relu" else K.relu(y, max_value=6.0)
-    feed = [rng.standard_normal((1, 24)).astype("float32") * 3]
-    f, got = _run([x], [y], feed, True)
-    _, ref = _run([x], [y], feed, False)
-    op, = f.plan_ops(0)
-    assert op.in_kernel[-1] == act
-    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-5)
+    for rows in (1, 32):
+        # one pass of dense_rows at batch 1; the product, then the activation
+        # in place, for more rows
+        feed = [rng.standard_normal((rows, 24)).astype("float32") * 3]
+        feed[0][0, :3] = np.nan
+        f, got = _run([x], [y], feed, True)
+        _, ref = _run([x], [y], feed, False)
+        op, = f.plan_ops(0)
+        assert op.in_kernel[-1] == act
+        np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-5)
+        assert np.isnan(got[0][0]).all()
+        if act == "relu6" and rows > 1:
+            assert got[0][1:].max() == 6.0
 
 
 def test_training_plans_keep_the_dense_bias_add():
