@@ -631,16 +631,37 @@ cdef void _bwdk_tap_item(const floating* xp, const floating* dy, floating* part,
                 t += 1
 
 
+cdef void _sum_parts(const floating* parts, floating* dw, Py_ssize_t KF,
+                     Py_ssize_t ngroups) noexcept nogil:
+    """dw = the sum of the groups' partial kernel gradients (KF values each),
+    added in group order whatever the thread count."""
+    cdef Py_ssize_t i, gi
+    cdef floating s
+    for i in prange(KF, schedule='static', num_threads=cb_threads_for(<double>(ngroups + 1) * KF)):
+        s = parts[i]
+        for gi in range(1, ngroups):
+            s = s + parts[gi * KF + i]
+        dw[i] = s
+
+
+def _groups(Py_ssize_t nitems, Py_ssize_t kf, Py_ssize_t itemsize):
+    """Groups of a kernel gradient's work items (consecutive runs of
+    ceil(nitems / groups)): each sums into a partial gradient of its own, so
+    at most MAX_GROUPS and GROUP_BYTES of partials; none is left empty (it
+    would leave its partial unset)."""
+    ngroups = max(1, min(MAX_GROUPS, nitems, GROUP_BYTES // (kf * itemsize)))
+    per = (nitems + ngroups - 1) // ngroups
+    return (nitems + per - 1) // per
+
+
 def _backward_kernel_taps(floating[::1] x, floating[::1] dy, floating[::1] parts,
                            floating[::1] dw, floating[::1] xp, floating[::1] bufs,
                            Py_ssize_t bufstride, Geom g, bint last, bint copy,
                            Py_ssize_t B, Py_ssize_t ngroups, int nt):
     cdef Py_ssize_t nitems, per, gi, c, n, q0, m, i
     cdef Py_ssize_t KF = g.K * g.F
-    cdef floating s
     cdef floating* buf = NULL
     cdef const floating* src
-    cdef int nt_sum = cb_threads_for(<double>(ngroups + 1) * KF)
     cdef cb_intr intr
     cb_intr_init(&intr)
     cdef TapGrid t = _tap_grid(&g, B)
@@ -661,11 +682,7 @@ def _backward_kernel_taps(floating[::1] x, floating[::1] dy, floating[::1] parts
                         m = B
                     _bwdk_tap_item(src, &dy[0], &parts[gi * KF], buf, &g, last, t.Hp, t.Wp,
                                    t.DpHpWp, n, q0, m, c == gi * per)
-        for i in prange(KF, schedule='static', num_threads=nt_sum):
-            s = parts[i]
-            for gi in range(1, ngroups):
-                s = s + parts[gi * KF + i]
-            dw[i] = s
+        _sum_parts(&parts[0], &dw[0], KF, ngroups)
     check_interrupt(&intr)
 
 
@@ -757,10 +774,8 @@ def _backward_kernel(floating[::1] x, floating[::1] dy, floating[::1] parts,
                       Geom g, bint last, bint direct, Py_ssize_t B,
                       Py_ssize_t ngroups, int nt):
     cdef Py_ssize_t nblk = 1, nitems, per, gi, c0, c1, i, KF = g.K * g.F
-    cdef floating s
     cdef floating* buf = NULL
     # The partial sums: ngroups * KF elements read, KF written.
-    cdef int nt_sum = cb_threads_for(<double>(ngroups + 1) * KF)
     cdef cb_intr intr
     cb_intr_init(&intr)
     # The caller holds the GIL (it passes memoryviews); release it for the work.
@@ -780,11 +795,7 @@ def _backward_kernel(floating[::1] x, floating[::1] dy, floating[::1] parts,
                     c1 = nitems
                 _bwdk_group(&x[0], &dy[0], &parts[gi * KF], buf, &g, last, direct, c0, c1, B,
                             nblk, &intr)
-        for i in prange(KF, schedule='static', num_threads=nt_sum):
-            s = parts[i]
-            for gi in range(1, ngroups):
-                s = s + parts[gi * KF + i]
-            dw[i] = s
+        _sum_parts(&parts[0], &dw[0], KF, ngroups)
     check_interrupt(&intr)
 
 
@@ -1761,8 +1772,6 @@ def _backward_kernel_direct(floating[::1] x, floating[::1] dy, floating[::1] par
     result does not depend on the thread count."""
     cdef Py_ssize_t KF = g.KD * g.KH * g.KW * g.C * g.F
     cdef Py_ssize_t per = (nitems + ngroups - 1) // ngroups, gi, it, i
-    cdef floating s
-    cdef int nt_sum = cb_threads_for(<double>(ngroups + 1) * KF)
     cdef cb_intr intr
     cb_intr_init(&intr)
     with nogil:
@@ -1775,11 +1784,7 @@ def _backward_kernel_direct(floating[::1] x, floating[::1] dy, floating[::1] par
                     cb_cdw_item_f(&x[0], &dy[0], &parts[gi * KF], &g, it)
                 else:
                     cb_cdw_item_d(&x[0], &dy[0], &parts[gi * KF], &g, it)
-        for i in prange(KF, schedule='static', num_threads=nt_sum):
-            s = parts[i]
-            for gi in range(1, ngroups):
-                s = s + parts[gi * KF + i]
-            dw[i] = s
+        _sum_parts(&parts[0], &dw[0], KF, ngroups)
     check_interrupt(&intr)
 
 
@@ -1824,9 +1829,7 @@ def conv_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, channels_
     if _use_direct_dw(g, last, cdt == np.float64):
         nitems = g["N"] * g["OD"] * ((g["OH"] + CB_CDW_ROWS - 1) // CB_CDW_ROWS)
         kf = g["K"] * g["F"]
-        ngroups = max(1, min(MAX_GROUPS, nitems, GROUP_BYTES // (kf * x.itemsize)))
-        per = (nitems + ngroups - 1) // ngroups
-        ngroups = (nitems + per - 1) // per
+        ngroups = _groups(nitems, kf, x.itemsize)
         dg = dict(N=g["N"], C=g["C"], F=g["F"], D=g["D"], H=g["H"], W=g["W"], Wp=g["W"],
                   pw=g["pw"], OD=g["OD"], OH=g["OH"], OW=g["OW"], KD=g["KD"], KH=g["KH"],
                   KW=g["KW"], sd=g["sd"], sh=g["sh"], sw=g["sw"], dd=g["dd"], dh=g["dh"],
@@ -1843,9 +1846,7 @@ def conv_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, channels_
             * (g["OW"] + (g["KW"] - 1) * g["dw"]) + g["OW"]
         nitems = g["N"] * ((q + B - 1) // B)
         kf = g["K"] * g["F"]
-        ngroups = max(1, min(MAX_GROUPS, nitems, GROUP_BYTES // (kf * x.itemsize)))
-        per = (nitems + ngroups - 1) // ngroups
-        ngroups = (nitems + per - 1) // per
+        ngroups = _groups(nitems, kf, x.itemsize)
         parts = np.empty(ngroups * kf, dtype=cdt)
         stride = (B * g["F"] + 15) // 16 * 16
         bufs = np.empty(max(1, nt) * stride, dtype=cdt)
@@ -1860,10 +1861,7 @@ def conv_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, channels_
     else:
         nitems = g["N"] * ((g["P"] + B - 1) // B)
     kf = g["K"] * g["F"]
-    ngroups = max(1, min(MAX_GROUPS, nitems, GROUP_BYTES // (kf * x.itemsize)))
-    # Recompute so that no group is empty (it would leave its partial unset).
-    per = (nitems + ngroups - 1) // ngroups
-    ngroups = (nitems + per - 1) // per
+    ngroups = _groups(nitems, kf, x.itemsize)
     parts = np.empty(ngroups * kf, dtype=cdt)
     bufs, stride = _work_bufs(g, B, cdt, nt)
     with limit:
