@@ -928,7 +928,7 @@ cdef _DirectGeom _direct_geom(g, Py_ssize_t FB):
     d = _DirectGeom()
     nfb = (g["F"] + FB - 1) // FB
     reach = (g["OW"] - 1) * g["sw"] + (g["KW"] - 1) * g["dw"] + 1
-    row = g["W"] if _skip_pad(g, FB) else max(reach, g["pw"] + g["W"])
+    row = g["W"] if _skip_pad() else max(reach, g["pw"] + g["W"])
     d.g = dict(N=g["N"], C=g["C"], F=g["F"], D=g["D"], H=g["H"], W=g["W"], Wp=row,
                pw=g["pw"], OD=g["OD"], OH=g["OH"], OW=g["OW"], KD=g["KD"], KH=g["KH"],
                KW=g["KW"], sd=g["sd"], sh=g["sh"], sw=g["sw"], dd=g["dd"], dh=g["dh"],
@@ -943,7 +943,7 @@ cdef _DirectGeom _direct_geom(g, Py_ssize_t FB):
     return d
 
 
-def _skip_pad(g, Py_ssize_t FB):
+def _skip_pad():
     """Whether the direct kernel reads the input rows as they are, its tiles
     at each row's ends checking their taps against the W padding (the vector
     kernels can), rather than a zero-padded copy (the scalar kernel needs
@@ -951,11 +951,7 @@ def _skip_pad(g, Py_ssize_t FB):
     pass over the input and a barrier: 2-12% of a 3x3 convolution's time
     with 16-64 channels on (32, 14..56, 14..56), batch 1 included (2
     threads, alternated)."""
-    if not cb_cd_pads_itself():
-        return False
-    if _TUNE["direct_skip_pad"] is not None:
-        return _TUNE["direct_skip_pad"]
-    return True
+    return bool(cb_cd_pads_itself()) and _TUNE["direct_skip_pad"] is not False
 
 
 def _run_direct(x, kernel, y, g, bias, residual, int act, int nt):

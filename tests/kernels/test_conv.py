@@ -1,4 +1,5 @@
 """Tests of the convolution kernels against slow NumPy references."""
+import contextlib
 import itertools
 
 import numpy as np
@@ -534,18 +535,25 @@ DIRECT_CASES = [
 ]
 
 
-@pytest.fixture(params=["skip", "copy"])
-def pad_mode(request):
-    """W padding skipped by the kernel or read from a padded copy (the size
-    rule picks one per call; every direct test runs both)."""
+@contextlib.contextmanager
+def forced_pad(mode):
+    """W padding skipped by the kernel ("skip") or read from a padded copy
+    ("copy") while the block runs."""
     old = conv._TUNE["direct_skip_pad"]
-    conv._TUNE["direct_skip_pad"] = request.param == "skip"
+    conv._TUNE["direct_skip_pad"] = mode == "skip"
     conv._DIRECT_GEOMS.clear()
     try:
-        yield request.param
+        yield mode
     finally:
         conv._TUNE["direct_skip_pad"] = old
         conv._DIRECT_GEOMS.clear()
+
+
+@pytest.fixture(params=["skip", "copy"])
+def pad_mode(request):
+    """Every direct test runs both ways of reading the W padding."""
+    with forced_pad(request.param):
+        yield request.param
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -574,17 +582,6 @@ def test_direct_kernel_with_epilogue(direct_isa, pad_mode, case, activation, dty
             assert y.min() >= 0 and y.max() <= 6
 
 
-def _forced_pad(mode, run):
-    old = conv._TUNE["direct_skip_pad"]
-    conv._TUNE["direct_skip_pad"] = mode == "skip"
-    conv._DIRECT_GEOMS.clear()
-    try:
-        return run()
-    finally:
-        conv._TUNE["direct_skip_pad"] = old
-        conv._DIRECT_GEOMS.clear()
-
-
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_direct_row_tiles_every_width(direct_isa, dtype):
     # A row of OW pixels runs in tiles of 1 to 6 pixels of nearly equal size,
@@ -605,8 +602,10 @@ def test_direct_row_tiles_every_width(direct_isa, dtype):
         bias = rng.standard_normal(20).astype(dtype)
         args = ((1, s), (1, d), [(0, 0), p])
         want = ref_forward(x, w, *args) + bias
-        skip = _forced_pad("skip", lambda: conv.conv_forward(x, w, *args, bias=bias))
-        copy = _forced_pad("copy", lambda: conv.conv_forward(x, w, *args, bias=bias))
+        with forced_pad("skip"):
+            skip = conv.conv_forward(x, w, *args, bias=bias)
+        with forced_pad("copy"):
+            copy = conv.conv_forward(x, w, *args, bias=bias)
         assert skip.shape == want.shape and skip.shape[2] == ow
         np.testing.assert_allclose(skip, want, **tol(dtype))
         np.testing.assert_array_equal(skip, copy)
@@ -628,6 +627,19 @@ def test_direct_wide_layers_with_enough_pixels(direct_isa, dtype):
                                    **tol(dtype))
 
 
+def on_threads(run, counts=(1, 2, 3)):
+    """run() on each thread count in turn; the outputs, in that order."""
+    old = get_max_threads()
+    outs = []
+    try:
+        for nt in counts:
+            set_num_threads(nt)
+            outs.append(run())
+    finally:
+        set_num_threads(old)
+    return outs
+
+
 def test_direct_matches_im2col_and_ignores_threads():
     # Same sums in a different order than the GEMM path: equal to rounding;
     # bit-identical for 1, 2 and 3 threads (rows are split, sums are not).
@@ -635,14 +647,7 @@ def test_direct_matches_im2col_and_ignores_threads():
     x = rng.standard_normal((3, 17, 19, 24)).astype(np.float32)
     w = rng.standard_normal((3, 3, 24, 40)).astype(np.float32)
     args = ((1, 1), (1, 1), [(1, 1), (1, 1)])
-    old = get_max_threads()
-    try:
-        outs = []
-        for nt in (1, 2, 3):
-            set_num_threads(nt)
-            outs.append(conv.conv_forward(x, w, *args))
-    finally:
-        set_num_threads(old)
+    outs = on_threads(lambda: conv.conv_forward(x, w, *args))
     for y in outs[1:]:
         assert np.array_equal(y, outs[0])
     conv._TUNE["direct"] = False
@@ -852,14 +857,7 @@ def test_phases_float16_empty_and_thread_invariant(phase_split):
     w = rng.standard_normal((3, 3, 24, 40)).astype(np.float32)
     dy = rng.standard_normal((3, 15, 16, 40)).astype(np.float32)
     args = ((2, 2), (1, 1), [(1, 1), (1, 1)])
-    old = get_max_threads()
-    try:
-        outs = []
-        for nt in (1, 2, 3):
-            set_num_threads(nt)
-            outs.append(conv.conv_backward_input(dy, w, (3, 30, 31, 24), *args))
-    finally:
-        set_num_threads(old)
+    outs = on_threads(lambda: conv.conv_backward_input(dy, w, (3, 30, 31, 24), *args))
     for dx in outs[1:]:
         assert np.array_equal(dx, outs[0])
     np.testing.assert_allclose(outs[0], ref_backward_input(dy, w, (3, 30, 31, 24), *args),
@@ -970,14 +968,7 @@ def test_direct_kernel_gradient_paths_and_threads():
     x = rng.standard_normal((5, 17, 19, 24)).astype(np.float32)
     dy = rng.standard_normal((5, 17, 19, 32)).astype(np.float32)
     args = ((1, 1), (1, 1), [(1, 1), (1, 1)])
-    old = get_max_threads()
-    try:
-        outs = []
-        for nt in (1, 2, 3):
-            set_num_threads(nt)
-            outs.append(conv.conv_backward_kernel(x, dy, (3, 3, 24, 32), *args))
-    finally:
-        set_num_threads(old)
+    outs = on_threads(lambda: conv.conv_backward_kernel(x, dy, (3, 3, 24, 32), *args))
     for y in outs[1:]:
         assert np.array_equal(y, outs[0])
     conv._TUNE["direct_dw"] = False
