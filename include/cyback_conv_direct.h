@@ -154,6 +154,19 @@ CB_CD_COMMON(double, d)
         }                                                                                 \
     } while (0)
 
+/* The tile for np pixels from ow on, the size a constant in each case; so is
+ * `inside` (IN), so interior tiles compile without the per-tap checks (1-4%
+ * faster on 3x3 16-64 channels, 1 thread, in-process A/B). */
+#define CB_CD_TILE_CASE(SUF, N, IN, O)                                                    \
+    case N: cb_cd_tile_##SUF(N, xr, R, wp, bp, res, act, y, ys, nf, g, ow, IN, O); break;
+#define CB_CD_TILE_SWITCH(SUF, IN, O)                                                     \
+    switch (np) {                                                                         \
+    CB_CD_TILE_CASE(SUF, 6, IN, O) CB_CD_TILE_CASE(SUF, 5, IN, O)                         \
+    CB_CD_TILE_CASE(SUF, 4, IN, O) CB_CD_TILE_CASE(SUF, 3, IN, O)                         \
+    CB_CD_TILE_CASE(SUF, 2, IN, O)                                                        \
+    default: cb_cd_tile_##SUF(1, xr, R, wp, bp, res, act, y, ys, nf, g, ow, IN, O); break; \
+    }
+
 #if CB_SIMD_VECTOR
 /* The W padding as the vector kernels read it (never written). */
 static float cb_cd_zeros_float[CB_CD_MAX_C];
@@ -267,16 +280,9 @@ ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,  
     /* the first `extra` tiles take base + 1 pixels, the others base */                  \
     for (i = 0, ow = 0; i < nt; i++, ow += np) {                                          \
         const int in = ow >= lo && ow + base + (i < extra) <= hi;                         \
-        const ptrdiff_t *o = in ? po : NULL;                                              \
         np = base + (i < extra);                                                          \
-        switch (np) {                                                                     \
-        case 6: cb_cd_tile_##SUF(6, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in, o); break; \
-        case 5: cb_cd_tile_##SUF(5, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in, o); break; \
-        case 4: cb_cd_tile_##SUF(4, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in, o); break; \
-        case 3: cb_cd_tile_##SUF(3, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in, o); break; \
-        case 2: cb_cd_tile_##SUF(2, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in, o); break; \
-        default: cb_cd_tile_##SUF(1, xr, R, wp, bp, res, act, y, ys, nf, g, ow, in, o); break; \
-        }                                                                                 \
+        if (in) { CB_CD_TILE_SWITCH(SUF, 1, po) }                                         \
+        else { CB_CD_TILE_SWITCH(SUF, 0, NULL) }                                          \
     }                                                                                     \
 }
 
