@@ -10,14 +10,14 @@ import numpy as np
 
 from cyback.graph.op import Op
 from cyback.graph.tensor import as_tensor
-from cyback.kernels.linalg import DENSE_MAX_ROWS, batch_gemm, dense_rows, matmul
+from cyback.kernels.linalg import batch_gemm, dense, matmul
 from cyback.kernels.runtime import parallel_min_work
 from cyback.ops import elementwise as ew
 from cyback.ops.shape import transpose
 
 # Smaller products run on np.dot (single-threaded BLAS): no kernel overhead.
 _PARALLEL_MIN_WORK = parallel_min_work()
-# kernels.linalg.dense_rows's activation codes
+# kernels.linalg.dense's activation codes
 _ACTIVATIONS = {None: 0, "relu": 1, "relu6": 2}
 
 
@@ -63,8 +63,9 @@ class TensorDot(Op):
     def kernel_epilogue(self, bias_axis, activation, out, residual=False, exact=False):
         """A bias along the output's last axis starts the GEMM's accumulator
         (see graph/op.py): the product then needs no pass of its own for it.
-        A product of a few rows (batch-1 Dense layers) also applies relu or
-        relu6 itself; larger ones apply it in place after the product.
+        A product the calling thread does (kernels.linalg.dense) also
+        applies relu or relu6 in the same call; larger ones apply it in place
+        after the product.
         Neither rounds as a product followed by an add does, so training
         plans (``exact``) keep the add."""
         return not exact and bias_axis == -1 and activation in (None, "relu", "relu6") and \
@@ -77,10 +78,11 @@ class TensorDot(Op):
                 or bias.size != y.shape[1]:
             return None
         bias = bias.reshape(-1)
-        if x.ndim == 2 and x.shape[0] <= DENSE_MAX_ROWS:
-            out = dense_rows(x, y, bias, _ACTIVATIONS[activation])
+        if x.flags.c_contiguous:
+            # a product the calling thread does, in one kernel call
+            out = dense(x.reshape(-1, x.shape[-1]), y, bias, _ACTIVATIONS[activation])
             if out is not None:
-                return out
+                return out.reshape(x.shape[:-1] + y.shape[1:])
         out = contract(x, y, self.ax, self.ay, bias)
         # relu / relu6 in place: exact, as the element-wise program's would
         # be, and cheaper than starting that program for a small product

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import cyback as K
+from cyback.kernels import runtime
 from cyback.ops import elementwise as ew_ops
 
 
@@ -777,8 +778,22 @@ def test_dense_bias_starts_the_gemm(rows, rank):
                                    rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("act", [None, "relu", "relu6"])
-def test_batch1_dense_runs_bias_and_activation_in_one_pass(act):
+def test_small_dense_runs_bias_and_activation_in_one_pass(act, threads):
+    # kernels.linalg.dense: one pass of dense_rows at batch 1; on one thread
+    # (or below the team's cutoff) one GEMM from the bias rows and the
+    # activation in the same call at batch 32; with a team, the product,
+    # then the activation in place
+    old = runtime.get_max_threads()
+    runtime.set_num_threads(threads)
+    try:
+        _small_dense_values(act)
+    finally:
+        runtime.set_num_threads(old)
+
+
+def _small_dense_values(act):
     rng = np.random.default_rng(14)
     x = K.placeholder((None, 24))
     W = K.variable(rng.standard_normal((24, 10)).astype("float32"))
@@ -786,8 +801,6 @@ def test_batch1_dense_runs_bias_and_activation_in_one_pass(act):
     y = K.bias_add(K.dot(x, W), b)
     y = y if act is None else K.relu(y) if act == "relu" else K.relu(y, max_value=6.0)
     for rows in (1, 32):
-        # one pass of dense_rows at batch 1; the product, then the activation
-        # in place, for more rows
         feed = [rng.standard_normal((rows, 24)).astype("float32") * 3]
         feed[0][0, :3] = np.nan
         f, got = _run([x], [y], feed, True)

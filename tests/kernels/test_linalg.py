@@ -96,6 +96,77 @@ def test_batch_gemm_matches_numpy(ta, tb, nb, m, k, n, rng):
 
 # ---------------------------------------------------------------- dense_rows
 
+def _dense_ref(x, w, b, act):
+    ref = x.astype(np.float64) @ w.astype(np.float64) + (0 if b is None else b)
+    if act:
+        ref = np.maximum(ref, 0)
+    if act == 2:
+        ref = np.minimum(ref, 6)
+    return ref
+
+
+@pytest.fixture
+def one_thread():
+    # kernels.linalg.dense does only what the calling thread should: with the
+    # tests' cutoff of 0 (conftest) a team of 2 takes every larger product
+    old = runtime.get_max_threads()
+    runtime.set_num_threads(1)
+    yield
+    runtime.set_num_threads(old)
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float32, 2e-5), (np.float64, 1e-12)])
+@pytest.mark.parametrize("act", [0, 1, 2])
+@pytest.mark.parametrize("m,k,n", [(1, 8, 3), (5, 32, 64), (32, 64, 10), (300, 7, 1),
+                                   (33, 1, 65)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_dense_matches_numpy(m, k, n, act, dtype, tol, with_bias, one_thread):
+    rng = np.random.default_rng(m * 100 + k + n)
+    x = (rng.standard_normal((m, k)) * 3).astype(dtype)
+    w = rng.standard_normal((k, n)).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype) if with_bias else None
+    y = linalg.dense(x, w, b, act)
+    assert y.dtype == dtype and y.shape == (m, n)
+    np.testing.assert_allclose(y, _dense_ref(x, w, b, act), rtol=tol, atol=tol * max(1, k))
+
+
+def test_dense_keeps_nan_and_reads_read_only_operands(one_thread):
+    w = np.ones((3, 4), np.float32)
+    w.flags.writeable = False
+    x = np.ones((32, 3), np.float32)
+    x[5, 1] = np.nan
+    x[7] = 5
+    x.flags.writeable = False
+    for act in (0, 1, 2):
+        y = linalg.dense(x, w, None, act)
+        assert np.isnan(y[5]).all() and not np.isnan(np.delete(y, 5, axis=0)).any()
+    np.testing.assert_array_equal(linalg.dense(x, w, None, 2)[7], np.full(4, 6))
+    np.testing.assert_array_equal(linalg.dense(-x, w, None, 1)[7], np.zeros(4))
+
+
+def test_dense_declines_what_it_does_not_take(one_thread):
+    x = np.ones((32, 8), np.float32)
+    w = np.ones((8, 4), np.float32)
+    b = np.ones(4, np.float32)
+    assert linalg.dense(x, np.asfortranarray(w), b) is None                # layout
+    assert linalg.dense(x[:, ::2], w[:4], b) is None
+    assert linalg.dense(x, w.astype(np.float64), b) is None                # dtypes
+    assert linalg.dense(x.astype(np.float16), w.astype(np.float16)) is None
+    assert linalg.dense(x, w, np.ones(5, np.float32)) is None              # bias size
+    assert linalg.dense(x, w, b.astype(np.float64)) is None                # bias dtype
+    assert linalg.dense(x, np.ones((7, 4), np.float32)) is None            # k
+    assert linalg.dense(x[0], w) is None                                   # rank
+    assert linalg.dense(x, w, b, 3) is None                                # activation
+    assert linalg.dense(x, w, b, -1) is None
+    assert linalg.dense(x.astype(">f4"), w, b) is None                     # byte order
+    assert linalg.dense(x[:0], w, b) is None                               # empty
+    assert linalg.dense(x[:, :0], w[:0], b) is None
+    # the same product on a team of 2 goes to matmul (the tests' cutoff is 0)
+    runtime.set_num_threads(2)
+    assert linalg.dense(x, w, b) is None
+    np.testing.assert_array_equal(linalg.dense(x[:1], w, b), np.full((1, 4), 9))
+
+
 @pytest.mark.parametrize("dtype,tol", [(np.float32, 2e-5), (np.float64, 1e-12)])
 @pytest.mark.parametrize("act", [0, 1, 2])
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (1, 32, 64), (4, 128, 10), (3, 7, 13),
