@@ -176,6 +176,7 @@ def test_prepared_kernel_calls_serve_threads_with_different_batch_sizes():
         for o in (op, getattr(op, "base", None)):
             if hasattr(o, "geom"):
                 o.geom._calls.clear()
+                o.geom._last = None
                 cleared += 1
     assert cleared == 2
     bad = []

@@ -177,15 +177,29 @@ class Fused(Op):
     def infer(self, *inputs):
         return [self.out_spec]
 
-    # (bias operand, residual operand, activation) the base op's kernel
-    # applies itself
-    in_kernel = None
+    _in_kernel = None
+    # the same with the operands as positions among the step's inputs
+    _kernel_args = None
+
+    @property
+    def in_kernel(self):
+        """(bias operand, residual operand, activation) the base op's kernel
+        applies itself, or None."""
+        return self._in_kernel
+
+    @in_kernel.setter
+    def in_kernel(self, spec):
+        self._in_kernel = spec
+        self._kernel_args = None if spec is None else \
+            (self._position(spec[0]), self._position(spec[1]), spec[2])
 
     def compute(self, *arrays):
-        if self.in_kernel is not None:
-            bias, res, act = self.in_kernel
-            y = self.base.compute_epilogue(arrays[:self.n_base], self._operand(arrays, bias),
-                                           act, self._operand(arrays, res))
+        spec = self._kernel_args
+        if spec is not None:
+            bias, res, act = spec
+            y = self.base.compute_epilogue(arrays[:self.n_base],
+                                           None if bias is None else arrays[bias], act,
+                                           None if res is None else arrays[res])
             if y is not None:
                 return (y,)
         if self.base is not None:
@@ -200,10 +214,10 @@ class Fused(Op):
             out = self._run_members(arrays)
         return (out,)
 
-    def _operand(self, arrays, i):
+    def _position(self, i):
         # program operand i among the step's inputs (the base op's output,
         # operand ``inplace``, is not one of them)
-        return None if i is None else arrays[self.n_base + i - (i > self.inplace)]
+        return None if i is None else self.n_base + i - (i > self.inplace)
 
     def _run_members(self, arrays):
         results = []

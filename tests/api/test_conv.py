@@ -574,3 +574,26 @@ def test_prepared_calls_are_not_pickled_and_are_rebuilt():
     g = pickle.loads(pickle.dumps(f))
     np.testing.assert_array_equal(g([x])[0], want)
     np.testing.assert_array_equal(g([x[:1]])[0], want[:1])     # another batch size
+
+
+def test_last_prepared_call_serves_only_its_own_arguments():
+    # a fused step calls its conv with the same kinds of arguments each time:
+    # Geometry.forward_again reuses the last prepared call for those only
+    rng = np.random.default_rng(6)
+    k = rng.standard_normal((3, 3, 4, 8)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    x = rng.standard_normal((2, 6, 6, 4)).astype(np.float32)
+    xp = K.placeholder((None, 6, 6, 4))
+    f = K.function([xp], [K.relu(K.bias_add(K.conv2d(xp, K.variable(k), padding="same"),
+                                            K.variable(b)))])
+    op, = f.plan_ops(0)
+    geom = op.base.geom
+    geom._last = None
+    assert geom.forward_again(x, k, b, "relu") is None
+    want = f([x])[0]
+    np.testing.assert_array_equal(geom.forward_again(x, k, b, "relu"), want)
+    for args in [(x[:1], k, b, "relu"), (x.astype(np.float64), k.astype(np.float64), b, "relu"),
+                 (x, k, b, None), (x, k, None, "relu"), (x, k, b, "relu", want)]:
+        assert geom.forward_again(*args) is None
+    np.testing.assert_array_equal(f([x[:1]])[0], want[:1])      # another batch size
+    np.testing.assert_array_equal(f([x])[0], want)
