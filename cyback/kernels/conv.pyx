@@ -929,10 +929,20 @@ cdef _DirectGeom _direct_geom(g, Py_ssize_t FB):
     nfb = (g["F"] + FB - 1) // FB
     reach = (g["OW"] - 1) * g["sw"] + (g["KW"] - 1) * g["dw"] + 1
     row = g["W"] if _skip_pad() else max(reach, g["pw"] + g["W"])
-    d.g = dict(N=g["N"], C=g["C"], F=g["F"], D=g["D"], H=g["H"], W=g["W"], Wp=row,
-               pw=g["pw"], OD=g["OD"], OH=g["OH"], OW=g["OW"], KD=g["KD"], KH=g["KH"],
-               KW=g["KW"], sd=g["sd"], sh=g["sh"], sw=g["sw"], dd=g["dd"], dh=g["dh"],
-               dw=g["dw"], pd=g["pd"], ph=g["ph"], FB=FB, nfb=nfb)
+    geom = dict(N=g["N"], C=g["C"], F=g["F"], D=g["D"], H=g["H"], W=g["W"], Wp=row,
+                pw=g["pw"], OD=g["OD"], OH=g["OH"], OW=g["OW"], KD=g["KD"], KH=g["KH"],
+                KW=g["KW"], sd=g["sd"], sh=g["sh"], sw=g["sw"], dd=g["dd"], dh=g["dh"],
+                dw=g["dw"], pd=g["pd"], ph=g["ph"], FB=FB, nfb=nfb)
+    if g["K"] == g["C"] and (g["OD"], g["OH"], g["OW"]) == (g["D"], g["H"], g["W"]) and \
+            g["sd"] == g["sh"] == g["sw"] == 1 and g["pd"] == g["ph"] == g["pw"] == 0:
+        # A 1x1 convolution reads its input as one run of pixels: rows of up
+        # to 128 of them spread a work item's set-up over more tiles than
+        # the image's own rows (32 pixels at batch 1 in MobileNet blocks).
+        pixels = g["N"] * g["D"] * g["H"] * g["W"]
+        cols = _pointwise_row(pixels, g["W"])
+        geom.update(N=1, D=1, OD=1, H=pixels // cols, OH=pixels // cols, W=cols, OW=cols,
+                    Wp=cols)
+    d.g = geom
     d.wp_size = nfb * FB * g["K"]
     d.bp_size = nfb * FB
     d.copy = row != g["W"]
@@ -941,6 +951,16 @@ cdef _DirectGeom _direct_geom(g, Py_ssize_t FB):
         _DIRECT_GEOMS.clear()
     _DIRECT_GEOMS[(id(g), FB)] = (g, d)
     return d
+
+
+def _pointwise_row(Py_ssize_t pixels, Py_ssize_t width):
+    """The longest row of at most 128 pixels that divides ``pixels`` into
+    whole rows (``width`` itself, a divisor, when it is longer)."""
+    cdef Py_ssize_t cols, best = width
+    for cols in range(width + 1, 129):
+        if pixels % cols == 0:
+            best = cols
+    return best
 
 
 def _skip_pad():
