@@ -750,13 +750,25 @@ def test_conv_bias_residual_and_activation_run_in_the_kernel(data_format, rank, 
     assert f([feed[0][:0]])[0].shape[0] == 0
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("rows", [3, 500])
 @pytest.mark.parametrize("rank", [2, 3])
-def test_dense_bias_starts_the_gemm(rows, rank):
+def test_dense_bias_starts_the_gemm(rows, rank, threads):
+    # on one thread every product here is a kernels.linalg.dense call (a 3-D
+    # input as its 2-D view); on a team of 2 (the tests' cutoff is 0) the
+    # larger ones go to matmul
+    old = runtime.get_max_threads()
+    runtime.set_num_threads(threads)
+    try:
+        _dense_bias_values(rows, rank)
+    finally:
+        runtime.set_num_threads(old)
+
+
+def _dense_bias_values(rows, rank):
     # x @ W + b: the bias is the GEMM's initial accumulator (no pass of its
-    # own), small products (np.dot) and a 3-D input included. A relu after it
-    # is the step's too: a product of a few rows applies it in
-    # kernels.linalg.dense_rows, larger ones leave it to the program.
+    # own), a 3-D input included. A relu after it is the step's too: applied
+    # in the same kernels.linalg.dense call, or in place after matmul.
     rng = np.random.default_rng(13)
     x = K.placeholder((None,) * (rank - 1) + (40,))
     W = K.variable(rng.standard_normal((40, 72)).astype("float32"))
