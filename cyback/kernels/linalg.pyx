@@ -201,6 +201,55 @@ cdef void _dense_gemm(const floating* x, const floating* w, const floating* b, f
     _activate(y, <Py_ssize_t>m * n, act)
 
 
+cdef tuple _dense_shape(x, w, bias, int act):
+    """(type number, m, k, n) when x (m, k), w (k, n) and bias (n,) or None
+    are aligned, C-contiguous arrays of one float type in the machine's byte
+    order and act is an activation code; else None."""
+    cdef Py_ssize_t m, k, n
+    if not isinstance(x, cnp.ndarray) or cnp.PyArray_NDIM(<cnp.ndarray> x) != 2:
+        return None
+    cdef int typenum = cnp.PyArray_TYPE(<cnp.ndarray> x)
+    if (typenum != cnp.NPY_FLOAT and typenum != cnp.NPY_DOUBLE) or act < 0 or act > 2 or \
+            not fits_layout(x, typenum) or not fits_layout(w, typenum) or \
+            cnp.PyArray_NDIM(<cnp.ndarray> w) != 2:
+        return None
+    m, k = cnp.PyArray_DIM(<cnp.ndarray> x, 0), cnp.PyArray_DIM(<cnp.ndarray> x, 1)
+    n = cnp.PyArray_DIM(<cnp.ndarray> w, 1)
+    if cnp.PyArray_DIM(<cnp.ndarray> w, 0) != k:
+        return None
+    if bias is not None and (not fits_layout(bias, typenum) or
+                             cnp.PyArray_NDIM(<cnp.ndarray> bias) != 1 or
+                             cnp.PyArray_DIM(<cnp.ndarray> bias, 0) != n):
+        return None
+    return typenum, m, k, n
+
+
+cdef cnp.ndarray _dense_run(x, w, bias, int act, int typenum, Py_ssize_t m, Py_ssize_t k,
+                            Py_ssize_t n, bint rows):
+    """The checked product (see _dense_shape) by _dense_rows or _dense_gemm."""
+    cdef cnp.npy_intp dims[2]
+    cdef const void* xp = cnp.PyArray_DATA(<cnp.ndarray> x)
+    cdef const void* wp = cnp.PyArray_DATA(<cnp.ndarray> w)
+    cdef const void* bp = NULL if bias is None else cnp.PyArray_DATA(<cnp.ndarray> bias)
+    dims[0], dims[1] = m, n
+    cdef cnp.ndarray y = cnp.PyArray_EMPTY(2, dims, typenum, 0)
+    cdef void* yp = cnp.PyArray_DATA(y)
+    with nogil:
+        if typenum == cnp.NPY_FLOAT and rows:
+            _dense_rows[float](<const float*> xp, <const float*> wp, <const float*> bp,
+                               <float*> yp, m, k, n, act)
+        elif typenum == cnp.NPY_FLOAT:
+            _dense_gemm[float](<const float*> xp, <const float*> wp, <const float*> bp,
+                               <float*> yp, <int> m, <int> k, <int> n, act)
+        elif rows:
+            _dense_rows[double](<const double*> xp, <const double*> wp, <const double*> bp,
+                                <double*> yp, m, k, n, act)
+        else:
+            _dense_gemm[double](<const double*> xp, <const double*> wp, <const double*> bp,
+                                <double*> yp, <int> m, <int> k, <int> n, act)
+    return y
+
+
 def dense_rows(x, w, bias=None, int act=0):
     """act(x @ w + bias) for a product of a few rows (a batch-1 Dense layer):
     x (m, k) with m <= DENSE_MAX_ROWS, w (k, n) with k * n <= DENSE_MAX_WEIGHTS,
@@ -209,39 +258,13 @@ def dense_rows(x, w, bias=None, int act=0):
     BLAS call and no pass of its own for the bias or the activation: for
     such a product those cost more than the arithmetic. Returns None when
     the arrays are not of that kind (the caller takes another path)."""
-    cdef cnp.ndarray a, b, y
-    cdef const void* bp = NULL
-    cdef Py_ssize_t m, k, n
-    cdef cnp.npy_intp dims[2]
-    if not isinstance(x, cnp.ndarray) or cnp.PyArray_NDIM(<cnp.ndarray> x) != 2:
+    shape = _dense_shape(x, w, bias, act)
+    if shape is None:
         return None
-    a = <cnp.ndarray> x
-    cdef int typenum = cnp.PyArray_TYPE(a)
-    if (typenum != cnp.NPY_FLOAT and typenum != cnp.NPY_DOUBLE) or act < 0 or act > 2 or \
-            not fits_layout(a, typenum) or not fits_layout(w, typenum) or \
-            cnp.PyArray_NDIM(<cnp.ndarray> w) != 2:
+    typenum, m, k, n = shape
+    if m > DENSE_MAX_ROWS or k * n > DENSE_MAX_WEIGHTS:
         return None
-    m, k = cnp.PyArray_DIM(a, 0), cnp.PyArray_DIM(a, 1)
-    n = cnp.PyArray_DIM(<cnp.ndarray> w, 1)
-    if m > DENSE_MAX_ROWS or k * n > DENSE_MAX_WEIGHTS or \
-            cnp.PyArray_DIM(<cnp.ndarray> w, 0) != k:
-        return None
-    if bias is not None:
-        if not fits_layout(bias, typenum) or cnp.PyArray_NDIM(<cnp.ndarray> bias) != 1 or \
-                cnp.PyArray_DIM(<cnp.ndarray> bias, 0) != n:
-            return None
-        bp = cnp.PyArray_DATA(<cnp.ndarray> bias)
-    dims[0], dims[1] = m, n
-    y = cnp.PyArray_EMPTY(2, dims, typenum, 0)
-    if typenum == cnp.NPY_FLOAT:
-        _dense_rows[float](<const float*> cnp.PyArray_DATA(a),
-                           <const float*> cnp.PyArray_DATA(<cnp.ndarray> w),
-                           <const float*> bp, <float*> cnp.PyArray_DATA(y), m, k, n, act)
-    else:
-        _dense_rows[double](<const double*> cnp.PyArray_DATA(a),
-                            <const double*> cnp.PyArray_DATA(<cnp.ndarray> w),
-                            <const double*> bp, <double*> cnp.PyArray_DATA(y), m, k, n, act)
-    return y
+    return _dense_run(x, w, bias, act, typenum, m, k, n, True)
 
 
 def dense(x, w, bias=None, int act=0):
@@ -252,49 +275,20 @@ def dense(x, w, bias=None, int act=0):
     from the bias rows with the activation after it, in one call instead of
     a product, an add and an activation pass of NumPy's (a batch-32 MLP layer
     spent more on those calls than on its arithmetic). Returns None for
-    larger products (``matmul`` splits them over the team) and for arrays
-    not of that kind."""
-    cdef cnp.ndarray a, b, y
-    cdef const void* bp = NULL
-    cdef Py_ssize_t m, k, n
-    cdef cnp.npy_intp dims[2]
-    if not isinstance(x, cnp.ndarray) or cnp.PyArray_NDIM(<cnp.ndarray> x) != 2:
+    larger products (``matmul`` splits them over the team), empty ones and
+    arrays not of that kind."""
+    shape = _dense_shape(x, w, bias, act)
+    if shape is None:
         return None
-    a = <cnp.ndarray> x
-    cdef int typenum = cnp.PyArray_TYPE(a)
-    if (typenum != cnp.NPY_FLOAT and typenum != cnp.NPY_DOUBLE) or act < 0 or act > 2 or \
-            not fits_layout(a, typenum) or not fits_layout(w, typenum) or \
-            cnp.PyArray_NDIM(<cnp.ndarray> w) != 2:
+    typenum, m, k, n = shape
+    if m == 0 or k == 0 or n == 0:
         return None
-    m, k = cnp.PyArray_DIM(a, 0), cnp.PyArray_DIM(a, 1)
-    n = cnp.PyArray_DIM(<cnp.ndarray> w, 1)
-    if cnp.PyArray_DIM(<cnp.ndarray> w, 0) != k or m == 0 or k == 0 or n == 0:
-        return None
-    if m <= DENSE_MAX_ROWS and k * n <= DENSE_MAX_WEIGHTS:
-        return dense_rows(x, w, bias, act)
+    rows = m <= DENSE_MAX_ROWS and k * n <= DENSE_MAX_WEIGHTS
     # the same cutoff as matmul's: above it the product goes to the team
-    if cb_threads_for(0.5 * m * n * k) > 1 or m * k > INT_MAX or k * n > INT_MAX \
-            or m * n > INT_MAX:
+    if not rows and (cb_threads_for(0.5 * m * n * k) > 1 or m * k > INT_MAX or
+                     k * n > INT_MAX or m * n > INT_MAX):
         return None
-    if bias is not None:
-        if not fits_layout(bias, typenum) or cnp.PyArray_NDIM(<cnp.ndarray> bias) != 1 or \
-                cnp.PyArray_DIM(<cnp.ndarray> bias, 0) != n:
-            return None
-        bp = cnp.PyArray_DATA(<cnp.ndarray> bias)
-    dims[0], dims[1] = m, n
-    y = cnp.PyArray_EMPTY(2, dims, typenum, 0)
-    if typenum == cnp.NPY_FLOAT:
-        with nogil:
-            _dense_gemm[float](<const float*> cnp.PyArray_DATA(a),
-                               <const float*> cnp.PyArray_DATA(<cnp.ndarray> w),
-                               <const float*> bp, <float*> cnp.PyArray_DATA(y), m, k, n, act)
-    else:
-        with nogil:
-            _dense_gemm[double](<const double*> cnp.PyArray_DATA(a),
-                                <const double*> cnp.PyArray_DATA(<cnp.ndarray> w),
-                                <const double*> bp, <double*> cnp.PyArray_DATA(y), m, k, n,
-                                act)
-    return y
+    return _dense_run(x, w, bias, act, typenum, m, k, n, rows)
 
 
 def _writable(x):
