@@ -73,10 +73,12 @@ class TensorDot(Op):
 
     def compute_epilogue(self, inputs, bias, activation, residual=None):
         x, y = inputs
-        if x.ndim == 2 and self.ax == (1,) and residual is None and bias is not None:
+        if x.ndim == 2 and self.ax == (1,) and self.ay == (0,) and residual is None and \
+                bias is not None:
             # a Dense layer's step, checked by the kernel (the calls around
             # it cost as much as its product at batch 32)
-            out = dense(x, y, bias, _ACTIVATIONS[activation])
+            out = dense(x, y, bias if bias.ndim == 1 else bias.reshape(-1),
+                        _ACTIVATIONS[activation])
             if out is not None:
                 return out
         if y.ndim != 2 or self.ax != (x.ndim - 1,) or bias is None or residual is not None \
@@ -84,8 +86,9 @@ class TensorDot(Op):
                 or bias.size != y.shape[1]:
             return None
         bias = bias.reshape(-1)
-        if x.flags.c_contiguous:
-            # a product the calling thread does, in one kernel call
+        if x.ndim != 2 and x.flags.c_contiguous:
+            # a product the calling thread does, in one kernel call on the
+            # 2-D view (a 2-D x took that path above)
             out = dense(x.reshape(-1, x.shape[-1]), y, bias, _ACTIVATIONS[activation])
             if out is not None:
                 return out.reshape(x.shape[:-1] + y.shape[1:])
