@@ -989,3 +989,31 @@ def test_direct_kernel_gradient_of_an_empty_batch():
     dy = np.zeros((0, 6, 6, 16), np.float32)
     got = conv.conv_backward_kernel(x, dy, (3, 3, 4, 16), (1, 1), (1, 1), [(1, 1), (1, 1)])
     assert got.shape == (3, 3, 4, 16) and not got.any()
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 7), (2, 30, 30), (1, 1, 131), (4, 2, 2, 2)])
+def test_pointwise_direct_rows_of_the_flattened_input(shape):
+    # a 1x1 direct convolution runs over rows of up to 128 pixels of the
+    # flattened input (conv._pointwise_row), whatever the image's own rows
+    rng = np.random.default_rng(len(shape) * 100 + shape[-1])
+    x = rng.standard_normal(shape + (8,)).astype(np.float32)
+    w = rng.standard_normal((1,) * (len(shape) - 1) + (8, 20)).astype(np.float32)
+    b = rng.standard_normal(20).astype(np.float32)
+    res = rng.standard_normal(shape + (20,)).astype(np.float32)
+    nsp = len(shape) - 1
+    ref = _ref_epilogue(np.einsum("...c,cf->...f", x.astype(np.float64),
+                                  w.reshape(8, 20).astype(np.float64)), b, "relu6", res)
+    outs = on_threads(lambda: conv.conv_forward(x, w, (1,) * nsp, (1,) * nsp, [(0, 0)] * nsp,
+                                                bias=b, residual=res, activation="relu6"))
+    np.testing.assert_allclose(outs[0], ref, rtol=1e-5, atol=1e-5)
+    for y in outs[1:]:
+        np.testing.assert_array_equal(y, outs[0])
+
+
+def test_pointwise_row_lengths():
+    assert conv._pointwise_row(1024, 32) == 128
+    assert conv._pointwise_row(49, 7) == 49
+    assert conv._pointwise_row(131, 131) == 131       # a prime longer than 128
+    assert conv._pointwise_row(2 * 131, 131) == 131
+    assert conv._pointwise_row(105, 7) == 105
+    assert conv._pointwise_row(1800, 30) == 120
