@@ -627,8 +627,9 @@ def test_direct_wide_layers_with_enough_pixels(direct_isa, dtype):
                                    **tol(dtype))
 
 
-def on_threads(run, counts=(1, 2, 3)):
-    """run() on each thread count in turn; the outputs, in that order."""
+def same_on_threads(run, counts=(1, 2, 3)):
+    """run() on each thread count in turn, asserting that every output is
+    bit-identical to the first; that output."""
     old = get_max_threads()
     outs = []
     try:
@@ -637,7 +638,9 @@ def on_threads(run, counts=(1, 2, 3)):
             outs.append(run())
     finally:
         set_num_threads(old)
-    return outs
+    for y in outs[1:]:
+        assert np.array_equal(y, outs[0])
+    return outs[0]
 
 
 def test_direct_matches_im2col_and_ignores_threads():
@@ -647,15 +650,13 @@ def test_direct_matches_im2col_and_ignores_threads():
     x = rng.standard_normal((3, 17, 19, 24)).astype(np.float32)
     w = rng.standard_normal((3, 3, 24, 40)).astype(np.float32)
     args = ((1, 1), (1, 1), [(1, 1), (1, 1)])
-    outs = on_threads(lambda: conv.conv_forward(x, w, *args))
-    for y in outs[1:]:
-        assert np.array_equal(y, outs[0])
+    y_direct = same_on_threads(lambda: conv.conv_forward(x, w, *args))
     conv._TUNE["direct"] = False
     try:
         y_gemm = conv.conv_forward(x, w, *args)
     finally:
         conv._TUNE["direct"] = True
-    np.testing.assert_allclose(outs[0], y_gemm, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(y_direct, y_gemm, rtol=1e-5, atol=1e-4)
 
 
 def test_direct_epilogue_off_the_direct_path():
@@ -857,10 +858,8 @@ def test_phases_float16_empty_and_thread_invariant(phase_split):
     w = rng.standard_normal((3, 3, 24, 40)).astype(np.float32)
     dy = rng.standard_normal((3, 15, 16, 40)).astype(np.float32)
     args = ((2, 2), (1, 1), [(1, 1), (1, 1)])
-    outs = on_threads(lambda: conv.conv_backward_input(dy, w, (3, 30, 31, 24), *args))
-    for dx in outs[1:]:
-        assert np.array_equal(dx, outs[0])
-    np.testing.assert_allclose(outs[0], ref_backward_input(dy, w, (3, 30, 31, 24), *args),
+    dx = same_on_threads(lambda: conv.conv_backward_input(dy, w, (3, 30, 31, 24), *args))
+    np.testing.assert_allclose(dx, ref_backward_input(dy, w, (3, 30, 31, 24), *args),
                                **tol(np.float32))
 
 
@@ -968,15 +967,13 @@ def test_direct_kernel_gradient_paths_and_threads():
     x = rng.standard_normal((5, 17, 19, 24)).astype(np.float32)
     dy = rng.standard_normal((5, 17, 19, 32)).astype(np.float32)
     args = ((1, 1), (1, 1), [(1, 1), (1, 1)])
-    outs = on_threads(lambda: conv.conv_backward_kernel(x, dy, (3, 3, 24, 32), *args))
-    for y in outs[1:]:
-        assert np.array_equal(y, outs[0])
+    dw = same_on_threads(lambda: conv.conv_backward_kernel(x, dy, (3, 3, 24, 32), *args))
     conv._TUNE["direct_dw"] = False
     try:
         gemm = conv.conv_backward_kernel(x, dy, (3, 3, 24, 32), *args)
     finally:
         conv._TUNE["direct_dw"] = True
-    np.testing.assert_allclose(outs[0], gemm, rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(dw, gemm, rtol=1e-5, atol=1e-3)
     for shape in ((3, 3, 24, 20), (3, 3, 64, 128)):
         g, _, _ = conv._geometry((5, 17, 19, shape[2]), shape, *args, True, "test")
         assert not conv._use_direct_dw(g, True, False), shape
@@ -1003,11 +1000,10 @@ def test_pointwise_direct_rows_of_the_flattened_input(shape):
     nsp = len(shape) - 1
     ref = _ref_epilogue(np.einsum("...c,cf->...f", x.astype(np.float64),
                                   w.reshape(8, 20).astype(np.float64)), b, "relu6", res)
-    outs = on_threads(lambda: conv.conv_forward(x, w, (1,) * nsp, (1,) * nsp, [(0, 0)] * nsp,
-                                                bias=b, residual=res, activation="relu6"))
-    np.testing.assert_allclose(outs[0], ref, rtol=1e-5, atol=1e-5)
-    for y in outs[1:]:
-        np.testing.assert_array_equal(y, outs[0])
+    y = same_on_threads(lambda: conv.conv_forward(x, w, (1,) * nsp, (1,) * nsp,
+                                                  [(0, 0)] * nsp, bias=b, residual=res,
+                                                  activation="relu6"))
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_pointwise_row_lengths():
