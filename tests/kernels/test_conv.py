@@ -188,7 +188,7 @@ CASES = [
 @pytest.fixture(params=["direct", "im2col"])
 def forward_path(request):
     """channels_last forwards through the direct kernel (the default for
-    these channel counts) or through im2col + GEMM."""
+    these channel counts, too few for Winograd) or through im2col + GEMM."""
     old = dict(conv._TUNE)
     conv._TUNE["direct"] = request.param == "direct"
     try:
@@ -494,9 +494,14 @@ def test_pointwise_one_gemm_and_blocks(one_gemm, dtype):
 @pytest.fixture(params=["avx2", "baseline"])
 def direct_isa(request):
     """The direct kernel's AVX2 set (where the CPU has it) and its baseline
-    set; the packing block width follows the set that runs."""
-    with instruction_set(conv, request.param) as which:
-        yield which
+    set; the packing block width follows the set that runs. Winograd is off,
+    so that 3x3 cases reach the direct kernel."""
+    conv._TUNE["winograd"] = False
+    try:
+        with instruction_set(conv, request.param) as which:
+            yield which
+    finally:
+        conv._TUNE["winograd"] = True
 
 
 def _ref_epilogue(y, bias, activation, residual=None):
@@ -650,12 +655,13 @@ def test_direct_matches_im2col_and_ignores_threads():
     x = rng.standard_normal((3, 17, 19, 24)).astype(np.float32)
     w = rng.standard_normal((3, 3, 24, 40)).astype(np.float32)
     args = ((1, 1), (1, 1), [(1, 1), (1, 1)])
-    y_direct = same_on_threads(lambda: conv.conv_forward(x, w, *args))
-    conv._TUNE["direct"] = False
+    conv._TUNE["winograd"] = False
     try:
+        y_direct = same_on_threads(lambda: conv.conv_forward(x, w, *args))
+        conv._TUNE["direct"] = False
         y_gemm = conv.conv_forward(x, w, *args)
     finally:
-        conv._TUNE["direct"] = True
+        conv._TUNE.update(direct=True, winograd=True)
     np.testing.assert_allclose(y_direct, y_gemm, rtol=1e-5, atol=1e-4)
 
 

@@ -1,0 +1,135 @@
+"""Winograd F(2x2, 3x3) forward convolution: channels_last float32, 3x3 kernel,
+stride 1, no dilation (include/cyback_conv_wino.h holds the kernel and its
+algebra).
+
+A 3x3 convolution with 24 or more channels spends 2.25x fewer multiplies this
+way than summing its taps directly; the register tile is the direct kernel's,
+so the saving is most of the gain (one thread, in-process against the direct
+kernel: 1.7x on (8, 56, 56) 64 -> 64, 1.8x on (8, 28, 28) 128 -> 128, 1.4x on
+(1, 14, 14) 256 -> 256). conv.pyx decides when it runs (_use_winograd); this
+module only runs it.
+"""
+cimport cython
+cimport numpy as cnp
+from cython.parallel cimport parallel, prange
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy, memset
+
+from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
+
+cnp.import_array()
+
+
+cdef extern from "cyback_conv_wino.h" nogil:
+    ctypedef struct cb_wg_geom:
+        Py_ssize_t N, H, W, C, F, OH, OW, ph, pw, TH, TW, TG, items, FB, nfb
+    enum: CB_WG_MAX_C
+    int cb_simd_use_avx2(int on)
+    int cb_wg_available()
+    Py_ssize_t cb_wg_block()
+    Py_ssize_t cb_wg_scratch(const cb_wg_geom* g)
+    Py_ssize_t cb_wg_kernel_size(const cb_wg_geom* g)
+    void cb_wg_kernel(const float* k, float* u, const cb_wg_geom* g)
+    void cb_wg_item(const float* x, const float* u, const float* bp, const float* res, int act,
+                    float* y, const cb_wg_geom* g, Py_ssize_t it, float* scratch)
+
+
+# Tiles per work item: two register tiles. Their transformed inputs (16 x 12
+# x C floats, 48 KB at 64 channels) stay in L1/L2 while every block of the
+# transformed kernel passes over them; 24, 30 and 48 tiles ran 2-15% slower
+# on 64-128 channels (one thread, in-process).
+DEF TILES_PER_ITEM = 12
+
+MAX_CHANNELS = CB_WG_MAX_C
+
+
+def available():
+    """Whether this build has the Winograd kernels (GCC vector extensions)."""
+    return bool(cb_wg_available())
+
+
+def _use_avx2(bint on):
+    """Run the AVX2 + FMA kernel set when the CPU has it (the default), or
+    the baseline one (for tests). Returns whether AVX2 now runs."""
+    return bool(cb_simd_use_avx2(on))
+
+
+def tiles(Py_ssize_t N, Py_ssize_t OH, Py_ssize_t OW):
+    """Number of 2 x 2 output tiles of a convolution's output."""
+    return N * ((OH + 1) // 2) * ((OW + 1) // 2)
+
+
+@cython.final
+cdef class Winograd:
+    """One convolution geometry's Winograd set-up: ``run`` computes
+    y = conv(x, kernel) + bias + residual, then the activation, into y."""
+    cdef cb_wg_geom g
+    cdef Py_ssize_t u_size, scratch_size
+
+    def __init__(self, Py_ssize_t N, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C, Py_ssize_t F,
+                 Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t ph, Py_ssize_t pw):
+        if not cb_wg_available():
+            raise RuntimeError("winograd: this build has no vector kernels")
+        if C < 1 or C > CB_WG_MAX_C or F < 1 or min(N, H, W, OH, OW) < 1:
+            raise ValueError("winograd: unsupported geometry N=%d H=%d W=%d C=%d F=%d"
+                             % (N, H, W, C, F))
+        g = &self.g
+        g.N, g.H, g.W, g.C, g.F, g.OH, g.OW, g.ph, g.pw = N, H, W, C, F, OH, OW, ph, pw
+        g.TH, g.TW = (OH + 1) // 2, (OW + 1) // 2
+        g.TG = TILES_PER_ITEM
+        g.items = (N * g.TH * g.TW + g.TG - 1) // g.TG
+        self._blocks()
+
+    cdef void _blocks(self) noexcept:
+        # the block width of the kernel set that runs now (tests switch sets)
+        g = &self.g
+        g.FB = cb_wg_block()
+        g.nfb = (g.F + g.FB - 1) // g.FB
+        self.u_size = cb_wg_kernel_size(g)
+        self.scratch_size = cb_wg_scratch(g)
+
+    def run(self, cnp.ndarray x, cnp.ndarray kernel, cnp.ndarray y, object bias, object residual,
+            int act, int nt):
+        """x (N, H, W, C), kernel (3, 3, C, F), y (N, OH, OW, F), bias (F,) or
+        None, residual like y or None: C-contiguous float32 arrays the
+        caller has checked (shapes, dtype, layout; y writable)."""
+        cdef cb_intr intr
+        cdef cb_wg_geom* g = &self.g
+        if g.FB != cb_wg_block():
+            self._blocks()
+        cdef Py_ssize_t it, padded = g.nfb * g.FB
+        cdef int failed = 0
+        cdef int* no_scratch = &failed    # shared: written through a pointer in prange
+        cdef float* u
+        cdef float* bp = NULL
+        cdef float* scratch = NULL
+        cdef const float* xs = <const float*> cnp.PyArray_DATA(x)
+        cdef const float* ks = <const float*> cnp.PyArray_DATA(kernel)
+        cdef const float* rs = NULL
+        cdef float* ys = <float*> cnp.PyArray_DATA(y)
+        if residual is not None:
+            rs = <const float*> cnp.PyArray_DATA(<cnp.ndarray> residual)
+        u = <float*> malloc((self.u_size + padded) * sizeof(float))
+        if u == NULL:
+            raise MemoryError("conv_forward: no memory for the transformed kernel")
+        if bias is not None:
+            bp = u + self.u_size
+            memset(bp, 0, padded * sizeof(float))
+            memcpy(bp, cnp.PyArray_DATA(<cnp.ndarray> bias), g.F * sizeof(float))
+        cb_intr_init(&intr)
+        with nogil:
+            cb_wg_kernel(ks, u, g)
+            with parallel(num_threads=nt):
+                scratch = <float*> malloc(self.scratch_size * sizeof(float))
+                for it in prange(g.items, schedule='static'):
+                    if scratch == NULL:
+                        no_scratch[0] = 1
+                        continue
+                    if cb_intr_poll(&intr):
+                        continue
+                    cb_wg_item(xs, u, bp, rs, act, ys, g, it, scratch)
+                free(scratch)
+        free(u)
+        check_interrupt(&intr)
+        if failed:
+            raise MemoryError("conv_forward: no memory for the Winograd scratch")

@@ -1,0 +1,283 @@
+/* Winograd F(2x2, 3x3) convolution, channels_last float32, stride 1, no
+ * dilation (cyback/kernels/conv.pyx, forward).
+ *
+ * A 2x2 block of outputs of a 3x3 convolution is A^T [ (G g G^T) * (B^T d B) ] A
+ * for its 4x4 input tile d, summed over input channels, where * is an
+ * element-wise product of 4x4 matrices. The 16 element positions (xi) are
+ * 16 independent products (tiles x C) @ (C x F): 16 multiplies per channel
+ * pair for 4 outputs instead of 36, 2.25x fewer. The transforms are only
+ * adds and halvings:
+ *
+ *   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]    (input tiles)
+ *   G   = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]  (kernel, once per call)
+ *   A^T = [1 1 1 0; 0 1 -1 -1]                       (outputs)
+ *
+ * Rounding: the products are summed in transform space, so each output
+ * differs from a direct sum by a few units in the last place of the sum's
+ * largest terms (the interpolation points 0, 1, -1 keep F(2,3) the most
+ * accurate of the Winograd forms); it is the same for every thread count.
+ *
+ * Layout: the kernel is transformed into U[b][xi][c][FB] for blocks b of FB
+ * output channels (zero past F). A work item is TG consecutive tiles of the
+ * N * TH * TW tiles (rows and samples run on, so that an item's tiles share
+ * the kernel blocks however narrow the image): their inputs V[xi][t][c] go to the
+ * thread's scratch (in L2), then for each channel block and each group of up
+ * to 6 tiles the 16 products run with a 6 x FB register tile (as in
+ * cyback_conv_direct.h) into M[xi][t][FB] (in L1), and the output transform
+ * adds the epilogue (bias, residual, relu / relu6) and stores the pixels that
+ * exist (odd output sizes compute a tile's missing row or column and drop it).
+ * Input taps outside the image read a row of zeros.
+ */
+#ifndef CYBACK_CONV_WINO_H
+#define CYBACK_CONV_WINO_H
+
+#include <stddef.h>
+#include <string.h>
+#include "cyback_simd.h"
+
+/* Most input channels (the row of zeros the padding taps read). */
+#define CB_WG_MAX_C 1024
+/* Widest block of output channels. */
+#define CB_WG_MAX_FB 16
+/* Tiles per register tile. */
+#define CB_WG_TILE 6
+
+typedef struct {
+    ptrdiff_t N, H, W, C, F;  /* input (N, H, W, C), output channels */
+    ptrdiff_t OH, OW, ph, pw; /* output extent, padding before */
+    ptrdiff_t TH, TW;         /* tiles per column and row: ceil(OH / 2), ceil(OW / 2) */
+    ptrdiff_t TG, items;      /* tiles per work item, work items */
+    ptrdiff_t FB, nfb;        /* output channels per block, number of blocks */
+} cb_wg_geom;
+
+/* Whether this build has the Winograd kernels (they need vector extensions). */
+static int cb_wg_available(void) { return CB_SIMD_VECTOR; }
+
+/* Output channels per block for the kernel set that runs now. */
+static ptrdiff_t cb_wg_block(void) {
+#if CB_SIMD_AVX2
+    if (cb_simd_has_avx2()) return 16;
+#endif
+    return 8;
+}
+
+/* Floats of a thread's scratch: V (16 x TG x C) and M (16 x 6 x FB). */
+static ptrdiff_t cb_wg_scratch(const cb_wg_geom *g) {
+    return 16 * g->TG * g->C + 16 * CB_WG_TILE * g->FB;
+}
+
+/* Floats of the transformed kernel U (from k (3, 3, C, F) by cb_wg_kernel). */
+static ptrdiff_t cb_wg_kernel_size(const cb_wg_geom *g) { return g->nfb * 16 * g->C * g->FB; }
+
+/* One pass per input channel and block over contiguous output channels, so
+ * that it vectorises: a batch-1 call transforms its kernel every time. */
+static void cb_wg_kernel(const float *k, float *u, const cb_wg_geom *g) {
+    const ptrdiff_t C = g->C, F = g->F, FB = g->FB, CF = C * F;
+    ptrdiff_t b, c, f, i;
+    for (b = 0; b < g->nfb; b++) {
+        const ptrdiff_t f0 = b * FB, nf = F - f0 < FB ? F - f0 : FB;
+        for (c = 0; c < C; c++) {
+            const float *kc = k + c * F + f0;
+            float *uc = u + (b * 16 * C + c) * FB;
+            float v[16][CB_WG_MAX_FB];
+            for (f = 0; f < nf; f++) {
+                const float a0 = kc[f], a1 = kc[CF + f], a2 = kc[2 * CF + f];
+                const float b0 = kc[3 * CF + f], b1 = kc[4 * CF + f], b2 = kc[5 * CF + f];
+                const float c0 = kc[6 * CF + f], c1 = kc[7 * CF + f], c2 = kc[8 * CF + f];
+                /* G g: rows r0..r3 of 3 */
+                const float r10 = 0.5f * (a0 + b0 + c0), r11 = 0.5f * (a1 + b1 + c1);
+                const float r12 = 0.5f * (a2 + b2 + c2), r20 = 0.5f * (a0 - b0 + c0);
+                const float r21 = 0.5f * (a1 - b1 + c1), r22 = 0.5f * (a2 - b2 + c2);
+#define CB_WG_GT(i, x0, x1, x2)                                                           \
+                v[4 * i][f] = x0; v[4 * i + 1][f] = 0.5f * (x0 + x1 + x2);                 \
+                v[4 * i + 2][f] = 0.5f * (x0 - x1 + x2); v[4 * i + 3][f] = x2;
+                CB_WG_GT(0, a0, a1, a2) CB_WG_GT(1, r10, r11, r12)
+                CB_WG_GT(2, r20, r21, r22) CB_WG_GT(3, c0, c1, c2)
+#undef CB_WG_GT
+            }
+            for (i = 0; i < 16; i++) {
+                memcpy(uc + i * C * FB, v[i], nf * sizeof(float));
+                if (nf < FB) memset(uc + i * C * FB + nf, 0, (FB - nf) * sizeof(float));
+            }
+        }
+    }
+}
+
+#if CB_SIMD_VECTOR
+
+static float cb_wg_zeros[CB_WG_MAX_C];
+
+/* B^T d B on 16 vectors d[4 * row + col], in place. */
+#define CB_WG_BTDB(d)                                                                     \
+    do {                                                                                  \
+        int j_;                                                                           \
+        for (j_ = 0; j_ < 4; j_++) {                                                      \
+            const __typeof__(d[0]) r0 = d[j_], r1 = d[4 + j_], r2 = d[8 + j_], r3 = d[12 + j_]; \
+            d[j_] = r0 - r2; d[4 + j_] = r1 + r2; d[8 + j_] = r2 - r1; d[12 + j_] = r1 - r3; \
+        }                                                                                 \
+        for (j_ = 0; j_ < 16; j_ += 4) {                                                  \
+            const __typeof__(d[0]) c0 = d[j_], c1 = d[j_ + 1], c2 = d[j_ + 2], c3 = d[j_ + 3]; \
+            d[j_] = c0 - c2; d[j_ + 1] = c1 + c2; d[j_ + 2] = c2 - c1; d[j_ + 3] = c1 - c3; \
+        }                                                                                 \
+    } while (0)
+
+#define CB_WG_FNS(V, VL, SUF, ATTR)                                                       \
+/* V[xi][t][c] for the nt tiles from tile t0 (over N * TH * TW) on. */                    \
+ATTR static void cb_wg_input_##SUF(const float *x, float *vt, const cb_wg_geom *g,         \
+                                   ptrdiff_t t0, ptrdiff_t nt) {                          \
+    const ptrdiff_t C = g->C, xs = nt * C;                                              \
+    const float *src[16];                                                                 \
+    ptrdiff_t t, i, j, c;                                                                 \
+    for (t = 0; t < nt; t++) {                                                            \
+        const ptrdiff_t tw = (t0 + t) % g->TW, th = (t0 + t) / g->TW % g->TH;            \
+        const ptrdiff_t n = (t0 + t) / (g->TW * g->TH);                                   \
+        for (i = 0; i < 4; i++) {                                                         \
+            const ptrdiff_t ih = 2 * th - g->ph + i;                                      \
+            for (j = 0; j < 4; j++) {                                                     \
+                const ptrdiff_t iw = 2 * tw - g->pw + j;                                  \
+                src[4 * i + j] = ih < 0 || ih >= g->H || iw < 0 || iw >= g->W ? cb_wg_zeros \
+                    : x + ((n * g->H + ih) * g->W + iw) * C;                              \
+            }                                                                             \
+        }                                                                                 \
+        float *dst = vt + t * C;                                                          \
+        for (c = 0; c + VL <= C; c += VL) {                                               \
+            V d[16];                                                                      \
+            for (i = 0; i < 16; i++) d[i] = *(const V *)(src[i] + c);                     \
+            CB_WG_BTDB(d);                                                                \
+            for (i = 0; i < 16; i++) *(V *)(dst + i * xs + c) = d[i];                     \
+        }                                                                                 \
+        for (; c < C; c++) {                                                              \
+            float d[16];                                                                  \
+            for (i = 0; i < 16; i++) d[i] = src[i][c];                                    \
+            CB_WG_BTDB(d);                                                                \
+            for (i = 0; i < 16; i++) dst[i * xs + c] = d[i];                              \
+        }                                                                                 \
+    }                                                                                     \
+}                                                                                         \
+                                                                                          \
+/* M[xi][p][FB] = sum_c V[xi][t0 + p][c] U[xi][c][FB] for NP tiles. */                    \
+ATTR static inline __attribute__((always_inline)) void cb_wg_products_##SUF(const int NP, \
+        const float *vt, ptrdiff_t vs, const float *u, float *m, ptrdiff_t C) {           \
+    int xi, p;                                                                            \
+    ptrdiff_t c;                                                                          \
+    for (xi = 0; xi < 16; xi++) {                                                         \
+        const float *vx = vt + xi * vs, *ux = u + xi * C * 2 * VL;                        \
+        V a[CB_WG_TILE], b[CB_WG_TILE];                                                   \
+        _Pragma("GCC unroll 6") for (p = 0; p < NP; p++) a[p] = b[p] = (V){0};            \
+        for (c = 0; c < C; c++) {                                                         \
+            const V w0 = *(const V *)(ux + c * 2 * VL), w1 = *(const V *)(ux + c * 2 * VL + VL); \
+            _Pragma("GCC unroll 6") for (p = 0; p < NP; p++) {                            \
+                const float xv = vx[p * C + c];                                           \
+                a[p] += xv * w0;                                                          \
+                b[p] += xv * w1;                                                          \
+            }                                                                             \
+        }                                                                                 \
+        _Pragma("GCC unroll 6") for (p = 0; p < NP; p++) {                                \
+            *(V *)(m + (xi * CB_WG_TILE + p) * 2 * VL) = a[p];                            \
+            *(V *)(m + (xi * CB_WG_TILE + p) * 2 * VL + VL) = b[p];                       \
+        }                                                                                 \
+    }                                                                                     \
+}                                                                                         \
+                                                                                          \
+/* A^T M A for np tiles from tile t0 on and channel block b, + epilogue, to y. */       \
+ATTR static void cb_wg_output_##SUF(const float *m, const float *bp, const float *res,     \
+        int act, float *y, const cb_wg_geom *g, ptrdiff_t t0, ptrdiff_t np, ptrdiff_t b) { \
+    const ptrdiff_t F = g->F, f0 = b * g->FB;                                             \
+    const ptrdiff_t nf = F - f0 < g->FB ? F - f0 : g->FB;                                 \
+    ptrdiff_t p, h, i, r, s;                                                              \
+    for (p = 0; p < np; p++)                                                              \
+        for (h = 0; h < 2; h++) {                                                         \
+            const ptrdiff_t tw = (t0 + p) % g->TW, th = (t0 + p) / g->TW % g->TH;        \
+            const ptrdiff_t n = (t0 + p) / (g->TW * g->TH);                               \
+            V q[16], o[4];                                                                \
+            for (i = 0; i < 16; i++)                                                      \
+                q[i] = *(const V *)(m + (i * CB_WG_TILE + p) * 2 * VL + h * VL);          \
+            for (i = 0; i < 4; i++) {   /* A^T q: rows 0 and 1 into q[i], q[4 + i] */     \
+                const V r0 = q[i], r1 = q[4 + i], r2 = q[8 + i], r3 = q[12 + i];          \
+                q[i] = r0 + r1 + r2;                                                      \
+                q[4 + i] = r1 - r2 - r3;                                                  \
+            }                                                                             \
+            for (r = 0; r < 2; r++) {   /* (A^T q) A */                                   \
+                o[2 * r] = q[4 * r] + q[4 * r + 1] + q[4 * r + 2];                        \
+                o[2 * r + 1] = q[4 * r + 1] - q[4 * r + 2] - q[4 * r + 3];                \
+            }                                                                             \
+            if (bp) {                                                                     \
+                const V bv = *(const V *)(bp + f0 + h * VL);                              \
+                for (i = 0; i < 4; i++) o[i] += bv;                                       \
+            }                                                                             \
+            for (r = 0; r < 2; r++)                                                       \
+                for (s = 0; s < 2; s++) {                                                 \
+                    const ptrdiff_t oh = 2 * th + r, ow = 2 * tw + s;                     \
+                    const ptrdiff_t off = ((n * g->OH + oh) * g->OW + ow) * F + f0 + h * VL; \
+                    const ptrdiff_t k = nf - h * VL < VL ? nf - h * VL : VL;              \
+                    V v = o[2 * r + s];                                                   \
+                    if (oh >= g->OH || ow >= g->OW || k <= 0) continue;                   \
+                    if (k == VL) {                                                        \
+                        if (res) v += *(const V *)(res + off);                            \
+                        CB_VACT(v, act);                                                  \
+                        *(V *)(y + off) = v;                                              \
+                    } else {                                                              \
+                        float tmp[VL] = {0};                                              \
+                        if (res) { memcpy(tmp, res + off, k * sizeof(float)); v += *(const V *)tmp; } \
+                        CB_VACT(v, act);                                                  \
+                        *(V *)tmp = v;                                                    \
+                        memcpy(y + off, tmp, k * sizeof(float));                          \
+                    }                                                                     \
+                }                                                                         \
+        }                                                                                 \
+}                                                                                         \
+                                                                                          \
+/* Work item `it` (of g->items): the TG tiles (over N * TH * TW) from it * TG */          \
+/* on. scratch: cb_wg_scratch(g) floats; u: the transformed kernel; bp:    */           \
+/* NULL or the bias padded to nfb * FB; res: NULL or a residual shaped   */             \
+/* like y (it may be y).                                                 */             \
+ATTR static void cb_wg_item_##SUF(const float *x, const float *u, const float *bp,        \
+        const float *res, int act, float *y, const cb_wg_geom *g, ptrdiff_t it,           \
+        float *scratch) {                                                                 \
+    const ptrdiff_t tiles = g->N * g->TH * g->TW, first = it * g->TG;                     \
+    const ptrdiff_t nt = tiles - first < g->TG ? tiles - first : g->TG;                   \
+    const ptrdiff_t C = g->C, vs = nt * C;                                                \
+    float *vt = scratch, *m = scratch + 16 * g->TG * C;                                   \
+    ptrdiff_t b, t0, np;                                                                  \
+    cb_wg_input_##SUF(x, vt, g, first, nt);                                            \
+    for (b = 0; b < g->nfb; b++) {                                                        \
+        const float *ub = u + b * 16 * C * 2 * VL;                                        \
+        for (t0 = 0; t0 < nt; t0 += np) {                                                 \
+            np = nt - t0 < CB_WG_TILE ? nt - t0 : CB_WG_TILE;                             \
+            switch (np) {                                                                 \
+            case 6: cb_wg_products_##SUF(6, vt + t0 * C, vs, ub, m, C); break;            \
+            case 5: cb_wg_products_##SUF(5, vt + t0 * C, vs, ub, m, C); break;            \
+            case 4: cb_wg_products_##SUF(4, vt + t0 * C, vs, ub, m, C); break;            \
+            case 3: cb_wg_products_##SUF(3, vt + t0 * C, vs, ub, m, C); break;            \
+            case 2: cb_wg_products_##SUF(2, vt + t0 * C, vs, ub, m, C); break;            \
+            default: cb_wg_products_##SUF(1, vt + t0 * C, vs, ub, m, C); break;           \
+            }                                                                             \
+            cb_wg_output_##SUF(m, bp, res, act, y, g, first + t0, np, b);               \
+        }                                                                                 \
+    }                                                                                     \
+}
+
+CB_WG_FNS(cb_v4f, 4, base, )
+#if CB_SIMD_AVX2
+CB_WG_FNS(cb_v8f, 8, avx2, CB_AVX2_ATTR)
+#endif
+
+static void cb_wg_item(const float *x, const float *u, const float *bp, const float *res,
+                       int act, float *y, const cb_wg_geom *g, ptrdiff_t it, float *scratch) {
+#if CB_SIMD_AVX2
+    if (g->FB == 16) { cb_wg_item_avx2(x, u, bp, res, act, y, g, it, scratch); return; }
+#endif
+    cb_wg_item_base(x, u, bp, res, act, y, g, it, scratch);
+}
+
+#else  /* no vector extensions: never chosen (cb_wg_available() is 0) */
+
+static void cb_wg_item(const float *x, const float *u, const float *bp, const float *res,
+                       int act, float *y, const cb_wg_geom *g, ptrdiff_t it, float *scratch) {
+    (void)x; (void)u; (void)bp; (void)res; (void)act; (void)y; (void)g; (void)it;
+    (void)scratch;
+}
+
+#endif  /* CB_SIMD_VECTOR */
+
+#endif

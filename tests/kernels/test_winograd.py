@@ -1,0 +1,215 @@
+"""Winograd F(2x2, 3x3) forward convolutions (cyback/kernels/winograd.pyx),
+reached through conv_forward and prepared calls as the backend reaches them."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cyback.kernels import conv, winograd
+
+from instruction_sets import instruction_set
+from kernels.test_conv import _ref_epilogue, ref_backward_input, ref_forward, same_on_threads
+
+pytestmark = pytest.mark.skipif(not winograd.available(),
+                                reason="this build has no vector kernels")
+
+STRIDE1 = ((1, 1), (1, 1))
+
+
+def _geometry(x_shape, w_shape, pads, channels_last=True):
+    g, _, _ = conv._geometry(x_shape, w_shape, (1, 1), (1, 1), pads, channels_last, "test")
+    return g
+
+
+def _close(y, ref):
+    # Products summed in transform space: a few units in the last place of
+    # the largest terms, so the bound scales with the output's magnitude.
+    scale = max(1.0, float(np.abs(ref).max()))
+    np.testing.assert_allclose(y, ref, rtol=0, atol=2e-5 * scale)
+
+
+@pytest.fixture(params=["avx2", "baseline"])
+def wino_isa(request):
+    """The AVX2 kernels (16 output channels per block) and the baseline ones (8)."""
+    with instruction_set(winograd, request.param) as which:
+        yield which
+
+
+# (N, H, W), C, F, pads: odd output sizes drop a tile's last row / column;
+# channels off the vector width and partial output blocks; asymmetric and
+# no padding; a single output row and column.
+CASES = [
+    ((2, 9, 11), 32, 20, [(1, 1), (1, 1)]),
+    ((1, 8, 8), 24, 16, [(1, 1), (1, 1)]),
+    ((3, 13, 6), 27, 33, [(2, 0), (0, 3)]),
+    ((1, 10, 12), 40, 17, [(0, 0), (0, 0)]),
+    ((16, 3, 3), 24, 16, [(0, 0), (0, 0)]),
+    ((5, 7, 4), 64, 48, [(1, 1), (1, 1)]),
+    ((2, 6, 30), 25, 40, [(0, 2), (2, 1)]),
+]
+
+
+EPILOGUES = ["none", "bias_relu", "bias_res_relu6", "res"]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+def test_matches_reference(wino_isa, case, epilogue):
+    (n, h, w), c, f, pads = case
+    rng = np.random.default_rng(10 * CASES.index(case) + EPILOGUES.index(epilogue))
+    x = rng.standard_normal((n, h, w, c)).astype(np.float32)
+    k = rng.standard_normal((3, 3, c, f)).astype(np.float32)
+    assert conv._use_winograd(_geometry(x.shape, k.shape, pads), True, np.float32)
+    ref = ref_forward(x, k, (1, 1), (1, 1), pads)
+    bias = rng.standard_normal(f).astype(np.float32) * 4 if "bias" in epilogue else None
+    res = rng.standard_normal(ref.shape).astype(np.float32) * 4 if "res" in epilogue else None
+    act = {"none": None, "res": None}.get(epilogue, epilogue.rsplit("_", 1)[-1])
+    y = conv.conv_forward(x, k, *STRIDE1, pads, bias=bias, residual=res, activation=act)
+    assert y.dtype == np.float32 and y.shape == ref.shape
+    _close(y, _ref_epilogue(ref, bias, act, res))
+
+
+def test_thread_count_does_not_change_results():
+    # The tiles of a work item and the order of every sum are fixed by the
+    # shapes; threads only take whole items.
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 21, 19, 48)).astype(np.float32)
+    k = rng.standard_normal((3, 3, 48, 40)).astype(np.float32)
+    b = rng.standard_normal(40).astype(np.float32)
+    y = same_on_threads(lambda: conv.conv_forward(x, k, *STRIDE1, [(1, 1), (1, 1)], bias=b,
+                                                  activation="relu"))
+    _close(y, _ref_epilogue(ref_forward(x, k, (1, 1), (1, 1), [(1, 1), (1, 1)]), b, "relu"))
+
+
+def test_agrees_with_the_direct_kernel_to_rounding():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 28, 28, 64)).astype(np.float32)
+    k = rng.standard_normal((3, 3, 64, 64)).astype(np.float32)
+    y = conv.conv_forward(x, k, *STRIDE1, [(1, 1), (1, 1)])
+    conv._TUNE["winograd"] = False
+    try:
+        y_direct = conv.conv_forward(x, k, *STRIDE1, [(1, 1), (1, 1)])
+    finally:
+        conv._TUNE["winograd"] = True
+    assert not np.array_equal(y, y_direct)     # a different sum, really taken
+    _close(y, y_direct)
+
+
+def test_prepared_call_takes_winograd_and_matches_conv_forward():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 12, 14, 32)).astype(np.float32)
+    k = rng.standard_normal((3, 3, 32, 24)).astype(np.float32)
+    b = rng.standard_normal(24).astype(np.float32)
+    r = rng.standard_normal((2, 12, 14, 24)).astype(np.float32)
+    pads = [(1, 1), (1, 1)]
+    call = conv.forward_call(x.shape, k.shape, (1, 1), (1, 1), pads, True, np.float32,
+                             has_bias=True, has_residual=True, activation="relu6")
+    y = call(x, k, b, r)
+    assert np.array_equal(y, conv.conv_forward(x, k, *STRIDE1, pads, bias=b, residual=r,
+                                               activation="relu6"))
+    _close(y, _ref_epilogue(ref_forward(x, k, (1, 1), (1, 1), pads), b, "relu6", r))
+    # read-only and non-contiguous arguments: the checked fallback, same values
+    xf = np.asfortranarray(x)
+    k.setflags(write=False)
+    assert np.array_equal(call(xf, k, b, r), y)
+
+
+def test_float16_noncontiguous_and_empty_inputs():
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, 10, 20, 32)).astype(np.float32)[:, :, ::2]
+    k = rng.standard_normal((3, 3, 32, 16)).astype(np.float32)
+    pads = [(1, 1), (1, 1)]
+    _close(conv.conv_forward(x, k, *STRIDE1, pads), ref_forward(x, k, (1, 1), (1, 1), pads))
+    y16 = conv.conv_forward(x.astype(np.float16), k.astype(np.float16), *STRIDE1, pads)
+    assert y16.dtype == np.float16
+    ref16 = ref_forward(x.astype(np.float16), k.astype(np.float16), (1, 1), (1, 1), pads)
+    np.testing.assert_allclose(y16, ref16, rtol=2e-3, atol=2e-2 * np.abs(ref16).max())
+    empty = conv.conv_forward(np.zeros((0, 10, 10, 32), np.float32), k, *STRIDE1, pads)
+    assert empty.shape == (0, 10, 10, 16)
+
+
+def test_input_gradient_of_a_stride1_conv_runs_it_too():
+    # The input gradient of a stride-1 convolution is a forward convolution
+    # with the flipped kernel, F -> C channels: Winograd once F >= 24.
+    rng = np.random.default_rng(7)
+    k = rng.standard_normal((3, 3, 20, 32)).astype(np.float32)
+    dy = rng.standard_normal((2, 9, 9, 32)).astype(np.float32)
+    pads = [(1, 1), (1, 1)]
+    assert conv._use_winograd(_geometry((2, 9, 9, 32), (3, 3, 32, 20), pads), True, np.float32)
+    dx = conv.conv_backward_input(dy, k, (2, 9, 9, 20), (1, 1), (1, 1), pads)
+    _close(dx, ref_backward_input(dy, k, (2, 9, 9, 20), (1, 1), (1, 1), pads))
+
+
+@pytest.mark.parametrize("x_shape, k_shape, strides, dilation, last, dtype, why", [
+    ((2, 16, 16, 32), (3, 3, 32, 32), (1, 1), (1, 1), True, np.float32, None),
+    ((2, 16, 16, 32), (3, 3, 32, 32), (1, 1), (1, 1), True, np.float64, "float64"),
+    ((2, 32, 16, 16), (3, 3, 32, 32), (1, 1), (1, 1), False, np.float32, "channels_first"),
+    ((2, 16, 16, 32), (3, 3, 32, 32), (2, 2), (1, 1), True, np.float32, "strides"),
+    ((2, 16, 16, 32), (3, 3, 32, 32), (1, 1), (2, 2), True, np.float32, "dilation"),
+    ((2, 16, 16, 32), (5, 5, 32, 32), (1, 1), (1, 1), True, np.float32, "5x5"),
+    ((2, 16, 16, 32), (3, 1, 32, 32), (1, 1), (1, 1), True, np.float32, "3x1"),
+    ((2, 64, 32), (3, 32, 32), (1,), (1,), True, np.float32, "1-D"),
+    ((2, 4, 8, 8, 32), (3, 3, 3, 32, 32), (1, 1, 1), (1, 1, 1), True, np.float32, "3-D"),
+    ((2, 16, 16, 16), (3, 3, 16, 32), (1, 1), (1, 1), True, np.float32, "16 channels in"),
+    ((2, 16, 16, 32), (3, 3, 32, 8), (1, 1), (1, 1), True, np.float32, "8 channels out"),
+    ((1, 6, 6, 32), (3, 3, 32, 32), (1, 1), (1, 1), True, np.float32, "9 tiles"),
+    ((1, 7, 7, 512), (3, 3, 512, 512), (1, 1), (1, 1), True, np.float32,
+     "16 tiles for a 16 MB kernel"),
+    ((1, 8, 8, 2048), (3, 3, 2048, 32), (1, 1), (1, 1), True, np.float32, "2048 channels"),
+])
+def test_where_it_runs(x_shape, k_shape, strides, dilation, last, dtype, why):
+    rank = len(x_shape) - 2
+    pads = [(1, 1)] * rank
+    g, _, _ = conv._geometry(x_shape, k_shape, strides, dilation, pads, last, "test")
+    assert conv._use_winograd(g, last, dtype) == (why is None), why
+    conv._TUNE["winograd"] = False
+    try:
+        assert not conv._use_winograd(g, last, dtype)
+    finally:
+        conv._TUNE["winograd"] = True
+
+
+def test_environment_switch(monkeypatch):
+    for value, on in [("0", False), ("1", True), ("", True), (" 0 ", False)]:
+        monkeypatch.setenv("CYBACK_WINOGRAD", value)
+        assert conv._env_winograd() is on
+    monkeypatch.setenv("CYBACK_WINOGRAD", "yes")
+    with pytest.raises(ValueError, match="CYBACK_WINOGRAD must be 0 or 1"):
+        conv._env_winograd()
+
+
+def test_bad_geometries_are_refused():
+    with pytest.raises(ValueError, match="unsupported geometry"):
+        winograd.Winograd(1, 8, 8, 4096, 16, 8, 8, 1, 1)
+    with pytest.raises(ValueError, match="unsupported geometry"):
+        winograd.Winograd(1, 8, 8, 32, 0, 8, 8, 1, 1)
+
+
+@st.composite
+def geometries(draw):
+    n = draw(st.integers(1, 3))
+    h, w = draw(st.integers(1, 12)), draw(st.integers(1, 12))
+    pads = [(draw(st.integers(0, 2)), draw(st.integers(0, 2))) for _ in range(2)]
+    if h + sum(pads[0]) < 3 or w + sum(pads[1]) < 3:
+        pads = [(1, 1), (1, 1)]
+    if h + sum(pads[0]) < 3 or w + sum(pads[1]) < 3:
+        h, w = 3, 3
+    c, f = draw(st.integers(24, 40)), draw(st.integers(16, 40))
+    return n, h, w, c, f, pads
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(geometries(), st.integers(0, 2**31 - 1))
+def test_random_geometries(geo, seed):
+    n, h, w, c, f, pads = geo
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, h, w, c)).astype(np.float32)
+    k = rng.standard_normal((3, 3, c, f)).astype(np.float32)
+    old = conv._TUNE["winograd_min_tiles"]
+    conv._TUNE["winograd_min_tiles"] = 1      # every geometry, however small
+    try:
+        assert conv._use_winograd(_geometry(x.shape, k.shape, pads), True, np.float32)
+        y = conv.conv_forward(x, k, *STRIDE1, pads)
+    finally:
+        conv._TUNE["winograd_min_tiles"] = old
+    _close(y, ref_forward(x, k, (1, 1), (1, 1), pads))
