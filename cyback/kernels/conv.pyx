@@ -1354,7 +1354,7 @@ cdef class ForwardCall:
     cdef bint has_bias, has_res, last, pointwise, direct
     cdef double work
     cdef _DirectGeom d
-    cdef object wino
+    cdef object wino, wino_cache
 
     def __call__(self, x, kernel, bias=None, residual=None):
         if self.version != _TUNE.version or not fits(x, self.typenum, self.x_shape) or \
@@ -1366,7 +1366,8 @@ cdef class ForwardCall:
                                 activation=self.activation)
         y = cnp.PyArray_EMPTY(self.y_ndim, self.y_dims, self.typenum, 0)
         if self.wino is not None:
-            self.wino.run(x, kernel, y, bias, residual, self.act, cb_threads_for(self.work))
+            self.wino.run(x, kernel, y, bias, residual, self.act, cb_threads_for(self.work),
+                          self.wino_cache)
         elif self.direct:
             self._direct(x, kernel, bias, residual, y)
         elif not _run_forward(_writable(x), _writable(kernel), y, self.g, self.last,
@@ -1451,6 +1452,7 @@ def forward_call(x_shape, k_shape, strides, dilation, pads, channels_last, dtype
     call.work = 2.0 * g["N"] * g["P"] * g["K"] * g["F"] / _TUNE["flops_per_byte"]
     if not empty and _use_winograd(g, channels_last, dtype):
         call.wino = _winograd(g)
+        call.wino_cache = winograd.KernelCache()
         return call
     call.direct = not empty and _use_direct(g, channels_last, dtype == np.float64)
     if call.direct:

@@ -213,3 +213,41 @@ def test_random_geometries(geo, seed):
     finally:
         conv._TUNE["winograd_min_tiles"] = old
     _close(y, ref_forward(x, k, (1, 1), (1, 1), pads))
+
+
+def test_prepared_call_reuses_the_transform_only_for_the_same_kernel_values():
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((1, 10, 10, 32)).astype(np.float32)
+    k = rng.standard_normal((3, 3, 32, 48)).astype(np.float32)
+    pads = [(1, 1), (1, 1)]
+    call = conv.forward_call(x.shape, k.shape, (1, 1), (1, 1), pads, True, np.float32)
+
+    def fresh(kernel):
+        return conv.conv_forward(x, kernel, *STRIDE1, pads)
+
+    y = call(x, k)
+    assert np.array_equal(y, fresh(k))
+    assert np.array_equal(call(x, k.copy()), y)          # equal values, another array
+    k[1, 2, 5, 7] += 1.0                                  # changed in place
+    assert np.array_equal(call(x, k), fresh(k))
+    k2 = rng.standard_normal(k.shape).astype(np.float32)  # a new kernel
+    assert np.array_equal(call(x, k2), fresh(k2))
+    assert np.array_equal(call(x, k), fresh(k))           # and back
+    with instruction_set(winograd, "baseline"):           # another block width
+        yb = call(x, k)
+    _close(yb, ref_forward(x, k, (1, 1), (1, 1), pads))
+    assert np.array_equal(call(x, k), fresh(k))
+
+
+def test_prepared_calls_share_a_cache_across_threads():
+    import concurrent.futures
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((1, 12, 12, 32)).astype(np.float32)
+    ks = [rng.standard_normal((3, 3, 32, 32)).astype(np.float32) for _ in range(3)]
+    pads = [(1, 1), (1, 1)]
+    call = conv.forward_call(x.shape, ks[0].shape, (1, 1), (1, 1), pads, True, np.float32)
+    want = [conv.conv_forward(x, k, *STRIDE1, pads) for k in ks]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda i: (i % 3, call(x, ks[i % 3])), range(60)))
+    for i, y in got:
+        assert np.array_equal(y, want[i])
