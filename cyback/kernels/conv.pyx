@@ -19,6 +19,8 @@ bit-identical for any number of threads.
 
 Special cases, chosen per geometry by the Python entries below:
 
+- Winograd (channels_last float32, 3x3, stride 1, 24+ channels): F(2x2, 3x3)
+  in cyback/kernels/winograd.pyx, 2.25x fewer multiplies (_use_winograd);
 - direct (channels_last forward, few input channels and short patches): the
   register-tiled kernel of include/cyback_conv_direct.h reads the input in
   place and applies the bias / residual / relu epilogue itself (_use_direct);
