@@ -195,9 +195,10 @@ def run_case(name, xshape, kshape, strides, padding, channels_last, transposed, 
 
 def pointwise_vs_sgemm():
     """A 1x1 channels_last convolution is a GEMM of the (N*H*W, C) view of x
-    with the (C, F) kernel: cyback's default (fixed blocks of rows, one GEMM
-    each, on OpenMP threads), its one-GEMM option and NumPy's sgemm of the
-    same shape on all threads, alternated in one loop; medians of the rounds."""
+    with the (C, F) kernel: cyback's default (the direct kernel's register
+    tile over rows of the flattened input, on OpenMP threads), its one-GEMM
+    option and NumPy's sgemm of the same shape on all threads, alternated in
+    one loop; medians of the rounds."""
     rng = np.random.default_rng(2)
     rows = []
     for n, hw, c, f in ((32, 56, 64, 64), (32, 56, 64, 256), (32, 28, 128, 512),
@@ -210,9 +211,9 @@ def pointwise_vs_sgemm():
         ref = x2 @ w2
         np.testing.assert_allclose(conv.conv_forward(x, w, (1, 1), (1, 1), pads).reshape(ref.shape),
                                    ref, rtol=1e-4, atol=1e-3)
-        t = {"blocks": [], "one_gemm": [], "sgemm": []}
+        t = {"default": [], "one_gemm": [], "sgemm": []}
         for _ in range(REPEATS):
-            for mode in ("blocks", "one_gemm"):
+            for mode in ("default", "one_gemm"):
                 conv._TUNE["pointwise_gemm"] = mode == "one_gemm"
                 try:
                     t[mode].append(median_time(
@@ -222,9 +223,10 @@ def pointwise_vs_sgemm():
             with reference_blas():
                 t["sgemm"].append(median_time(lambda: np.matmul(x2, w2, out=y2), 1, 1))
         med = {k: float(np.median(v)) for k, v in t.items()}
-        rows.append(dict(case="1x1 %d->%d %dx%d" % (c, f, hw, hw), blocks_ms=med["blocks"] * 1e3,
+        rows.append(dict(case="1x1 %d->%d %dx%d" % (c, f, hw, hw),
+                         default_ms=med["default"] * 1e3,
                          one_gemm_ms=med["one_gemm"] * 1e3, sgemm_ms=med["sgemm"] * 1e3,
-                         blocks_vs_sgemm=med["blocks"] / med["sgemm"],
+                         default_vs_sgemm=med["default"] / med["sgemm"],
                          one_gemm_vs_sgemm=med["one_gemm"] / med["sgemm"]))
     return rows
 
@@ -259,8 +261,8 @@ def _tuned(run, **tune):
 
 
 def direct_vs_gemm(nthreads):
-    """The direct kernel (the default for these shapes) against the GEMM
-    paths (_TUNE['direct'] off), alternated in blocks; and at batch 1, one
+    """The direct kernel (Winograd off) against the GEMM paths (_TUNE['direct']
+    off too), alternated in blocks; and at batch 1, the default path on one
     thread against the whole team (whose wake-up a small conv may not repay).
     Outputs are checked against each other first."""
     rng = np.random.default_rng(3)
@@ -272,7 +274,8 @@ def direct_vs_gemm(nthreads):
 
         def run(x=x, w=w, strides=strides, dil=dil, pads=pads):
             return conv.conv_forward(x, w, strides, dil, pads)
-        engines = {"direct": _tuned(run, direct=True), "gemm": _tuned(run, direct=False)}
+        engines = {"direct": _tuned(run, direct=True, winograd=False),
+                   "gemm": _tuned(run, direct=False, winograd=False)}
         if xs[0] == 1:
             engines["one_thread"] = _tuned(run, flops_per_byte=1e30)
             engines["team"] = _tuned(run, flops_per_byte=1e-30)
@@ -287,6 +290,51 @@ def direct_vs_gemm(nthreads):
         if xs[0] == 1:
             row.update(b1_1thread_us=med["one_thread"] * 1e6, b1_team_us=med["team"] * 1e6)
         rows.append(row)
+    return rows
+
+
+# 3x3 stride-1 channels_last float32 layers Winograd takes: name, x, kernel, pads.
+WINOGRAD_CASES = [
+    ("cnn 3x3 32->64 b1", (1, 26, 26, 32), (3, 3, 32, 64), [(0, 0), (0, 0)]),
+    ("cnn 3x3 32->64 b32", (32, 26, 26, 32), (3, 3, 32, 64), [(0, 0), (0, 0)]),
+    ("3x3 64 b1", (1, 56, 56, 64), (3, 3, 64, 64), [(1, 1), (1, 1)]),
+    ("3x3 64 b8", (8, 56, 56, 64), (3, 3, 64, 64), [(1, 1), (1, 1)]),
+    ("3x3 128 b8", (8, 28, 28, 128), (3, 3, 128, 128), [(1, 1), (1, 1)]),
+    ("3x3 256 b1", (1, 14, 14, 256), (3, 3, 256, 256), [(1, 1), (1, 1)]),
+    ("3x3 256 b8", (8, 14, 14, 256), (3, 3, 256, 256), [(1, 1), (1, 1)]),
+]
+
+
+def winograd_vs_direct():
+    """Winograd F(2x2, 3x3) (the default for these shapes) against the
+    direct kernel and im2col + GEMM (_TUNE['winograd'], ['direct'] off),
+    alternated in blocks, through conv_forward: Winograd transforms its
+    kernel at every call here (a compiled plan's prepared call keeps the
+    transform while the kernel is unchanged). GFLOPS count the direct sum's
+    flops. rel_diff_e6: largest difference from the direct sum over the
+    output's largest magnitude, in millionths."""
+    rng = np.random.default_rng(4)
+    rows = []
+    for name, xs, ks, pads in WINOGRAD_CASES:
+        x = rng.standard_normal(xs, dtype=np.float32)
+        w = rng.standard_normal(ks, dtype=np.float32)
+
+        def run(x=x, w=w, pads=pads):
+            return conv.conv_forward(x, w, (1, 1), (1, 1), pads)
+        engines = {"winograd": _tuned(run, winograd=True), "direct": _tuned(run, winograd=False),
+                   "gemm": _tuned(run, winograd=False, direct=False)}
+        y, y_direct = engines["winograd"](), engines["direct"]()
+        np.testing.assert_allclose(y, engines["gemm"](), rtol=1e-4, atol=1e-3 * np.abs(y).max())
+        flops = 2.0 * y.size * np.prod(ks[:-1])
+        st = time_alternated(engines, blocks=3 if QUICK else 9, block_seconds=0.05)
+        med = {k: v["median_s"] for k, v in st.items()}
+        rows.append(dict(case=name, winograd_us=med["winograd"] * 1e6,
+                         direct_us=med["direct"] * 1e6, gemm_us=med["gemm"] * 1e6,
+                         direct_over_winograd=med["direct"] / med["winograd"],
+                         gemm_over_winograd=med["gemm"] / med["winograd"],
+                         winograd_gflops=flops / med["winograd"] / 1e9,
+                         rel_diff_e6=1e6 * float(np.abs(y - y_direct).max()
+                                                / np.abs(y_direct).max())))
     return rows
 
 
@@ -478,10 +526,10 @@ def main():
     settle()
     pw_rows = pointwise_vs_sgemm()
     print()
-    print_table(pw_rows, ["case", "blocks_ms", "one_gemm_ms", "sgemm_ms", "blocks_vs_sgemm",
+    print_table(pw_rows, ["case", "default_ms", "one_gemm_ms", "sgemm_ms", "default_vs_sgemm",
                           "one_gemm_vs_sgemm"],
                 title="1x1 NHWC forward against the same-shape sgemm (x_vs_sgemm: time / "
-                      "sgemm time; blocks: the default, one_gemm: _TUNE['pointwise_gemm'])")
+                      "sgemm time; one_gemm: _TUNE['pointwise_gemm'])")
     settle()
     d_rows = direct_vs_gemm(nthreads)
     print()
@@ -489,6 +537,13 @@ def main():
                          "b1_1thread_us", "b1_team_us"],
                 title="direct kernel against the GEMM paths (gemm_over_direct > 1: direct "
                       "is faster); batch 1 on one thread and on %d" % nthreads)
+    settle()
+    w_rows = winograd_vs_direct()
+    print()
+    print_table(w_rows, ["case", "winograd_us", "direct_us", "gemm_us", "direct_over_winograd",
+                         "gemm_over_winograd", "winograd_gflops", "rel_diff_e6"],
+                title="Winograd F(2x2, 3x3) against the direct kernel and im2col + GEMM "
+                      "(x_over_winograd > 1: Winograd is faster)")
     settle()
     ph_rows = phases_vs_col2im()
     print()
@@ -498,7 +553,8 @@ def main():
                       "col2im (col2im_over_phases > 1: phases are faster)")
     load = os.getloadavg()[0]
     print("load average at the end: %.1f (a shared machine makes every figure noisy)" % load)
-    path = write_json("conv", rows, pointwise=pw_rows, direct=d_rows, phases=ph_rows,
+    path = write_json("conv", rows, pointwise=pw_rows, direct=d_rows, winograd=w_rows,
+                      phases=ph_rows,
                       threads=nthreads,
                       thread_speedup=speedup,
                       torch=torch.__version__ if torch else None, load_average=load)

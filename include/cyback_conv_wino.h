@@ -66,44 +66,41 @@ static ptrdiff_t cb_wg_scratch(const cb_wg_geom *g) {
     return 16 * g->TG * g->C + 16 * CB_WG_TILE * g->FB;
 }
 
-/* Floats of the transformed kernel U (from k (3, 3, C, F) by cb_wg_kernel). */
+/* Floats of the transformed kernel U (from k (3, 3, C, F) by cb_wg_kernel_part). */
 static ptrdiff_t cb_wg_kernel_size(const cb_wg_geom *g) { return g->nfb * 16 * g->C * g->FB; }
 
-/* One pass per input channel and block over contiguous output channels into
- * a stack row, then 16 row copies: writing the 16 positions straight to U,
- * 4 KB apart at 64 channels, took 7x longer (210 against 30 us for 3x3 x
- * 64 x 64). A prepared call transforms its kernel once (winograd.pyx). */
-static void cb_wg_kernel(const float *k, float *u, const cb_wg_geom *g) {
+/* Part `it` of the kernel transform (nfb * C parts, independent): input
+ * channel it % C of output block it / C. Its output channels are contiguous
+ * in k and go through a stack row, then 16 row copies: writing the 16
+ * positions straight to U, 4 KB apart at 64 channels, took 7x longer (210
+ * against 30 us for 3x3 x 64 x 64). */
+static void cb_wg_kernel_part(const float *k, float *u, const cb_wg_geom *g, ptrdiff_t it) {
     const ptrdiff_t C = g->C, F = g->F, FB = g->FB, CF = C * F;
-    ptrdiff_t b, c, f, i;
-    for (b = 0; b < g->nfb; b++) {
-        const ptrdiff_t f0 = b * FB, nf = F - f0 < FB ? F - f0 : FB;
-        for (c = 0; c < C; c++) {
-            const float *kc = k + c * F + f0;
-            float *uc = u + (b * 16 * C + c) * FB;
-            float v[16][CB_WG_MAX_FB];
-            for (f = 0; f < nf; f++) {
-                /* kernel rows a, b, c (kh = 0, 1, 2), columns kw = 0, 1, 2 */
-                const float a0 = kc[f], a1 = kc[CF + f], a2 = kc[2 * CF + f];
-                const float b0 = kc[3 * CF + f], b1 = kc[4 * CF + f], b2 = kc[5 * CF + f];
-                const float c0 = kc[6 * CF + f], c1 = kc[7 * CF + f], c2 = kc[8 * CF + f];
-                /* G g has rows a, (a + b + c) / 2, (a - b + c) / 2, c; then each
-                 * row times G^T, written out in place of the product. */
-                const float r10 = 0.5f * (a0 + b0 + c0), r11 = 0.5f * (a1 + b1 + c1);
-                const float r12 = 0.5f * (a2 + b2 + c2), r20 = 0.5f * (a0 - b0 + c0);
-                const float r21 = 0.5f * (a1 - b1 + c1), r22 = 0.5f * (a2 - b2 + c2);
+    const ptrdiff_t c = it % C, f0 = (it / C) * FB, nf = F - f0 < FB ? F - f0 : FB;
+    const float *kc = k + c * F + f0;
+    float *uc = u + ((it / C) * 16 * C + c) * FB;
+    float v[16][CB_WG_MAX_FB];
+    ptrdiff_t f, i;
+    for (f = 0; f < nf; f++) {
+        /* kernel rows a, b, c (kh = 0, 1, 2), columns kw = 0, 1, 2 */
+        const float a0 = kc[f], a1 = kc[CF + f], a2 = kc[2 * CF + f];
+        const float b0 = kc[3 * CF + f], b1 = kc[4 * CF + f], b2 = kc[5 * CF + f];
+        const float c0 = kc[6 * CF + f], c1 = kc[7 * CF + f], c2 = kc[8 * CF + f];
+        /* G g has rows a, (a + b + c) / 2, (a - b + c) / 2, c; each row
+         * times G^T gives a row of 4 of U. */
+        const float r10 = 0.5f * (a0 + b0 + c0), r11 = 0.5f * (a1 + b1 + c1);
+        const float r12 = 0.5f * (a2 + b2 + c2), r20 = 0.5f * (a0 - b0 + c0);
+        const float r21 = 0.5f * (a1 - b1 + c1), r22 = 0.5f * (a2 - b2 + c2);
 #define CB_WG_GT(i, x0, x1, x2)                                                           \
-                v[4 * i][f] = x0; v[4 * i + 1][f] = 0.5f * (x0 + x1 + x2);                 \
-                v[4 * i + 2][f] = 0.5f * (x0 - x1 + x2); v[4 * i + 3][f] = x2;
-                CB_WG_GT(0, a0, a1, a2) CB_WG_GT(1, r10, r11, r12)
-                CB_WG_GT(2, r20, r21, r22) CB_WG_GT(3, c0, c1, c2)
+        v[4 * i][f] = x0; v[4 * i + 1][f] = 0.5f * (x0 + x1 + x2);                         \
+        v[4 * i + 2][f] = 0.5f * (x0 - x1 + x2); v[4 * i + 3][f] = x2;
+        CB_WG_GT(0, a0, a1, a2) CB_WG_GT(1, r10, r11, r12)
+        CB_WG_GT(2, r20, r21, r22) CB_WG_GT(3, c0, c1, c2)
 #undef CB_WG_GT
-            }
-            for (i = 0; i < 16; i++) {
-                memcpy(uc + i * C * FB, v[i], nf * sizeof(float));
-                if (nf < FB) memset(uc + i * C * FB + nf, 0, (FB - nf) * sizeof(float));
-            }
-        }
+    }
+    for (i = 0; i < 16; i++) {
+        memcpy(uc + i * C * FB, v[i], nf * sizeof(float));
+        if (nf < FB) memset(uc + i * C * FB + nf, 0, (FB - nf) * sizeof(float));
     }
 }
 

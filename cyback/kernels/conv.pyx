@@ -833,11 +833,11 @@ def _env_winograd():
 
 # Patch-buffer size per thread, a dict so that benchmarks can sweep it.
 _TUNE = _Tuning({"winograd": _env_winograd(), "winograd_min_c": 24, "winograd_min_f": 16,
-         "winograd_min_tiles": 16, "winograd_kernel_per_tile": 2048,
+         "winograd_min_tiles": 16, "winograd_kernel_per_tile": 8192,
 "buf_bytes": BUF_BYTES, "pointwise_gemm": False,
          "direct": True, "direct_max_c": 64, "direct_max_k": 1024,
          "direct_wide_max_c": 1024, "direct_wide_max_k": 4608, "direct_wide_min_pixels": 512,
-         "direct_pointwise_max_cf": 2048, "flops_per_byte": 8.0,
+         "direct_pointwise_max_cf": 1 << 20, "flops_per_byte": 8.0,
          "tap_min_c": 32, "tap_mnk": 1000000, "tap_min_rows": 96, "tap_rows": 1024,
          "tap_last_packed": False, "direct_skip_pad": None,
          "phase_split": None, "phase_max_c": 512, "phase_min_w": 24,
@@ -853,12 +853,14 @@ def _use_winograd(g, last, dtype):
     (cyback/kernels/winograd.pyx): channels_last float32, a 2-D 3x3 kernel,
     stride 1, no dilation, and enough channels and tiles.
 
-    One thread, in-process against the direct kernel: 1.35-1.8x from 24-32
-    channels on; 16 channels in and out broke even (0.95-1.05x: the input
-    transform is as long as the products). The transformed kernel (64 C F
-    bytes, made on every call) is streamed once per 12 tiles, so a call needs
-    tiles in proportion to it: (1, 7, 7) 512 -> 512 (16 tiles, 16 MB) ran
-    0.8x of the direct kernel, (1, 14, 14) 256 -> 256 (49 tiles) 1.4x.
+    2 threads, alternated, through conv_forward (the kernel transformed at
+    every call), against the direct kernel: 1.3-1.9x from 24 channels on,
+    batch 1 included ((1, 26, 26) 32 -> 64 1.3x, (1, 14, 14) 256 -> 256
+    1.7x, (8, 28, 28) 128 -> 128 1.9x); 16 channels in and out broke even on
+    one thread (the input transform is as long as the products). The
+    transformed kernel (64 C F bytes) is streamed once per work item, so a
+    call needs tiles in proportion to it: (1, 7, 7) 512 -> 512 (16 tiles, 16
+    MB) still gained 1.16x, (8, 7, 7) 1024 -> 1024 (128 tiles, 64 MB) 1.09x.
     CYBACK_WINOGRAD=0 turns it off (results then sum the taps directly)."""
     if not (last and _TUNE["winograd"] and dtype == np.float32 and winograd.available()):
         return False
@@ -946,9 +948,12 @@ def _use_direct(g, last, bint dbl=False):
         return False
     if g["K"] == g["C"] and g["sd"] * g["sh"] * g["sw"] == 1 and \
             g["C"] * g["F"] > _TUNE["direct_pointwise_max_cf"]:
-        # A 1x1 convolution does 2 C flops per output value; past small C x F
-        # BLAS's GEMM on the (N*P, C) rows beats the register tile (1x1
-        # 64 -> 64 on (32, 56, 56): 1.5x).
+        # A 1x1 convolution does 2 C flops per output value. Once the register
+        # tile's epilogue and pixel loops were unrolled it beat BLAS's GEMM on
+        # the (N*P, C) rows for every C x F measured (2 threads, alternated:
+        # 1x1 64 -> 64 on (32, 56, 56) 1.33x, 64 -> 256 1.04x, 256 -> 1024
+        # on (32, 14, 14) 1.33x, (1, 56, 56) 64 -> 256 1.9x); the bound only
+        # keeps a packed block (C x 16 floats) small.
         return False
     if 2 * g["F"] <= cb_cd_block(dbl):
         return False

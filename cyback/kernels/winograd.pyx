@@ -31,7 +31,7 @@ cdef extern from "cyback_conv_wino.h" nogil:
     Py_ssize_t cb_wg_block()
     Py_ssize_t cb_wg_scratch(const cb_wg_geom* g)
     Py_ssize_t cb_wg_kernel_size(const cb_wg_geom* g)
-    void cb_wg_kernel(const float* k, float* u, const cb_wg_geom* g)
+    void cb_wg_kernel_part(const float* k, float* u, const cb_wg_geom* g, Py_ssize_t it)
     void cb_wg_item(const float* x, const float* u, const float* bp, const float* res, int act,
                     float* y, const cb_wg_geom* g, Py_ssize_t it, float* scratch)
 
@@ -83,7 +83,6 @@ cdef class Winograd:
     """One convolution geometry's Winograd set-up: ``run`` computes
     y = conv(x, kernel) + bias + residual, then the activation, into y."""
     cdef cb_wg_geom g
-    cdef Py_ssize_t u_size, scratch_size
 
     def __init__(self, Py_ssize_t N, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C, Py_ssize_t F,
                  Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t ph, Py_ssize_t pw):
@@ -95,29 +94,20 @@ cdef class Winograd:
         g = &self.g
         g.N, g.H, g.W, g.C, g.F, g.OH, g.OW, g.ph, g.pw = N, H, W, C, F, OH, OW, ph, pw
         g.TH, g.TW = (OH + 1) // 2, (OW + 1) // 2
-        g.TG = TILES_PER_ITEM
-        g.items = (N * g.TH * g.TW + g.TG - 1) // g.TG
-        self._blocks()
-
-    cdef void _blocks(self) noexcept:
-        # the block width of the kernel set that runs now (tests switch sets)
-        g = &self.g
-        g.FB = cb_wg_block()
-        g.nfb = (g.F + g.FB - 1) // g.FB
-        self.u_size = cb_wg_kernel_size(g)
-        self.scratch_size = cb_wg_scratch(g)
 
     def run(self, cnp.ndarray x, cnp.ndarray kernel, cnp.ndarray y, object bias, object residual,
             int act, int nt, KernelCache cache=None):
         """x (N, H, W, C), kernel (3, 3, C, F), y (N, OH, OW, F), bias (F,) or
         None, residual like y or None: C-contiguous float32 arrays the
-        caller has checked (shapes, dtype, layout; y writable). ``cache``:
-        the caller's KernelCache, or None to transform the kernel anew."""
+        caller has checked (shapes, dtype, layout; y writable); nt threads.
+        ``cache``: the caller's KernelCache, or None to transform the kernel
+        anew."""
         cdef cb_intr intr
-        cdef cb_wg_geom* g = &self.g
-        if g.FB != cb_wg_block():
-            self._blocks()
-        cdef Py_ssize_t it, padded = g.nfb * g.FB, kbytes = 9 * g.C * g.F * sizeof(float)
+        # A copy: the block width follows the kernel set that runs now (tests
+        # switch sets) and the work items the thread count, per call.
+        cdef cb_wg_geom g = self.g
+        cdef Py_ssize_t tiles = g.N * g.TH * g.TW, it, parts, u_size, scratch_size
+        cdef Py_ssize_t kbytes = 9 * g.C * g.F * sizeof(float)
         cdef int failed = 0
         cdef int* no_scratch = &failed    # shared: written through a pointer in prange
         cdef float* u
@@ -130,45 +120,58 @@ cdef class Winograd:
         cdef const float* ks = <const float*> cnp.PyArray_DATA(kernel)
         cdef const float* rs = NULL
         cdef float* ys = <float*> cnp.PyArray_DATA(y)
+        nt = max(nt, 1)
+        g.FB = cb_wg_block()
+        g.nfb = (g.F + g.FB - 1) // g.FB
+        # Items of at most TILES_PER_ITEM tiles, as many as make equal rounds
+        # of the team (a static schedule then gives every thread the same
+        # number of tiles, within one): a (1, 14, 14) layer has 49 tiles, 5
+        # items of 12 ran 36 tiles on one thread and 13 on the other. Each
+        # tile's sums are the same whatever item holds it, so results do
+        # not depend on the thread count.
+        g.items = nt * ((tiles + TILES_PER_ITEM * nt - 1) // (TILES_PER_ITEM * nt))
+        g.TG = (tiles + g.items - 1) // g.items
+        g.items = (tiles + g.TG - 1) // g.TG
+        u_size, scratch_size = cb_wg_kernel_size(&g), cb_wg_scratch(&g)
+        parts = g.nfb * g.C
         if residual is not None:
             rs = <const float*> cnp.PyArray_DATA(<cnp.ndarray> residual)
         if cache is not None and kbytes <= MAX_CACHED_KERNEL_BYTES:
             entry = cache.entry
             if entry is not None and entry[2] == g.FB and \
                     memcmp(cnp.PyArray_DATA(<cnp.ndarray> entry[0]), ks, kbytes) == 0:
-                kept = entry[1]
+                kept, fresh = entry[1], False
             else:
-                kept = np.empty(self.u_size, dtype=np.float32)
-                with nogil:
-                    cb_wg_kernel(ks, <float*> cnp.PyArray_DATA(kept), g)
-                cache.entry = (kernel.copy(), kept, g.FB)
+                kept = np.empty(u_size, dtype=np.float32)
         # one block for the transformed kernel (unless kept) and the padded bias
-        own = <float*> malloc(((0 if kept is not None else self.u_size) + padded) * sizeof(float))
+        own = <float*> malloc(((0 if kept is not None else u_size) + g.nfb * g.FB)
+                              * sizeof(float))
         if own == NULL:
             raise MemoryError("conv_forward: no memory for the transformed kernel")
-        if kept is not None:
-            u, fresh = <float*> cnp.PyArray_DATA(kept), False
-        else:
-            u = own
+        u = <float*> cnp.PyArray_DATA(kept) if kept is not None else own
         if bias is not None:
-            bp = own + (0 if kept is not None else self.u_size)
-            memset(bp, 0, padded * sizeof(float))
+            bp = own + (0 if kept is not None else u_size)
+            memset(bp, 0, g.nfb * g.FB * sizeof(float))
             memcpy(bp, cnp.PyArray_DATA(<cnp.ndarray> bias), g.F * sizeof(float))
         cb_intr_init(&intr)
-        with nogil:
+        # One parallel region: the kernel transform (serial, it took a tenth
+        # of a batch-1 256-channel layer) and the tiles share one wake-up.
+        with nogil, parallel(num_threads=nt):
             if fresh:
-                cb_wg_kernel(ks, u, g)
-            with parallel(num_threads=nt):
-                scratch = <float*> malloc(self.scratch_size * sizeof(float))
-                for it in prange(g.items, schedule='static'):
-                    if scratch == NULL:
-                        no_scratch[0] = 1
-                        continue
-                    if cb_intr_poll(&intr):
-                        continue
-                    cb_wg_item(xs, u, bp, rs, act, ys, g, it, scratch)
-                free(scratch)
+                for it in prange(parts, schedule='static'):
+                    cb_wg_kernel_part(ks, u, &g, it)
+            scratch = <float*> malloc(scratch_size * sizeof(float))
+            for it in prange(g.items, schedule='static'):
+                if scratch == NULL:
+                    no_scratch[0] = 1
+                    continue
+                if cb_intr_poll(&intr):
+                    continue
+                cb_wg_item(xs, u, bp, rs, act, ys, &g, it, scratch)
+            free(scratch)
         free(own)
+        if fresh and kept is not None:
+            cache.entry = (kernel.copy(), kept, g.FB)
         check_interrupt(&intr)
         if failed:
             raise MemoryError("conv_forward: no memory for the Winograd scratch")

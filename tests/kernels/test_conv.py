@@ -1019,3 +1019,19 @@ def test_pointwise_row_lengths():
     assert conv._pointwise_row(2 * 131, 131) == 131
     assert conv._pointwise_row(105, 7) == 105
     assert conv._pointwise_row(1800, 30) == 120
+
+
+@pytest.mark.parametrize("c, f", [(64, 96), (200, 48), (48, 200)])
+def test_wide_pointwise_convolutions_take_the_direct_kernel(c, f):
+    # 1x1 convolutions past 2048 channel pairs run the register tile too (it
+    # beat BLAS's GEMM on the flattened rows once its loops were unrolled);
+    # values as the reference, bit-identical on 1-3 threads.
+    rng = np.random.default_rng(c + f)
+    x = rng.standard_normal((2, 16, 17, c)).astype(np.float32)
+    w = rng.standard_normal((1, 1, c, f)).astype(np.float32)
+    g, _, _ = conv._geometry(x.shape, w.shape, (1, 1), (1, 1), [(0, 0), (0, 0)], True, "t")
+    assert c * f > 2048 and conv._use_direct(g, True)
+    y = same_on_threads(lambda: conv.conv_forward(x, w, (1, 1), (1, 1), [(0, 0), (0, 0)],
+                                                  activation="relu"))
+    ref = np.maximum(x.astype(np.float64) @ w.reshape(c, f).astype(np.float64), 0)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-4)
