@@ -251,3 +251,26 @@ def test_prepared_calls_share_a_cache_across_threads():
         got = list(pool.map(lambda i: (i % 3, call(x, ks[i % 3])), range(60)))
     for i, y in got:
         assert np.array_equal(y, want[i])
+
+
+def test_non_finite_inputs_reach_the_same_outputs_as_the_direct_sum():
+    # Each input position of a tile enters only the transformed positions
+    # whose outputs read it, so a NaN reaches exactly the outputs whose 3x3
+    # window holds it; an infinity may come out as NaN there instead of
+    # +-inf (the transforms take differences).
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((1, 12, 12, 32)).astype(np.float32)
+    k = rng.standard_normal((3, 3, 32, 16)).astype(np.float32)
+    pads = [(1, 1), (1, 1)]
+    for r, c in [(5, 6), (0, 0), (11, 11), (4, 9)]:
+        xn = x.copy()
+        xn[0, r, c, 3] = np.nan
+        y = conv.conv_forward(xn, k, *STRIDE1, pads)
+        hit = np.zeros(y.shape[1:], bool)
+        hit[max(r - 1, 0):r + 2, max(c - 1, 0):c + 2] = True
+        assert np.isnan(y[0][hit]).all()
+        assert np.isfinite(y[0][~hit]).all()
+        xi = x.copy()
+        xi[0, r, c, 3] = np.inf
+        yi = conv.conv_forward(xi, k, *STRIDE1, pads)
+        assert np.isfinite(yi[0][~hit]).all() and not np.isfinite(yi[0][hit]).any()
