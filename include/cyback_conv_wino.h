@@ -104,6 +104,32 @@ static void cb_wg_kernel_part(const float *k, float *u, const cb_wg_geom *g, ptr
     }
 }
 
+/* Pixels per work item of the layout copies below. */
+#define CB_WG_COPY_PIXELS 256
+
+/* The channels_first path copies through channels_last: item `it` over
+ * N * ceil(P / CB_WG_COPY_PIXELS) moves its pixels of one sample between
+ * first (N, C, P) and last (N, P, C), to_last or back. Blocks of 16
+ * channels: 16 rows of the channels_first side are read (or written)
+ * together while the other side's rows are whole cache lines. */
+static void cb_wg_relayout(const float *src, float *dst, ptrdiff_t C, ptrdiff_t P,
+                           ptrdiff_t it, int to_last) {
+    const ptrdiff_t nblk = (P + CB_WG_COPY_PIXELS - 1) / CB_WG_COPY_PIXELS;
+    const ptrdiff_t n = it / nblk, p0 = (it % nblk) * CB_WG_COPY_PIXELS;
+    const ptrdiff_t p1 = p0 + CB_WG_COPY_PIXELS < P ? p0 + CB_WG_COPY_PIXELS : P;
+    const float *s = src + n * C * P;
+    float *d = dst + n * C * P;
+    ptrdiff_t c0, c, p;
+    for (c0 = 0; c0 < C; c0 += 16) {
+        const ptrdiff_t c1 = c0 + 16 < C ? c0 + 16 : C;
+        for (p = p0; p < p1; p++)
+            for (c = c0; c < c1; c++) {
+                if (to_last) d[p * C + c] = s[c * P + p];
+                else d[c * P + p] = s[p * C + c];
+            }
+    }
+}
+
 #if CB_SIMD_VECTOR
 
 static float cb_wg_zeros[CB_WG_MAX_C];

@@ -19,8 +19,9 @@ bit-identical for any number of threads.
 
 Special cases, chosen per geometry by the Python entries below:
 
-- Winograd (channels_last float32, 3x3, stride 1, 24+ channels): F(2x2, 3x3)
-  in cyback/kernels/winograd.pyx, 2.25x fewer multiplies (_use_winograd);
+- Winograd (float32, 3x3, stride 1, 24+ channels): F(2x2, 3x3) in
+  cyback/kernels/winograd.pyx, 2.25x fewer multiplies, channels_first
+  through channels_last copies (_use_winograd);
 - direct (channels_last forward, few input channels and short patches): the
   register-tiled kernel of include/cyback_conv_direct.h reads the input in
   place and applies the bias / residual / relu epilogue itself (_use_direct);
@@ -832,7 +833,8 @@ def _env_winograd():
 
 
 # Patch-buffer size per thread, a dict so that benchmarks can sweep it.
-_TUNE = _Tuning({"winograd": _env_winograd(), "winograd_min_c": 24, "winograd_min_f": 16,
+_TUNE = _Tuning({"winograd": _env_winograd(), "winograd_channels_first": True,
+         "winograd_min_c": 24, "winograd_min_f": 16,
          "winograd_min_tiles": 16, "winograd_kernel_per_tile": 8192,
 "buf_bytes": BUF_BYTES, "pointwise_gemm": False,
          "direct": True, "direct_max_c": 64, "direct_max_k": 1024,
@@ -861,8 +863,12 @@ def _use_winograd(g, last, dtype):
     transformed kernel (64 C F bytes) is streamed once per work item, so a
     call needs tiles in proportion to it: (1, 7, 7) 512 -> 512 (16 tiles, 16
     MB) still gained 1.16x, (8, 7, 7) 1024 -> 1024 (128 tiles, 64 MB) 1.09x.
+    channels_first goes through channels_last copies of x and y, made on
+    the team in the kernel's own parallel region (_run_winograd).
     CYBACK_WINOGRAD=0 turns it off (results then sum the taps directly)."""
-    if not (last and _TUNE["winograd"] and dtype == np.float32 and winograd.available()):
+    if not (_TUNE["winograd"] and dtype == np.float32 and winograd.available()):
+        return False
+    if not last and not _TUNE["winograd_channels_first"]:
         return False
     if (g["KD"], g["KH"], g["KW"], g["D"], g["OD"]) != (1, 3, 3, 1, 1) or \
             g["sh"] != 1 or g["sw"] != 1 or g["dh"] != 1 or g["dw"] != 1:
@@ -891,6 +897,20 @@ def _winograd(g):
         _WINOGRADS.clear()
     _WINOGRADS[id(g)] = (g, w)
     return w
+
+
+def _run_winograd(w, x, kernel, y, bias, residual, int act, int nt, cache, bint last):
+    """Winograd into y; True when the epilogue went in too (channels_first
+    leaves a residual, and so the bias and activation after it, to the
+    caller)."""
+    if last:
+        w.run(x, kernel, y, bias, residual, act, nt, cache)
+        return True
+    if residual is None:
+        w.run(x, kernel, y, bias, None, act, nt, cache, False)
+        return True
+    w.run(x, kernel, y, None, None, 0, nt, cache, False)
+    return False
 
 
 # ---------------------------------------------------------------- direct (channels_last)
@@ -1373,8 +1393,9 @@ cdef class ForwardCall:
                                 activation=self.activation)
         y = cnp.PyArray_EMPTY(self.y_ndim, self.y_dims, self.typenum, 0)
         if self.wino is not None:
-            self.wino.run(x, kernel, y, bias, residual, self.act, cb_threads_for(self.work),
-                          self.wino_cache)
+            if not _run_winograd(self.wino, x, kernel, y, bias, residual, self.act,
+                                 cb_threads_for(self.work), self.wino_cache, self.last):
+                _epilogue(y, bias, residual, self.act, self.last)
         elif self.direct:
             self._direct(x, kernel, bias, residual, y)
         elif not _run_forward(_writable(x), _writable(kernel), y, self.g, self.last,
@@ -1485,8 +1506,7 @@ def _run_forward(x, kernel, y, g, bint last, bint pointwise, bias=None, residual
     activation) went in too."""
     nt, limit = _threads(g)
     if _use_winograd(g, last, x.dtype):
-        _winograd(g).run(x, kernel, y, bias, residual, act, nt)
-        return True
+        return _run_winograd(_winograd(g), x, kernel, y, bias, residual, act, nt, None, last)
     if _use_direct(g, last, x.dtype == np.float64):
         _run_direct(x, kernel, y, g, bias, residual, act, nt)
         return True

@@ -1,6 +1,6 @@
-"""Winograd F(2x2, 3x3) forward convolution: channels_last float32, 3x3 kernel,
-stride 1, no dilation (include/cyback_conv_wino.h holds the kernel and its
-algebra).
+"""Winograd F(2x2, 3x3) forward convolution: float32, 3x3 kernel, stride 1, no
+dilation, channels_last (channels_first through copies); include/cyback_conv_wino.h
+holds the kernel and its algebra.
 
 A 3x3 convolution with 24 or more channels spends 2.25x fewer multiplies this
 way than summing its taps directly; the register tile is the direct kernel's,
@@ -34,6 +34,9 @@ cdef extern from "cyback_conv_wino.h" nogil:
     void cb_wg_kernel_part(const float* k, float* u, const cb_wg_geom* g, Py_ssize_t it)
     void cb_wg_item(const float* x, const float* u, const float* bp, const float* res, int act,
                     float* y, const cb_wg_geom* g, Py_ssize_t it, float* scratch)
+    enum: CB_WG_COPY_PIXELS
+    void cb_wg_relayout(const float* src, float* dst, Py_ssize_t C, Py_ssize_t P, Py_ssize_t it,
+                        int to_last)
 
 
 # Tiles per work item: two register tiles. Their transformed inputs (16 x 12
@@ -96,12 +99,16 @@ cdef class Winograd:
         g.TH, g.TW = (OH + 1) // 2, (OW + 1) // 2
 
     def run(self, cnp.ndarray x, cnp.ndarray kernel, cnp.ndarray y, object bias, object residual,
-            int act, int nt, KernelCache cache=None):
+            int act, int nt, KernelCache cache=None, bint channels_last=True):
         """x (N, H, W, C), kernel (3, 3, C, F), y (N, OH, OW, F), bias (F,) or
         None, residual like y or None: C-contiguous float32 arrays the
         caller has checked (shapes, dtype, layout; y writable); nt threads.
         ``cache``: the caller's KernelCache, or None to transform the kernel
-        anew."""
+        anew. With channels_last off, x is (N, C, H, W), y (N, F, OH, OW) and
+        residual None: x goes through a channels_last copy, and so does y
+        (the layout copies run on the team in the same parallel region;
+        NumPy's moveaxis copies took 4.4 and 9.3 ms on one thread for the
+        25 MB of (32, 64, 56, 56), a third of the convolution)."""
         cdef cb_intr intr
         # A copy: the block width follows the kernel set that runs now (tests
         # switch sets) and the work items the thread count, per call.
@@ -120,6 +127,28 @@ cdef class Winograd:
         cdef const float* ks = <const float*> cnp.PyArray_DATA(kernel)
         cdef const float* rs = NULL
         cdef float* ys = <float*> cnp.PyArray_DATA(y)
+        cdef float* yfirst = NULL
+        cdef const float* xfirst = NULL
+        cdef float* xlast = NULL
+        cdef float* ylast = NULL
+        cdef Py_ssize_t P = g.H * g.W, OP = g.OH * g.OW
+        cdef Py_ssize_t xcopies = g.N * ((P + CB_WG_COPY_PIXELS - 1) // CB_WG_COPY_PIXELS)
+        cdef Py_ssize_t ycopies = g.N * ((OP + CB_WG_COPY_PIXELS - 1) // CB_WG_COPY_PIXELS)
+        if not channels_last:
+            if residual is not None:
+                raise ValueError("winograd: a channels_first residual is added by the caller")
+            # Two blocks, not one: each stays under the mmap threshold that
+            # importing cyback sets (32 MiB), so that a call reuses freed heap
+            # rather than page-faulting fresh memory (a 50 MB block did, a
+            # third of the copies' time at (32, 64, 56, 56)).
+            xfirst, yfirst = xs, ys
+            xlast = <float*> malloc(g.N * P * g.C * sizeof(float))
+            ylast = <float*> malloc(g.N * OP * g.F * sizeof(float))
+            if xlast == NULL or ylast == NULL:
+                free(xlast)
+                free(ylast)
+                raise MemoryError("conv_forward: no memory for the channels_last copies")
+            xs, ys = xlast, ylast
         nt = max(nt, 1)
         g.FB = cb_wg_block()
         g.nfb = (g.F + g.FB - 1) // g.FB
@@ -147,6 +176,8 @@ cdef class Winograd:
         own = <float*> malloc(((0 if kept is not None else u_size) + g.nfb * g.FB)
                               * sizeof(float))
         if own == NULL:
+            free(xlast)
+            free(ylast)
             raise MemoryError("conv_forward: no memory for the transformed kernel")
         u = <float*> cnp.PyArray_DATA(kept) if kept is not None else own
         if bias is not None:
@@ -157,6 +188,9 @@ cdef class Winograd:
         # One parallel region: the kernel transform (serial, it took a tenth
         # of a batch-1 256-channel layer) and the tiles share one wake-up.
         with nogil, parallel(num_threads=nt):
+            if xfirst != NULL:
+                for it in prange(xcopies, schedule='static'):
+                    cb_wg_relayout(xfirst, xlast, g.C, P, it, 1)
             if fresh:
                 for it in prange(parts, schedule='static'):
                     cb_wg_kernel_part(ks, u, &g, it)
@@ -169,7 +203,12 @@ cdef class Winograd:
                     continue
                 cb_wg_item(xs, u, bp, rs, act, ys, &g, it, scratch)
             free(scratch)
+            if yfirst != NULL:
+                for it in prange(ycopies, schedule='static'):
+                    cb_wg_relayout(ys, yfirst, g.F, OP, it, 0)
         free(own)
+        free(xlast)
+        free(ylast)
         if fresh and kept is not None:
             cache.entry = (kernel.copy(), kept, g.FB)
         check_interrupt(&intr)

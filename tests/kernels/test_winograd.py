@@ -143,7 +143,8 @@ def test_input_gradient_of_a_stride1_conv_runs_it_too():
 @pytest.mark.parametrize("x_shape, k_shape, strides, dilation, last, dtype, why", [
     ((2, 16, 16, 32), (3, 3, 32, 32), (1, 1), (1, 1), True, np.float32, None),
     ((2, 16, 16, 32), (3, 3, 32, 32), (1, 1), (1, 1), True, np.float64, "float64"),
-    ((2, 32, 16, 16), (3, 3, 32, 32), (1, 1), (1, 1), False, np.float32, "channels_first"),
+    ((2, 32, 16, 16), (3, 3, 32, 32), (1, 1), (1, 1), False, np.float32, None),
+    ((2, 32, 16, 16), (3, 3, 32, 32), (1, 1), (1, 1), False, np.float64, "float64 first"),
     ((2, 16, 16, 32), (3, 3, 32, 32), (2, 2), (1, 1), True, np.float32, "strides"),
     ((2, 16, 16, 32), (3, 3, 32, 32), (1, 1), (2, 2), True, np.float32, "dilation"),
     ((2, 16, 16, 32), (5, 5, 32, 32), (1, 1), (1, 1), True, np.float32, "5x5"),
@@ -162,11 +163,44 @@ def test_where_it_runs(x_shape, k_shape, strides, dilation, last, dtype, why):
     pads = [(1, 1)] * rank
     g, _, _ = conv._geometry(x_shape, k_shape, strides, dilation, pads, last, "test")
     assert conv._use_winograd(g, last, dtype) == (why is None), why
-    conv._TUNE["winograd"] = False
-    try:
-        assert not conv._use_winograd(g, last, dtype)
-    finally:
-        conv._TUNE["winograd"] = True
+    for off in ("winograd",) + (() if last else ("winograd_channels_first",)):
+        conv._TUNE[off] = False
+        try:
+            assert not conv._use_winograd(g, last, dtype)
+        finally:
+            conv._TUNE[off] = True
+
+
+@pytest.mark.parametrize("case", CASES[:4])
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+def test_channels_first_through_channels_last_copies(case, epilogue):
+    # x and y go through channels_last copies made on the team; a residual
+    # (and so the bias and activation after it) is added by the caller.
+    (n, h, w), c, f, pads = case
+    rng = np.random.default_rng(100 + 10 * CASES.index(case) + EPILOGUES.index(epilogue))
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    k = rng.standard_normal((3, 3, c, f)).astype(np.float32)
+    assert conv._use_winograd(_geometry(x.shape, k.shape, pads, False), False, np.float32)
+    ref = np.moveaxis(ref_forward(np.moveaxis(x, 1, -1), k, (1, 1), (1, 1), pads), -1, 1)
+    bias = rng.standard_normal(f).astype(np.float32) * 4 if "bias" in epilogue else None
+    res = rng.standard_normal(ref.shape).astype(np.float32) * 4 if "res" in epilogue else None
+    act = {"none": None, "res": None}.get(epilogue, epilogue.rsplit("_", 1)[-1])
+    want = np.moveaxis(_ref_epilogue(np.moveaxis(ref, 1, -1), bias, act,
+                                     None if res is None else np.moveaxis(res, 1, -1)), -1, 1)
+
+    def run():
+        return conv.conv_forward(x, k, *STRIDE1, pads, channels_last=False, bias=bias,
+                                 residual=res, activation=act)
+    y = same_on_threads(run)
+    _close(y, want)
+    call = conv.forward_call(x.shape, k.shape, (1, 1), (1, 1), pads, False, np.float32,
+                             bias is not None, res is not None, act)
+    assert np.array_equal(call(x, k, bias, res), y)
+    # the same sums as channels_last: the copies move values, nothing else
+    y_last = conv.conv_forward(np.moveaxis(x, 1, -1).copy(), k, *STRIDE1, pads, bias=bias,
+                               residual=None if res is None else np.moveaxis(res, 1, -1).copy(),
+                               activation=act)
+    assert np.array_equal(np.moveaxis(y_last, -1, 1), y)
 
 
 def test_environment_switch(monkeypatch):
