@@ -182,6 +182,47 @@ class FusedRecurrent(Op):
             records = tuple(np.empty((0,) * r.ndim, r.dtype) for r in records)
         return (ys,) + tuple(finals) + records
 
+    def rewrite(self, inputs, ctx):
+        """Inference: a role given per gate reaches the op whole, so that the
+        op no longer joins its parts at every call (a GRU at batch 1: three
+        slicing steps and the join, 15% of the layer):
+
+        - parts that are consecutive slices of one array along their gate
+          axis (the hoisted projection cut back into gates) read that array;
+        - per-gate projections of one input (Keras's implementation 1, the
+          default of Keras 2.2's LSTM and GRU) become one product with the
+          kernels and biases joined;
+        - per-gate recurrent kernels that are weights are joined.
+
+        Joined weights are computed once by the plan (frozen weights)."""
+        roles, changed = {}, False
+        for name in ("zx", "R"):
+            parts = self._parts(name)
+            if len(parts) < 2 or any(p not in self.roles for p in parts):
+                continue
+            tensors = [inputs[self.roles[p]] for p in parts]
+            whole = _sliced_from(tensors, _SPLIT_AXIS[name], ctx)
+            if whole is None and name == "zx":
+                whole = _one_projection(tensors, ctx)
+            if whole is None and name == "R" and all(ctx.is_weight(t) for t in tensors):
+                whole = _whole(tensors, _SPLIT_AXIS[name], ctx)
+            if whole is not None:
+                roles[name] = whole
+                changed = True
+        if not changed:
+            return None
+        ins = [x for k, x in enumerate(inputs)
+               if not any(k == self.roles[p] for name in roles for p in self._parts(name))]
+        kept = {r: ins.index(inputs[k]) for r, k in self.roles.items()
+                if inputs[k] in ins and not any(r in self._parts(n) for n in roles)}
+        for name, t in roles.items():
+            kept[name] = len(ins)
+            ins.append(t)
+        op = FusedRecurrent(self.cell, kept, self.state_roles, self.act, self.ract, len(ins),
+                            self.api, self.consts, self.flags)
+        out = op(*ins)
+        return list(out) if isinstance(out, tuple) else [out]
+
     def grad(self, inputs, outputs, grads):
         from cyback.ops import elementwise as ew
         if all(g is None for g in grads[:1 + len(self.state_roles)]):
@@ -275,6 +316,70 @@ class FusedRecurrentGrad(Op):
                 got[name] = got[base][tuple(index)]
             out.append(got[name])
         return tuple(out)
+
+
+def _sliced_from(tensors, axis, ctx):
+    """The tensor whose consecutive slices along ``axis`` (from 0 to its end,
+    in order, every other axis whole) the ``tensors`` are, or None."""
+    from cyback.ops.shape import GetItem
+    base, at = None, 0
+    for k, t in enumerate(tensors):
+        made = ctx.producer(t)
+        if made is None or type(made[0]) is not GetItem or len(made[1]) != 1:
+            return None
+        spec, src = made[0].spec, made[1][0]
+        if base is None:
+            base = src
+        if src is not base or len(spec) != axis + 1 or src.ndim != axis + 1 or \
+                any(sp != ("slice", None, None, None) for sp in spec[:axis]):
+            return None
+        kind, start, stop, step = spec[axis]
+        width = t.shape[axis]
+        if kind != "slice" or step not in (None, 1) or width is None or (start or 0) != at or \
+                (stop is None and k != len(tensors) - 1) or \
+                (stop is not None and stop != at + width):
+            return None
+        at += width
+    if base.shape[axis] != at:
+        return None
+    return base
+
+
+def _one_projection(tensors, ctx):
+    """``x @ W + b`` with W and b the kernels and biases of the per-gate
+    projections ``tensors`` (each ``x @ W_k [+ b_k]``, the same x, weights
+    W_k and b_k) joined along the gates, or None."""
+    from cyback.ops.elementwise import Binary
+    from cyback.ops.linalg import TensorDot
+    x, dot, add, ws, bs = None, None, None, [], []
+    for t in tensors:
+        made = ctx.producer(t)
+        if made is not None and type(made[0]) is Binary and made[0].name == "add":
+            add, (t, b) = made[0], made[1]
+            bs.append(b)
+            made = ctx.producer(t)
+        if made is None or type(made[0]) is not TensorDot or len(made[1]) != 2:
+            return None
+        if x is None:
+            x, dot = made[1][0], made[0]
+        if made[1][0] is not x or (made[0].ax, made[0].ay) != (dot.ax, dot.ay):
+            return None
+        ws.append(made[1][1])
+    if bs and len(bs) != len(tensors):
+        return None
+    if any(w.ndim != 2 for w in ws) or any(b.ndim != 1 for b in bs) or \
+            not all(ctx.is_weight(v) for v in ws + bs) or x.ndim != 3 or \
+            (tuple(dot.ax), tuple(dot.ay)) != ((2,), (0,)):
+        return None
+    out = dot(x, _whole(ws, 1, ctx))
+    return add(out, _whole(bs, 0, ctx)) if bs else out
+
+
+def _whole(tensors, axis, ctx):
+    """The array ``tensors`` are consecutive slices of, else their join."""
+    from cyback.ops.shape import Concatenate
+    whole = _sliced_from(tensors, axis, ctx)
+    return whole if whole is not None else Concatenate(axis)(*tensors)
 
 
 def _joined(parts, dt):

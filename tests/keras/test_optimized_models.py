@@ -90,8 +90,16 @@ def _conv1d_lstm():
         L.LSTM(5), L.Dense(2)]), (9, 2)
 
 
+def _recurrent(layer, **kw):
+    return lambda: (Sequential([layer(5, input_shape=(9, 2), **kw), L.Dense(2)]), (9, 2))
+
+
 MODELS = {
     'mlp': _mlp,
+    'gru': _recurrent(L.GRU, reset_after=True),
+    'gru_impl1': _recurrent(L.GRU, implementation=1),
+    'gru_backwards': _recurrent(L.GRU, reset_after=True, go_backwards=True),
+    'lstm_impl1': _recurrent(L.LSTM, implementation=1),
     'cnn': _cnn,
     'cnn_channels_first': lambda: _cnn('channels_first'),
     'depthwise': _depthwise,
@@ -231,3 +239,22 @@ def test_learning_phase_function_with_a_rewrite_after_dropout():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(model.predict(x), want, rtol=1e-5, atol=1e-6)
     assert f([x, 1])[0].shape == (5, 2)
+
+
+@pytest.mark.parametrize('name', ['gru', 'gru_impl1', 'gru_backwards', 'lstm_impl1'])
+def test_fused_recurrent_reads_gate_slices_whole(name):
+    # The projection hoisted out of the loop and cut back into gates (and a
+    # recurrent kernel sliced per gate) reach the fused cell whole: no
+    # GetItem step feeds it, no join at each call, the same values.
+    model, x = _build(name)
+    want = _predict(model, x, False)
+    _close(_predict(model, x, True), want)
+    ops = model.predict_function.plan_ops(0)
+    fused = [op for op in ops if type(op).__name__ == 'FusedRecurrent']
+    assert len(fused) == 1
+    assert not any('.' in role for role in fused[0].roles), fused[0].roles
+    gate_slices = [op for op in ops if type(op).__name__ == 'GetItem'
+                   and op.spec[-1][0] == 'slice' and op.spec[-1][1:3] != (None, None)]
+    assert not gate_slices, ops
+    assert sum(type(op).__name__ == 'TensorDot' or 'TensorDot' in repr(op) for op in ops) == 2
+
