@@ -122,11 +122,12 @@ static void cb_wg_relayout(const float *src, float *dst, ptrdiff_t C, ptrdiff_t 
     ptrdiff_t c0, c, p;
     for (c0 = 0; c0 < C; c0 += 16) {
         const ptrdiff_t c1 = c0 + 16 < C ? c0 + 16 : C;
-        for (p = p0; p < p1; p++)
-            for (c = c0; c < c1; c++) {
-                if (to_last) d[p * C + c] = s[c * P + p];
-                else d[c * P + p] = s[p * C + c];
-            }
+        if (to_last)
+            for (p = p0; p < p1; p++)
+                for (c = c0; c < c1; c++) d[p * C + c] = s[c * P + p];
+        else
+            for (c = c0; c < c1; c++)
+                for (p = p0; p < p1; p++) d[c * P + p] = s[p * C + c];
     }
 }
 
