@@ -13,6 +13,7 @@ import functools
 import numpy as np
 
 from cyback.graph.op import Op
+from cyback.graph.tensor import Constant
 from cyback.kernels import rnn_cell as _k
 
 #: gate count per cell type
@@ -192,7 +193,8 @@ class FusedRecurrent(Op):
         - per-gate projections of one input (Keras's implementation 1, the
           default of Keras 2.2's LSTM and GRU) become one product with the
           kernels and biases joined;
-        - per-gate recurrent kernels that are weights are joined.
+        - per-gate recurrent kernels and biases that are weights are joined
+          (zeros for a gate without a bias).
 
         Joined weights are computed once by the plan (frozen weights)."""
         roles, changed = {}, False
@@ -209,12 +211,26 @@ class FusedRecurrent(Op):
             if whole is not None:
                 roles[name] = whole
                 changed = True
+        rb = self._parts("rb")
+        u = inputs[self.roles["h0"]].shape[-1]
+        if rb and all(p in self.roles and ctx.is_weight(inputs[self.roles[p]]) for p in rb) \
+                and u is not None:
+            # the recurrent biases, zeros for a gate without one (as _gather)
+            given = {p: inputs[self.roles[p]] for p in rb}
+            dt = given[rb[0]].dtype
+            roles["rb"] = _whole([given.get("rb.%d" % k, Constant(np.zeros(u, dt)))
+                                  for k in range(GATES[self.cell])], 0, ctx)
+            changed = True
         if not changed:
             return None
-        ins = [x for k, x in enumerate(inputs)
-               if not any(k == self.roles[p] for name in roles for p in self._parts(name))]
-        kept = {r: ins.index(inputs[k]) for r, k in self.roles.items()
-                if inputs[k] in ins and not any(r in self._parts(n) for n in roles)}
+        parts = {p for name in roles for p in self._parts(name)}
+        drop = {self.roles[p] for p in parts}
+        if any(k in drop for r, k in self.roles.items() if r not in parts):
+            return None     # an input read as a part and as something else
+        keep = [k for k in range(len(inputs)) if k not in drop]
+        at = {k: i for i, k in enumerate(keep)}
+        ins = [inputs[k] for k in keep]
+        kept = {r: at[k] for r, k in self.roles.items() if r not in parts}
         for name, t in roles.items():
             kept[name] = len(ins)
             ins.append(t)
@@ -346,33 +362,44 @@ def _sliced_from(tensors, axis, ctx):
 
 
 def _one_projection(tensors, ctx):
-    """``x @ W + b`` with W and b the kernels and biases of the per-gate
-    projections ``tensors`` (each ``x @ W_k [+ b_k]``, the same x, weights
-    W_k and b_k) joined along the gates, or None."""
+    """``(x @ W + b_1) + ... + b_n`` with W and each b_i the kernels and
+    biases of the per-gate projections ``tensors`` (each ``(x @ W_k + b_1k)
+    + ... + b_nk``: the same x, weights W_k and b_ik) joined along the gates,
+    or None. A GRU with reset_after adds its input and then its recurrent
+    bias to the update and reset gates, its candidate only the input bias:
+    the candidate's missing outer bias is zeros. The adds keep their order
+    and adding zero changes no value, so every value is the same."""
     from cyback.ops.elementwise import Binary
     from cyback.ops.linalg import TensorDot
-    x, dot, add, ws, bs = None, None, None, [], []
+    x, dot, adds, ws, biases = None, None, None, [], []
     for t in tensors:
-        made = ctx.producer(t)
-        if made is not None and type(made[0]) is Binary and made[0].name == "add":
-            add, (t, b) = made[0], made[1]
-            bs.append(b)
-            made = ctx.producer(t)
+        made, chain = ctx.producer(t), []
+        while made is not None and type(made[0]) is Binary and made[0].name == "add" and \
+                ctx.is_weight(made[1][1]):
+            chain.append((made[0], made[1][1]))
+            made = ctx.producer(made[1][0])
         if made is None or type(made[0]) is not TensorDot or len(made[1]) != 2:
             return None
         if x is None:
-            x, dot = made[1][0], made[0]
+            x, dot, adds = made[1][0], made[0], [op for op, _ in chain]
+        if len(chain) > len(adds):
+            adds = [op for op, _ in chain]
         if made[1][0] is not x or (made[0].ax, made[0].ay) != (dot.ax, dot.ay):
             return None
         ws.append(made[1][1])
-    if bs and len(bs) != len(tensors):
-        return None
-    if any(w.ndim != 2 for w in ws) or any(b.ndim != 1 for b in bs) or \
-            not all(ctx.is_weight(v) for v in ws + bs) or x.ndim != 3 or \
+        biases.append([b for _, b in chain])
+    if any(w.ndim != 2 or w.shape[1] is None for w in ws) or \
+            any(b.ndim != 1 for bs in biases for b in bs) or \
+            not all(ctx.is_weight(w) for w in ws) or x.ndim != 3 or \
             (tuple(dot.ax), tuple(dot.ay)) != ((2,), (0,)):
         return None
+    # outermost first, each part's missing outer adds as zeros
+    biases = [[Constant(np.zeros(w.shape[1], w.dtype))] * (len(adds) - len(bs)) + bs
+              for w, bs in zip(ws, biases)]
     out = dot(x, _whole(ws, 1, ctx))
-    return add(out, _whole(bs, 0, ctx)) if bs else out
+    for i in reversed(range(len(adds))):       # innermost add first
+        out = adds[i](out, _whole([bs[i] for bs in biases], 0, ctx))
+    return out
 
 
 def _whole(tensors, axis, ctx):

@@ -100,6 +100,9 @@ MODELS = {
     'gru_impl1': _recurrent(L.GRU, implementation=1),
     'gru_backwards': _recurrent(L.GRU, reset_after=True, go_backwards=True),
     'lstm_impl1': _recurrent(L.LSTM, implementation=1),
+    'gru_masked': lambda: (Sequential([L.Masking(0.5, input_shape=(9, 2)),
+                                       L.GRU(5, implementation=1, reset_after=True),
+                                       L.Dense(2)]), (9, 2)),
     'cnn': _cnn,
     'cnn_channels_first': lambda: _cnn('channels_first'),
     'depthwise': _depthwise,
@@ -241,7 +244,8 @@ def test_learning_phase_function_with_a_rewrite_after_dropout():
     assert f([x, 1])[0].shape == (5, 2)
 
 
-@pytest.mark.parametrize('name', ['gru', 'gru_impl1', 'gru_backwards', 'lstm_impl1'])
+@pytest.mark.parametrize('name', ['gru', 'gru_impl1', 'gru_backwards', 'lstm_impl1',
+                                  'gru_masked'])
 def test_fused_recurrent_reads_gate_slices_whole(name):
     # The projection hoisted out of the loop and cut back into gates (and a
     # recurrent kernel sliced per gate) reach the fused cell whole: no
