@@ -8,7 +8,8 @@
  *   - the kernel is packed once per call into blocks of FB output channels,
  *     (blocks, R, KW, C, FB), R = KD * KH rows of taps, zero-filled past F;
  *   - a tile of up to 6 output pixels x FB channels lives in up to 12 vector
- *     registers (FB is two vectors); each input value is broadcast once per
+ *     registers (FB is two vectors: of 4, 8 or 16 floats by the kernel set,
+ *     cyback_simd.h); each input value is broadcast once per
  *     tile and multiplied into both vectors, each kernel vector is loaded
  *     once per tile;
  *   - strides and dilations are only address arithmetic, so strided
@@ -61,12 +62,26 @@ typedef struct {
  * the caller passes the input rows unpadded (Wp = W). */
 static int cb_cd_pads_itself(void) { return CB_SIMD_VECTOR; }
 
-/* Output channels per block for the kernel set that runs now. */
+/* Output channels per block of the AVX2 or the baseline set, whichever runs
+ * now (the kernel gradient's width, cyback_conv_dw.h). */
 static ptrdiff_t cb_cd_block(int dbl) {
 #if CB_SIMD_AVX2
     if (cb_simd_has_avx2()) return dbl ? 8 : 16;
 #endif
     return dbl ? 4 : 8;
+}
+
+/* Output channels per block of the forward kernel for F output channels: the
+ * AVX-512 set's 2 x 16 floats once F is wider than the AVX2 block (F = 48
+ * fills 3/4 of two blocks and still runs 1.5x the AVX2 set's work per
+ * instruction; F <= 16 would leave half of one block empty). */
+static ptrdiff_t cb_cd_block_for(int dbl, ptrdiff_t F) {
+    const ptrdiff_t narrow = cb_cd_block(dbl);
+#if CB_SIMD_AVX512
+    if (F > narrow && cb_simd_has_avx512()) return 2 * narrow;
+#endif
+    (void)F;
+    return narrow;
 }
 
 #define CB_CD_COMMON(T, SUF)                                                              \
@@ -299,6 +314,10 @@ CB_CD_ROW(double, cb_v2d, 2, d_base, )
 CB_CD_ROW(float, cb_v8f, 8, f_avx2, CB_AVX2_ATTR)
 CB_CD_ROW(double, cb_v4d, 4, d_avx2, CB_AVX2_ATTR)
 #endif
+#if CB_SIMD_AVX512
+CB_CD_ROW(float, cb_v16f, 16, f_avx512, CB_AVX512_ATTR)
+CB_CD_ROW(double, cb_v8d, 8, d_avx512, CB_AVX512_ATTR)
+#endif
 #endif  /* CB_SIMD_VECTOR */
 
 /* Where the output rows of a convolution go in a larger output array: output
@@ -354,9 +373,11 @@ static void cb_cd_item_##SUF(const T *x, const T *wp, const T *bp, const T *res,
     cb_cd_item_out_##SUF(x, wp, bp, res, act, y, g, it, NULL);                            \
 }
 
+/* The block width picks the kernel set (the caller packed for it). */
 #if CB_SIMD_VECTOR && CB_SIMD_AVX2
 #define CB_CD_DISPATCH(SUF, VL_AVX2, VL_BASE)                                             \
-    if (g->FB == 2 * VL_AVX2) cb_cd_row_##SUF##_avx2(xr, R, wp, bp, res, act, yb, ys, nf, g);   \
+    if (g->FB == 4 * VL_AVX2) cb_cd_row_##SUF##_avx512(xr, R, wp, bp, res, act, yb, ys, nf, g); \
+    else if (g->FB == 2 * VL_AVX2) cb_cd_row_##SUF##_avx2(xr, R, wp, bp, res, act, yb, ys, nf, g); \
     else cb_cd_row_##SUF##_base(xr, R, wp, bp, res, act, yb, ys, nf, g);
 #elif CB_SIMD_VECTOR
 #define CB_CD_DISPATCH(SUF, VL_AVX2, VL_BASE)                                             \

@@ -37,8 +37,8 @@
 
 /* Most input channels (the row of zeros the padding taps read). */
 #define CB_WG_MAX_C 1024
-/* Widest block of output channels. */
-#define CB_WG_MAX_FB 16
+/* Widest block of output channels (the AVX-512 set's). */
+#define CB_WG_MAX_FB 32
 /* Tiles per register tile. */
 #define CB_WG_TILE 6
 
@@ -53,11 +53,14 @@ typedef struct {
 /* Whether this build has the Winograd kernels (they need vector extensions). */
 static int cb_wg_available(void) { return CB_SIMD_VECTOR; }
 
-/* Output channels per block for the kernel set that runs now. */
-static ptrdiff_t cb_wg_block(void) {
+/* Output channels per block for F output channels and the kernel set that
+ * runs now (as cb_cd_block_for: the AVX-512 set once F is wider than 16). */
+static ptrdiff_t cb_wg_block(ptrdiff_t F) {
 #if CB_SIMD_AVX2
+    if (cb_simd_has_avx512() && F > 16) return 32;
     if (cb_simd_has_avx2()) return 16;
 #endif
+    (void)F;
     return 8;
 }
 
@@ -288,11 +291,13 @@ ATTR static void cb_wg_item_##SUF(const float *x, const float *u, const float *b
 CB_WG_FNS(cb_v4f, 4, base, )
 #if CB_SIMD_AVX2
 CB_WG_FNS(cb_v8f, 8, avx2, CB_AVX2_ATTR)
+CB_WG_FNS(cb_v16f, 16, avx512, CB_AVX512_ATTR)
 #endif
 
 static void cb_wg_item(const float *x, const float *u, const float *bp, const float *res,
                        int act, float *y, const cb_wg_geom *g, ptrdiff_t it, float *scratch) {
 #if CB_SIMD_AVX2
+    if (g->FB == 32) { cb_wg_item_avx512(x, u, bp, res, act, y, g, it, scratch); return; }
     if (g->FB == 16) { cb_wg_item_avx2(x, u, bp, res, act, y, g, it, scratch); return; }
 #endif
     cb_wg_item_base(x, u, bp, res, act, y, g, it, scratch);

@@ -1,16 +1,20 @@
-/* Vector types and the run-time AVX2 switch shared by the hand-vectorised
- * kernels (cyback_depthwise.h, cyback_conv_direct.h).
+/* Vector types and the run-time AVX2 / AVX-512 switch shared by the
+ * hand-vectorised kernels (cyback_depthwise.h, cyback_conv_direct.h, ...).
  *
  * The wheels are built for baseline x86-64 (SSE2, 16-byte vectors). On x86
  * with GCC or clang a kernel is compiled a second time with CB_AVX2_ATTR
  * (32-byte vectors, fused multiply-adds) and picked at run time when the CPU
- * has AVX2 and FMA. Compilers without GCC vector extensions get plain loops.
+ * has AVX2 and FMA. The direct and Winograd convolutions have a third set
+ * with CB_AVX512_ATTR (64-byte vectors) for CPUs with AVX-512F. Compilers
+ * without GCC vector extensions get plain loops.
  *
  * The vector types are declared with element alignment so that loads and
  * stores through them may be unaligned (rows of an array start anywhere).
  */
 #ifndef CYBACK_SIMD_H
 #define CYBACK_SIMD_H
+
+#include <stdlib.h>
 
 /* Activation codes of the in-register epilogues (applied after a bias).
  * NaN passes through both, as through np.maximum / np.minimum. */
@@ -49,32 +53,62 @@ typedef double cb_v2d __attribute__((vector_size(16), aligned(8)));
 
 #if CB_SIMD_VECTOR && (defined(__x86_64__) || defined(__i386__))
 #define CB_SIMD_AVX2 1
+#define CB_SIMD_AVX512 1
 #define CB_AVX2_ATTR __attribute__((target("avx2,fma")))
-/* One per extension module (each includes this header): -1 unknown. */
-static int cb_simd_avx2_state = -1;
+#define CB_AVX512_ATTR __attribute__((target("avx512f,avx2,fma")))
+typedef float cb_v16f __attribute__((vector_size(64), aligned(4)));
+typedef double cb_v8d __attribute__((vector_size(64), aligned(8)));
+/* One of each per extension module (each includes this header). The CPU's
+ * sets, read once (-1: not yet; a benign race): 0 baseline, 1 AVX2 + FMA,
+ * 2 AVX-512F as well (the OS saving zmm state: libgcc checks XCR0). */
+static int cb_simd_cpu_level = -1;
+/* The highest set the kernels may run (tests lower it; CYBACK_AVX512=0 caps
+ * it at AVX2 for hosts where 512-bit code lowers the clock of other work). */
+static int cb_simd_cap = -1;
 
-/* 1 when the AVX2 + FMA kernels run: the CPU has them (checked once; a
- * benign race) and cb_simd_use_avx2(0) has not turned them off. */
-static int cb_simd_has_avx2(void) {
-    if (cb_simd_avx2_state < 0) {
+static int cb_simd_level(void) {
+    if (cb_simd_cpu_level < 0) {
+        int level = 0;
         __builtin_cpu_init();
-        cb_simd_avx2_state = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+            level = 1;
+            if (__builtin_cpu_supports("avx512f")) level = 2;
+        }
+        cb_simd_cpu_level = level;
     }
-    return cb_simd_avx2_state;
+    if (cb_simd_cap < 0) {
+        const char *env = getenv("CYBACK_AVX512");
+        cb_simd_cap = env && env[0] == '0' && env[1] == '\0' ? 1 : 2;
+    }
+    return cb_simd_cpu_level < cb_simd_cap ? cb_simd_cpu_level : cb_simd_cap;
 }
 
-/* Tests run both kernel sets: on = 0 forces the baseline one. Returns
- * whether the AVX2 set now runs. */
+/* 1 when the AVX2 + FMA kernels (or wider ones) may run. */
+static int cb_simd_has_avx2(void) { return cb_simd_level() >= 1; }
+
+/* 1 when the AVX-512 kernels run. */
+static int cb_simd_has_avx512(void) { return cb_simd_level() >= 2; }
+
+/* Tests run every kernel set: on = 0 forces the baseline one, on = 1 lifts
+ * the cap to the widest set the CPU has. Returns whether AVX2 now runs. */
 static int cb_simd_use_avx2(int on) {
-    cb_simd_avx2_state = -1;
-    if (on) return cb_simd_has_avx2();
-    cb_simd_avx2_state = 0;
-    return 0;
+    cb_simd_cap = on ? 2 : 0;
+    return cb_simd_has_avx2();
+}
+
+/* on = 0 caps the kernels at AVX2; on = 1 lifts the cap. Returns whether
+ * AVX-512 now runs. */
+static int cb_simd_use_avx512(int on) {
+    cb_simd_cap = on ? 2 : 1;
+    return cb_simd_has_avx512();
 }
 #else
 #define CB_SIMD_AVX2 0
+#define CB_SIMD_AVX512 0
 static int cb_simd_has_avx2(void) { return 0; }
+static int cb_simd_has_avx512(void) { return 0; }
 static int cb_simd_use_avx2(int on) { (void)on; return 0; }
+static int cb_simd_use_avx512(int on) { (void)on; return 0; }
 #endif
 
 #endif

@@ -1,4 +1,4 @@
-"""Run a test with a kernel module's AVX2 set or its baseline set."""
+"""Run a test with one of a kernel module's instruction sets."""
 import contextlib
 
 import pytest
@@ -6,13 +6,20 @@ import pytest
 
 @contextlib.contextmanager
 def instruction_set(module, which):
-    """Run ``module``'s vector kernels compiled for AVX2 + FMA (``"avx2"``;
-    the test is skipped on a CPU without them) or its baseline set
-    (``"baseline"``); AVX2 again afterwards. Each kernel module keeps its own
-    switch (include/cyback_simd.h)."""
+    """Run ``module``'s vector kernels compiled for AVX-512 (``"avx512"``; only
+    modules with such a set), for AVX2 + FMA (``"avx2"``, capped below AVX-512)
+    or its baseline set (``"baseline"``); a set the CPU lacks skips the test.
+    Afterwards the widest set the CPU has runs again. Each kernel module keeps
+    its own switch (include/cyback_simd.h)."""
     if which == "avx2" and not module._use_avx2(True):
         pytest.skip("this CPU has no AVX2 + FMA")
-    module._use_avx2(which == "avx2")
+    if which == "avx512" and not module._use_avx512(True):
+        module._use_avx2(True)
+        pytest.skip("this CPU has no AVX-512F")
+    if which == "avx2" and hasattr(module, "_use_avx512"):
+        module._use_avx512(False)
+    elif which == "baseline":
+        module._use_avx2(False)
     try:
         yield which
     finally:

@@ -69,7 +69,9 @@ cdef extern from "cyback_conv_direct.h" nogil:
     enum: CB_CD_MAX_ROWS
     enum: CB_CD_MAX_C
     int cb_simd_use_avx2(int on)
+    int cb_simd_use_avx512(int on)
     Py_ssize_t cb_cd_block(int dbl)
+    Py_ssize_t cb_cd_block_for(int dbl, Py_ssize_t F)
     int cb_cd_pads_itself()
     void cb_cd_pack_f(const float* k, const float* bias, float* wp, float* bp,
                       const cb_cd_geom* g)
@@ -1062,7 +1064,7 @@ def _skip_pad():
 
 def _run_direct(x, kernel, y, g, bias, residual, int act, int nt):
     cdef bint dbl = x.dtype == np.float64
-    cdef _DirectGeom d = _direct_geom(g, cb_cd_block(dbl))
+    cdef _DirectGeom d = _direct_geom(g, cb_cd_block_for(dbl, g["F"]))
     wp = np.empty(d.wp_size, dtype=x.dtype)
     has_bias = bias is not None
     bp = np.empty(d.bp_size if has_bias else 1, dtype=x.dtype)
@@ -1271,15 +1273,22 @@ def _flat(a):
     return a.reshape(-1)
 
 
-def _direct_block_width(bint dbl):
-    """Output channels per block of the direct kernel set that runs now."""
-    return cb_cd_block(dbl)
+def _direct_block_width(bint dbl, Py_ssize_t F=0):
+    """Output channels per block of the direct kernel set that runs now, for
+    F output channels (0: the AVX2 or baseline width)."""
+    return cb_cd_block_for(dbl, F)
 
 
 def _use_avx2(bint on):
     """Run the direct kernel's AVX2 + FMA set when the CPU has it (the
     default), or the baseline one (for tests). Returns whether AVX2 now runs."""
     return bool(cb_simd_use_avx2(on))
+
+
+def _use_avx512(bint on):
+    """Let the direct kernel's AVX-512 set run when the CPU has it (the
+    default), or cap it at AVX2 (for tests). Returns whether AVX-512 now runs."""
+    return bool(cb_simd_use_avx512(on))
 
 
 _ACTIVATIONS = {None: 0, "linear": 0, "relu": 1, "relu6": 2}
@@ -1484,7 +1493,7 @@ def forward_call(x_shape, k_shape, strides, dilation, pads, channels_last, dtype
         return call
     call.direct = not empty and _use_direct(g, channels_last, dtype == np.float64)
     if call.direct:
-        call.d = _direct_geom(g, cb_cd_block(dtype == np.float64))
+        call.d = _direct_geom(g, cb_cd_block_for(dtype == np.float64, g["F"]))
     elif empty:
         call.version = -1
     return call
@@ -1689,13 +1698,13 @@ def _use_phases(g, bint last, bint dbl):
     mode = _TUNE["phase_split"]
     if mode is False or g["sd"] * g["sh"] * g["sw"] == 1:
         return None
-    FB = cb_cd_block(dbl)
-    if mode is None and not (2 * g["C"] > FB and (
+    if mode is None and not (2 * g["C"] > cb_cd_block(dbl) and (
             g["F"] <= _TUNE["direct_max_c"] and g["K"] // g["C"] * g["F"] <= _TUNE["direct_max_k"]
             or last and g["F"] <= _TUNE["phase_max_c"] and g["OW"] >= _TUNE["phase_min_w"])):
         return None
     # keyed by the geometry's values: g itself is rebuilt on every call whose
     # pads come as a list (_geometry cannot remember those)
+    FB = cb_cd_block_for(dbl, g["C"])     # the phases' outputs are dx's C channels
     return remembered(_PHASE_PLANS, (tuple(g.values()), FB), _phase_plan, g, FB)
 
 

@@ -27,8 +27,9 @@ cdef extern from "cyback_conv_wino.h" nogil:
         Py_ssize_t N, H, W, C, F, OH, OW, ph, pw, TH, TW, TG, items, FB, nfb
     enum: CB_WG_MAX_C
     int cb_simd_use_avx2(int on)
+    int cb_simd_use_avx512(int on)
     int cb_wg_available()
-    Py_ssize_t cb_wg_block()
+    Py_ssize_t cb_wg_block(Py_ssize_t F)
     Py_ssize_t cb_wg_scratch(const cb_wg_geom* g)
     Py_ssize_t cb_wg_kernel_size(const cb_wg_geom* g)
     void cb_wg_kernel_part(const float* k, float* u, const cb_wg_geom* g, Py_ssize_t it)
@@ -61,6 +62,12 @@ def _use_avx2(bint on):
     """Run the AVX2 + FMA kernel set when the CPU has it (the default), or
     the baseline one (for tests). Returns whether AVX2 now runs."""
     return bool(cb_simd_use_avx2(on))
+
+
+def _use_avx512(bint on):
+    """Let the AVX-512 kernel set run when the CPU has it (the default), or
+    cap the kernels at AVX2 (for tests). Returns whether AVX-512 now runs."""
+    return bool(cb_simd_use_avx512(on))
 
 
 def tiles(Py_ssize_t N, Py_ssize_t OH, Py_ssize_t OW):
@@ -150,7 +157,7 @@ cdef class Winograd:
                 raise MemoryError("conv_forward: no memory for the channels_last copies")
             xs, ys = xlast, ylast
         nt = max(nt, 1)
-        g.FB = cb_wg_block()
+        g.FB = cb_wg_block(g.F)
         g.nfb = (g.F + g.FB - 1) // g.FB
         # Items of at most TILES_PER_ITEM tiles, as many as make equal rounds
         # of the team (a static schedule then gives every thread the same

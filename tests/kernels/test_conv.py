@@ -491,10 +491,10 @@ def test_pointwise_one_gemm_and_blocks(one_gemm, dtype):
 
 # ---------------------------------------------------------------- direct kernel
 
-@pytest.fixture(params=["avx2", "baseline"])
+@pytest.fixture(params=["avx512", "avx2", "baseline"])
 def direct_isa(request):
-    """The direct kernel's AVX2 set (where the CPU has it) and its baseline
-    set; the packing block width follows the set that runs. Winograd is off,
+    """The direct kernel's AVX-512 and AVX2 sets (where the CPU has them) and
+    its baseline set; the packing block width follows the set that runs. Winograd is off,
     so that 3x3 cases reach the direct kernel."""
     conv._TUNE["winograd"] = False
     try:
@@ -703,6 +703,31 @@ def test_direct_many_tap_rows_fall_back():
     assert not conv._use_direct(g, True)
     y = conv.conv_forward(x, w, (1, 1, 1), (1, 1, 1), [(0, 0)] * 3)
     np.testing.assert_allclose(y, 162.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kernel, strides, f", [((3, 3), (1, 1), 48), ((7, 7), (2, 2), 40),
+                                                ((1, 1), (1, 1), 64)])
+def test_direct_avx512_and_avx2_sums_agree_bit_for_bit(dtype, kernel, strides, f):
+    # Both sets sum each output over (r, kw, c) in the same order with fused
+    # multiply-adds; only the number of output channels per vector differs.
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 13, 15, 24)).astype(dtype)
+    w = rng.standard_normal(kernel + (24, f)).astype(dtype)
+    b = rng.standard_normal(f).astype(dtype)
+    args = (strides, (1, 1), [(1, 2), (3, 0)])
+    conv._TUNE["winograd"] = False
+    try:
+        with instruction_set(conv, "avx512"):
+            dbl = dtype == np.float64
+            assert conv._direct_block_width(dbl, f) == 2 * conv._direct_block_width(dbl)
+            wide = conv.conv_forward(x, w, *args, bias=b, activation="relu")
+        with instruction_set(conv, "avx2"):
+            narrow = conv.conv_forward(x, w, *args, bias=b, activation="relu")
+    finally:
+        conv._TUNE["winograd"] = True
+    np.testing.assert_allclose(wide, np.maximum(ref_forward(x, w, *args) + b, 0), **tol(dtype))
+    assert np.array_equal(wide, narrow)
 
 
 def test_direct_bad_epilogue_arguments():

@@ -28,9 +28,10 @@ def _close(y, ref):
     np.testing.assert_allclose(y, ref, rtol=0, atol=2e-5 * scale)
 
 
-@pytest.fixture(params=["avx2", "baseline"])
+@pytest.fixture(params=["avx512", "avx2", "baseline"])
 def wino_isa(request):
-    """The AVX2 kernels (16 output channels per block) and the baseline ones (8)."""
+    """The AVX-512 kernels (32 output channels per block where F > 16), the
+    AVX2 ones (16) and the baseline ones (8)."""
     with instruction_set(winograd, request.param) as which:
         yield which
 
@@ -67,6 +68,22 @@ def test_matches_reference(wino_isa, case, epilogue):
     y = conv.conv_forward(x, k, *STRIDE1, pads, bias=bias, residual=res, activation=act)
     assert y.dtype == np.float32 and y.shape == ref.shape
     _close(y, _ref_epilogue(ref, bias, act, res))
+
+
+def test_avx512_and_avx2_agree_bit_for_bit():
+    # Same transforms and the same order of sums per output channel; the
+    # AVX-512 set only holds 32 of them per block instead of 16.
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 11, 9, 40)).astype(np.float32)
+    k = rng.standard_normal((3, 3, 40, 48)).astype(np.float32)
+    b = rng.standard_normal(48).astype(np.float32)
+    pads = [(1, 1), (1, 1)]
+    with instruction_set(winograd, "avx512"):
+        wide = conv.conv_forward(x, k, *STRIDE1, pads, bias=b)
+    with instruction_set(winograd, "avx2"):
+        narrow = conv.conv_forward(x, k, *STRIDE1, pads, bias=b)
+    _close(wide, ref_forward(x, k, (1, 1), (1, 1), pads) + b)
+    assert np.array_equal(wide, narrow)
 
 
 def test_thread_count_does_not_change_results():
