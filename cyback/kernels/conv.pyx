@@ -1262,8 +1262,8 @@ def _threads(g):
     """
     cdef double work = 2.0 * g["N"] * g["P"] * g["K"] * g["F"]
     # The team's cutoff is counted in bytes moved; a convolution's flop is
-    # about 8x cheaper than a byte, and waking the team (OMP_WAIT_POLICY is
-    # PASSIVE) took longer than a 4.7 MFLOP batch-1 3x3 conv on one thread
+    # about 8x cheaper than a byte, and waking the team (its threads sleep
+    # after a short spin) took longer than a 4.7 MFLOP batch-1 3x3 conv on one thread
     # (94 us on 2 threads, 80 us on 1; benchmarks/bench_conv.py, batch-1 rows).
     return (cb_threads_for(work / _TUNE["flops_per_byte"]),
             nullcontext() if work < cb_parallel_min_work() else blas_threads(1))

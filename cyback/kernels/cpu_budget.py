@@ -8,10 +8,15 @@ period. A team larger than the quota finishes each parallel region only after
 the throttled threads get their next period.
 
 The wait policy matters on shared machines: by default libgomp's idle team
-threads spin for a while before sleeping, taking a core from the process that
-keeps it busy — and from the team's own thread that shares that core, which
-the barrier at the end of every region then waits for. cyback's kernels run
-one region per op call, so the spin saves little even on an idle machine.
+threads spin for a while (300000 rounds, milliseconds) before sleeping, taking
+a core from the process that keeps it busy — and from the team's own thread
+that shares that core, which the barrier at the end of every region then
+waits for. Sleeping at once has its own cost: on a VM, waking a sleeping
+thread took 50-100 us, more than many batch-1 layers, and a model's call runs
+one region per op with a few microseconds of Python between them. So idle
+threads spin briefly (SPIN_ROUNDS) and then sleep: long enough to bridge the
+gaps inside one call, short enough that a busy neighbour loses little
+(measured choices at SPIN_ROUNDS).
 """
 import math
 import os
@@ -107,9 +112,23 @@ def default_threads(root=_CGROUP_ROOT, proc_cgroup="/proc/self/cgroup"):
     return n
 
 
+#: Rounds (a pause instruction each) libgomp's idle threads spin before they
+#: sleep, about 30-60 us on x86. On a 2-core Xeon VM (benchmarks/
+#: bench_contention.py, bench_models.py, 2026-11-24): with a busy loop on one
+#: core, the demo's training at the default took 1.05x the best fixed thread
+#: count sleeping at once, 1.11x at 1000 rounds, 1.17x at 2000, 1.18x at
+#: 5000, 1.85x at 20000; on an idle machine 1000 rounds took a small convnet
+#: at batch 1 from 188 to 142 us a call and three MobileNet blocks at batch 32
+#: from 2.3 to 1.8 ms (5000 rounds: 101 us and 1.56 ms).
+SPIN_ROUNDS = 1000
+
+
 def set_openmp_environment(environ=os.environ):
-    """Make OpenMP's idle threads sleep at once (``OMP_WAIT_POLICY=PASSIVE``)
-    unless the user chose a wait policy or a spin count. libgomp reads these
-    when it is loaded, so this must run before the first kernel is imported."""
+    """Idle OpenMP threads spin SPIN_ROUNDS and then sleep, unless the user
+    chose a wait policy or a spin count. ``OMP_WAIT_POLICY=PASSIVE`` is for
+    OpenMP runtimes other than libgomp (sleep at once); libgomp takes
+    ``GOMP_SPINCOUNT`` over it. libgomp reads these when it is loaded, so this
+    must run before the first kernel is imported."""
     if "OMP_WAIT_POLICY" not in environ and "GOMP_SPINCOUNT" not in environ:
         environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        environ["GOMP_SPINCOUNT"] = str(SPIN_ROUNDS)

@@ -77,7 +77,8 @@ def test_affinity_mask_counts():
 def test_wait_policy_left_to_the_user():
     env = {}
     cpu_budget.set_openmp_environment(env)
-    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE",
+                   "GOMP_SPINCOUNT": str(cpu_budget.SPIN_ROUNDS)}
     env = {"OMP_WAIT_POLICY": "active"}
     cpu_budget.set_openmp_environment(env)
     assert env == {"OMP_WAIT_POLICY": "active"}
@@ -100,8 +101,9 @@ def test_import_sets_policy_and_team_from_the_mask():
         pytest.skip("no affinity masks on this platform")
     cpu = sorted(os.sched_getaffinity(0))[0]
     code = ("import os; os.sched_setaffinity(0, {%d}); import cyback; "
-            "print(cyback.get_num_threads(), os.environ['OMP_WAIT_POLICY'])" % cpu)
-    assert _fresh(code) == ["1", "PASSIVE"]
+            "print(cyback.get_num_threads(), os.environ['OMP_WAIT_POLICY'], "
+            "os.environ['GOMP_SPINCOUNT'])" % cpu)
+    assert _fresh(code) == ["1", "PASSIVE", str(cpu_budget.SPIN_ROUNDS)]
 
 
 def test_explicit_settings_win():
