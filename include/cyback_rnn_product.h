@@ -25,11 +25,14 @@
 /* Most rows of a register tile. */
 #define CB_RP_TILE 6
 
-/* Columns per packed block for the kernel set that runs now: two vectors. */
-static ptrdiff_t cb_rp_block(int dbl) {
+/* Columns per packed block of N columns for the kernel set that runs now:
+ * two vectors (of AVX-512 once N is wider than the AVX2 block). */
+static ptrdiff_t cb_rp_block(int dbl, ptrdiff_t N) {
 #if CB_SIMD_AVX2
+    if (cb_simd_has_avx512() && N > (dbl ? 8 : 16)) return dbl ? 16 : 32;
     if (cb_simd_has_avx2()) return dbl ? 8 : 16;
 #endif
+    (void)N;
     return dbl ? 4 : 8;
 }
 
@@ -152,16 +155,20 @@ CB_RP_ROWS(double, cb_v2d, 2, d_base, )
 #if CB_SIMD_AVX2
 CB_RP_ROWS(float, cb_v8f, 8, f_avx2, CB_AVX2_ATTR)
 CB_RP_ROWS(double, cb_v4d, 4, d_avx2, CB_AVX2_ATTR)
+CB_RP_ROWS(float, cb_v16f, 16, f_avx512, CB_AVX512_ATTR)
+CB_RP_ROWS(double, cb_v8d, 8, d_avx512, CB_AVX512_ATTR)
 #endif
 #endif  /* CB_SIMD_VECTOR */
 
 /* out = h @ W (+ base unless NULL; base may be out): h (B, K), out (B, N),
- * all row-major; wp: W packed by cb_rp_pack with FB = cb_rp_block(). */
+ * all row-major; wp: W packed by cb_rp_pack with FB = cb_rp_block(). The block
+ * width picks the kernel set. */
 #if CB_SIMD_VECTOR && CB_SIMD_AVX2
 #define CB_RP_PRODUCT(T, SUF, VL_AVX2)                                                    \
 static void cb_rp_product_##SUF(ptrdiff_t B, ptrdiff_t K, ptrdiff_t N, const T *h,        \
         const T *wp, ptrdiff_t FB, const T *base, T *out) {                               \
-    if (FB == 2 * VL_AVX2) cb_rp_rows_##SUF##_avx2(B, K, N, h, wp, base, out);            \
+    if (FB == 4 * VL_AVX2) cb_rp_rows_##SUF##_avx512(B, K, N, h, wp, base, out);          \
+    else if (FB == 2 * VL_AVX2) cb_rp_rows_##SUF##_avx2(B, K, N, h, wp, base, out);       \
     else cb_rp_rows_##SUF##_base(B, K, N, h, wp, base, out);                              \
 }
 #elif CB_SIMD_VECTOR

@@ -52,7 +52,7 @@ DEF GEMV_ROWS = 4
 
 
 cdef extern from "cyback_rnn_product.h" nogil:
-    Py_ssize_t cb_rp_block(int dbl)
+    Py_ssize_t cb_rp_block(int dbl, Py_ssize_t N)
     void cb_rp_pack_f(const float* w, Py_ssize_t K, Py_ssize_t N, Py_ssize_t FB, float* wp)
     void cb_rp_pack_d(const double* w, Py_ssize_t K, Py_ssize_t N, Py_ssize_t FB, double* wp)
     void cb_rp_product_f(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, const float* h,
@@ -67,9 +67,9 @@ def _pack_product(W, Py_ssize_t FB=0):
     re-packed by BLAS at every step."""
     W = np.ascontiguousarray(W)
     cdef bint dbl = W.dtype == np.float64
-    if FB == 0:
-        FB = cb_rp_block(dbl)
     cdef Py_ssize_t K = W.shape[0], N = W.shape[1]
+    if FB == 0:
+        FB = cb_rp_block(dbl, N)
     packed = np.empty(max(1, (N + FB - 1) // FB * FB * K), W.dtype)
     cdef float[::1] wf, pf
     cdef double[::1] wd, pd
@@ -193,6 +193,7 @@ cdef extern from "cyback_act.h" nogil:
     void cb_act_row_f(float *p, Py_ssize_t n, int kind)
     void cb_act_row_d(double *p, Py_ssize_t n, int kind)
     int cb_simd_use_avx2(int on)
+    int cb_simd_use_avx512(int on)
 
 
 def _use_avx2(bint on):
@@ -200,6 +201,12 @@ def _use_avx2(bint on):
     (the default), or the baseline ones (for tests). Returns whether AVX2
     now runs."""
     return bool(cb_simd_use_avx2(on))
+
+
+def _use_avx512(bint on):
+    """Let the recurrent product's AVX-512 set run when the CPU has it (the
+    default), or cap it at AVX2 (for tests). Returns whether AVX-512 now runs."""
+    return bool(cb_simd_use_avx512(on))
 
 
 cdef inline void _act_row(floating *p, Py_ssize_t n, int kind) noexcept nogil:

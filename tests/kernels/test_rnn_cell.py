@@ -68,9 +68,10 @@ CASES = [(5, 3, 4, False, False), (5, 3, 4, True, True), (1, 1, 1, False, True),
          (3, 9, 5, True, True), (3, 13, 20, True, True), (2, 40, 17, False, True)]
 
 
-@pytest.fixture(autouse=True, params=["avx2", "baseline"])
+@pytest.fixture(autouse=True, params=["avx512", "avx2", "baseline"])
 def isa(request):
-    """The AVX2 + FMA kernels (where the CPU has them) and the baseline ones."""
+    """The AVX-512 recurrent product, the AVX2 + FMA kernels (where the CPU has
+    them) and the baseline ones."""
     with instruction_set(rc, request.param) as which:
         yield which
 
@@ -174,7 +175,7 @@ def test_simple_backward_matches_finite_differences(with_rmask, with_mask, B):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("K,N", [(5, 3), (7, 17), (16, 40), (0, 9)])
+@pytest.mark.parametrize("K,N", [(5, 3), (7, 17), (16, 40), (33, 77), (0, 9)])
 @pytest.mark.parametrize("with_base", [False, True])
 def test_packed_product_matches_numpy(dtype, K, N, with_base):
     # every row count up to 20 cuts into tiles of a different set of heights
