@@ -116,13 +116,14 @@ def _packed_rows(const floating[:, ::1] h, W, base):
 _TUNE = {"packed": True}
 
 
-def _recurrent_operand(R, Py_ssize_t B, bint trans):
+def _recurrent_operand(R, Py_ssize_t B, bint trans, Py_ssize_t FB=0):
     """(packed R, or R^T with ``trans``, and its block width) for a batch of
-    B rows, or (None, 0) where the rows go to GEMV or BLAS."""
+    B rows, or (None, 0) where the rows go to GEMV or BLAS. FB: the block
+    width to pack in (0: the kernel set's width for R's columns)."""
     if B <= GEMV_ROWS or not _TUNE["packed"]:
         return None, 0
     R = np.asarray(R)
-    return _pack_product(R.T if trans else R)
+    return _pack_product(R.T if trans else R, FB)
 
 
 cdef const void* _address(arr):
@@ -853,13 +854,13 @@ def _gru_check(name, zx, h0, y0, R, Rh, rb, bint reset_after):
                                                reset_after))
 
 
-def _candidate_operand(Rh, Py_ssize_t B, bint trans, dt):
+def _candidate_operand(Rh, Py_ssize_t B, bint trans, dt, Py_ssize_t FB):
     """The GRU's candidate kernel Rh as a contiguous array (a 1x1 stand-in
     with ``reset_after``, which has none) and its packed form for the
-    per-step product, or None (see _recurrent_operand; its block width is the
-    same as R's)."""
+    per-step product, or None (see _recurrent_operand), in R's block width FB:
+    the kernels take one width for both."""
     rh = np.ascontiguousarray(Rh if Rh is not None else np.zeros((1, 1)), dtype=dt)
-    return rh, (_recurrent_operand(rh, B, trans)[0] if Rh is not None else None)
+    return rh, (_recurrent_operand(rh, B, trans, FB)[0] if Rh is not None else None)
 
 
 def gru_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
@@ -879,14 +880,14 @@ def gru_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef floating[:, ::1] hm = np.empty((B, u), dt)
     cdef floating[:, ::1] P = np.empty((B, R.shape[1]), dt)
     cdef floating[:, ::1] Q = np.empty((B, u), dt)
-    rh_arr, packed_h = _candidate_operand(Rh, B, False, dt)
+    cdef Py_ssize_t FB
+    packed, FB = _recurrent_operand(R, B, False)
+    rh_arr, packed_h = _candidate_operand(Rh, B, False, dt, FB)
     cdef const floating[:, ::1] rh = rh_arr
     cdef const floating[::1] b_ = np.ascontiguousarray(rb if rb is not None else
                                                        np.zeros(1), dtype=dt)
     cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
     cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
-    cdef Py_ssize_t FB
-    packed, FB = _recurrent_operand(R, B, False)
     cdef const floating *Wp = <const floating*>_address(packed)
     cdef const floating *Whp = <const floating*>_address(packed_h)
     cdef cb_intr intr
@@ -1017,13 +1018,13 @@ def gru_backward(const floating[:, :, ::1] dys, dhT, dyT, const floating[:, ::1]
     cdef floating[:, ::1] dhm = np.empty((B, u), dt)
     cdef floating[:, ::1] dq = np.empty((B, u), dt)
     cdef floating[:, ::1] dx = np.empty((B, u), dt)
-    rh_arr, packed_h = _candidate_operand(Rh, B, True, dt)
+    cdef Py_ssize_t FB
+    packed, FB = _recurrent_operand(R, B, True)
+    rh_arr, packed_h = _candidate_operand(Rh, B, True, dt, FB)
     cdef const floating[:, ::1] rh = rh_arr
     cdef const floating[:, :, ::1] ph_ = np.ascontiguousarray(ph, dtype=dt)
     cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
     cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
-    cdef Py_ssize_t FB
-    packed, FB = _recurrent_operand(R, B, True)
     cdef const floating *Wp = <const floating*>_address(packed)
     cdef const floating *Whp = <const floating*>_address(packed_h)
     cdef cb_intr intr
