@@ -9,7 +9,8 @@
  *     (blocks, R, KW, C, FB), R = KD * KH rows of taps, zero-filled past F;
  *   - a tile of up to 6 output pixels x FB channels lives in up to 12 vector
  *     registers (FB is two vectors: of 4, 8 or 16 floats by the kernel set,
- *     cyback_simd.h); each input value is broadcast once per
+ *     cyback_simd.h; on AVX-512 a block of 16 floats is one vector, and its
+ *     tiles take up to 12 pixels); each input value is broadcast once per
  *     tile and multiplied into both vectors, each kernel vector is loaded
  *     once per tile;
  *   - strides and dilations are only address arithmetic, so strided
@@ -36,8 +37,9 @@
 
 /* Most tap rows (KD * KH) a row of outputs may read. */
 #define CB_CD_MAX_ROWS 64
-/* Most output pixels per register tile. */
-#define CB_CD_TILE 6
+/* Most output pixels per register tile: 6 with two vectors per pixel, 12 with
+ * one (the AVX-512 set on blocks of 16 floats). */
+#define CB_CD_TILE_MAX 12
 /* Longest patch (taps x channels) run through a table of tap offsets. */
 #define CB_CD_SHORT_K 256
 /* Most input channels (of the vector kernels, which read taps in the W
@@ -141,14 +143,20 @@ CB_CD_COMMON(double, d)
 
 /* The tile for np pixels from ow on, the size a constant in each case; so is
  * `inside` (IN), so interior tiles compile without the per-tap checks (1-4%
- * faster on 3x3 16-64 channels, 1 thread, in-process A/B). */
-#define CB_CD_TILE_CASE(SUF, N, IN, O)                                                    \
-    case N: cb_cd_tile_##SUF(N, xr, R, wp, bp, res, act, y, ys, nf, g, ow, IN, O); break;
-#define CB_CD_TILE_SWITCH(SUF, IN, O)                                                     \
+ * faster on 3x3 16-64 channels, 1 thread, in-process A/B). Sizes above the
+ * row's most pixels per tile (TM) never come: those cases compile to nothing. */
+#define CB_CD_TILE_CASE(SUF, N, IN, O, TM)                                                \
+    case N:                                                                               \
+        if (N <= TM) cb_cd_tile_##SUF(N, xr, R, wp, bp, res, act, y, ys, nf, g, ow, IN, O); \
+        break;
+#define CB_CD_TILE_SWITCH(SUF, IN, O, TM)                                                 \
     switch (np) {                                                                         \
-    CB_CD_TILE_CASE(SUF, 6, IN, O) CB_CD_TILE_CASE(SUF, 5, IN, O)                         \
-    CB_CD_TILE_CASE(SUF, 4, IN, O) CB_CD_TILE_CASE(SUF, 3, IN, O)                         \
-    CB_CD_TILE_CASE(SUF, 2, IN, O)                                                        \
+    CB_CD_TILE_CASE(SUF, 12, IN, O, TM) CB_CD_TILE_CASE(SUF, 11, IN, O, TM)               \
+    CB_CD_TILE_CASE(SUF, 10, IN, O, TM) CB_CD_TILE_CASE(SUF, 9, IN, O, TM)                \
+    CB_CD_TILE_CASE(SUF, 8, IN, O, TM) CB_CD_TILE_CASE(SUF, 7, IN, O, TM)                 \
+    CB_CD_TILE_CASE(SUF, 6, IN, O, TM) CB_CD_TILE_CASE(SUF, 5, IN, O, TM)                 \
+    CB_CD_TILE_CASE(SUF, 4, IN, O, TM) CB_CD_TILE_CASE(SUF, 3, IN, O, TM)                 \
+    CB_CD_TILE_CASE(SUF, 2, IN, O, TM)                                                    \
     default: cb_cd_tile_##SUF(1, xr, R, wp, bp, res, act, y, ys, nf, g, ow, IN, O); break; \
     }
 
@@ -159,31 +167,32 @@ static double cb_cd_zeros_double[CB_CD_MAX_C];
 #endif
 
 /* for each pixel p of a tile, unrolled (see below) */
-#define CB_CD_PIXELS _Pragma("GCC unroll 6") for (p = 0; p < NP; p++)
+#define CB_CD_PIXELS _Pragma("GCC unroll 12") for (p = 0; p < NP; p++)
 
-/* A tile of NP (1 to 6) output pixels from ow on, their 2 * NP vectors of
- * sums in registers; then the epilogue, and the pixels go to y. NP is a
- * constant at every call, so the pixel loops unroll and the sums stay in
+/* A tile of NP (1 to TM) output pixels from ow on, their NV * NP vectors of
+ * sums in registers (NV = 1 or 2 vectors of VL per pixel, a block of NV * VL
+ * channels; with NV = 1 every `b` below is dead code); then the epilogue, and
+ * the pixels go to y. NP is a constant at every call, so the pixel loops unroll and the sums stay in
  * registers (unrolled by pragma: left to the compiler's passes, the sums
  * went through the stack at each tile's end, 8-16% of a 1x1 conv with 16-32
  * channels). With `inside`, every tap of the tile reads inside its input
  * row; otherwise each tap's row is checked per pixel, and taps in the W
  * padding read zeros (as from a padded copy, adding 0 * w in the same
  * place of the sum). */
-#define CB_CD_TILE_FN(T, V, VL, SUF, ATTR)                                                \
+#define CB_CD_TILE_FN(T, V, VL, NV, SUF, ATTR)                                            \
 ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const int NP,    \
         const T *const *xr, ptrdiff_t R, const T *wp, const T *bp, const T *res, int act, \
         T *y, ptrdiff_t ys, ptrdiff_t nf, const cb_cd_geom *g, ptrdiff_t ow, int inside,  \
         const ptrdiff_t *offs) {                                                          \
-    const ptrdiff_t C = g->C, tap = C * 2 * VL;                                           \
+    const ptrdiff_t C = g->C, tap = C * NV * VL;                                          \
     const ptrdiff_t lead = g->Wp == g->W ? g->pw : 0;                                     \
     /* Undilated taps of a row are one run of KW * C inputs and of kernel    */          \
     /* vectors: one loop instead of two (few channels: the first layer).     */          \
     const int run = inside && g->dw == 1;                                                 \
     const ptrdiff_t KW = run ? 1 : g->KW, CK = run ? g->KW * C : C;                       \
     const V zero = (V){0};                                                                \
-    V a[CB_CD_TILE], b[CB_CD_TILE];                                                       \
-    const T *xk[CB_CD_TILE];                                                              \
+    V a[CB_CD_TILE_MAX], b[CB_CD_TILE_MAX];                                               \
+    const T *xk[CB_CD_TILE_MAX];                                                          \
     ptrdiff_t r, kw, c;                                                                   \
     int p;                                                                                \
     CB_CD_PIXELS a[p] = b[p] = zero;                                                      \
@@ -192,13 +201,13 @@ ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const in
         const T *x0 = xr[0] + (ow * g->sw - lead) * C;                                    \
         const ptrdiff_t K = R * g->KW * C, sC = g->sw * C;                                \
         for (c = 0; c < K; c++) {                                                         \
-            const V w0 = *(const V *)(wp + c * 2 * VL);                                   \
-            const V w1 = *(const V *)(wp + c * 2 * VL + VL);                              \
+            const V w0 = *(const V *)(wp + c * NV * VL);                                  \
+            const V w1 = NV == 2 ? *(const V *)(wp + c * NV * VL + VL) : zero;            \
             const T *xo = x0 + offs[c];                                                   \
             CB_CD_PIXELS {                                                                \
                 const T x = xo[p * sC];                                                   \
                 a[p] += x * w0;                                                           \
-                b[p] += x * w1;                                                           \
+                if (NV == 2) b[p] += x * w1;                                              \
             }                                                                             \
         }                                                                                 \
     } else                                                                                \
@@ -214,12 +223,12 @@ ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const in
                                                           : cb_cd_zeros_##T;              \
             }                                                                             \
             for (c = 0; c < CK; c++) {                                                    \
-                const V w0 = *(const V *)(wk + c * 2 * VL);                               \
-                const V w1 = *(const V *)(wk + c * 2 * VL + VL);                          \
+                const V w0 = *(const V *)(wk + c * NV * VL);                              \
+                const V w1 = NV == 2 ? *(const V *)(wk + c * NV * VL + VL) : zero;        \
                 CB_CD_PIXELS {                                                            \
                     const T x = xk[p][c];                                                 \
                     a[p] += x * w0;                                                       \
-                    b[p] += x * w1;                                                       \
+                    if (NV == 2) b[p] += x * w1;                                          \
                 }                                                                         \
             }                                                                             \
         }                                                                                 \
@@ -228,36 +237,36 @@ ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const in
     /* they unroll, and the sums stay in registers (one loop with all the    */          \
     /* steps' branches had them stored and reloaded).                        */          \
     if (bp) {                                                                             \
-        const V bv0 = *(const V *)bp, bv1 = *(const V *)(bp + VL);                        \
-        CB_CD_PIXELS { a[p] += bv0; b[p] += bv1; }                                        \
+        const V bv0 = *(const V *)bp, bv1 = NV == 2 ? *(const V *)(bp + VL) : zero;       \
+        CB_CD_PIXELS { a[p] += bv0; if (NV == 2) b[p] += bv1; }                           \
     }                                                                                     \
     if (res) {                                                                            \
         const T *rs = res + ow * ys;                                                      \
-        if (nf == 2 * VL)                                                                 \
+        if (nf == NV * VL)                                                                \
             CB_CD_PIXELS {                                                                \
                 a[p] += *(const V *)(rs + p * ys);                                        \
-                b[p] += *(const V *)(rs + p * ys + VL);                                   \
+                if (NV == 2) b[p] += *(const V *)(rs + p * ys + VL);                      \
             }                                                                             \
         else                                                                              \
             CB_CD_PIXELS {                                                                \
-                T tr[2 * VL] = {0};                                                       \
+                T tr[NV * VL] = {0};                                                      \
                 memcpy(tr, rs + p * ys, nf * sizeof(T));                                  \
                 a[p] += *(const V *)tr;                                                   \
-                b[p] += *(const V *)(tr + VL);                                            \
+                if (NV == 2) b[p] += *(const V *)(tr + VL);                               \
             }                                                                             \
     }                                                                                     \
     if (act != CB_ACT_NONE)                                                               \
-        CB_CD_PIXELS { CB_VACT(a[p], act); CB_VACT(b[p], act); }                         \
-    if (nf == 2 * VL)                                                                     \
+        CB_CD_PIXELS { CB_VACT(a[p], act); if (NV == 2) CB_VACT(b[p], act); }            \
+    if (nf == NV * VL)                                                                    \
         CB_CD_PIXELS {                                                                    \
             *(V *)(y + (ow + p) * ys) = a[p];                                             \
-            *(V *)(y + (ow + p) * ys + VL) = b[p];                                        \
+            if (NV == 2) *(V *)(y + (ow + p) * ys + VL) = b[p];                           \
         }                                                                                 \
     else                                                                                  \
         CB_CD_PIXELS {                                                                    \
-            T tmp[2 * VL];                                                                \
+            T tmp[NV * VL];                                                               \
             *(V *)tmp = a[p];                                                             \
-            *(V *)(tmp + VL) = b[p];                                                      \
+            if (NV == 2) *(V *)(tmp + VL) = b[p];                                         \
             memcpy(y + (ow + p) * ys, tmp, nf * sizeof(T));                               \
         }                                                                                 \
 }
@@ -270,20 +279,20 @@ ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const in
  * or a multiple of F when the row's pixels are interleaved with others, as the
  * phases of a transposed convolution are); nf: channels of the block that
  * exist.
- * The row runs in tiles of sizes as nearly equal as tiles of at most 6
- * allow (56 pixels: 6 x 6 + 4 x 5, where 9 x 6 + 2 would spend a whole
+ * The row runs in tiles of sizes as nearly equal as tiles of at most TM (6;
+ * 12 with one vector per pixel) allow (56 pixels: 6 x 6 + 4 x 5, where 9 x 6 + 2 would spend a whole
  * tile's time on 2 pixels; a tile of 5 still keeps as many FMAs in flight as
  * the units take). Only the tiles that reach pixels outside [lo, hi), the
  * few at each end whose taps leave the row, check their taps. */
-#define CB_CD_ROW(T, V, VL, SUF, ATTR)                                                    \
-CB_CD_TILE_FN(T, V, VL, SUF, ATTR)                                                        \
+#define CB_CD_ROW(T, V, VL, NV, TM, SUF, ATTR)                                            \
+CB_CD_TILE_FN(T, V, VL, NV, SUF, ATTR)                                                    \
 ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,            \
         const T *bp, const T *res, int act, T *y, ptrdiff_t ys, ptrdiff_t nf,             \
         const cb_cd_geom *g) {                                                            \
     const ptrdiff_t OW = g->OW, lead = g->Wp == g->W ? g->pw : 0;                         \
     const ptrdiff_t last = g->Wp - 1 + lead - (g->KW - 1) * g->dw;                        \
     const ptrdiff_t lo = (lead + g->sw - 1) / g->sw, hi = last < 0 ? 0 : last / g->sw + 1; \
-    const ptrdiff_t nt = (OW + CB_CD_TILE - 1) / CB_CD_TILE;                              \
+    const ptrdiff_t nt = (OW + TM - 1) / TM;                                              \
     const ptrdiff_t base = nt ? OW / nt : 0, extra = nt ? OW % nt : 0;                    \
     const ptrdiff_t C = g->C, K = R * g->KW * C;                                           \
     ptrdiff_t offs[CB_CD_SHORT_K], i, ow, np, r, kw, c, t = 0;                            \
@@ -303,20 +312,23 @@ ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,  
     for (i = 0, ow = 0; i < nt; i++, ow += np) {                                          \
         const int in = ow >= lo && ow + base + (i < extra) <= hi;                         \
         np = base + (i < extra);                                                          \
-        if (in) { CB_CD_TILE_SWITCH(SUF, 1, po) }                                         \
-        else { CB_CD_TILE_SWITCH(SUF, 0, NULL) }                                          \
+        if (in) { CB_CD_TILE_SWITCH(SUF, 1, po, TM) }                                     \
+        else { CB_CD_TILE_SWITCH(SUF, 0, NULL, TM) }                                      \
     }                                                                                     \
 }
 
-CB_CD_ROW(float, cb_v4f, 4, f_base, )
-CB_CD_ROW(double, cb_v2d, 2, d_base, )
+CB_CD_ROW(float, cb_v4f, 4, 2, 6, f_base, )
+CB_CD_ROW(double, cb_v2d, 2, 2, 6, d_base, )
 #if CB_SIMD_AVX2
-CB_CD_ROW(float, cb_v8f, 8, f_avx2, CB_AVX2_ATTR)
-CB_CD_ROW(double, cb_v4d, 4, d_avx2, CB_AVX2_ATTR)
+CB_CD_ROW(float, cb_v8f, 8, 2, 6, f_avx2, CB_AVX2_ATTR)
+CB_CD_ROW(double, cb_v4d, 4, 2, 6, d_avx2, CB_AVX2_ATTR)
 #endif
 #if CB_SIMD_AVX512
-CB_CD_ROW(float, cb_v16f, 16, f_avx512, CB_AVX512_ATTR)
-CB_CD_ROW(double, cb_v8d, 8, d_avx512, CB_AVX512_ATTR)
+CB_CD_ROW(float, cb_v16f, 16, 2, 6, f_avx512, CB_AVX512_ATTR)
+CB_CD_ROW(double, cb_v8d, 8, 2, 6, d_avx512, CB_AVX512_ATTR)
+/* the AVX2 block width as one AVX-512 vector: the same packing */
+CB_CD_ROW(float, cb_v16f, 16, 1, 12, f_avx512n, CB_AVX512_ATTR)
+CB_CD_ROW(double, cb_v8d, 8, 1, 12, d_avx512n, CB_AVX512_ATTR)
 #endif
 #endif  /* CB_SIMD_VECTOR */
 
@@ -373,10 +385,13 @@ static void cb_cd_item_##SUF(const T *x, const T *wp, const T *bp, const T *res,
     cb_cd_item_out_##SUF(x, wp, bp, res, act, y, g, it, NULL);                            \
 }
 
-/* The block width picks the kernel set (the caller packed for it). */
+/* The block width picks the kernel set (the caller packed for it); the AVX2
+ * width runs as one AVX-512 vector where the CPU has it (same packing). */
 #if CB_SIMD_VECTOR && CB_SIMD_AVX2
 #define CB_CD_DISPATCH(SUF, VL_AVX2, VL_BASE)                                             \
     if (g->FB == 4 * VL_AVX2) cb_cd_row_##SUF##_avx512(xr, R, wp, bp, res, act, yb, ys, nf, g); \
+    else if (g->FB == 2 * VL_AVX2 && cb_simd_has_avx512())                                \
+        cb_cd_row_##SUF##_avx512n(xr, R, wp, bp, res, act, yb, ys, nf, g);                \
     else if (g->FB == 2 * VL_AVX2) cb_cd_row_##SUF##_avx2(xr, R, wp, bp, res, act, yb, ys, nf, g); \
     else cb_cd_row_##SUF##_base(xr, R, wp, bp, res, act, yb, ys, nf, g);
 #elif CB_SIMD_VECTOR
