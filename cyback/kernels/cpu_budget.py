@@ -112,14 +112,15 @@ def default_threads(root=_CGROUP_ROOT, proc_cgroup="/proc/self/cgroup"):
     return n
 
 
-#: Rounds (a pause instruction each) libgomp's idle threads spin before they
-#: sleep, about 30-60 us on x86. On a 2-core Xeon VM (benchmarks/
-#: bench_contention.py, bench_models.py, 2026-11-24): with a busy loop on one
-#: core, the demo's training at the default took 1.05x the best fixed thread
-#: count sleeping at once, 1.11x at 1000 rounds, 1.17x at 2000, 1.18x at
-#: 5000, 1.85x at 20000; on an idle machine 1000 rounds took a small convnet
-#: at batch 1 from 188 to 142 us a call and three MobileNet blocks at batch 32
-#: from 2.3 to 1.8 ms (5000 rounds: 101 us and 1.56 ms).
+#: Rounds (a pause instruction each, whose latency differs between CPUs)
+#: libgomp's idle threads spin before they sleep. On a 2-core Xeon VM
+#: (benchmarks/bench_contention.py, bench_models.py, 2026-11-24): with a busy
+#: loop on one core, the demo's training at the default took 1.05x the best
+#: fixed thread count sleeping at once, 1.09-1.11x at 1000 rounds (three
+#: runs), 1.17x at 2000, 1.18x at 5000, 1.85x at 20000; on an idle machine
+#: 1000 rounds took a small convnet at batch 1 from 188 to 142 us a call and
+#: three MobileNet blocks at batch 32 from 2.3 to 1.8 ms (5000 rounds: 101 us
+#: and 1.56 ms).
 SPIN_ROUNDS = 1000
 
 
