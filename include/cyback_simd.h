@@ -4,9 +4,9 @@
  * The wheels are built for baseline x86-64 (SSE2, 16-byte vectors). On x86
  * with GCC or clang a kernel is compiled a second time with CB_AVX2_ATTR
  * (32-byte vectors, fused multiply-adds) and picked at run time when the CPU
- * has AVX2 and FMA. The direct and Winograd convolutions have a third set
- * with CB_AVX512_ATTR (64-byte vectors) for CPUs with AVX-512F. Compilers
- * without GCC vector extensions get plain loops.
+ * has AVX2 and FMA. The direct and Winograd convolutions and the recurrent
+ * product have a third set with CB_AVX512_ATTR (64-byte vectors) for CPUs
+ * with AVX-512F. Compilers without GCC vector extensions get plain loops.
  *
  * The vector types are declared with element alignment so that loads and
  * stores through them may be unaligned (rows of an array start anywhere).
@@ -89,17 +89,18 @@ static int cb_simd_has_avx2(void) { return cb_simd_level() >= 1; }
 /* 1 when the AVX-512 kernels run. */
 static int cb_simd_has_avx512(void) { return cb_simd_level() >= 2; }
 
-/* Tests run every kernel set: on = 0 forces the baseline one, on = 1 lifts
- * the cap to the widest set the CPU has. Returns whether AVX2 now runs. */
+/* Tests run every kernel set: on = 0 forces the baseline one, on = 1 goes
+ * back to the default (the widest set the CPU has, unless CYBACK_AVX512=0).
+ * Returns whether AVX2 now runs. */
 static int cb_simd_use_avx2(int on) {
-    cb_simd_cap = on ? 2 : 0;
+    cb_simd_cap = on ? -1 : 0;
     return cb_simd_has_avx2();
 }
 
-/* on = 0 caps the kernels at AVX2; on = 1 lifts the cap. Returns whether
- * AVX-512 now runs. */
+/* on = 0 caps the kernels at AVX2; on = 1 goes back to the default (as
+ * above). Returns whether AVX-512 now runs. */
 static int cb_simd_use_avx512(int on) {
-    cb_simd_cap = on ? 2 : 1;
+    cb_simd_cap = on ? -1 : 1;
     return cb_simd_has_avx512();
 }
 #else

@@ -1,6 +1,7 @@
 """Tests of the convolution kernels against slow NumPy references."""
 import contextlib
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -731,6 +732,20 @@ def test_direct_avx512_and_avx2_sums_agree_bit_for_bit(dtype, kernel, strides, f
         conv._TUNE["winograd"] = True
     np.testing.assert_allclose(wide, np.maximum(ref_forward(x, w, *args) + b, 0), **tol(dtype))
     assert np.array_equal(wide, narrow)
+
+
+def test_avx512_setting_caps_the_kernels_at_avx2():
+    if not conv._use_avx512(True):
+        pytest.skip("AVX-512 is off: no AVX-512F on this CPU, or CYBACK_AVX512=0")
+    import subprocess
+    import sys
+    code = ("from cyback.kernels import conv, winograd; "
+            "print(conv._direct_block_width(False, 64), winograd._use_avx512(True))")
+    for setting, want in (("0", "16 False"), ("1", "32 True")):
+        env = dict(os.environ, CYBACK_AVX512=setting)
+        out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                             stdout=subprocess.PIPE, text=True).stdout.strip()
+        assert out == want
 
 
 def test_direct_bad_epilogue_arguments():
