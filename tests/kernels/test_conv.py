@@ -590,22 +590,24 @@ def test_direct_kernel_with_epilogue(direct_isa, pad_mode, case, activation, dty
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_direct_row_tiles_every_width(direct_isa, dtype):
-    # A row of OW pixels runs in tiles of 1 to 6 pixels of nearly equal size,
+    # A row of OW pixels runs in tiles of nearly equal size, of at most 6
+    # pixels (two vectors of channels per pixel) or 12 (the AVX-512 sets),
     # the tiles at its ends checking their taps against the W padding. Every
-    # width from 1 to 20 (each tile size, end tiles that are also the first
-    # tile), strides and dilations whose padded taps fall inside end tiles:
-    # against NumPy, and bit for bit against the same kernel reading a
-    # zero-padded copy, which sums the same products in the same order.
+    # width from 1 to 26 (each tile size, end tiles that are also the first
+    # tile), strides and dilations whose padded taps fall inside end tiles,
+    # a block of two vectors and one of at most 16 channels: against NumPy,
+    # and bit for bit against the same kernel reading a zero-padded copy,
+    # which sums the same products in the same order.
     rng = np.random.default_rng(77)
-    for ow, (k, s, d, p) in itertools.product(
-            range(1, 21), [(3, 1, 1, (1, 1)), (5, 2, 1, (2, 2)), (3, 1, 3, (3, 3)),
-                           (4, 1, 1, (0, 3))]):
+    for ow, (k, s, d, p), f in itertools.product(
+            range(1, 27), [(3, 1, 1, (1, 1)), (5, 2, 1, (2, 2)), (3, 1, 3, (3, 3)),
+                           (4, 1, 1, (0, 3))], (20, 12)):
         w_in = (ow - 1) * s + 1 + (k - 1) * d - sum(p)
         if w_in < 1:
             continue
         x = rng.standard_normal((2, 3, w_in, 5)).astype(dtype)
-        w = rng.standard_normal((1, k, 5, 20)).astype(dtype)
-        bias = rng.standard_normal(20).astype(dtype)
+        w = rng.standard_normal((1, k, 5, f)).astype(dtype)
+        bias = rng.standard_normal(f).astype(dtype)
         args = ((1, s), (1, d), [(0, 0), p])
         want = ref_forward(x, w, *args) + bias
         with forced_pad("skip"):
