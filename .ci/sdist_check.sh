@@ -36,18 +36,19 @@ done
 if grep -E '\.(c|cpp|pyx|pxd|h)$' "$work/wheel.txt"; then fail "sources in the wheel"; fi
 wheel_kb=$(du -k "$wheel" | cut -f1)
 echo "wheel $(basename "$wheel"): ${wheel_kb} kB"
-# Eleven kernel modules, most with AVX2 and baseline copies of their vector code and float and
-# double variants, stripped, come to ~2 MB zipped; the limit catches what should never be
-# shipped (symbols and debug info double it, sources, build products).
-[ "$wheel_kb" -lt 2560 ] || fail "wheel is ${wheel_kb} kB, over 2.5 MB"
+# Twelve kernel modules, most with AVX2 and baseline copies of their vector code (the
+# convolutions and the recurrent product an AVX-512 one too) and float and double variants,
+# stripped, come to ~2.5 MB zipped; the limit catches what should never be shipped (symbols
+# and debug info double it, sources, build products).
+[ "$wheel_kb" -lt 3072 ] || fail "wheel is ${wheel_kb} kB, over 3 MB"
 
 "$py" -m venv "$work/venv"
 "$work/venv/bin/pip" install -q "$wheel[test]"
 site=$("$work/venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['platlib'])")
 installed_kb=$(du -sk "$site/cyback" | cut -f1)
 echo "installed cyback: ${installed_kb} kB"
-# Unzipped, the same modules come to ~5.1 MB of kernels plus the Python and its bytecode.
-[ "$installed_kb" -lt 7680 ] || fail "installed package is ${installed_kb} kB, over 7.5 MB"
+# Unzipped, the same modules come to ~6 MB of kernels plus the Python and its bytecode.
+[ "$installed_kb" -lt 9216 ] || fail "installed package is ${installed_kb} kB, over 9 MB"
 
 cd "$work"
 "$work/venv/bin/python" - "$site" $kernels <<'PY'

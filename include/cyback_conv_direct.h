@@ -173,13 +173,13 @@ static double cb_cd_zeros_double[CB_CD_MAX_C];
 /* A tile of NP (1 to TM) output pixels from ow on, their NV * NP vectors of
  * sums in registers (NV = 1 or 2 vectors of VL per pixel, a block of NV * VL
  * channels; with NV = 1 every `b` below is dead code); then the epilogue, and
- * the pixels go to y. NP is a constant at every call, so the pixel loops unroll and the sums stay in
- * registers (unrolled by pragma: left to the compiler's passes, the sums
- * went through the stack at each tile's end, 8-16% of a 1x1 conv with 16-32
- * channels). With `inside`, every tap of the tile reads inside its input
- * row; otherwise each tap's row is checked per pixel, and taps in the W
- * padding read zeros (as from a padded copy, adding 0 * w in the same
- * place of the sum). */
+ * the pixels go to y. NP is a constant at every call, so the pixel loops
+ * unroll and the sums stay in registers (unrolled by pragma: left to the
+ * compiler's passes, the sums went through the stack at each tile's end, 8-16%
+ * of a 1x1 conv with 16-32 channels). With `inside`, every tap of the tile
+ * reads inside its input row; otherwise each tap's row is checked per pixel,
+ * and taps in the W padding read zeros (as from a padded copy, adding 0 * w in
+ * the same place of the sum). */
 #define CB_CD_TILE_FN(T, V, VL, NV, SUF, ATTR)                                            \
 ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const int NP,    \
         const T *const *xr, ptrdiff_t R, const T *wp, const T *bp, const T *res, int act, \
@@ -272,19 +272,19 @@ ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const in
         }                                                                                 \
 }
 
-/* One output row (all OW pixels) of one channel block. xr[r]: input row of
- * tap row r (Wp wide; when Wp == W its pw leading zero columns are implied,
+/* One output row (all OW pixels) of one channel block. xr[r]: input row of tap
+ * row r (Wp wide; when Wp == W its pw leading zero columns are implied,
  * otherwise they are in the row), or NULL; wp: the block's packed kernel; bp:
  * its packed bias or NULL; res: a residual laid out like y, or NULL (it may be
  * y itself); y: output pixel 0 of the block; ys: the output pixel stride (F,
  * or a multiple of F when the row's pixels are interleaved with others, as the
  * phases of a transposed convolution are); nf: channels of the block that
- * exist.
- * The row runs in tiles of sizes as nearly equal as tiles of at most TM (6;
- * 12 with one vector per pixel) allow (56 pixels: 6 x 6 + 4 x 5, where 9 x 6 + 2 would spend a whole
- * tile's time on 2 pixels; a tile of 5 still keeps as many FMAs in flight as
- * the units take). Only the tiles that reach pixels outside [lo, hi), the
- * few at each end whose taps leave the row, check their taps. */
+ * exist. The row runs in tiles of sizes as nearly equal as tiles of at most TM
+ * (6; 12 on AVX-512) allow (56 pixels: 6 x 6 + 4 x 5, where 9 x
+ * 6 + 2 would spend a whole tile's time on 2 pixels; a tile of 5 still keeps
+ * as many FMAs in flight as the units take). Only the tiles that reach pixels
+ * outside [lo, hi), the few at each end whose taps leave the row, check their
+ * taps. */
 #define CB_CD_ROW(T, V, VL, NV, TM, SUF, ATTR)                                            \
 CB_CD_TILE_FN(T, V, VL, NV, SUF, ATTR)                                                    \
 ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,            \
@@ -326,10 +326,12 @@ CB_CD_ROW(double, cb_v4d, 4, 2, 6, d_avx2, CB_AVX2_ATTR)
 #endif
 #if CB_SIMD_AVX512
 CB_CD_ROW(float, cb_v16f, 16, 2, 12, f_avx512, CB_AVX512_ATTR)
-CB_CD_ROW(double, cb_v8d, 8, 2, 12, d_avx512, CB_AVX512_ATTR)
-/* the AVX2 block width as one AVX-512 vector: the same packing */
+CB_CD_ROW(double, cb_v8d, 8, 2, 6, d_avx512, CB_AVX512_ATTR)
+/* the AVX2 block width as one AVX-512 vector: the same packing. float64 keeps
+ * 6-pixel tiles: Keras layers are float32, and each tile size is code in the
+ * wheel. */
 CB_CD_ROW(float, cb_v16f, 16, 1, 12, f_avx512n, CB_AVX512_ATTR)
-CB_CD_ROW(double, cb_v8d, 8, 1, 12, d_avx512n, CB_AVX512_ATTR)
+CB_CD_ROW(double, cb_v8d, 8, 1, 6, d_avx512n, CB_AVX512_ATTR)
 #endif
 #endif  /* CB_SIMD_VECTOR */
 
