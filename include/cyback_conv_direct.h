@@ -9,7 +9,7 @@
  *     (blocks, R, KW, C, FB), R = KD * KH rows of taps, zero-filled past F;
  *   - a tile of up to 6 output pixels x FB channels lives in up to 12 vector
  *     registers (FB is two vectors: of 4, 8 or 16 floats by the kernel set,
- *     cyback_simd.h). AVX-512 has 32 registers: its tiles take up to 12
+ *     cyback_simd.h). AVX-512 has 32 registers: its float32 tiles take up to 12
  *     pixels (24 sums; 3x3 64 -> 64 direct 1.15x faster than 6, conv3d
  *     3x3x3 32 -> 32 1.15-1.3x), and a block of 16 floats is one vector;
  *     each input value is broadcast once per tile and multiplied into the
@@ -39,7 +39,7 @@
 /* Most tap rows (KD * KH) a row of outputs may read. */
 #define CB_CD_MAX_ROWS 64
 /* Most output pixels per register tile (6 for the 16-register sets, 12 for
- * AVX-512). */
+ * AVX-512's float32 sets). */
 #define CB_CD_TILE_MAX 12
 /* Longest patch (taps x channels) run through a table of tap offsets. */
 #define CB_CD_SHORT_K 256
@@ -79,12 +79,7 @@ static ptrdiff_t cb_cd_block(int dbl) {
  * fills 3/4 of two blocks and still runs 1.5x the AVX2 set's work per
  * instruction; F <= 16 would leave half of one block empty). */
 static ptrdiff_t cb_cd_block_for(int dbl, ptrdiff_t F) {
-    const ptrdiff_t narrow = cb_cd_block(dbl);
-#if CB_SIMD_AVX512
-    if (F > narrow && cb_simd_has_avx512()) return 2 * narrow;
-#endif
-    (void)F;
-    return narrow;
+    return cb_simd_block(cb_cd_block(dbl), F);
 }
 
 #define CB_CD_COMMON(T, SUF)                                                              \
@@ -280,7 +275,7 @@ ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const in
  * or a multiple of F when the row's pixels are interleaved with others, as the
  * phases of a transposed convolution are); nf: channels of the block that
  * exist. The row runs in tiles of sizes as nearly equal as tiles of at most TM
- * (6; 12 on AVX-512) allow (56 pixels: 6 x 6 + 4 x 5, where 9 x
+ * (6; 12 on AVX-512 in float32) allow (56 pixels: 6 x 6 + 4 x 5, where 9 x
  * 6 + 2 would spend a whole tile's time on 2 pixels; a tile of 5 still keeps
  * as many FMAs in flight as the units take). Only the tiles that reach pixels
  * outside [lo, hi), the few at each end whose taps leave the row, check their

@@ -56,12 +56,7 @@ static int cb_wg_available(void) { return CB_SIMD_VECTOR; }
 /* Output channels per block for F output channels and the kernel set that
  * runs now (as cb_cd_block_for: the AVX-512 set once F is wider than 16). */
 static ptrdiff_t cb_wg_block(ptrdiff_t F) {
-#if CB_SIMD_AVX2
-    if (cb_simd_has_avx512() && F > 16) return 32;
-    if (cb_simd_has_avx2()) return 16;
-#endif
-    (void)F;
-    return 8;
+    return cb_simd_block(cb_simd_has_avx2() ? 16 : 8, F);
 }
 
 /* Floats of a thread's scratch: V (16 x TG x C) and M (16 x 6 x FB). */

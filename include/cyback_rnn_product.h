@@ -28,12 +28,8 @@
 /* Columns per packed block of N columns for the kernel set that runs now:
  * two vectors (of AVX-512 once N is wider than the AVX2 block). */
 static ptrdiff_t cb_rp_block(int dbl, ptrdiff_t N) {
-#if CB_SIMD_AVX2
-    if (cb_simd_has_avx512() && N > (dbl ? 8 : 16)) return dbl ? 16 : 32;
-    if (cb_simd_has_avx2()) return dbl ? 8 : 16;
-#endif
-    (void)N;
-    return dbl ? 4 : 8;
+    const ptrdiff_t narrow = cb_simd_has_avx2() ? (dbl ? 8 : 16) : (dbl ? 4 : 8);
+    return cb_simd_block(narrow, N);
 }
 
 #define CB_RP_COMMON(T, SUF)                                                              \

@@ -14,6 +14,7 @@
 #ifndef CYBACK_SIMD_H
 #define CYBACK_SIMD_H
 
+#include <stddef.h>
 #include <stdlib.h>
 
 /* Activation codes of the in-register epilogues (applied after a bias).
@@ -89,6 +90,13 @@ static int cb_simd_has_avx2(void) { return cb_simd_level() >= 1; }
 /* 1 when the AVX-512 kernels run. */
 static int cb_simd_has_avx512(void) { return cb_simd_level() >= 2; }
 
+/* The block width of a kernel with an AVX-512 set for n output columns: twice
+ * the AVX2 or baseline width `narrow` where AVX-512 runs and n is wider than
+ * narrow (n <= narrow would leave half of a wide block empty). */
+static ptrdiff_t cb_simd_block(ptrdiff_t narrow, ptrdiff_t n) {
+    return n > narrow && cb_simd_has_avx512() ? 2 * narrow : narrow;
+}
+
 /* Tests run every kernel set: on = 0 forces the baseline one, on = 1 goes
  * back to the default (the widest set the CPU has, unless CYBACK_AVX512=0).
  * Returns whether AVX2 now runs. */
@@ -110,6 +118,7 @@ static int cb_simd_has_avx2(void) { return 0; }
 static int cb_simd_has_avx512(void) { return 0; }
 static int cb_simd_use_avx2(int on) { (void)on; return 0; }
 static int cb_simd_use_avx512(int on) { (void)on; return 0; }
+static ptrdiff_t cb_simd_block(ptrdiff_t narrow, ptrdiff_t n) { (void)n; return narrow; }
 #endif
 
 #endif

@@ -591,7 +591,7 @@ def test_direct_kernel_with_epilogue(direct_isa, pad_mode, case, activation, dty
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_direct_row_tiles_every_width(direct_isa, dtype):
     # A row of OW pixels runs in tiles of nearly equal size, of at most 6
-    # pixels (two vectors of channels per pixel) or 12 (the AVX-512 sets),
+    # pixels (two vectors of channels per pixel) or 12 (float32 AVX-512),
     # the tiles at its ends checking their taps against the W padding. Every
     # width from 1 to 26 (each tile size, end tiles that are also the first
     # tile), strides and dilations whose padded taps fall inside end tiles,
