@@ -309,25 +309,25 @@ def _positive_env(name):
     return n
 
 
-def _check_min_work_env():
-    # The kernels read it themselves (include/cyback_omp.h, with atof, which
-    # takes 'abc' for 0): check it here, once, so that a typo is an error.
-    name = "CYBACK_PARALLEL_MIN_WORK"
+def _check_amount_env(name, what):
+    # The kernels read these themselves (CYBACK_PARALLEL_MIN_WORK with atof,
+    # which takes 'abc' for 0): check them here, once, so that a typo is an error.
     value = os.environ.get(name)
     if value is None:
         return
     try:
-        work = float(value)
+        amount = float(value)
     except ValueError:
-        work = float("nan")
-    if not (np.isfinite(work) and work >= 0):
-        raise ValueError("%s must be a finite non-negative number of flops (default 1e6), "
-                         "got %r" % (name, value))
+        amount = float("nan")
+    if not (np.isfinite(amount) and amount >= 0):
+        raise ValueError("%s must be a finite non-negative number of %s, got %r"
+                         % (name, what, value))
 
 
 def _init_threads():
     from cyback.kernels.blas_threads import set_blas_threads
-    _check_min_work_env()
+    _check_amount_env("CYBACK_PARALLEL_MIN_WORK", "flops (default 1e6)")
+    _check_amount_env("CYBACK_TEAM_WARM_US", "microseconds")
     n = _positive_env("CYBACK_NUM_THREADS")
     if n is None and not os.environ.get("OMP_NUM_THREADS"):
         # OpenMP counts the affinity mask but not a container's CPU quota.

@@ -367,9 +367,14 @@ def _import_with_env(**env):
     ("CYBACK_NUM_THREADS", "10000000000", "CYBACK_NUM_THREADS must be an integer from 1 to"),
     ("CYBACK_NUM_THREADS", "two", "CYBACK_NUM_THREADS must be an integer"),
     ("CYBACK_BLAS_THREADS", "-3", "CYBACK_BLAS_THREADS must be an integer"),
+    ("CYBACK_TEAM_WARM_US", "soon", "CYBACK_TEAM_WARM_US must be a finite non-negative number "
+                                    "of microseconds"),
+    ("CYBACK_TEAM_WARM_US", "-5", "CYBACK_TEAM_WARM_US must be"),
+    ("CYBACK_TEAM_WARM_US", "inf", "CYBACK_TEAM_WARM_US must be"),
 ])
 def test_bad_thread_settings_in_the_environment(monkeypatch, var, value, msg):
-    for name in ("CYBACK_PARALLEL_MIN_WORK", "CYBACK_NUM_THREADS", "CYBACK_BLAS_THREADS"):
+    for name in ("CYBACK_PARALLEL_MIN_WORK", "CYBACK_NUM_THREADS", "CYBACK_BLAS_THREADS",
+                 "CYBACK_TEAM_WARM_US"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(var, value)
     n0 = K.get_num_threads()
@@ -386,7 +391,8 @@ def test_bad_setting_stops_import():
 
 def test_good_min_work_setting(monkeypatch):
     monkeypatch.setenv("CYBACK_PARALLEL_MIN_WORK", "2.5e5")
-    config._check_min_work_env()
+    monkeypatch.setenv("CYBACK_TEAM_WARM_US", "40")
+    config._init_threads()
 
 
 def test_keras_with_bad_epsilon_in_keras_json_uses_the_default(tmp_path):

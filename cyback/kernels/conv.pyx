@@ -51,7 +51,8 @@ from libc.string cimport memcpy, memset
 
 from cyback.kernels._blas cimport floating, gemm
 from contextlib import nullcontext
-from cyback.kernels._omp cimport cb_parallel_min_work, cb_threads_for
+from cyback.kernels._omp cimport cb_parallel_min_work
+from cyback.kernels.runtime cimport team_done, threads_for
 from cyback.kernels._arrays cimport fits
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 from cyback.kernels._checks import remembered
@@ -645,7 +646,7 @@ cdef void _sum_parts(const floating* parts, floating* dw, Py_ssize_t KF,
     added in group order whatever the thread count."""
     cdef Py_ssize_t i, gi
     cdef floating s
-    for i in prange(KF, schedule='static', num_threads=cb_threads_for(<double>(ngroups + 1) * KF)):
+    for i in prange(KF, schedule='static', num_threads=threads_for(<double>(ngroups + 1) * KF)):
         s = parts[i]
         for gi in range(1, ngroups):
             s = s + parts[gi * KF + i]
@@ -1265,7 +1266,7 @@ def _threads(g):
     # about 8x cheaper than a byte, and waking the team (its threads sleep
     # after a short spin) took longer than a 4.7 MFLOP batch-1 3x3 conv on one thread
     # (94 us on 2 threads, 80 us on 1; benchmarks/bench_conv.py, batch-1 rows).
-    return (cb_threads_for(work / _TUNE["flops_per_byte"]),
+    return (threads_for(work / _TUNE["flops_per_byte"]),
             nullcontext() if work < cb_parallel_min_work() else blas_threads(1))
 
 
@@ -1393,6 +1394,7 @@ cdef class ForwardCall:
     cdef object wino, wino_cache
 
     def __call__(self, x, kernel, bias=None, residual=None):
+        cdef int nt
         if self.version != _TUNE.version or not fits(x, self.typenum, self.x_shape) or \
                 not fits(kernel, self.typenum, self.k_shape) or \
                 (bias is not None) != self.has_bias or (residual is not None) != self.has_res \
@@ -1402,9 +1404,11 @@ cdef class ForwardCall:
                                 activation=self.activation)
         y = cnp.PyArray_EMPTY(self.y_ndim, self.y_dims, self.typenum, 0)
         if self.wino is not None:
-            if not _run_winograd(self.wino, x, kernel, y, bias, residual, self.act,
-                                 cb_threads_for(self.work), self.wino_cache, self.last):
+            nt = threads_for(self.work)
+            if not _run_winograd(self.wino, x, kernel, y, bias, residual, self.act, nt,
+                                 self.wino_cache, self.last):
                 _epilogue(y, bias, residual, self.act, self.last)
+            team_done(nt)
         elif self.direct:
             self._direct(x, kernel, bias, residual, y)
         elif not _run_forward(_writable(x), _writable(kernel), y, self.g, self.last,
@@ -1415,7 +1419,7 @@ cdef class ForwardCall:
     cdef _direct(self, cnp.ndarray x, cnp.ndarray k, object bias, object res, cnp.ndarray y):
         cdef cb_intr intr
         cdef _DirectGeom d = self.d
-        cdef int nt = cb_threads_for(self.work)
+        cdef int nt = threads_for(self.work)
         cdef char* scratch
         cdef char* wp
         cdef char* bp
@@ -1446,6 +1450,7 @@ cdef class ForwardCall:
                                     <const double*> bp if b != NULL else NULL,
                                     <const double*> r, self.act,
                                     <double*> cnp.PyArray_DATA(y), d.g, nt, &intr)
+        team_done(nt)
         free(scratch)
         check_interrupt(&intr)
 

@@ -17,7 +17,8 @@ from libc.stdlib cimport calloc, malloc, free
 from libcpp.utility cimport pair
 
 from cyback.kernels._blas cimport floating
-from cyback.kernels._omp cimport cb_get_max_threads, cb_get_thread_num, cb_threads_for
+from cyback.kernels._omp cimport cb_get_max_threads, cb_get_thread_num
+from cyback.kernels.runtime cimport threads_for
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 
 cdef extern from "cyback_math.h" nogil:
@@ -738,7 +739,7 @@ def ctc_beam_decode(logprobs, input_lengths, beam_width=100, top_paths=1, blank=
     if nb:
         # Work: every frame scores about width * (K + 1) candidates, each a
         # log-add-exp (counted as 20 flops); small batches stay on this thread.
-        nt = cb_threads_for(20.0 * float(in_len.sum()) * beam_width * (K + 1))
+        nt = threads_for(20.0 * float(in_len.sum()) * beam_width * (K + 1))
         if T == 0:
             lps[:, 1:] = -np.inf
         else:

@@ -21,7 +21,7 @@ from libc.string cimport memset
 
 from cyback.kernels._blas cimport floating
 from cyback.kernels._checks import check_float, remembered
-from cyback.kernels._omp cimport cb_threads_for
+from cyback.kernels.runtime cimport team_done, threads_for
 from cyback.kernels._arrays cimport fits
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 
@@ -189,7 +189,7 @@ cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
     cdef Py_ssize_t r, n, oh
     cdef const floating** xr = NULL
     cdef floating* xe = NULL
-    cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
+    cdef int nt = threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     with parallel(num_threads=nt):
         xr = <const floating**>malloc(KH * sizeof(floating*))
         xe = NULL
@@ -206,6 +206,7 @@ cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
                     &bias[0] if bias.shape[0] > 0 else NULL, act)
         free(xe)
         free(<void*>xr)
+    team_done(nt)
 
 
 cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] kf,
@@ -222,7 +223,7 @@ cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
     cdef floating* t = NULL
     cdef floating* dxp
     cdef floating s
-    cdef int nt = cb_threads_for(2.0 * N * H * W * C * M * KH * KW)
+    cdef int nt = threads_for(2.0 * N * H * W * C * M * KH * KW)
     with parallel(num_threads=nt):
         xr = <const floating**>malloc(KH * sizeof(floating*))
         t = NULL
@@ -260,7 +261,7 @@ cdef void _bwd_k_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
     cdef Py_ssize_t p, r, n, oh
     cdef const floating** xr = NULL
     cdef floating* xe = NULL
-    cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
+    cdef int nt = threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     with parallel(num_threads=nt):
         xr = <const floating**>malloc(KH * sizeof(floating*))
         xe = NULL
@@ -338,7 +339,7 @@ cdef void _planes_cf(const floating[:, :, :, ::1] src, const floating[:, :, :, :
     cdef floating* buf = NULL
     cdef const floating* plane
     cdef const floating* rows = NULL
-    cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
+    cdef int nt = threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     with parallel(num_threads=nt):
         buf = <floating*>calloc(Hp * span, sizeof(floating))
         for t in prange(N * C, schedule='static'):
@@ -356,6 +357,7 @@ cdef void _planes_cf(const floating[:, :, :, ::1] src, const floating[:, :, :, :
                           g.dw, KH, KW, fan_in and m > 0,
                           bias[c * M + m] if bias != NULL else 0, act)
         free(buf)
+    team_done(nt)
 
 
 cdef inline Py_ssize_t _src(Py_ssize_t t, Py_ssize_t s, Py_ssize_t n) noexcept nogil:
@@ -414,7 +416,7 @@ cdef void _bwd_in_cl(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::
     cdef floating* dxp
     cdef const floating* gp
     cdef const floating* kp
-    cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
+    cdef int nt = threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     for r in prange(N * H, schedule='static', num_threads=nt):
         if cb_intr_poll(intr):
             continue
@@ -446,7 +448,7 @@ cdef void _reduce_parts(const floating* part, Py_ssize_t P, Py_ssize_t L,
     cdef Py_ssize_t j, p, blk, j0, j1
     cdef Py_ssize_t nblk = (L + 255) // 256
     # Work: P*L elements read, L written.
-    cdef int nt = cb_threads_for(<double>(P + 1) * L)
+    cdef int nt = threads_for(<double>(P + 1) * L)
     for blk in prange(nblk, schedule='static', num_threads=nt):
         j0 = blk * 256
         j1 = _imin(j0 + 256, L)
@@ -480,7 +482,7 @@ cdef void _bwd_in_cf(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::
     cdef floating kv
     cdef floating* xr
     cdef const floating* gr
-    cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
+    cdef int nt = threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     for t in prange(N * C, schedule='static', num_threads=nt):
         if cb_intr_poll(intr):
             continue
@@ -525,7 +527,7 @@ cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
     cdef floating* acc = NULL
     cdef const floating* rows
     cdef floating s
-    cdef int nt = cb_threads_for(2.0 * N * OH * OW * C * M * KH * KW)
+    cdef int nt = threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     with parallel(num_threads=nt):
         buf = <floating*>calloc(Hp * span, sizeof(floating))
         acc = <floating*>malloc(M * T * 8 * sizeof(floating))

@@ -28,7 +28,8 @@ from libc.math cimport (sqrt, sqrtf, exp, expf, expm1, expm1f, log, logf, log1p,
                         tanh, tanhf, fabs, fabsf)
 
 from cyback.kernels._blas cimport floating
-from cyback.kernels._omp cimport cb_threads_for, cb_get_thread_num
+from cyback.kernels._omp cimport cb_get_thread_num
+from cyback.kernels.runtime cimport team_done, threads_for
 
 cnp.import_array()
 
@@ -311,7 +312,7 @@ cdef object _dispatch(cnp.ndarray out, const int[:, ::1] code, int n_regs, void*
                       const int[::1] kinds, int n_ops, Py_ssize_t P, Py_ssize_t C, Py_ssize_t Q):
     """Run ``code`` into ``out`` over the operand pointers ``ptrs``."""
     cdef int rc
-    cdef int threads = cb_threads_for(4.0 * P * C * Q * code.shape[0])
+    cdef int threads = threads_for(4.0 * P * C * Q * code.shape[0])
     cdef int type_num = cnp.PyArray_TYPE(out)
     if type_num == cnp.NPY_FLOAT:
         with nogil:
@@ -323,6 +324,7 @@ cdef object _dispatch(cnp.ndarray out, const int[:, ::1] code, int n_regs, void*
                       <double**> ptrs, &kinds[0] if n_ops else NULL, n_ops, P, C, Q, threads)
     else:
         raise TypeError("ewise: float32 or float64 only, got %s" % out.dtype)
+    team_done(threads)
     if rc:
         raise MemoryError("ewise: no memory for the block buffers")
     return out

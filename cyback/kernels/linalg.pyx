@@ -14,7 +14,7 @@ from cython.parallel cimport prange
 from libc.limits cimport INT_MAX
 
 from cyback.kernels._blas cimport floating, gemm
-from cyback.kernels._omp cimport cb_threads_for
+from cyback.kernels.runtime cimport team_done, threads_for
 from cyback.kernels._arrays cimport fits_layout
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 
@@ -121,7 +121,7 @@ def matmul(a, b, bias=None):
     # sleeping team's wake-up outweighs the split below about 4 MFLOP (2
     # threads against 1, quiet machine: 1.6 MFLOP, an LSTM's batch-1 input
     # projection, 0.67x; 6.6 MFLOP 1.1-1.35x; 13 MFLOP 1.65x).
-    cdef int nt = cb_threads_for(0.5 * m * n * k if m > 4 else 1.0 * n * k)
+    cdef int nt = threads_for(0.5 * m * n * k if m > 4 else 1.0 * n * k)
     cdef float[:, ::1] af, bf, of
     cdef double[:, ::1] ad, bd, od
     cdef cb_intr intr
@@ -138,6 +138,7 @@ def matmul(a, b, bias=None):
             _chunked_gemm[double](ta, tb, m, n, k, &ad[0, 0], ad.shape[1], &bd[0, 0],
                                   bd.shape[1], 1 if bias is not None else 0, &od[0, 0], n, nt,
                                   &intr)
+    team_done(nt)
     check_interrupt(&intr)
     return out
 
@@ -285,7 +286,7 @@ def dense(x, w, bias=None, int act=0):
         return None
     rows = m <= DENSE_MAX_ROWS and k * n <= DENSE_MAX_WEIGHTS
     # the same cutoff as matmul's: above it the product goes to the team
-    if not rows and (cb_threads_for(0.5 * m * n * k) > 1 or m * k > INT_MAX or
+    if not rows and (threads_for(0.5 * m * n * k) > 1 or m * k > INT_MAX or
                      k * n > INT_MAX or m * n > INT_MAX):
         return None
     return _dense_run(x, w, bias, act, typenum, m, k, n, rows)
@@ -303,8 +304,8 @@ cdef void _batch_gemm(floating[:, :, ::1] a, floating[:, :, ::1] b,
     cdef Py_ssize_t i, nb = out.shape[0]
     cdef int m = out.shape[1], n = out.shape[2]
     cdef int k = a.shape[1] if trans_a else a.shape[2]
-    cdef int nt = cb_threads_for(2.0 * nb * m * n * k)
-    cdef int nt_one = cb_threads_for(2.0 * m * n * k)
+    cdef int nt = threads_for(2.0 * nb * m * n * k)
+    cdef int nt_one = threads_for(2.0 * m * n * k)
     cdef int lda = a.shape[2], ldb = b.shape[2], ldc = n
     if lda < 1: lda = 1
     if ldb < 1: ldb = 1

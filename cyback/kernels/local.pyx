@@ -25,7 +25,8 @@ from cython.parallel cimport prange
 
 from cyback.kernels._blas cimport floating, gemm
 from cyback.kernels._checks import check_float
-from cyback.kernels._omp cimport cb_parallel_min_work, cb_threads_for
+from cyback.kernels._omp cimport cb_parallel_min_work
+from cyback.kernels.runtime cimport threads_for
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 from cyback.kernels.blas_threads import blas_threads
 
@@ -72,7 +73,7 @@ def _im2col(const floating[:, :, :, ::1] x, floating[:, :, ::1] pt, Py_ssize_t k
     cdef const floating* src
     cdef floating* dst
     # Work: bytes copied (read and written).
-    cdef int nt = cb_threads_for(2.0 * P * N * pt.shape[2] * sizeof(floating))
+    cdef int nt = threads_for(2.0 * P * N * pt.shape[2] * sizeof(floating))
     with nogil:
         for p in prange(P, schedule='static', num_threads=nt):
             base = _start(&r, p)
@@ -101,7 +102,7 @@ def _col2im(const floating[:, :, ::1] pt, floating[:, :, :, ::1] dx, Py_ssize_t 
     cdef const floating* src
     cdef floating* dst
     # Work: bytes moved zeroing dx, then reading pt and updating dx.
-    cdef int nt = cb_threads_for((<double>N * S + 3.0 * P * N * pt.shape[2]) * sizeof(floating))
+    cdef int nt = threads_for((<double>N * S + 3.0 * P * N * pt.shape[2]) * sizeof(floating))
     with nogil:
         for n in prange(N, schedule='static', num_threads=nt):
             dst = &dx[n, 0, 0, 0]
@@ -190,7 +191,7 @@ cdef int _run_gemms(int which, a, b, g, Py_ssize_t g_pstride, int g_ld) except -
         g = g.copy()
     if over_p:
         with blas_threads(1):
-            _gemm_positions(which, a, b, g.reshape(-1), g_pstride, g_ld, cb_threads_for(total))
+            _gemm_positions(which, a, b, g.reshape(-1), g_pstride, g_ld, threads_for(total))
     else:
         _gemm_positions(which, a, b, g.reshape(-1), g_pstride, g_ld, 0)
     return 0

@@ -19,7 +19,7 @@ from libc.string cimport memset
 from libc.math cimport INFINITY
 
 from cyback.kernels._blas cimport floating
-from cyback.kernels._omp cimport cb_threads_for
+from cyback.kernels.runtime cimport threads_for
 from cyback.kernels._arrays cimport fits
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 from cyback.kernels._checks import remembered
@@ -128,7 +128,7 @@ cdef void _fwd(const floating[:, :, :, :, ::1] x, floating[:, :, :, :, ::1] y,
     cdef floating* yp
     cdef floating inv
     # Work: every output element reads its window once and is written once.
-    cdef int nt = cb_threads_for(<double>(B * OD * OH * OW * C) * (kd * kh * kw + 1))
+    cdef int nt = threads_for(<double>(B * OD * OH * OW * C) * (kd * kh * kw + 1))
     # One task per output row: rows never share output, and B*OD*OH is large
     # enough to balance threads even when the batch is tiny.
     for r in prange(B * OD * OH, schedule='static', num_threads=nt):
@@ -230,7 +230,7 @@ cdef void _fwd_c1(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] y,
     cdef Py_ssize_t r, b, od, oh, ow, d0, d1, h0, h1, i, j, kx, off, lo, hi, n
     cdef floating* yr
     cdef const floating* xr
-    cdef int nt = cb_threads_for(<double>(B * OD * OH * OW) * (kd * kh * kw + 1))
+    cdef int nt = threads_for(<double>(B * OD * OH * OW) * (kd * kh * kw + 1))
     for r in prange(B * OD * OH, schedule='static', num_threads=nt):
         if cb_intr_poll(intr):
             continue
@@ -339,7 +339,7 @@ cdef void _bwd_c1(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] y
     cdef const floating* xr
     cdef const floating* yr
     # Work: dx is zeroed, then each window cell reads x, y and dy and updates dx.
-    cdef int nt = cb_threads_for(<double>(B * D * H * W)
+    cdef int nt = threads_for(<double>(B * D * H * W)
                                  + 4.0 * (B * OD * OH * OW) * (kd * kh * kw))
     with parallel(num_threads=nt):
         rem = <floating*>malloc(OW * sizeof(floating))
@@ -653,7 +653,7 @@ def pool_backward(x, y, dy, pool_size, strides, pads, channels_last=True, mode='
         # Work: dx is zeroed, then each window cell reads x, y and dy and
         # updates dx. Split channels only when samples alone cannot keep every
         # thread busy (the split does not change any result).
-        nt = cb_threads_for(<double>x.size
+        nt = threads_for(<double>x.size
                             + 4.0 * dy.size * (k3[0] * k3[1] * k3[2]))
         c = xv.shape[4]
         cblk = c

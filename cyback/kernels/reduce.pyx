@@ -18,7 +18,7 @@ from cython.parallel cimport prange
 from libc.stdlib cimport free, malloc
 
 from cyback.kernels._blas cimport floating
-from cyback.kernels._omp cimport cb_threads_for
+from cyback.kernels.runtime cimport team_done, threads_for
 
 cnp.import_array()
 
@@ -106,7 +106,7 @@ def sum_middle(x, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner, bint mean=Fa
     out = np.empty((outer, inner), dtype=a.dtype)
     if outer == 0:
         return out
-    threads = cb_threads_for(1.0 * a.size * a.itemsize)
+    threads = threads_for(1.0 * a.size * a.itemsize)
     strips = (inner + STRIP - 1) // STRIP
     if outer * strips < SPLITS and n >= 2 * BLOCK:
         splits = min(SPLITS, n // BLOCK)
@@ -125,4 +125,5 @@ def sum_middle(x, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner, bint mean=Fa
                             splits, mean, threads)
     finally:
         free(slots)
+    team_done(threads)
     return out

@@ -41,7 +41,7 @@ from scipy.linalg.cython_blas cimport sgemv, dgemv
 
 from cyback.kernels._blas cimport floating, gemm
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
-from cyback.kernels._omp cimport cb_threads_for
+from cyback.kernels.runtime cimport threads_for
 
 ACTIVATIONS = {"tanh": 0, "sigmoid": 1, "hard_sigmoid": 2, "linear": 3}
 
@@ -231,7 +231,7 @@ cdef inline floating _dact(floating y, int kind) noexcept nogil:
 
 cdef inline Py_ssize_t _row_blocks(double flops, Py_ssize_t B) noexcept nogil:
     """Blocks of batch rows (one per thread) for a sequence of ``flops``."""
-    cdef Py_ssize_t n = cb_threads_for(flops)
+    cdef Py_ssize_t n = threads_for(flops)
     if n > B:
         n = B if B > 0 else 1
     return n
@@ -688,7 +688,7 @@ def _gemm_tn(const floating[:, ::1] a, const floating[:, ::1] b, floating[:, ::1
     """``out = a^T @ b`` through BLAS (one thread each), column blocks in parallel."""
     cdef Py_ssize_t n = b.shape[1], blk, c0, c1
     cdef Py_ssize_t width = (n + DR_BLOCKS - 1) // DR_BLOCKS
-    cdef int nt = cb_threads_for(2.0 * a.shape[0] * a.shape[1] * n)
+    cdef int nt = threads_for(2.0 * a.shape[0] * a.shape[1] * n)
     for blk in prange(DR_BLOCKS, nogil=True, schedule='static', num_threads=nt):
         c0 = blk * width
         c1 = c0 + width if c0 + width < n else n

@@ -1,6 +1,30 @@
-"""Thread control for the OpenMP kernels."""
+"""Thread control for the OpenMP kernels, and the team policy they share
+(``threads_for``, see include/cyback_team.h)."""
+import os
+
 from cyback.kernels._omp cimport (cb_get_max_threads, cb_openmp_enabled, cb_parallel_min_work,
                                   cb_set_num_threads)
+
+
+cdef extern from "cyback_team.h" nogil:
+    double cb_team_warm_seconds
+    double cb_team_busy_switches
+    int cb_team_host_busy_now()
+    int cb_team_threads_for(double work)
+    void cb_team_done(int threads)
+    void cb_team_forget()
+
+
+cdef int threads_for(double work) noexcept nogil:
+    """Threads for a parallel loop of about ``work`` bytes moved (a flop of a
+    convolution counts less): the whole team above the cutoff, or above a
+    sixteenth of it while the team is still awake from its last region."""
+    return cb_team_threads_for(work)
+
+
+cdef void team_done(int threads) noexcept nogil:
+    """A region on ``threads`` threads ended now (its team is awake)."""
+    cb_team_done(threads)
 
 
 def openmp_enabled():
@@ -31,3 +55,82 @@ def set_num_threads(n):
 def parallel_min_work():
     """Work (flops) below which kernels stay on the calling thread."""
     return cb_parallel_min_work()
+
+
+def team_threads(work):
+    """The threads a kernel would use now for ``work`` (and, like a kernel,
+    count a team it chooses as awake)."""
+    return threads_for(float(work))
+
+
+def team_rest():
+    """Forget that this thread's team ran and what the host looked like (tests:
+    the next call sees the team cold and samples the host afresh)."""
+    cb_team_forget()
+
+
+def host_busy():
+    """Whether other processes preempt this one (involuntary context switches
+    above the busy rate over the last sample): the team then takes only work
+    above the cutoff."""
+    return bool(cb_team_host_busy_now())
+
+
+def set_busy_rate(switches_per_second):
+    """The preemption rate above which the host counts as busy (tests; the
+    default is 200 a second)."""
+    global cb_team_busy_switches
+    cb_team_busy_switches = float(switches_per_second)
+
+
+#: Seconds one round of libgomp's idle spin takes at the least (a pause
+#: instruction: 25 ns on a 2-core EPYC VM, 50 on a Xeon one); the warm window
+#: errs short, where a cold team is taken for cold.
+SPIN_ROUND_SECONDS = 15e-9
+_SUFFIXES = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def spin_rounds(environ=os.environ):
+    """Rounds libgomp's idle threads spin before they sleep, from the same
+    settings libgomp reads (GOMP_SPINCOUNT over OMP_WAIT_POLICY); None for
+    'forever'."""
+    count = environ.get("GOMP_SPINCOUNT", "").strip().lower()
+    if count:
+        if count in ("infinite", "infinity"):
+            return None
+        scale = _SUFFIXES.get(count[-1], 1.0)
+        try:
+            return max(0.0, float(count[:-1] if count[-1] in _SUFFIXES else count) * scale)
+        except ValueError:
+            pass        # libgomp ignores a malformed value too
+    policy = environ.get("OMP_WAIT_POLICY", "").strip().lower()
+    if policy == "active":
+        return None
+    if policy == "passive":
+        return 0.0
+    return 3e5
+
+
+def warm_window(environ=os.environ):
+    """Seconds after a region during which the team counts as awake (at most
+    1): CYBACK_TEAM_WARM_US when set (0 turns the warm and dense-run rules
+    off: only work above the cutoff takes the team), else libgomp's spin."""
+    try:
+        return min(1.0, max(0.0, float(environ["CYBACK_TEAM_WARM_US"]) * 1e-6))
+    except (KeyError, ValueError):
+        pass        # unset; a bad value is config's error to raise
+    rounds = spin_rounds(environ)
+    return 1.0 if rounds is None else min(1.0, rounds * SPIN_ROUND_SECONDS)
+
+
+def set_warm_window(seconds):
+    """Set the warm window (tests; 0 turns the warm cutoff off)."""
+    global cb_team_warm_seconds
+    cb_team_warm_seconds = max(0.0, float(seconds))
+
+
+def get_warm_window():
+    return cb_team_warm_seconds
+
+
+set_warm_window(warm_window())

@@ -9,7 +9,7 @@ from cython.parallel cimport prange
 from libc.math cimport exp, expf, INFINITY
 
 from cyback.kernels._blas cimport floating
-from cyback.kernels._omp cimport cb_threads_for
+from cyback.kernels.runtime cimport threads_for
 
 cnp.import_array()
 
@@ -63,7 +63,7 @@ def softmax_last(x):
     if n == 0 or a.size == 0:
         return out
     rows = a.size // n
-    threads = cb_threads_for(10.0 * a.size)
+    threads = threads_for(10.0 * a.size)
     if a.dtype == np.float32:
         with nogil:
             _rows(<const float*> cnp.PyArray_DATA(a), <float*> cnp.PyArray_DATA(out), rows, n,

@@ -110,3 +110,96 @@ def test_explicit_settings_win():
     code = "import os, cyback; print(cyback.get_num_threads(), os.environ.get('OMP_WAIT_POLICY'))"
     assert _fresh(code, CYBACK_NUM_THREADS="3", OMP_WAIT_POLICY="active") == ["3", "active"]
     assert _fresh(code, OMP_NUM_THREADS="3") == ["3", "PASSIVE"]
+
+
+# ---------------------------------------------------------------- team policy
+# The policy's state is per process and per thread, and the tests' conftest
+# sets the cutoff to 0 (every parallel path runs): each case runs in a fresh
+# process with the default cutoff (1e6) and two threads.
+
+_TEAM = """
+import time, cyback
+from cyback.kernels import runtime as r
+cyback.set_num_threads(2)
+r.set_busy_rate(%(busy)r)
+r.set_warm_window(%(warm)r)
+r.team_rest()
+out = []
+%(body)s
+print(*out)
+"""
+
+
+def _team(body, warm=1.0, busy=1e12):
+    full = dict(os.environ)
+    for var in ("CYBACK_PARALLEL_MIN_WORK", "CYBACK_NUM_THREADS", "CYBACK_TEAM_WARM_US"):
+        full.pop(var, None)
+    code = _TEAM % {"warm": warm, "busy": busy, "body": body}
+    return [int(v) for v in subprocess.run([sys.executable, "-c", code], env=full, check=True,
+                                           stdout=subprocess.PIPE, text=True).stdout.split()]
+
+
+needs_openmp = pytest.mark.skipif(not __import__("cyback").kernels.runtime.openmp_enabled(),
+                                  reason="built without OpenMP")
+
+
+@needs_openmp
+def test_team_above_the_cutoff_always():
+    assert _team("out += [r.team_threads(2e6), r.team_threads(1e4)]", warm=0.0) == [2, 1]
+
+
+@needs_openmp
+def test_team_for_a_dense_run_of_medium_ops_then_while_warm():
+    # 3e5 each: the fourth makes 1.2e6 of demand; tiny work never takes the team
+    body = "out += [r.team_threads(3e5) for _ in range(6)] + [r.team_threads(1e4)]"
+    assert _team(body) == [1, 1, 1, 2, 2, 2, 1]
+
+
+@needs_openmp
+def test_team_not_for_spaced_ops():
+    # a gap longer than the warm window starts a new run
+    body = "for _ in range(6):\n    out.append(r.team_threads(3e5)); time.sleep(0.02)"
+    assert _team(body, warm=0.002) == [1] * 6
+
+
+@needs_openmp
+def test_team_rules_off_without_spin():
+    body = "out += [r.team_threads(3e5) for _ in range(6)] + [r.team_threads(2e6)]"
+    assert _team(body, warm=0.0) == [1] * 6 + [2]
+
+
+@needs_openmp
+def test_team_rules_off_on_a_busy_host():
+    # busy rate below zero: every sample counts as busy (a first sample does not)
+    body = ("r.host_busy(); time.sleep(0.02)\n"
+            "out += [int(r.host_busy())] + [r.team_threads(3e5) for _ in range(6)]\n"
+            "out.append(r.team_threads(2e6))")
+    assert _team(body, busy=-1.0) == [1] + [1] * 6 + [2]
+
+
+@needs_openmp
+def test_team_stays_warm_after_a_region_ends():
+    # a real kernel call over the cutoff warms the team for medium work after it
+    body = ("import numpy as np\n"
+            "from cyback.kernels import reduce\n"
+            "reduce.sum_middle(np.ones((1, 1 << 20, 1), np.float32), 1, 1 << 20, 1)\n"
+            "out.append(r.team_threads(3e5))")
+    assert _team(body) == [2]
+
+
+def test_warm_window_follows_the_spin_settings():
+    from cyback.kernels import runtime
+    assert runtime.spin_rounds({"GOMP_SPINCOUNT": "1000"}) == 1000
+    assert runtime.spin_rounds({"GOMP_SPINCOUNT": "2k"}) == 2000
+    assert runtime.spin_rounds({"GOMP_SPINCOUNT": "infinity"}) is None
+    assert runtime.spin_rounds({"GOMP_SPINCOUNT": "junk", "OMP_WAIT_POLICY": "passive"}) == 0
+    assert runtime.spin_rounds({"OMP_WAIT_POLICY": "ACTIVE"}) is None
+    assert runtime.spin_rounds({}) == 3e5
+    assert runtime.warm_window({"GOMP_SPINCOUNT": "1000"}) == pytest.approx(
+        1000 * runtime.SPIN_ROUND_SECONDS)
+    assert runtime.warm_window({"OMP_WAIT_POLICY": "passive"}) == 0
+    assert runtime.warm_window({"OMP_WAIT_POLICY": "active"}) == 1.0
+    assert runtime.warm_window({"CYBACK_TEAM_WARM_US": "40", "GOMP_SPINCOUNT": "0"}) == \
+        pytest.approx(40e-6)
+    # the process's own window comes from the settings cyback made at import
+    assert runtime.get_warm_window() == pytest.approx(runtime.warm_window())

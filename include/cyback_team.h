@@ -1,0 +1,116 @@
+/* When the thread team is worth waking: included by kernels/runtime.pyx only,
+ * so that there is one copy of the state, which the other kernel modules reach
+ * through runtime's cimported functions.
+ *
+ * A parallel region costs what waking the team's idle threads costs. Right
+ * after a region they still spin (GOMP_SPINCOUNT rounds) and a fork/join takes
+ * under a microsecond; once they sleep it takes 5-30 us on a VM (2-core EPYC:
+ * 0.6 us within 25 us of the last region, 6 us after 30-200 us, 28-35 us after
+ * 1 ms). So the cutoff depends on the team's state: a cold team is woken only
+ * for `min_work`, a warm one for a fraction of it. Between the ops of one
+ * compiled call the gaps are a few microseconds, so once one op has woken the
+ * team the ops after it find it warm; a batch-1 model whose layers are each
+ * below the cold cutoff then runs them all on the team.
+ *
+ * A cold team is also woken for a dense run of medium ops that together make
+ * min_work: the ops of a batch-1 call, each below the cutoff, come a few
+ * microseconds apart, so the first of them that wakes the team pays the
+ * wake-up for all the ones after it, which find it spinning. A run is dense
+ * while each op starts within the warm window of the previous op's end; a
+ * longer gap (a batch-1 LSTM's projection comes once per call, after
+ * 200-300 us of single-threaded steps) starts a new run, since the team
+ * would be asleep again by the next op.
+ *
+ * Both rules are off while other processes take our cores: a team thread
+ * then waits for a time slice, and the more regions a call has the more such
+ * waits (demo training with a busy loop on one core: 1.30x the best fixed
+ * thread count with the rules, 1.15x without). Preemptions tell: the
+ * process's involuntary context switches (getrusage, sampled every 10 ms)
+ * ran at 24/s on an idle 2-core VM and 1740/s with a busy loop on one core;
+ * above cb_team_busy_switches per second the host counts as busy.
+ *
+ * Warmth is per calling thread (each one has its own OpenMP team) and is a
+ * guess on the safe side: it counts from the end of the last region when the
+ * caller says (cb_team_done), else from its start. */
+#ifndef CYBACK_TEAM_H
+#define CYBACK_TEAM_H
+
+#include <time.h>
+#include <sys/resource.h>
+#include "cyback_omp.h"
+
+/* A warm team takes work from min_work / CB_TEAM_WARM_DIVISOR: 250 kB moved
+ * by default, about 2 MFLOP of convolution or 20-30 us on one thread. Smaller
+ * divisors (16: 62.5 kB) put the per-step products of a batch-1 LSTM and the
+ * 32-row products of a small MLP on the team, where the split cost more than
+ * it saved (0.86x and 0.6x of one thread). */
+#define CB_TEAM_WARM_DIVISOR 4.0
+
+static double cb_team_warm_seconds = 0.0;
+/* When the team last ran; when the last op ended (or, from a kernel that
+ * does not say, began); the work of the current dense run of ops. */
+static __thread double cb_team_last = -1.0e30, cb_team_op_end = -1.0e30;
+static __thread double cb_team_demand = 0.0;
+
+static inline double cb_team_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1.0e-9 * (double)t.tv_nsec;
+}
+
+#define CB_TEAM_SAMPLE_SECONDS 0.01
+static double cb_team_busy_switches = 200.0;
+static __thread double cb_team_sampled_at = -1.0e30;
+static __thread long cb_team_switches = 0;
+static __thread int cb_team_busy = 0;
+
+/* Whether other processes preempt ours: involuntary context switches per
+ * second over the last sample period (a first or stale sample says no). */
+static inline int cb_team_host_busy(double now) {
+    struct rusage u;
+    double dt = now - cb_team_sampled_at;
+    if (dt < CB_TEAM_SAMPLE_SECONDS) return cb_team_busy;
+    if (getrusage(RUSAGE_SELF, &u) != 0) return cb_team_busy;
+    cb_team_busy = dt < 10.0 * CB_TEAM_SAMPLE_SECONDS &&
+                   (double)(u.ru_nivcsw - cb_team_switches) > cb_team_busy_switches * dt;
+    cb_team_switches = u.ru_nivcsw;
+    cb_team_sampled_at = now;
+    return cb_team_busy;
+}
+
+static inline int cb_team_threads_for(double work) {
+    int n = cb_get_max_threads();
+    double cutoff = cb_parallel_min_work(), now;
+    int dense;
+    if (n <= 1) return 1;
+    if (work < cutoff / CB_TEAM_WARM_DIVISOR) return work >= cutoff ? n : 1;
+    now = cb_team_now();
+    dense = now - cb_team_op_end < cb_team_warm_seconds;
+    cb_team_demand = (dense ? cb_team_demand : 0.0) + work;
+    cb_team_op_end = now;
+    /* With no spin (OMP_WAIT_POLICY=PASSIVE alone) the warm window is 0 and
+     * every region wakes a sleeping team: only work above the cutoff pays. */
+    if (work >= cutoff || ((cb_team_demand >= cutoff ||
+            (dense && now - cb_team_last < cb_team_warm_seconds)) && !cb_team_host_busy(now))) {
+        cb_team_last = now;
+        return n;
+    }
+    return 1;
+}
+
+/* A kernel's region on `threads` threads ended now. */
+static inline void cb_team_done(int threads) {
+    double now = cb_team_now();
+    cb_team_op_end = now;
+    if (threads > 1) cb_team_last = now;
+}
+
+static inline int cb_team_host_busy_now(void) { return cb_team_host_busy(cb_team_now()); }
+
+static inline void cb_team_forget(void) {
+    cb_team_last = cb_team_op_end = cb_team_sampled_at = -1.0e30;
+    cb_team_demand = 0.0;
+    cb_team_busy = 0;
+}
+
+#endif
