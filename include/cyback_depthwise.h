@@ -124,8 +124,9 @@ CB_DW_SCALAR_CL(double, d, )
  * cb_dw_pad_plane then writes only the input's values: the zeros stay where
  * they are for every plane of the same geometry. */
 
-/* The 3x3 row-reuse forward of channels_first planes (on unless a test turns
- * it off to check it against the general one). */
+/* The 3x3 row-reuse forward of channels_first planes and the three-tap
+ * column reuse of channels_last rows (on unless a test turns them off to
+ * check them against the general tiles). */
 static int cb_dw_k3_state = 1;
 static int cb_dw_use_k3(int on) {
     cb_dw_k3_state = on != 0;
@@ -221,6 +222,62 @@ ATTR static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y,   
     /* Pixels outer, channels inner: the kernel (KH*KW*C) stays in L1 while   */          \
     /* the input streams through once.                                        */          \
     for (ow = 0; ow < OW; ow++) {                                                         \
+        if (KW == 3 && sw == 1 && dw == 1 && cb_dw_k3_state && ow >= lo && ow + 8 <= hi) {\
+            /* Stride 1, three taps a row: eight pixels read ten input columns */        \
+            /* a kernel row, each loaded once and used by the (up to) three    */        \
+            /* pixels that need it, taps in the same order as below.           */        \
+            for (c = 0; c < CV; c += VL) {                                                \
+                V a0 = (V){0}, a1, a2, a3, a4, a5, a6, a7;                                \
+                if (bias) a0 = *(const V *)(bias + c);                                    \
+                a1 = a0; a2 = a0; a3 = a0; a4 = a0; a5 = a0; a6 = a0; a7 = a0;           \
+                for (ky = 0; ky < KH; ky++) {                                             \
+                    const T *xb, *kb;                                                     \
+                    V k0, k1, k2, xv;                                                     \
+                    if (!xr[ky]) continue;                                                \
+                    xb = xr[ky] + (ow - pw) * C + c;                                      \
+                    kb = k + ky * 3 * C + c;                                              \
+                    k0 = *(const V *)kb;                                                  \
+                    k1 = *(const V *)(kb + C);                                            \
+                    k2 = *(const V *)(kb + 2 * C);                                        \
+                    xv = *(const V *)(xb);                                                \
+                    a0 += xv * k0;                                                        \
+                    xv = *(const V *)(xb + C);                                            \
+                    a0 += xv * k1; a1 += xv * k0;                                         \
+                    xv = *(const V *)(xb + 2 * C);                                        \
+                    a0 += xv * k2; a1 += xv * k1; a2 += xv * k0;                          \
+                    xv = *(const V *)(xb + 3 * C);                                        \
+                    a1 += xv * k2; a2 += xv * k1; a3 += xv * k0;                          \
+                    xv = *(const V *)(xb + 4 * C);                                        \
+                    a2 += xv * k2; a3 += xv * k1; a4 += xv * k0;                          \
+                    xv = *(const V *)(xb + 5 * C);                                        \
+                    a3 += xv * k2; a4 += xv * k1; a5 += xv * k0;                          \
+                    xv = *(const V *)(xb + 6 * C);                                        \
+                    a4 += xv * k2; a5 += xv * k1; a6 += xv * k0;                          \
+                    xv = *(const V *)(xb + 7 * C);                                        \
+                    a5 += xv * k2; a6 += xv * k1; a7 += xv * k0;                          \
+                    xv = *(const V *)(xb + 8 * C);                                        \
+                    a6 += xv * k2; a7 += xv * k1;                                         \
+                    xv = *(const V *)(xb + 9 * C);                                        \
+                    a7 += xv * k2;                                                        \
+                }                                                                         \
+                CB_VACT(a0, act); CB_VACT(a1, act); CB_VACT(a2, act); CB_VACT(a3, act);   \
+                CB_VACT(a4, act); CB_VACT(a5, act); CB_VACT(a6, act); CB_VACT(a7, act);   \
+                *(V *)(y + ow * C + c) = a0;                                              \
+                *(V *)(y + (ow + 1) * C + c) = a1;                                        \
+                *(V *)(y + (ow + 2) * C + c) = a2;                                        \
+                *(V *)(y + (ow + 3) * C + c) = a3;                                        \
+                *(V *)(y + (ow + 4) * C + c) = a4;                                        \
+                *(V *)(y + (ow + 5) * C + c) = a5;                                        \
+                *(V *)(y + (ow + 6) * C + c) = a6;                                        \
+                *(V *)(y + (ow + 7) * C + c) = a7;                                        \
+            }                                                                             \
+            if (CV < C)                                                                   \
+                for (c = 0; c < 8; c++)                                                   \
+                    cb_dw_pixel_##SUF(xr, k, y + (ow + c) * C, C, W, KH, KW,              \
+                                      (ow + c) * sw - pw, dw, CV, C, bias, act);          \
+            ow += 7;                                                                      \
+            continue;                                                                     \
+        }                                                                                 \
         if (ow >= lo && ow + 4 <= hi) {                                                   \
             /* Four interior pixels: every tap valid, one kernel load each. */            \
             for (c = 0; c < CV; c += VL) {                                                \

@@ -377,3 +377,33 @@ def test_3x3_row_reuse_equals_general_tiles(isa, dtype):
         want = np.maximum(ref_forward(x, k.astype(np.float64), ss, ds, ps, False)
                           + b[:, None, None], 0)
         np.testing.assert_allclose(got[0][0], want, **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_3tap_column_reuse_equals_general_tiles(isa, dtype):
+    # channels_last rows of 3-tap stride-1 kernels run in blocks of 8 pixels
+    # that load each input column once; they sum each output's taps in the
+    # general tiles' order: the same bits (bias, relu6), over every row width
+    # to 26 (blocks of 8, then 4, then single pixels and the padded edges),
+    # channel tails, M > 1 and 'valid' rows; and the reference values.
+    rng = np.random.default_rng(zlib.crc32(repr(dtype).encode()))
+    for w in range(1, 27):
+        for c, m, ps in [(8, 1, ((1, 1), (1, 1))), (11, 1, ((0, 2), (1, 1))),
+                         (16, 2, ((1, 1), (1, 1))), (5, 1, ((0, 0), (0, 0)))]:
+            if ps[1] == (0, 0) and w < 3:
+                continue
+            x = (2 * rng.standard_normal((1, 4, w, c))).astype(dtype)
+            k = rng.standard_normal((3, 3, c, m)).astype(dtype)
+            b = rng.standard_normal(c * m).astype(dtype)
+            got = []
+            try:
+                for on in (True, False):
+                    dw_module._use_k3(on)
+                    got.append(depthwise_forward(x, k, 1, 1, ps, True, bias=b,
+                                                 activation="relu6"))
+            finally:
+                dw_module._use_k3(True)
+            np.testing.assert_array_equal(got[0], got[1])
+            want = np.clip(ref_forward(x, k.astype(np.float64), (1, 1), (1, 1), ps, True) + b,
+                           0, 6)
+            np.testing.assert_allclose(got[0], want, **tol(dtype))
