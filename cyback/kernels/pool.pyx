@@ -47,6 +47,22 @@ cdef inline void _vmax(floating* y, const floating* x, Py_ssize_t c) noexcept no
         y[i] = a if a > b else b
 
 
+cdef inline void _vmax4(floating* y, const floating* x0, const floating* x1,
+                        const floating* x2, const floating* x3, Py_ssize_t c) noexcept nogil:
+    # A full 2x2 window (MaxPooling2D(2)'s): the four cells in _vmax's order,
+    # in registers, one store per value instead of a read-modify-write per cell.
+    cdef Py_ssize_t i
+    cdef floating m, a
+    for i in range(c):
+        m = x0[i]
+        a = x1[i]
+        m = a if a > m else m
+        a = x2[i]
+        m = a if a > m else m
+        a = x3[i]
+        y[i] = a if a > m else m
+
+
 cdef inline void _vadd(floating* y, const floating* x, Py_ssize_t c) noexcept nogil:
     cdef Py_ssize_t i
     for i in range(c):
@@ -145,7 +161,10 @@ cdef void _fwd(const floating[:, :, :, :, ::1] x, floating[:, :, :, :, ::1] y,
             w0 = _imax(ow * sw - pw, 0)
             w1 = _imin(ow * sw - pw + kw, W)
             yp = &y[b, od, oh, ow, 0]
-            if is_max:
+            if is_max and d1 - d0 == 1 and h1 - h0 == 2 and w1 - w0 == 2:
+                _vmax4(yp, &x[b, d0, h0, w0, 0], &x[b, d0, h0, w0 + 1, 0],
+                       &x[b, d0, h0 + 1, w0, 0], &x[b, d0, h0 + 1, w0 + 1, 0], C)
+            elif is_max:
                 _vcopy(yp, &x[b, d0, h0, w0, 0], C)
                 for i in range(d0, d1):
                     for j in range(h0, h1):

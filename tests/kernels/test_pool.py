@@ -199,3 +199,33 @@ def test_bad_arguments():
         pool_backward(x, y, y.astype(np.float64), 2, 2, p)
     with pytest.raises(ValueError, match="y has shape"):
         pool_backward(x, y[:1], y, 2, 2, p)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_max_2x2_windows_keep_the_cell_order_with_nan_and_inf(dtype):
+    # Full 2x2 windows take a path of their own: it compares the cells in
+    # the general loop's order (a NaN in the first cell wins, later NaNs lose
+    # to it), so its bits are the general loop's; windows cut by the input's
+    # edge (odd sizes, 'same' padding) run the general loop beside it.
+    rng = np.random.default_rng(7)
+    for h, w, c, ps in [(6, 8, 16, ((0, 0), (0, 0))), (5, 7, 3, ((0, 1), (0, 1))),
+                        (4, 4, 64, ((0, 0), (0, 0)))]:
+        x = rng.standard_normal((2, h, w, c)).astype(dtype)
+        x[rng.random(x.shape) < 0.1] = np.nan
+        x[rng.random(x.shape) < 0.05] = np.inf
+        x[rng.random(x.shape) < 0.05] = -np.inf
+        got = pool_forward(x, (2, 2), (2, 2), ps, True, 'max')
+        want = np.empty_like(got)
+        for oh in range(got.shape[1]):
+            for ow in range(got.shape[2]):
+                cells = [x[:, i, j] for i in range(2 * oh - ps[0][0], 2 * oh - ps[0][0] + 2)
+                         for j in range(2 * ow - ps[1][0], 2 * ow - ps[1][0] + 2)
+                         if 0 <= i < h and 0 <= j < w]
+                m = cells[0].copy()
+                for cell in cells[1:]:
+                    m = np.where(cell > m, cell, m)
+                want[:, oh, ow] = m
+        np.testing.assert_array_equal(got, want)
+        finite = np.nan_to_num(x, nan=0.0)
+        np.testing.assert_array_equal(pool_forward(finite, (2, 2), (2, 2), ps, True, 'max'),
+                                      ref_forward(finite, (2, 2), (2, 2), ps, True, 'max'))
