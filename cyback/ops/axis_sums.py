@@ -11,7 +11,7 @@ import numpy as np
 
 from cyback.kernels import reduce as _reduce
 
-_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_KERNEL_TYPENUMS = (np.dtype(np.float32).num, np.dtype(np.float64).num)
 
 
 def middle_view(shape, axes):
@@ -32,19 +32,39 @@ def middle_view(shape, axes):
     return outer, n, inner
 
 
+def _kernel_plan(shape, typenum, axes, keepdims):
+    """(outer, n, inner, output shape) for the kernel, or None for NumPy."""
+    if axes is None or typenum not in _KERNEL_TYPENUMS:
+        return None
+    view = middle_view(shape, axes)
+    if view is None:
+        return None
+    if keepdims:
+        out = tuple(1 if i in axes else d for i, d in enumerate(shape))
+    else:
+        out = tuple(d for i, d in enumerate(shape) if i not in axes)
+    return view + (out,)
+
+
+# A plan's reduction sees the same few shapes call after call (a global
+# average pool: one per batch size), and working the view out took as long as
+# the kernel's pass over a batch-1 feature map.
+_PLANS = {}
+_PLANS_MAX = 256
+
+
 def sum_axes(x, axes, keepdims=False, mean=False):
     """x summed (or averaged, with ``mean``) over the sorted tuple ``axes``
     (None: all), in x's dtype."""
     x = np.asarray(x)
-    view = None
-    if axes is not None and x.dtype in _KERNEL_DTYPES and x.flags.c_contiguous:
-        view = middle_view(x.shape, axes)
-    if view is None:
+    key = (x.shape, x.dtype.num, axes, keepdims)
+    plan = _PLANS.get(key, False)
+    if plan is False:
+        plan = _kernel_plan(x.shape, x.dtype.num, axes, keepdims)
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    if plan is None or not x.flags.c_contiguous:
         y = np.asarray((np.mean if mean else np.sum)(x, axis=axes, keepdims=keepdims))
         return y if y.dtype == x.dtype else y.astype(x.dtype)
-    y = _reduce.sum_middle(x, view[0], view[1], view[2], mean)
-    if keepdims:
-        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
-    else:
-        shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
-    return y.reshape(shape)
+    return _reduce.sum_middle(x, plan[0], plan[1], plan[2], mean).reshape(plan[3])

@@ -73,3 +73,24 @@ def test_bias_gradient_sums_over_every_axis_but_the_channels():
     out = K.bias_add(x, b)
     f = K.function([x, g], K.gradients(K.sum(out * g), [b]))
     np.testing.assert_allclose(f([xv, gv])[0], gv.sum(axis=(0, 1, 2)), rtol=1e-5, atol=1e-5)
+
+
+def test_remembered_plans_serve_only_their_own_key():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 6, 5, 8)).astype(np.float32)
+    axis_sums._PLANS.clear()
+    for _ in range(2):      # the second round reads the remembered plans
+        np.testing.assert_allclose(axis_sums.sum_axes(x, (1, 2), True, True),
+                                   x.mean(axis=(1, 2), keepdims=True), rtol=1e-5)
+        np.testing.assert_allclose(axis_sums.sum_axes(x, (1, 2)), x.sum(axis=(1, 2)), rtol=1e-5)
+        # same shape, not contiguous: NumPy's route
+        v = np.swapaxes(x, 1, 2).copy().swapaxes(1, 2)
+        np.testing.assert_allclose(axis_sums.sum_axes(v, (1, 2)), x.sum(axis=(1, 2)), rtol=1e-5)
+        xd = x.astype(np.float64)
+        np.testing.assert_allclose(axis_sums.sum_axes(xd, (1, 2)), xd.sum(axis=(1, 2)))
+    assert ((2, 6, 5, 8), np.dtype(np.float32).num, (1, 2), True) in axis_sums._PLANS
+    # many shapes: the memo stays bounded
+    for n in range(1, axis_sums._PLANS_MAX + 10):
+        axis_sums.sum_axes(np.ones((n, 2, 3), np.float32), (0, 1))
+    assert len(axis_sums._PLANS) <= axis_sums._PLANS_MAX
+    assert axis_sums.sum_axes(np.ones((5, 2, 3), np.float32), (0, 1)).tolist() == [10.0] * 3
