@@ -14,7 +14,6 @@ benchmarks/results/conv.json.
 """
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -22,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (median_time, print_table, reference_blas, sgemm_gflops,  # noqa
                      try_import_torch, write_json)
 
-from cyback.bench.timing import time_alternated  # noqa: E402
+from cyback.bench.timing import settle as settle_idle, time_alternated  # noqa: E402
 from cyback.kernels import conv  # noqa: E402
 from cyback.kernels.conv_utils import conv_pads  # noqa: E402
 from cyback.kernels.runtime import get_max_threads, set_num_threads  # noqa: E402
@@ -419,7 +418,7 @@ def vs_torch(c):
 def settle():
     """Let the previous library's idle worker threads go to sleep: they spin
     for a while after their work and would steal the next timing's cores."""
-    time.sleep(0.3)
+    settle_idle(0.3)
 
 
 def print_phases():

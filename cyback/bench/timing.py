@@ -35,6 +35,23 @@ def calls_per_block(fn, block_seconds, warmup_seconds, min_warmup=2):
     return max(1, int(block_seconds / max(per_call, 1e-9)))
 
 
+def settle(seconds, idle_cores=0.1, step=0.01, most=1.0):
+    """Sleep ``seconds``, then on until this process is idle: until a
+    ``step`` passes in which all its threads together used less than
+    ``idle_cores`` of a core, or ``most`` seconds have gone by. The worker
+    threads of the engine that ran last spin on after its last call (ONNX
+    Runtime's for 40-50 ms: a 30 ms pause left a whole core busy), and the
+    next engine's block would share its cores with them."""
+    time.sleep(seconds)
+    end = time.perf_counter() + most
+    while time.perf_counter() < end:
+        c0, t0 = time.process_time(), time.perf_counter()
+        time.sleep(step)
+        if time.process_time() - c0 < idle_cores * (time.perf_counter() - t0):
+            return True
+    return False
+
+
 def time_alternated(engines, blocks=7, block_seconds=0.02, warmup_seconds=0.05,
                     keep_latencies=False, max_calls=20000, settle_seconds=0.03):
     """Time ``engines`` ({name: fn}) in alternation; returns {name: stats}.
@@ -55,7 +72,7 @@ def time_alternated(engines, blocks=7, block_seconds=0.02, warmup_seconds=0.05,
             # Idle time before each block: the previous engine's worker threads
             # (ONNX Runtime's and TF's spin after a call) go to sleep instead
             # of taking the cores this block runs on.
-            time.sleep(settle_seconds)
+            settle(settle_seconds)
             fn, n = engines[name], counts[name]
             times = [0.0] * n
             for i in range(n):

@@ -167,3 +167,32 @@ def test_kernel_scripts_are_found_in_a_checkout():
     assert "bench_conv.py" in names and "bench_models.py" not in names
     # every script's smoke command line is one it accepts
     assert set(scripts.QUICK_ARGS) <= set(names)
+
+
+def test_settle_waits_for_a_spinning_thread_to_stop():
+    import threading
+    import time
+    stop = time.perf_counter() + 0.15
+
+    def spin():          # a peer's worker spinning on after its last call
+        while time.perf_counter() < stop:
+            pass
+    t = threading.Thread(target=spin)
+    t.start()
+    t0 = time.perf_counter()
+    assert timing.settle(0.01, most=2.0)
+    waited = time.perf_counter() - t0
+    t.join()
+    assert waited >= 0.12, waited
+    # an idle process settles at once; a thread that never stops hits the bound
+    t0 = time.perf_counter()
+    assert timing.settle(0.0)
+    assert time.perf_counter() - t0 < 0.5
+    stop = time.perf_counter() + 5.0
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        assert not timing.settle(0.0, most=0.2)
+    finally:
+        stop = 0.0
+        t.join()
