@@ -25,9 +25,11 @@
  * then waits for a time slice, and the more regions a call has the more such
  * waits (demo training with a busy loop on one core: 1.30x the best fixed
  * thread count with the rules, 1.15x without). Preemptions tell: the
- * process's involuntary context switches (getrusage, sampled every 10 ms)
- * ran at 24/s on an idle 2-core VM and 1740/s with a busy loop on one core;
- * above cb_team_busy_switches per second the host counts as busy.
+ * process's involuntary context switches (getrusage) ran at 24-31/s on an
+ * idle 2-core VM and 1650-1900/s with a busy loop on one core, in bursts at
+ * the scheduler's slice boundaries; sampled every 50 ms (10 ms windows held
+ * too few of them to tell), above cb_team_busy_switches per second the host
+ * counts as busy, for half a second.
  *
  * Warmth is per calling thread (each one has its own OpenMP team) and is a
  * guess on the safe side: it counts from the end of the last region when the
@@ -58,24 +60,27 @@ static inline double cb_team_now(void) {
     return (double)t.tv_sec + 1.0e-9 * (double)t.tv_nsec;
 }
 
-#define CB_TEAM_SAMPLE_SECONDS 0.01
-static double cb_team_busy_switches = 200.0;
-static __thread double cb_team_sampled_at = -1.0e30;
+#define CB_TEAM_SAMPLE_SECONDS 0.05
+/* A busy sample holds for this long: with a busy loop on one core the
+ * switches came in every other 50 ms window (125-190, then 0-10). */
+#define CB_TEAM_BUSY_HOLD_SECONDS 0.5
+static double cb_team_busy_switches = 150.0;
+static __thread double cb_team_sampled_at = -1.0e30, cb_team_busy_until = -1.0e30;
 static __thread long cb_team_switches = 0;
-static __thread int cb_team_busy = 0;
 
 /* Whether other processes preempt ours: involuntary context switches per
- * second over the last sample period (a first or stale sample says no). */
+ * second over a sample period (a first or stale sample says no). */
 static inline int cb_team_host_busy(double now) {
     struct rusage u;
     double dt = now - cb_team_sampled_at;
-    if (dt < CB_TEAM_SAMPLE_SECONDS) return cb_team_busy;
-    if (getrusage(RUSAGE_SELF, &u) != 0) return cb_team_busy;
-    cb_team_busy = dt < 10.0 * CB_TEAM_SAMPLE_SECONDS &&
-                   (double)(u.ru_nivcsw - cb_team_switches) > cb_team_busy_switches * dt;
-    cb_team_switches = u.ru_nivcsw;
-    cb_team_sampled_at = now;
-    return cb_team_busy;
+    if (dt >= CB_TEAM_SAMPLE_SECONDS && getrusage(RUSAGE_SELF, &u) == 0) {
+        if (dt < 10.0 * CB_TEAM_SAMPLE_SECONDS &&
+                (double)(u.ru_nivcsw - cb_team_switches) > cb_team_busy_switches * dt)
+            cb_team_busy_until = now + CB_TEAM_BUSY_HOLD_SECONDS;
+        cb_team_switches = u.ru_nivcsw;
+        cb_team_sampled_at = now;
+    }
+    return now < cb_team_busy_until;
 }
 
 static inline int cb_team_threads_for(double work) {
@@ -108,9 +113,8 @@ static inline void cb_team_done(int threads) {
 static inline int cb_team_host_busy_now(void) { return cb_team_host_busy(cb_team_now()); }
 
 static inline void cb_team_forget(void) {
-    cb_team_last = cb_team_op_end = cb_team_sampled_at = -1.0e30;
+    cb_team_last = cb_team_op_end = cb_team_sampled_at = cb_team_busy_until = -1.0e30;
     cb_team_demand = 0.0;
-    cb_team_busy = 0;
 }
 
 #endif

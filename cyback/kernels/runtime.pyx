@@ -78,7 +78,7 @@ def host_busy():
 
 def set_busy_rate(switches_per_second):
     """The preemption rate above which the host counts as busy (tests; the
-    default is 200 a second)."""
+    default is 150 a second)."""
     global cb_team_busy_switches
     cb_team_busy_switches = float(switches_per_second)
 

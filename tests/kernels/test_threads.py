@@ -171,10 +171,14 @@ def test_team_rules_off_without_spin():
 @needs_openmp
 def test_team_rules_off_on_a_busy_host():
     # busy rate below zero: every sample counts as busy (a first sample does not)
-    body = ("r.host_busy(); time.sleep(0.02)\n"
+    # and a busy sample holds for half a second after the rate drops
+    body = ("r.host_busy(); time.sleep(0.06)\n"
             "out += [int(r.host_busy())] + [r.team_threads(3e5) for _ in range(6)]\n"
-            "out.append(r.team_threads(2e6))")
-    assert _team(body, busy=-1.0) == [1] + [1] * 6 + [2]
+            "out.append(r.team_threads(2e6))\n"
+            "r.set_busy_rate(1e12); time.sleep(0.06)\n"
+            "out.append(int(r.host_busy())); time.sleep(0.6)\n"
+            "out.append(int(r.host_busy()))")
+    assert _team(body, busy=-1.0) == [1] + [1] * 6 + [2, 1, 0]
 
 
 @needs_openmp
