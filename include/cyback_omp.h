@@ -16,11 +16,10 @@ static inline void cb_set_num_threads(int n) { (void)n; }
 static inline int cb_get_thread_num(void) { return 0; }
 #endif
 
-/* Threads for a parallel loop of about `work` flops (or bytes moved).
- * Waking a thread team costs microseconds on an idle machine and up to a
- * scheduler time slice on a busy one, so small problems stay on the calling
- * thread: batch-1 inference must not pay for a team it cannot use.
- * CYBACK_PARALLEL_MIN_WORK overrides the cutoff (the tests set 0 so that every
+/* The cutoff below which kernels keep a problem on the calling thread (the
+ * policy around it is include/cyback_team.h): waking a thread team costs
+ * microseconds on an idle machine and up to a scheduler time slice on a busy
+ * one. CYBACK_PARALLEL_MIN_WORK overrides it (the tests set 0 so that every
  * parallel path runs); it is read once per kernel module. */
 #include <stdlib.h>
 
@@ -32,12 +31,6 @@ static inline double cb_parallel_min_work(void) {
         cb_parallel_min_work_cache = env ? atof(env) : 1.0e6;
     }
     return cb_parallel_min_work_cache;
-}
-
-static inline int cb_threads_for(double work) {
-    int n = cb_get_max_threads();
-    if (n <= 1 || work < cb_parallel_min_work()) return 1;
-    return n;
 }
 
 #endif

@@ -3,5 +3,4 @@ cdef extern from "cyback_omp.h" nogil:
     int cb_get_max_threads()
     void cb_set_num_threads(int n)
     int cb_get_thread_num()
-    int cb_threads_for(double work)
     double cb_parallel_min_work()

@@ -18,7 +18,8 @@ cdef extern from "cyback_team.h" nogil:
 cdef int threads_for(double work) noexcept nogil:
     """Threads for a parallel loop of about ``work`` bytes moved (a flop of a
     convolution counts less): the whole team above the cutoff, or above a
-    sixteenth of it while the team is still awake from its last region."""
+    quarter of it while the team is still awake from its last region or in a
+    dense run of such ops (include/cyback_team.h)."""
     return cb_team_threads_for(work)
 
 
@@ -98,9 +99,9 @@ def spin_rounds(environ=os.environ):
     if count:
         if count in ("infinite", "infinity"):
             return None
-        scale = _SUFFIXES.get(count[-1], 1.0)
+        scale = _SUFFIXES.get(count[-1])
         try:
-            return max(0.0, float(count[:-1] if count[-1] in _SUFFIXES else count) * scale)
+            return max(0.0, float(count[:-1]) * scale if scale else float(count))
         except ValueError:
             pass        # libgomp ignores a malformed value too
     policy = environ.get("OMP_WAIT_POLICY", "").strip().lower()
