@@ -1,6 +1,6 @@
 """Benchmark of the convolution kernels (cyback.kernels.conv).
 
-    python benchmarks/bench_conv.py [--quick] [--phases | --vs-torch]
+    python benchmarks/bench_conv.py [--quick] [--phases | --pointwise | --vs-torch]
 
 For each shape: forward and backward (input + kernel gradients) GFLOPS of
 cyback, a NumPy im2col + matmul reference, PyTorch CPU if it is installed (timed
@@ -193,40 +193,45 @@ def run_case(name, xshape, kshape, strides, padding, channels_last, transposed, 
 
 
 def pointwise_vs_sgemm():
-    """A 1x1 channels_last convolution is a GEMM of the (N*H*W, C) view of x
-    with the (C, F) kernel: cyback's default (the direct kernel's register
-    tile over rows of the flattened input, on OpenMP threads), its one-GEMM
-    option and NumPy's sgemm of the same shape on all threads, alternated in
-    one loop; medians of the rounds."""
+    """A 1x1 channels_last convolution is a GEMM of the (N*P, C) view of x
+    with the (C, F) kernel. cyback's default (GEMM tiles on OpenMP threads
+    for these widths), its untiled paths (_TUNE["pointwise_gemm"] = False:
+    the direct kernel, or row blocks where that does not apply) and NumPy's
+    sgemm of the same shape on all threads, each writing into a
+    preallocated output (a fresh 100 MB output costs its page faults in
+    either), alternated block by block with an idle pause before each (so
+    that OpenBLAS's spinning threads do not steal the next block's cores)."""
     rng = np.random.default_rng(2)
     rows = []
     for n, hw, c, f in ((32, 56, 64, 64), (32, 56, 64, 256), (32, 28, 128, 512),
-                        (32, 14, 256, 1024)):
+                        (32, 14, 256, 1024), (1, 56, 64, 256), (1, 14, 256, 1024),
+                        (1, 7, 512, 2048)):
         x = rng.standard_normal((n, hw, hw, c), dtype=np.float32)
         w = rng.standard_normal((1, 1, c, f), dtype=np.float32)
         x2, w2 = x.reshape(-1, c), w.reshape(c, f)
-        y2 = np.empty((x2.shape[0], f), np.float32)
+        y = np.empty((n, hw, hw, f), np.float32)
+        y2 = y.reshape(-1, f)
         pads = [(0, 0), (0, 0)]
         ref = x2 @ w2
         np.testing.assert_allclose(conv.conv_forward(x, w, (1, 1), (1, 1), pads).reshape(ref.shape),
                                    ref, rtol=1e-4, atol=1e-3)
-        t = {"default": [], "one_gemm": [], "sgemm": []}
-        for _ in range(REPEATS):
-            for mode in ("default", "one_gemm"):
-                conv._TUNE["pointwise_gemm"] = mode == "one_gemm"
-                try:
-                    t[mode].append(median_time(
-                        lambda: conv.conv_forward(x, w, (1, 1), (1, 1), pads), 1, 1))
-                finally:
-                    conv._TUNE["pointwise_gemm"] = False
+
+        def default(x=x, w=w, y=y):
+            conv.conv_forward(x, w, (1, 1), (1, 1), pads, out=y)
+
+        def sgemm(x2=x2, w2=w2, y2=y2):
             with reference_blas():
-                t["sgemm"].append(median_time(lambda: np.matmul(x2, w2, out=y2), 1, 1))
-        med = {k: float(np.median(v)) for k, v in t.items()}
-        rows.append(dict(case="1x1 %d->%d %dx%d" % (c, f, hw, hw),
-                         default_ms=med["default"] * 1e3,
-                         one_gemm_ms=med["one_gemm"] * 1e3, sgemm_ms=med["sgemm"] * 1e3,
+                np.matmul(x2, w2, out=y2)
+        engines = {"default": default, "untiled": _tuned(default, pointwise_gemm=False),
+                   "sgemm": sgemm}
+        st = time_alternated(engines, blocks=3 if QUICK else 7, block_seconds=0.15,
+                             settle_seconds=0.1)
+        med = {k: v["median_s"] for k, v in st.items()}
+        rows.append(dict(case="1x1 %d->%d (%d,%d,%d)" % (c, f, n, hw, hw),
+                         default_ms=med["default"] * 1e3, untiled_ms=med["untiled"] * 1e3,
+                         sgemm_ms=med["sgemm"] * 1e3,
                          default_vs_sgemm=med["default"] / med["sgemm"],
-                         one_gemm_vs_sgemm=med["one_gemm"] / med["sgemm"]))
+                         untiled_vs_sgemm=med["untiled"] / med["sgemm"]))
     return rows
 
 
@@ -429,6 +434,15 @@ def print_phases():
                       % os.getloadavg()[0])
 
 
+def print_pointwise():
+    print_table(pointwise_vs_sgemm(), ["case", "default_ms", "untiled_ms", "sgemm_ms",
+                                       "default_vs_sgemm", "untiled_vs_sgemm"],
+                title="1x1 NHWC forward against the same-shape sgemm (x_vs_sgemm: time / "
+                      "sgemm time, below 1.1: within 10%%; untiled: _TUNE['pointwise_gemm'] = "
+                      "False, the direct kernel or row blocks); load average %.1f"
+                      % os.getloadavg()[0])
+
+
 def print_vs_torch(torch):
     rows = []
     for case in CASES:
@@ -449,6 +463,10 @@ def main():
     if "--phases" in sys.argv:
         # only the phase split's table (no JSON)
         print_phases()
+        return
+    if "--pointwise" in sys.argv:
+        # only the 1x1 against sgemm table (no JSON)
+        print_pointwise()
         return
     torch = try_import_torch()
     if "--vs-torch" in sys.argv:
@@ -525,10 +543,11 @@ def main():
     settle()
     pw_rows = pointwise_vs_sgemm()
     print()
-    print_table(pw_rows, ["case", "default_ms", "one_gemm_ms", "sgemm_ms", "default_vs_sgemm",
-                          "one_gemm_vs_sgemm"],
+    print_table(pw_rows, ["case", "default_ms", "untiled_ms", "sgemm_ms", "default_vs_sgemm",
+                          "untiled_vs_sgemm"],
                 title="1x1 NHWC forward against the same-shape sgemm (x_vs_sgemm: time / "
-                      "sgemm time; one_gemm: _TUNE['pointwise_gemm'])")
+                      "sgemm time, below 1.1: within 10%; untiled: _TUNE['pointwise_gemm'] = "
+                      "False, the direct kernel or row blocks)")
     settle()
     d_rows = direct_vs_gemm(nthreads)
     print()

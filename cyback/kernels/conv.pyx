@@ -26,7 +26,9 @@ Special cases, chosen per geometry by the Python entries below:
   register-tiled kernel of include/cyback_conv_direct.h reads the input in
   place and applies the bias / residual / relu epilogue itself (_use_direct);
 - pointwise (1x1, stride-1, unpadded): no im2col, the input rows are the
-  patches;
+  patches; channels_last with a wide kernel or many pixels runs as fixed
+  tiles of the (N*P, C) @ (C, F) product, one single-threaded GEMM and the
+  epilogue each, on OpenMP (_use_pointwise_gemm, _pointwise_tiles);
 - stride-1 taps (forward and kernel gradient, C >= 32): with stride 1 each
   kernel tap reads a zero-padded copy of the input at a constant offset, so
   one K = C GEMM per tap runs straight on its rows and no patch matrix is
@@ -839,10 +841,11 @@ def _env_winograd():
 _TUNE = _Tuning({"winograd": _env_winograd(), "winograd_channels_first": True,
          "winograd_min_c": 24, "winograd_min_f": 16,
          "winograd_min_tiles": 16, "winograd_kernel_per_tile": 8192,
-"buf_bytes": BUF_BYTES, "pointwise_gemm": False,
+"buf_bytes": BUF_BYTES, "pointwise_gemm": None, "pointwise_gemm_min_cf": 1 << 14,
+         "pointwise_gemm_min_macs": 1 << 27,
          "direct": True, "direct_max_c": 64, "direct_max_k": 1024,
          "direct_wide_max_c": 1024, "direct_wide_max_k": 4608, "direct_wide_min_pixels": 512,
-         "direct_pointwise_max_cf": 1 << 20, "flops_per_byte": 8.0,
+         "flops_per_byte": 8.0,
          "tap_min_c": 32, "tap_mnk": 1000000, "tap_min_rows": 96, "tap_rows": 1024,
          "tap_last_packed": False, "direct_skip_pad": None,
          "phase_split": None, "phase_max_c": 512, "phase_min_w": 24,
@@ -968,15 +971,6 @@ def _use_direct(g, last, bint dbl=False):
     faster through im2col, 1 out 1.6x."""
     if not last or not _TUNE["direct"] or g["KD"] * g["KH"] > CB_CD_MAX_ROWS \
             or g["C"] > CB_CD_MAX_C:
-        return False
-    if g["K"] == g["C"] and g["sd"] * g["sh"] * g["sw"] == 1 and \
-            g["C"] * g["F"] > _TUNE["direct_pointwise_max_cf"]:
-        # A 1x1 convolution does 2 C flops per output value. Once the register
-        # tile's epilogue and pixel loops were unrolled it beat BLAS's GEMM on
-        # the (N*P, C) rows for every C x F measured (2 threads, alternated:
-        # 1x1 64 -> 64 on (32, 56, 56) 1.33x, 64 -> 256 1.04x, 256 -> 1024
-        # on (32, 14, 14) 1.33x, (1, 56, 56) 64 -> 256 1.9x); the bound only
-        # keeps a packed block (C x 16 floats) small.
         return False
     if 2 * g["F"] <= cb_cd_block(dbl):
         return False
@@ -1496,7 +1490,9 @@ def forward_call(x_shape, k_shape, strides, dilation, pads, channels_last, dtype
         call.wino = _winograd(g)
         call.wino_cache = winograd.KernelCache()
         return call
-    call.direct = not empty and _use_direct(g, channels_last, dtype == np.float64)
+    call.direct = not empty and \
+        not _use_pointwise_gemm(g, channels_last, pointwise, dtype == np.float64) and \
+        _use_direct(g, channels_last, dtype == np.float64)
     if call.direct:
         call.d = _direct_geom(g, cb_cd_block_for(dtype == np.float64, g["F"]))
     elif empty:
@@ -1504,12 +1500,131 @@ def forward_call(x_shape, k_shape, strides, dilation, pads, channels_last, dtype
     return call
 
 
-def _gemm_rows(floating[::1] x, floating[::1] w, floating[::1] y, Py_ssize_t m, Py_ssize_t k,
-               Py_ssize_t n):
-    # y (m, n) = x (m, k) @ w (k, n), one GEMM on BLAS's own threads.
+# ---------------------------------------------------------------- pointwise (1x1) as GEMM tiles
+
+@cython.wraparound(True)
+@cython.boundscheck(True)
+def _pointwise_tiles(Py_ssize_t M, Py_ssize_t K, Py_ssize_t F):
+    """(rows, columns) of the output tiles of a 1x1 channels_last
+    convolution run as single-threaded GEMMs on the (M, K) view of x.
+
+    OpenBLAS's result for one element depends on the shape of the call that
+    computes it (threaded calls and every split tested differ in the last
+    bits), so the tiles come from the shape alone, never from the thread
+    count. Each GEMM call packs its rows of x (nf times over all: M K
+    values each) and its columns of the kernel (nr times: K F), so tiles are
+    as large as they can be: rows (times K) within 512 KB, and at least 4
+    tiles, each of 64 rows and columns or more, split evenly, the split
+    that packs the fewest values (a batch-1 call with few rows splits its
+    columns, a call with many rows its rows). 2 threads, alternated against
+    NumPy's threaded sgemm of the same shape: 2 tiles per thread ran at
+    0.98-1.02x of it where 8 ran at 1.16-1.34x."""
+    cdef Py_ssize_t nr0 = _ceil_div(M, max(64, min(2048, (1 << 17) // max(1, K))))
+    cdef Py_ssize_t nr = nr0, nf = 1, r, f
+    cdef double cost, best = -1
+    if nr0 < 4:
+        for f in (1, 2, 4):
+            r = max(nr0, _ceil_div(4, f))
+            if (f > 1 and _ceil_div(F, f) < 64) or (r > nr0 and _ceil_div(M, r) < 64):
+                continue
+            cost = <double>f * M + <double>r * F
+            if best < 0 or cost < best:
+                best, nr, nf = cost, r, f
+    return _round16(_ceil_div(M, nr)), _round16(_ceil_div(F, nf))
+
+
+cdef inline Py_ssize_t _round16(Py_ssize_t n) noexcept nogil:
+    return n if n < 16 else (n + 15) // 16 * 16
+
+
+cdef inline Py_ssize_t _ceil_div(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    return (a + b - 1) // b
+
+
+cdef void _tile_epilogue(floating* y, Py_ssize_t m, Py_ssize_t n, Py_ssize_t ld,
+                         const floating* bias, const floating* res, int act) noexcept nogil:
+    # In conv_forward's order (bias, then residual, then the activation) and
+    # with np.maximum's NaN rule, while the tile is still in cache.
+    cdef Py_ssize_t i, j
+    cdef floating* row
+    cdef floating v
+    for i in range(m):
+        row = y + i * ld
+        for j in range(n):
+            v = row[j]
+            if bias != NULL:
+                v = v + bias[j]
+            if res != NULL:
+                v = v + res[i * ld + j]
+            if act != 0:
+                if v < 0:
+                    v = 0
+                if act == 2 and v > 6:
+                    v = 6
+            row[j] = v
+
+
+def _forward_pointwise(floating[::1] x, floating[::1] w, floating[::1] y,
+                       floating[::1] bias, bint has_bias, floating[::1] res, bint has_res,
+                       int act, Py_ssize_t M, Py_ssize_t K, Py_ssize_t F, Py_ssize_t mb,
+                       Py_ssize_t fb, int nt):
+    """y (M, F) = x (M, K) @ w (K, F) in tiles of mb x fb outputs, one
+    single-threaded GEMM each, with the epilogue per tile."""
+    cdef Py_ssize_t nf = _ceil_div(F, fb), it, r0, f0, m, n
+    cdef const floating* b = &bias[0] if has_bias else NULL
+    cdef const floating* r = &res[0] if has_res else NULL
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     with nogil:
-        gemm(False, False, <int>m, <int>n, <int>k, <floating>1, &x[0], <int>k, &w[0], <int>n,
-             <floating>0, &y[0], <int>n)
+        for it in prange(_ceil_div(M, mb) * nf, num_threads=nt, schedule='dynamic'):
+            if cb_intr_poll(&intr):
+                continue
+            r0 = (it // nf) * mb
+            f0 = (it % nf) * fb
+            m = min(mb, M - r0)
+            n = min(fb, F - f0)
+            gemm(False, False, <int>m, <int>n, <int>K, <floating>1, &x[r0 * K], <int>K,
+                 &w[f0], <int>F, <floating>0, &y[r0 * F + f0], <int>F)
+            if b != NULL or r != NULL or act != 0:
+                _tile_epilogue(&y[r0 * F + f0], m, n, F, b + f0 if b != NULL else NULL,
+                               r + r0 * F + f0 if r != NULL else NULL, act)
+    check_interrupt(&intr)
+
+
+@cython.wraparound(True)
+@cython.boundscheck(True)
+def _use_pointwise_gemm(g, bint last, bint pointwise, bint dbl=False):
+    """Whether a channels_last 1x1 convolution runs as GEMM tiles
+    (_forward_pointwise) rather than the direct kernel or the row blocks of
+    _forward; _TUNE["pointwise_gemm"] True or False forces either.
+
+    The direct kernel streams a block of the kernel (C x 16 values) per tile
+    of pixels and wins while C x F is small; BLAS's packed GEMM wins once
+    the kernel is wide, or the call is large. Through prepared calls, 2
+    threads, alternated (direct time / tiles time): C x F = 256 x 256 and
+    256 x 1024 on (1, 14, 14) 1.6x and 1.9x, 512 x 512 on (1, 7, 7) 1.7x,
+    64 x 256 and 128 x 512 on (32, 56, 56) and (32, 28, 28) 1.3x, 64 x 64 on
+    (32, 56, 56) 1.2x; but 64 x 64 or 128 x 128 at batch 1 0.84-0.87x, and
+    16-32 channels 0.3-0.9x (a tile's GEMM costs microseconds to set up)."""
+    if not (pointwise and last):
+        return False
+    force = _TUNE["pointwise_gemm"]
+    if force is not None:
+        return bool(force)
+    cf = g["C"] * g["F"]
+    return cf > _TUNE["pointwise_gemm_min_cf"] or \
+        g["N"] * g["P"] * cf >= _TUNE["pointwise_gemm_min_macs"]
+
+
+def _run_pointwise(x, kernel, y, g, bias, residual, int act, int nt):
+    M, K, F = g["N"] * g["P"], g["C"], g["F"]
+    mb, fb = _pointwise_tiles(M, K, F)
+    dummy = _flat(y)[:1]
+    _forward_pointwise(_flat(x), _flat(kernel), _flat(y),
+                       dummy if bias is None else bias, bias is not None,
+                       dummy if residual is None else _flat(residual), residual is not None,
+                       act, M, K, F, mb, fb, nt)
+    team_done(nt)
 
 
 @cython.wraparound(True)
@@ -1521,19 +1636,13 @@ def _run_forward(x, kernel, y, g, bint last, bint pointwise, bias=None, residual
     nt, limit = _threads(g)
     if _use_winograd(g, last, x.dtype):
         return _run_winograd(_winograd(g), x, kernel, y, bias, residual, act, nt, None, last)
+    if _use_pointwise_gemm(g, last, pointwise, x.dtype == np.float64):
+        with limit:
+            _run_pointwise(x, kernel, y, g, bias, residual, act, nt)
+        return True
     if _use_direct(g, last, x.dtype == np.float64):
         _run_direct(x, kernel, y, g, bias, residual, act, nt)
         return True
-    if pointwise and last and _TUNE["pointwise_gemm"]:
-        # A 1x1, stride-1, unpadded channels_last convolution as one GEMM of
-        # the (N*P, C) view of x with the (C, F) kernel on BLAS's threads.
-        # Off by default: OpenBLAS's threaded result differs in the last bits
-        # from its single-threaded one (results would depend on the thread
-        # count), and one BLAS call cannot be interrupted. The default runs
-        # the same view as fixed blocks of rows, one GEMM each, on OpenMP.
-        with blas_threads(nt):
-            _gemm_rows(_flat(x), _flat(kernel), _flat(y), g["N"] * g["P"], g["C"], g["F"])
-        return False
     B = _tap_rows(g, pointwise, last)
     if B > 0:
         stride = (B * g["F"] + 15) // 16 * 16

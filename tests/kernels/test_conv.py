@@ -469,14 +469,15 @@ def test_taps_large_and_thread_invariant(channels_last):
 
 # ---------------------------------------------------------------- 1x1 convolutions
 
-@pytest.mark.parametrize("one_gemm", [True, False])
+@pytest.mark.parametrize("tiles", [True, False])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_pointwise_one_gemm_and_blocks(one_gemm, dtype):
-    # A channels_last 1x1 convolution runs as one BLAS GEMM on the (N*P, C)
-    # view (the default) or as OpenMP blocks of rows; both against the
-    # reference, in 1-D to 3-D.
+def test_pointwise_gemm_tiles_and_blocks(tiles, dtype):
+    # A channels_last 1x1 convolution runs as single-threaded GEMM tiles of
+    # the (N*P, C) view, or (forced off) the direct kernel / row blocks;
+    # both against the reference, in 1-D to 3-D, channels_first included
+    # (which never takes the tiles).
     old = dict(conv._TUNE)
-    conv._TUNE["pointwise_gemm"] = one_gemm
+    conv._TUNE["pointwise_gemm"] = tiles
     rng = np.random.default_rng(31)
     try:
         for spatial in ((5, 5), (7,), (3, 4, 2)):
@@ -488,6 +489,70 @@ def test_pointwise_one_gemm_and_blocks(one_gemm, dtype):
     finally:
         conv._TUNE.clear()
         conv._TUNE.update(old)
+
+
+@pytest.mark.parametrize("m, k, f", [(1, 3, 1), (15, 2, 17), (196, 256, 1024), (49, 512, 2048),
+                                     (3136, 64, 256), (100352, 64, 64), (1000, 7, 5000),
+                                     (63, 1024, 63)])
+def test_pointwise_tiles_cover_the_output_evenly(m, k, f):
+    # Tiles depend on the shape only; they cover every output, at least 4
+    # of them whenever each still keeps 64 rows or columns, in near-equal
+    # sizes (the last tile of an axis is never less than half of the others
+    # unless the axis has a single tile).
+    mb, fb = conv._pointwise_tiles(m, k, f)
+    nr, nf = -(-m // mb), -(-f // fb)
+    assert mb >= 1 and fb >= 1
+    assert (nr - 1) * mb < m and (nf - 1) * fb < f
+    if f >= 256 or m >= 512:
+        assert nr * nf >= 4
+    # a tile's rows of x stay within 512 KB (rounded up to 16 rows)
+    assert mb <= max(64, min(2048, (1 << 17) // k)) + 15
+    for count, size, total in ((nr, mb, m), (nf, fb, f)):
+        if count > 1:
+            assert 2 * (total - (count - 1) * size) >= size - 16
+
+
+def _pointwise_case(rng, dtype, n=2, hw=(7, 9), c=128, f=160):
+    x = rng.standard_normal((n,) + hw + (c,)).astype(dtype)
+    w = (rng.standard_normal((1, 1, c, f)) / np.sqrt(c)).astype(dtype)
+    return x, w
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("activation", [None, "relu", "relu6"])
+def test_pointwise_tiles_epilogue(activation, dtype):
+    # bias, residual and activation go in per tile, in conv_forward's order;
+    # the auto rule picks the tiles for this width (C x F = 20480).
+    rng = np.random.default_rng(33)
+    x, w = _pointwise_case(rng, dtype)
+    args = ((1, 1), (1, 1), [(0, 0), (0, 0)])
+    g = conv._geometry(x.shape, w.shape, *args, True, "t")[0]
+    assert conv._use_pointwise_gemm(g, True, True)
+    plain = ref_forward(x, w, *args)
+    bias = rng.standard_normal(w.shape[-1]).astype(dtype)
+    res = (3 * rng.standard_normal(plain.shape)).astype(dtype)
+    for b, r in ((bias, None), (None, res), (bias, res), (None, None)):
+        want = _ref_epilogue(plain, b, activation, r)
+        got = conv.conv_forward(x, w, *args, bias=b, residual=r, activation=activation)
+        np.testing.assert_allclose(got, want, **tol(dtype))
+        call = conv.forward_call(x.shape, w.shape, *args, True, dtype, b is not None,
+                                 r is not None, activation)
+        assert np.array_equal(call(x, w, b, r), got)
+
+
+def test_pointwise_tiles_ignore_threads_and_keep_nan_like_numpy():
+    rng = np.random.default_rng(34)
+    x, w = _pointwise_case(rng, np.float32, n=4, hw=(14, 14), c=96, f=300)
+    x[0, 1, 2, :] = np.nan
+    x[1, 3, 4, 5] = np.inf
+    args = ((1, 1), (1, 1), [(0, 0), (0, 0)])
+    bias = np.linspace(-3, 3, 300).astype(np.float32)
+    for activation in ("relu", "relu6"):
+        got = same_on_threads(lambda: conv.conv_forward(x, w, *args, bias=bias,
+                                                        activation=activation))
+        plain = conv.conv_forward(x, w, *args)
+        np.testing.assert_array_equal(got, _ref_epilogue(plain + bias, None, activation))
+        assert np.isnan(got[0, 1, 2]).all()
 
 
 # ---------------------------------------------------------------- direct kernel
@@ -647,7 +712,7 @@ def same_on_threads(run, counts=(1, 2, 3)):
     finally:
         set_num_threads(old)
     for y in outs[1:]:
-        assert np.array_equal(y, outs[0])
+        assert np.array_equal(y, outs[0], equal_nan=True)
     return outs[0]
 
 
