@@ -1190,13 +1190,21 @@ def _compute_geometry(x_shape, k_shape, strides, dilation, pads, channels_last, 
         span = (k_shape[i] - 1) * dilation[i] + 1
         ext = spatial[i] + pads[i][0] + pads[i][1] - span
         out.append(ext // strides[i] + 1 if ext >= 0 else 0)
-    pad3 = lambda t, v: (v,) * (3 - rank) + tuple(t)
-    sp = pad3(spatial, 1)
-    ks = pad3(k_shape[:rank], 1)
-    ss = pad3(strides, 1)
-    ds = pad3(dilation, 1)
-    ps = pad3([a for a, _ in pads], 0)
-    os = pad3(out, 1)
+    # Per axis (size, kernel, stride, dilation, pad before, pad after, out),
+    # as three axes D, H, W: 1-D is W, 2-D is H, W.
+    axes = [(1, 1, 1, 1, 0, 0, 1)] * (3 - rank) + \
+        [(spatial[i], k_shape[i], strides[i], dilation[i], pads[i][0], pads[i][1], out[i])
+         for i in range(rank)]
+    # A trailing axis of size 1 with a 1-tap kernel and no padding, such as
+    # the W of a (k, 1) kernel on (N, H, 1, C), leaves the memory of x, the
+    # kernel and y as they would be without it: drop it, so that the axis
+    # before becomes W, along which the kernels tile their rows (one pixel
+    # per row ran at 1/3 of the speed).
+    for _ in range(2):
+        if axes[2][:2] == (1, 1) and axes[2][4:6] == (0, 0) and \
+                any(a[:2] != (1, 1) or a[4:6] != (0, 0) for a in axes[:2]):
+            axes = [(1, 1, 1, 1, 0, 0, 1)] + axes[:2]
+    sp, ks, ss, ds, ps, _, os = zip(*axes)
     g = dict(N=n, C=c, F=k_shape[-1], D=sp[0], H=sp[1], W=sp[2], OD=os[0], OH=os[1], OW=os[2],
              KD=ks[0], KH=ks[1], KW=ks[2], sd=ss[0], sh=ss[1], sw=ss[2],
              dd=ds[0], dh=ds[1], dw=ds[2], pd=ps[0], ph=ps[1], pw=ps[2],

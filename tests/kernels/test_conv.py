@@ -467,6 +467,30 @@ def test_taps_large_and_thread_invariant(channels_last):
         assert np.array_equal(ys[0], ys[1]), kshape
 
 
+# ---------------------------------------------------------------- trailing unit axes
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("channels_last", [True, False])
+@pytest.mark.parametrize("spatial, ksize, strides, dilation, pads", [
+    ((23, 1), (5, 1), (1, 1), (1, 1), [(2, 2), (0, 0)]),      # a (k, 1) kernel on a series
+    ((23, 1), (3, 1), (2, 3), (2, 1), [(1, 0), (0, 0)]),      # strides, dilation on the W=1 axis
+    ((9, 1), (1, 1), (1, 1), (1, 1), [(0, 0), (0, 0)]),       # 1x1 on (N, H, 1, C)
+    ((4, 6, 1), (2, 3, 1), (1, 2, 1), (1, 1, 1), [(1, 0), (1, 1), (0, 0)]),
+    ((7, 1, 1), (3, 1, 1), (2, 1, 1), (1, 1, 1), [(1, 1), (0, 0), (0, 0)]),
+    ((6, 1), (3, 1), (1, 1), (1, 1), [(1, 1), (0, 1)]),       # padded W=1 axis: kept
+])
+def test_trailing_unit_axes(spatial, ksize, strides, dilation, pads, channels_last, dtype):
+    # An axis of size 1 with a 1-tap kernel and no padding at the end is
+    # dropped from the geometry (the axis before it becomes the row the
+    # kernels tile); forward and both gradients still match the reference.
+    rng = np.random.default_rng(37)
+    check_all(rng, dtype, 3, spatial, 6, 20, ksize, strides, dilation, pads, channels_last)
+    g = conv._geometry((3,) + spatial + (6,), ksize + (6, 20), strides, dilation, pads, True,
+                       "t")[0]
+    trivial_end = spatial[-1] == 1 and ksize[-1] == 1 and pads[-1] == (0, 0)
+    assert (g["W"] == 1) != trivial_end
+
+
 # ---------------------------------------------------------------- 1x1 convolutions
 
 @pytest.mark.parametrize("tiles", [True, False])
