@@ -839,7 +839,7 @@ def _env_winograd():
 
 # Patch-buffer size per thread, a dict so that benchmarks can sweep it.
 _TUNE = _Tuning({"winograd": _env_winograd(), "winograd_channels_first": True,
-         "winograd_min_c": 24, "winograd_min_f": 16,
+         "winograd_min_c": 16, "winograd_min_f": 16,
          "winograd_min_tiles": 16, "winograd_kernel_per_tile": 8192,
 "buf_bytes": BUF_BYTES, "pointwise_gemm": None, "pointwise_gemm_min_cf": 1 << 14,
          "pointwise_gemm_min_macs": 1 << 27,
@@ -864,8 +864,10 @@ def _use_winograd(g, last, dtype):
     2 threads, alternated, through conv_forward (the kernel transformed at
     every call), against the direct kernel: 1.3-1.9x from 24 channels on,
     batch 1 included ((1, 26, 26) 32 -> 64 1.3x, (1, 14, 14) 256 -> 256
-    1.7x, (8, 28, 28) 128 -> 128 1.9x); 16 channels in and out broke even on
-    one thread (the input transform is as long as the products). The
+    1.7x, (8, 28, 28) 128 -> 128 1.9x); with 16 channels in 1.1-1.45x
+    ((32, 56, 56) 16 -> 16 1.06-1.11x, (1, 56, 56) 1.23-1.28x, (32, 28, 28)
+    16 -> 32 1.45x), but 12 channels 0.95x and 8 0.85-1.0x (the input
+    transform grows as long as the products). The
     transformed kernel (64 C F bytes) is streamed once per work item, so a
     call needs tiles in proportion to it: (1, 7, 7) 512 -> 512 (16 tiles, 16
     MB) still gained 1.16x, (8, 7, 7) 1024 -> 1024 (128 tiles, 64 MB) 1.09x.
