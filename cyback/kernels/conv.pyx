@@ -1501,7 +1501,7 @@ def forward_call(x_shape, k_shape, strides, dilation, pads, channels_last, dtype
         call.wino_cache = winograd.KernelCache()
         return call
     call.direct = not empty and \
-        not _use_pointwise_gemm(g, channels_last, pointwise, dtype == np.float64) and \
+        not _use_pointwise_gemm(g, channels_last, pointwise) and \
         _use_direct(g, channels_last, dtype == np.float64)
     if call.direct:
         call.d = _direct_geom(g, cb_cd_block_for(dtype == np.float64, g["F"]))
@@ -1603,7 +1603,7 @@ def _forward_pointwise(floating[::1] x, floating[::1] w, floating[::1] y,
 
 @cython.wraparound(True)
 @cython.boundscheck(True)
-def _use_pointwise_gemm(g, bint last, bint pointwise, bint dbl=False):
+def _use_pointwise_gemm(g, bint last, bint pointwise):
     """Whether a channels_last 1x1 convolution runs as GEMM tiles
     (_forward_pointwise) rather than the direct kernel or the row blocks of
     _forward; _TUNE["pointwise_gemm"] True or False forces either.
@@ -1629,6 +1629,9 @@ def _use_pointwise_gemm(g, bint last, bint pointwise, bint dbl=False):
 def _run_pointwise(x, kernel, y, g, bias, residual, int act, int nt):
     M, K, F = g["N"] * g["P"], g["C"], g["F"]
     mb, fb = _pointwise_tiles(M, K, F)
+    if residual is not None and np.may_share_memory(residual, y):
+        # the GEMMs write y before the epilogue reads the residual
+        residual = residual.copy()
     dummy = _flat(y)[:1]
     _forward_pointwise(_flat(x), _flat(kernel), _flat(y),
                        dummy if bias is None else bias, bias is not None,
@@ -1646,7 +1649,7 @@ def _run_forward(x, kernel, y, g, bint last, bint pointwise, bias=None, residual
     nt, limit = _threads(g)
     if _use_winograd(g, last, x.dtype):
         return _run_winograd(_winograd(g), x, kernel, y, bias, residual, act, nt, None, last)
-    if _use_pointwise_gemm(g, last, pointwise, x.dtype == np.float64):
+    if _use_pointwise_gemm(g, last, pointwise):
         with limit:
             _run_pointwise(x, kernel, y, g, bias, residual, act, nt)
         return True

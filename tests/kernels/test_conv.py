@@ -562,6 +562,10 @@ def test_pointwise_tiles_epilogue(activation, dtype):
         call = conv.forward_call(x.shape, w.shape, *args, True, dtype, b is not None,
                                  r is not None, activation)
         assert np.array_equal(call(x, w, b, r), got)
+    # the residual may be the output itself, as on the direct kernel's path
+    acc = res.copy()
+    conv.conv_forward(x, w, *args, out=acc, bias=bias, residual=acc, activation=activation)
+    np.testing.assert_allclose(acc, _ref_epilogue(plain, bias, activation, res), **tol(dtype))
 
 
 def test_pointwise_tiles_ignore_threads_and_keep_nan_like_numpy():
