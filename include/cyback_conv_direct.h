@@ -48,6 +48,12 @@
 #define CB_CD_TILE_MAX 12
 /* Longest patch (taps x channels) run through a table of tap offsets. */
 #define CB_CD_SHORT_K 256
+/* Most values in the copy of a row-end tile's input window (16 KB in float),
+ * and most channels: with more, the per-tap checks run loops long enough
+ * that the copy costs more than it saves (24 channels, stride 2: 0.95x;
+ * 3-16 channels: 1.04-1.13x, 2 threads, alternated). */
+#define CB_CD_EDGE_MAX 4096
+#define CB_CD_EDGE_MAX_C 16
 /* Most input channels (of the vector kernels, which read taps in the W
  * padding from a row of zeros this long). */
 #define CB_CD_MAX_C 1024
@@ -64,7 +70,33 @@ typedef struct {
     ptrdiff_t dd, dh, dw;
     ptrdiff_t pd, ph;
     ptrdiff_t FB, nfb;       /* output channels per block, number of blocks */
+    /* Filled by cb_cd_prepare: with ntab > 0 (taps of all tap rows, at most
+     * CB_CD_SHORT_K), offs[t] is tap t's input from tap 0's and eoffs[t] its
+     * place in the copy of a row-end tile's window (rows of `span` pixels);
+     * for the taps of the rows that exist, both are the same tables' first
+     * entries (see cb_cd_row_*). Built once per geometry: a row of a short
+     * patch spent as long building them as on its tiles. */
+    ptrdiff_t ntab, span;
+    ptrdiff_t offs[CB_CD_SHORT_K], eoffs[CB_CD_SHORT_K];
 } cb_cd_geom;
+
+/* The tap tables of g (above), for input rows that start xw0 columns into
+ * rows of Wp + xw0 pixels (cb_cd_out). */
+static void cb_cd_prepare(cb_cd_geom *g, ptrdiff_t xw0) {
+    const ptrdiff_t C = g->C, rowlen = (g->Wp + xw0) * C;
+    ptrdiff_t kd, kh, kw, c, t = 0;
+    g->span = (CB_CD_TILE_MAX - 1) * g->sw + (g->KW - 1) * g->dw + 1;
+    g->ntab = 0;
+    if (g->KD * g->KH * g->KW * C > CB_CD_SHORT_K) return;
+    for (kd = 0; kd < g->KD; kd++)
+        for (kh = 0; kh < g->KH; kh++)
+            for (kw = 0; kw < g->KW; kw++)
+                for (c = 0; c < C; c++, t++) {
+                    g->offs[t] = (kd * g->dd * g->H + kh * g->dh) * rowlen + kw * g->dw * C + c;
+                    g->eoffs[t] = ((kd * g->KH + kh) * g->span + kw * g->dw) * C + c;
+                }
+    g->ntab = t;
+}
 
 /* Whether the kernels skip the W padding themselves (the vector kernels), so
  * the caller passes the input rows unpadded (Wp = W). */
@@ -146,19 +178,21 @@ CB_CD_COMMON(double, d)
  * `inside` (IN), so interior tiles compile without the per-tap checks (1-4%
  * faster on 3x3 16-64 channels, 1 thread, in-process A/B). Sizes above the
  * row's most pixels per tile (TM) never come: those cases compile to nothing. */
-#define CB_CD_TILE_CASE(SUF, N, IN, O, TM)                                                \
+#define CB_CD_TILE_CASE(SUF, N, IN, O, TM, WP)                                            \
     case N:                                                                               \
-        if (N <= TM) cb_cd_tile_##SUF(N, xr, R, wp, bp, res, act, y, ys, nf, g, ow, IN, O); \
+        if (N <= TM) cb_cd_tile_##SUF(N, xr, R, WP, bp, res, act, y, ys, nf, g, ow, IN, O, \
+                                      x0o, Ko);                                           \
         break;
-#define CB_CD_TILE_SWITCH(SUF, IN, O, TM)                                                 \
+#define CB_CD_TILE_SWITCH(SUF, IN, O, TM, WP)                                             \
     switch (np) {                                                                         \
-    CB_CD_TILE_CASE(SUF, 12, IN, O, TM) CB_CD_TILE_CASE(SUF, 11, IN, O, TM)               \
-    CB_CD_TILE_CASE(SUF, 10, IN, O, TM) CB_CD_TILE_CASE(SUF, 9, IN, O, TM)                \
-    CB_CD_TILE_CASE(SUF, 8, IN, O, TM) CB_CD_TILE_CASE(SUF, 7, IN, O, TM)                 \
-    CB_CD_TILE_CASE(SUF, 6, IN, O, TM) CB_CD_TILE_CASE(SUF, 5, IN, O, TM)                 \
-    CB_CD_TILE_CASE(SUF, 4, IN, O, TM) CB_CD_TILE_CASE(SUF, 3, IN, O, TM)                 \
-    CB_CD_TILE_CASE(SUF, 2, IN, O, TM)                                                    \
-    default: cb_cd_tile_##SUF(1, xr, R, wp, bp, res, act, y, ys, nf, g, ow, IN, O); break; \
+    CB_CD_TILE_CASE(SUF, 12, IN, O, TM, WP) CB_CD_TILE_CASE(SUF, 11, IN, O, TM, WP)       \
+    CB_CD_TILE_CASE(SUF, 10, IN, O, TM, WP) CB_CD_TILE_CASE(SUF, 9, IN, O, TM, WP)        \
+    CB_CD_TILE_CASE(SUF, 8, IN, O, TM, WP) CB_CD_TILE_CASE(SUF, 7, IN, O, TM, WP)         \
+    CB_CD_TILE_CASE(SUF, 6, IN, O, TM, WP) CB_CD_TILE_CASE(SUF, 5, IN, O, TM, WP)         \
+    CB_CD_TILE_CASE(SUF, 4, IN, O, TM, WP) CB_CD_TILE_CASE(SUF, 3, IN, O, TM, WP)         \
+    CB_CD_TILE_CASE(SUF, 2, IN, O, TM, WP)                                                \
+    default: cb_cd_tile_##SUF(1, xr, R, WP, bp, res, act, y, ys, nf, g, ow, IN, O, x0o, Ko); \
+        break;                                                                            \
     }
 
 #if CB_SIMD_VECTOR
@@ -184,7 +218,7 @@ static double cb_cd_zeros_double[CB_CD_MAX_C];
 ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const int NP,    \
         const T *const *xr, ptrdiff_t R, const T *wp, const T *bp, const T *res, int act, \
         T *y, ptrdiff_t ys, ptrdiff_t nf, const cb_cd_geom *g, ptrdiff_t ow, int inside,  \
-        const ptrdiff_t *offs) {                                                          \
+        const ptrdiff_t *offs, const T *x0, ptrdiff_t K) {                                \
     const ptrdiff_t C = g->C, tap = C * NV * VL;                                          \
     const ptrdiff_t lead = g->Wp == g->W ? g->pw : 0;                                     \
     /* Undilated taps of a row are one run of KW * C inputs and of kernel    */          \
@@ -198,14 +232,14 @@ ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const in
     int p;                                                                                \
     CB_CD_PIXELS a[p] = b[p] = zero;                                                      \
     if (offs) {                                                                           \
-        /* all taps in one loop: offs[t] is tap t's input from the first */               \
-        /* Each pixel's first input in a register of its own: a tap is one  */          \
-        /* load of its offset, and each pixel's value one address mode (25  */          \
-        /* instructions per 12 FMAs where one pointer stepped per pixel took */          \
-        /* 31; 1.1-1.27x on the 7x7/2 stem and 3x3 8-12 channel layers, 2    */          \
-        /* threads, alternated).                                             */          \
-        const T *x0 = xr[0] + (ow * g->sw - lead) * C;                                    \
-        const ptrdiff_t K = R * g->KW * C, sC = g->sw * C;                                \
+        /* all K taps in one loop: x0 is the first pixel's first input, offs[t] */       \
+        /* tap t's input from there, wp the kernel from that tap on. Each     */          \
+        /* pixel's first input in a register of its own: a tap is one load of */          \
+        /* its offset, and each pixel's value one address mode (25            */          \
+        /* instructions per 12 FMAs where one pointer stepped per pixel took  */          \
+        /* 31; 1.1-1.27x on the 7x7/2 stem and 3x3 8-12 channel layers, 2     */          \
+        /* threads, alternated).                                              */          \
+        const ptrdiff_t sC = g->sw * C;                                                   \
         CB_CD_PIXELS { xk[p] = x0 + p * sC; CB_CD_OPAQUE(xk[p]); }                        \
         for (c = 0; c < K; c++) {                                                         \
             const V w0 = *(const V *)(wp + c * NV * VL);                                  \
@@ -288,9 +322,16 @@ ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const in
  * exist. The row runs in tiles of sizes as nearly equal as tiles of at most TM
  * (6; 12 on AVX-512 in float32) allow (56 pixels: 6 x 6 + 4 x 5, where 9 x
  * 6 + 2 would spend a whole tile's time on 2 pixels; a tile of 5 still keeps
- * as many FMAs in flight as the units take). Only the tiles that reach pixels
- * outside [lo, hi), the few at each end whose taps leave the row, check their
- * taps. */
+ * as many FMAs in flight as the units take).
+ *
+ * A short patch (few channels) would spend a tile's time on its loops over
+ * taps, so when the tap rows that exist are one run and their taps number
+ * at most CB_CD_SHORT_K, a tile runs them all in one loop through their
+ * offsets. Interior tiles read the input in place; with at most
+ * CB_CD_EDGE_MAX_C channels, the tiles at the row's ends, whose taps leave
+ * it, read a copy of their window with zeros in the W padding (the same
+ * products in the same order as the per-tap checks, which the others still
+ * take). Tap rows outside the image (D, H padding) are skipped either way. */
 #define CB_CD_ROW(T, V, VL, NV, TM, SUF, ATTR)                                            \
 CB_CD_TILE_FN(T, V, VL, NV, SUF, ATTR)                                                    \
 ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,            \
@@ -301,26 +342,54 @@ ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,  
     const ptrdiff_t lo = (lead + g->sw - 1) / g->sw, hi = last < 0 ? 0 : last / g->sw + 1; \
     const ptrdiff_t nt = (OW + TM - 1) / TM;                                              \
     const ptrdiff_t base = nt ? OW / nt : 0, extra = nt ? OW % nt : 0;                    \
-    const ptrdiff_t C = g->C, K = R * g->KW * C;                                           \
-    ptrdiff_t offs[CB_CD_SHORT_K], i, ow, np, r, kw, c, t = 0;                            \
-    const ptrdiff_t *po = NULL;                                                           \
-    /* A short patch (few channels) would spend a tile's time on its loops */            \
-    /* over tap rows: with every row present, interior tiles run all taps  */            \
-    /* in one loop through their offsets from the first row (a 1x1 kernel  */            \
-    /* is one loop already).                                                */           \
-    if (K <= CB_CD_SHORT_K && R * g->KW > 1) {                                            \
-        for (r = 0; r < R && xr[r]; r++)                                                  \
-            for (kw = 0; kw < g->KW; kw++)                                                \
-                for (c = 0; c < C; c++)                                                   \
-                    offs[t++] = (xr[r] - xr[0]) + kw * g->dw * C + c;                     \
-        if (r == R) po = offs;                                                            \
+    const ptrdiff_t C = g->C, KW = g->KW, rk = KW * C, span = g->span;                   \
+    ptrdiff_t i, ow, np, r, r0, r1, Ko;                                                   \
+    const ptrdiff_t *po = NULL, *pe = NULL;                                               \
+    const T *x0o = NULL, *wo = wp;                                                        \
+    T ebuf[CB_CD_EDGE_MAX];                                                               \
+    for (r0 = 0; r0 < R && !xr[r0]; r0++) {}                                              \
+    for (r1 = r0; r1 < R && xr[r1]; r1++) {}                                              \
+    for (r = r1; r < R && !xr[r]; r++) {}                                                 \
+    Ko = (r1 - r0) * rk;                                                                  \
+    /* the rows that exist are one run, and lie as in the tables */                      \
+    if (g->ntab && r == R && (r1 - r0) * KW > 1                                           \
+            && xr[r1 - 1] - xr[r0] == g->offs[(r1 - 1 - r0) * rk]) {                      \
+        wo = wp + r0 * rk * g->FB;                                                        \
+        po = g->offs;                                                                     \
+        if (C <= CB_CD_EDGE_MAX_C && (r1 - r0) * span * C <= CB_CD_EDGE_MAX)              \
+            pe = g->eoffs;                                                                \
     }                                                                                     \
     /* the first `extra` tiles take base + 1 pixels, the others base */                  \
     for (i = 0, ow = 0; i < nt; i++, ow += np) {                                          \
         const int in = ow >= lo && ow + base + (i < extra) <= hi;                         \
         np = base + (i < extra);                                                          \
-        if (in) { CB_CD_TILE_SWITCH(SUF, 1, po, TM) }                                     \
-        else { CB_CD_TILE_SWITCH(SUF, 0, NULL, TM) }                                      \
+        if (po && in) {                                                                   \
+            x0o = xr[r0] + (ow * g->sw - lead) * C;                                       \
+            CB_CD_TILE_SWITCH(SUF, 1, po, TM, wo)                                         \
+        } else if (pe) {                                                                  \
+            /* the window's pixels [w0, w0 + wn) of each row: those in  */                \
+            /* [0, Wp) are one run, zeros before and after it            */                \
+            const ptrdiff_t w0 = ow * g->sw - lead;                                       \
+            const ptrdiff_t wn = (np - 1) * g->sw + (KW - 1) * g->dw + 1;                 \
+            const ptrdiff_t a = w0 < 0 ? -w0 : 0;                                         \
+            const ptrdiff_t e = w0 + wn > g->Wp ? g->Wp - w0 : wn;                        \
+            for (r = r0; r < r1; r++) {                                                   \
+                T *dst = ebuf + (r - r0) * span * C;                                      \
+                if (a > 0) memset(dst, 0, (a < wn ? a : wn) * C * sizeof(T));             \
+                if (e > a)                                                                \
+                    memcpy(dst + a * C, xr[r] + (w0 + a) * C, (e - a) * C * sizeof(T));   \
+                if (e < wn) {                                                             \
+                    const ptrdiff_t z = e > a ? e : a;                                    \
+                    if (z < wn) memset(dst + z * C, 0, (wn - z) * C * sizeof(T));         \
+                }                                                                         \
+            }                                                                             \
+            x0o = ebuf;                                                                   \
+            CB_CD_TILE_SWITCH(SUF, 1, pe, TM, wo)                                         \
+        } else if (in) {                                                                  \
+            CB_CD_TILE_SWITCH(SUF, 1, NULL, TM, wp)                                       \
+        } else {                                                                          \
+            CB_CD_TILE_SWITCH(SUF, 0, NULL, TM, wp)                                       \
+        }                                                                                 \
     }                                                                                     \
 }
 

@@ -713,6 +713,40 @@ def test_direct_row_tiles_every_width(direct_isa, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("spatial, c, k, s, d, p", [
+    ((5, 14), 3, (3, 7), (1, 2), (1, 1), [(1, 1), (3, 3)]),     # stem-like, H and W padding
+    ((6, 9), 16, (3, 3), (1, 1), (1, 1), [(2, 0), (1, 1)]),     # the most channels copied
+    ((6, 9), 17, (3, 3), (1, 1), (1, 1), [(0, 2), (1, 1)]),     # per-tap checks past it
+    ((4, 30), 16, (2, 3), (1, 1), (1, 40), [(1, 1), (40, 40)]),  # window too long to copy
+    ((3, 4, 7), 4, (2, 3, 3), (1, 1, 1), (1, 1, 1), [(1, 0), (1, 1), (1, 1)]),
+    ((2, 3, 7), 4, (3, 3, 3), (1, 1, 2), (1, 1, 1), [(1, 1), (0, 0), (2, 2)]),
+    ((3, 3, 7), 4, (3, 3, 3), (1, 1, 1), (1, 1, 1), [(1, 1), (1, 1), (1, 1)]),
+])
+def test_direct_short_patches_with_padding_rows(direct_isa, spatial, c, k, s, d, p, dtype):
+    # Short patches run their taps through tables built once per geometry:
+    # output rows whose top or bottom tap rows fall in the D/H padding use
+    # the tables' first entries (when the rows that exist are one run), and
+    # the tiles at a row's ends read a zero-padded copy of their window (up
+    # to 16 channels). Against NumPy, and bit for bit against the kernel
+    # reading a zero-padded copy of the input rows, which has no row ends;
+    # the 3-D cases have tap rows that exist in one run, and not (D and H
+    # padding in the same output row).
+    rng = np.random.default_rng(91)
+    x = rng.standard_normal((2,) + spatial + (c,)).astype(dtype)
+    w = rng.standard_normal(k + (c, 20)).astype(dtype)
+    bias = rng.standard_normal(20).astype(dtype)
+    g, _, _ = conv._geometry(x.shape, w.shape, s, d, p, True, "test")
+    assert conv._use_direct(g, True, dtype == np.float64)
+    want = ref_forward(x, w, s, d, p) + bias
+    with forced_pad("skip"):
+        skip = conv.conv_forward(x, w, s, d, p, bias=bias)
+    with forced_pad("copy"):
+        copy = conv.conv_forward(x, w, s, d, p, bias=bias)
+    np.testing.assert_allclose(skip, want, **tol(dtype))
+    np.testing.assert_array_equal(skip, copy)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_direct_wide_layers_with_enough_pixels(direct_isa, dtype):
     # Past 64 input channels the direct kernel runs where a call has enough
     # pixels to beat BLAS's packing; with few it leaves them to im2col + GEMM.

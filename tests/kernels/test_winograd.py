@@ -168,7 +168,7 @@ def test_input_gradient_of_a_stride1_conv_runs_it_too():
     ((2, 16, 16, 32), (3, 1, 32, 32), (1, 1), (1, 1), True, np.float32, "3x1"),
     ((2, 64, 32), (3, 32, 32), (1,), (1,), True, np.float32, "1-D"),
     ((2, 4, 8, 8, 32), (3, 3, 3, 32, 32), (1, 1, 1), (1, 1, 1), True, np.float32, "3-D"),
-    ((2, 16, 16, 16), (3, 3, 16, 32), (1, 1), (1, 1), True, np.float32, None),
+    ((2, 16, 16, 24), (3, 3, 24, 32), (1, 1), (1, 1), True, np.float32, None),
     ((2, 16, 16, 12), (3, 3, 12, 32), (1, 1), (1, 1), True, np.float32, "12 channels in"),
     ((2, 16, 16, 32), (3, 3, 32, 8), (1, 1), (1, 1), True, np.float32, "8 channels out"),
     ((1, 6, 6, 32), (3, 3, 32, 32), (1, 1), (1, 1), True, np.float32, "9 tiles"),
@@ -326,3 +326,25 @@ def test_non_finite_inputs_reach_the_same_outputs_as_the_direct_sum():
         xi[0, r, c, 3] = np.inf
         yi = conv.conv_forward(xi, k, *STRIDE1, pads)
         assert np.isfinite(yi[0][~hit]).all() and not np.isfinite(yi[0][hit]).any()
+
+
+def test_the_fewest_channels_depend_on_the_kernel_set():
+    # 16 channels in: Winograd beside the AVX2 (6-pixel) direct tiles, the
+    # direct kernel beside AVX-512's 12-pixel ones; _TUNE overrides either.
+    g, _, _ = conv._geometry((2, 16, 16, 16), (3, 3, 16, 32), (1, 1), (1, 1), [(1, 1)] * 2,
+                             True, "test")
+    had512 = conv._use_avx512(True)
+    try:
+        assert conv._use_winograd(g, True, np.float32) == (winograd.available() and not had512)
+        conv._use_avx512(False)
+        assert conv._use_winograd(g, True, np.float32) == winograd.available()
+        conv._TUNE["winograd_min_c"] = 24
+        assert not conv._use_winograd(g, True, np.float32)
+    finally:
+        conv._TUNE["winograd_min_c"] = None
+        conv._use_avx512(True)
+    conv._TUNE["winograd_min_c"] = 16
+    try:
+        assert conv._use_winograd(g, True, np.float32) == winograd.available()
+    finally:
+        conv._TUNE["winograd_min_c"] = None
