@@ -1,5 +1,6 @@
 /* Winograd F(2x2, 3x3) convolution, channels_last float32, stride 1, no
- * dilation (cyback/kernels/conv.pyx, forward).
+ * dilation (cyback/kernels/conv.pyx, forward); 2-D, or 3-D with any number
+ * KD of depth taps.
  *
  * A 2x2 block of outputs of a 3x3 convolution is A^T [ (G g G^T) * (B^T d B) ] A
  * for its 4x4 input tile d, summed over input channels, where * is an
@@ -12,16 +13,22 @@
  *   G   = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]  (kernel, once per call)
  *   A^T = [1 1 1 0; 0 1 -1 -1]                       (outputs)
  *
+ * A 3-D convolution with a (KD, 3, 3) kernel is the sum over its KD depth
+ * taps of 2-D ones: each tile's inputs from the KD input planes it reads
+ * are transformed side by side, so the 16 products run over K = KD x C
+ * (depth tap, channel) pairs, as the kernel's (kd, c) rows. Planes above or
+ * below the input (D padding) read zeros.
+ *
  * Rounding: the products are summed in transform space, so each output
  * differs from a direct sum by a few units in the last place of the sum's
  * largest terms (the interpolation points 0, 1, -1 keep F(2,3) the most
  * accurate of the Winograd forms); it is the same for every thread count.
  *
- * Layout: the kernel is transformed into U[b][xi][c][FB] for blocks b of FB
- * output channels (zero past F). A work item is TG consecutive tiles of the
- * N * TH * TW tiles (rows and samples run on, so that an item's tiles share
- * the kernel blocks however narrow the image): their inputs V[xi][t][c] go to the
- * thread's scratch (in L2), then for each channel block and each group of up
+ * Layout: the kernel is transformed into U[b][xi][kd C + c][FB] for blocks b
+ * of FB output channels (zero past F). A work item is TG consecutive tiles of
+ * the N * OD * TH * TW tiles (rows, planes and samples run on, so that an
+ * item's tiles share the kernel blocks however narrow the image): their
+ * inputs V[xi][t][K] go to the thread's scratch (in L2), then for each channel block and each group of up
  * to 6 tiles the 16 products run with a 6 x FB register tile (as in
  * cyback_conv_direct.h) into M[xi][t][FB] (in L1), and the output transform
  * adds the epilogue (bias, residual, relu / relu6) and stores the pixels that
@@ -43,8 +50,10 @@
 #define CB_WG_TILE 6
 
 typedef struct {
-    ptrdiff_t N, H, W, C, F;  /* input (N, H, W, C), output channels */
+    ptrdiff_t N, H, W, C, F;  /* input (N, D, H, W, C) (D = 1 in 2-D), output channels */
     ptrdiff_t OH, OW, ph, pw; /* output extent, padding before */
+    ptrdiff_t D, OD, KD, pd;  /* input planes, output planes, depth taps, padding before */
+    ptrdiff_t K;              /* products' inner length: KD * C */
     ptrdiff_t TH, TW;         /* tiles per column and row: ceil(OH / 2), ceil(OW / 2) */
     ptrdiff_t TG, items;      /* tiles per work item, work items */
     ptrdiff_t FB, nfb;        /* output channels per block, number of blocks */
@@ -59,24 +68,24 @@ static ptrdiff_t cb_wg_block(ptrdiff_t F) {
     return cb_simd_block(cb_simd_has_avx2() ? 16 : 8, F);
 }
 
-/* Floats of a thread's scratch: V (16 x TG x C) and M (16 x 6 x FB). */
+/* Floats of a thread's scratch: V (16 x TG x K) and M (16 x 6 x FB). */
 static ptrdiff_t cb_wg_scratch(const cb_wg_geom *g) {
-    return 16 * g->TG * g->C + 16 * CB_WG_TILE * g->FB;
+    return 16 * g->TG * g->K + 16 * CB_WG_TILE * g->FB;
 }
 
-/* Floats of the transformed kernel U (from k (3, 3, C, F) by cb_wg_kernel_part). */
-static ptrdiff_t cb_wg_kernel_size(const cb_wg_geom *g) { return g->nfb * 16 * g->C * g->FB; }
+/* Floats of the transformed kernel U (from k (KD, 3, 3, C, F) by cb_wg_kernel_part). */
+static ptrdiff_t cb_wg_kernel_size(const cb_wg_geom *g) { return g->nfb * 16 * g->K * g->FB; }
 
-/* Part `it` of the kernel transform (nfb * C parts, independent): input
- * channel it % C of output block it / C. Its output channels are contiguous
+/* Part `it` of the kernel transform (nfb * K parts, independent): depth tap
+ * and input channel it % K of output block it / K. Its output channels are contiguous
  * in k and go through a stack row, then 16 row copies: writing the 16
  * positions straight to U, 4 KB apart at 64 channels, took 7x longer (210
  * against 30 us for 3x3 x 64 x 64). */
 static void cb_wg_kernel_part(const float *k, float *u, const cb_wg_geom *g, ptrdiff_t it) {
-    const ptrdiff_t C = g->C, F = g->F, FB = g->FB, CF = C * F;
-    const ptrdiff_t c = it % C, f0 = (it / C) * FB, nf = F - f0 < FB ? F - f0 : FB;
-    const float *kc = k + c * F + f0;
-    float *uc = u + ((it / C) * 16 * C + c) * FB;
+    const ptrdiff_t C = g->C, F = g->F, FB = g->FB, CF = C * F, K = g->K;
+    const ptrdiff_t kc_ = it % K, f0 = (it / K) * FB, nf = F - f0 < FB ? F - f0 : FB;
+    const float *kc = k + (kc_ / C) * 9 * CF + (kc_ % C) * F + f0;
+    float *uc = u + ((it / K) * 16 * K + kc_) * FB;
     float v[16][CB_WG_MAX_FB];
     ptrdiff_t f, i;
     for (f = 0; f < nf; f++) {
@@ -97,8 +106,8 @@ static void cb_wg_kernel_part(const float *k, float *u, const cb_wg_geom *g, ptr
 #undef CB_WG_GT
     }
     for (i = 0; i < 16; i++) {
-        memcpy(uc + i * C * FB, v[i], nf * sizeof(float));
-        if (nf < FB) memset(uc + i * C * FB + nf, 0, (FB - nf) * sizeof(float));
+        memcpy(uc + i * K * FB, v[i], nf * sizeof(float));
+        if (nf < FB) memset(uc + i * K * FB + nf, 0, (FB - nf) * sizeof(float));
     }
 }
 
@@ -148,35 +157,40 @@ static float cb_wg_zeros[CB_WG_MAX_C];
     } while (0)
 
 #define CB_WG_FNS(V, VL, SUF, ATTR)                                                       \
-/* V[xi][t][c] for the nt tiles from tile t0 (over N * TH * TW) on. */                    \
+/* V[xi][t][kd C + c] for the nt tiles from t0 (over N * OD * TH * TW) on. */             \
 ATTR static void cb_wg_input_##SUF(const float *x, float *vt, const cb_wg_geom *g,         \
                                    ptrdiff_t t0, ptrdiff_t nt) {                          \
-    const ptrdiff_t C = g->C, xs = nt * C;                                              \
+    const ptrdiff_t C = g->C, K = g->K, xs = nt * K;                                      \
     const float *src[16];                                                                 \
-    ptrdiff_t t, i, j, c;                                                                 \
+    ptrdiff_t t, i, j, c, kd;                                                             \
     for (t = 0; t < nt; t++) {                                                            \
         const ptrdiff_t tw = (t0 + t) % g->TW, th = (t0 + t) / g->TW % g->TH;            \
-        const ptrdiff_t n = (t0 + t) / (g->TW * g->TH);                                   \
-        for (i = 0; i < 4; i++) {                                                         \
-            const ptrdiff_t ih = 2 * th - g->ph + i;                                      \
-            for (j = 0; j < 4; j++) {                                                     \
-                const ptrdiff_t iw = 2 * tw - g->pw + j;                                  \
-                src[4 * i + j] = ih < 0 || ih >= g->H || iw < 0 || iw >= g->W ? cb_wg_zeros \
-                    : x + ((n * g->H + ih) * g->W + iw) * C;                              \
+        const ptrdiff_t od = (t0 + t) / (g->TW * g->TH) % g->OD;                          \
+        const ptrdiff_t n = (t0 + t) / (g->TW * g->TH * g->OD);                           \
+        for (kd = 0; kd < g->KD; kd++) {                                                  \
+            const ptrdiff_t id = od - g->pd + kd;                                         \
+            float *dst = vt + t * K + kd * C;                                             \
+            for (i = 0; i < 4; i++) {                                                     \
+                const ptrdiff_t ih = 2 * th - g->ph + i;                                  \
+                for (j = 0; j < 4; j++) {                                                 \
+                    const ptrdiff_t iw = 2 * tw - g->pw + j;                              \
+                    src[4 * i + j] = id < 0 || id >= g->D || ih < 0 || ih >= g->H         \
+                            || iw < 0 || iw >= g->W ? cb_wg_zeros                         \
+                        : x + (((n * g->D + id) * g->H + ih) * g->W + iw) * C;            \
+                }                                                                         \
             }                                                                             \
-        }                                                                                 \
-        float *dst = vt + t * C;                                                          \
-        for (c = 0; c + VL <= C; c += VL) {                                               \
-            V d[16];                                                                      \
-            for (i = 0; i < 16; i++) d[i] = *(const V *)(src[i] + c);                     \
-            CB_WG_BTDB(d);                                                                \
-            for (i = 0; i < 16; i++) *(V *)(dst + i * xs + c) = d[i];                     \
-        }                                                                                 \
-        for (; c < C; c++) {                                                              \
-            float d[16];                                                                  \
-            for (i = 0; i < 16; i++) d[i] = src[i][c];                                    \
-            CB_WG_BTDB(d);                                                                \
-            for (i = 0; i < 16; i++) dst[i * xs + c] = d[i];                              \
+            for (c = 0; c + VL <= C; c += VL) {                                           \
+                V d[16];                                                                  \
+                for (i = 0; i < 16; i++) d[i] = *(const V *)(src[i] + c);                 \
+                CB_WG_BTDB(d);                                                            \
+                for (i = 0; i < 16; i++) *(V *)(dst + i * xs + c) = d[i];                 \
+            }                                                                             \
+            for (; c < C; c++) {                                                          \
+                float d[16];                                                              \
+                for (i = 0; i < 16; i++) d[i] = src[i][c];                                \
+                CB_WG_BTDB(d);                                                            \
+                for (i = 0; i < 16; i++) dst[i * xs + c] = d[i];                          \
+            }                                                                             \
         }                                                                                 \
     }                                                                                     \
 }                                                                                         \
@@ -214,7 +228,7 @@ ATTR static void cb_wg_output_##SUF(const float *m, const float *bp, const float
     for (p = 0; p < np; p++)                                                              \
         for (h = 0; h < 2; h++) {                                                         \
             const ptrdiff_t tw = (t0 + p) % g->TW, th = (t0 + p) / g->TW % g->TH;        \
-            const ptrdiff_t n = (t0 + p) / (g->TW * g->TH);                               \
+            const ptrdiff_t nd = (t0 + p) / (g->TW * g->TH);  /* n * OD + od */           \
             V q[16], o[4];                                                                \
             for (i = 0; i < 16; i++)                                                      \
                 q[i] = *(const V *)(m + (i * CB_WG_TILE + p) * 2 * VL + h * VL);          \
@@ -234,7 +248,7 @@ ATTR static void cb_wg_output_##SUF(const float *m, const float *bp, const float
             for (r = 0; r < 2; r++)                                                       \
                 for (s = 0; s < 2; s++) {                                                 \
                     const ptrdiff_t oh = 2 * th + r, ow = 2 * tw + s;                     \
-                    const ptrdiff_t off = ((n * g->OH + oh) * g->OW + ow) * F + f0 + h * VL; \
+                    const ptrdiff_t off = ((nd * g->OH + oh) * g->OW + ow) * F + f0 + h * VL; \
                     const ptrdiff_t k = nf - h * VL < VL ? nf - h * VL : VL;              \
                     V v = o[2 * r + s];                                                   \
                     if (oh >= g->OH || ow >= g->OW || k <= 0) continue;                   \
@@ -253,16 +267,16 @@ ATTR static void cb_wg_output_##SUF(const float *m, const float *bp, const float
         }                                                                                 \
 }                                                                                         \
                                                                                           \
-/* Work item `it` (of g->items): the TG tiles (over N * TH * TW) from it * TG */          \
-/* on. scratch: cb_wg_scratch(g) floats; u: the transformed kernel; bp:    */           \
-/* NULL or the bias padded to nfb * FB; res: NULL or a residual shaped   */             \
-/* like y (it may be y).                                                 */             \
+/* Work item `it` (of g->items): the TG tiles (over N * OD * TH * TW)                     \
+   from it * TG on. scratch: cb_wg_scratch(g) floats; u: the transformed                  \
+   kernel; bp: NULL or the bias padded to nfb * FB; res: NULL or a                        \
+   residual shaped like y (it may be y). */                                               \
 ATTR static void cb_wg_item_##SUF(const float *x, const float *u, const float *bp,        \
         const float *res, int act, float *y, const cb_wg_geom *g, ptrdiff_t it,           \
         float *scratch) {                                                                 \
-    const ptrdiff_t tiles = g->N * g->TH * g->TW, first = it * g->TG;                     \
+    const ptrdiff_t tiles = g->N * g->OD * g->TH * g->TW, first = it * g->TG;             \
     const ptrdiff_t nt = tiles - first < g->TG ? tiles - first : g->TG;                   \
-    const ptrdiff_t C = g->C, vs = nt * C;                                                \
+    const ptrdiff_t C = g->K, vs = nt * C;   /* the products' inner length */             \
     float *vt = scratch, *m = scratch + 16 * g->TG * C;                                   \
     ptrdiff_t b, t0, np;                                                                  \
     cb_wg_input_##SUF(x, vt, g, first, nt);                                            \

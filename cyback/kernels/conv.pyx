@@ -19,7 +19,7 @@ bit-identical for any number of threads.
 
 Special cases, chosen per geometry by the Python entries below:
 
-- Winograd (float32, 3x3, stride 1, 24+ channels): F(2x2, 3x3) in
+- Winograd (float32, 3x3 or (KD, 3, 3), stride 1, 12-24+ channels): F(2x2, 3x3) in
   cyback/kernels/winograd.pyx, 2.25x fewer multiplies, channels_first
   through channels_last copies (_use_winograd);
 - direct (channels_last forward, few input channels and short patches): the
@@ -860,8 +860,12 @@ _TUNE = _Tuning({"winograd": _env_winograd(), "winograd_channels_first": True,
 @cython.boundscheck(True)
 def _use_winograd(g, last, dtype):
     """Whether a forward convolution runs Winograd F(2x2, 3x3)
-    (cyback/kernels/winograd.pyx): channels_last float32, a 2-D 3x3 kernel,
-    stride 1, no dilation, and enough channels and tiles.
+    (cyback/kernels/winograd.pyx): channels_last float32, a 2-D 3x3 kernel
+    or a 3-D (KD, 3, 3) one, stride 1, no dilation, and enough channels and
+    tiles. In 3-D the KD depth taps join the channels in the products
+    (AMD Zen 4, 2 threads, alternated against the direct kernel: 3x3x3 on
+    (4, 16, 56, 56) 32 -> 32 1.69x, 16 -> 16 1.20x, 12 -> 16 1.21x, 8 -> 16
+    0.96x; (2, 8, 28, 28) 64 -> 64 1.81x; (1, 8, 16, 16) 32 -> 32 1.54x).
 
     2 threads, alternated, through conv_forward (the kernel transformed at
     every call), against the direct kernel: 1.3-1.9x from 24 channels on,
@@ -880,27 +884,34 @@ def _use_winograd(g, last, dtype):
         return False
     if not last and not _TUNE["winograd_channels_first"]:
         return False
-    if (g["KD"], g["KH"], g["KW"], g["D"], g["OD"]) != (1, 3, 3, 1, 1) or \
-            g["sh"] != 1 or g["sw"] != 1 or g["dh"] != 1 or g["dw"] != 1:
+    if (g["KH"], g["KW"]) != (3, 3) or g["sd"] != 1 or g["sh"] != 1 or g["sw"] != 1 or \
+            g["dd"] != 1 or g["dh"] != 1 or g["dw"] != 1:
         return False
-    if not (_winograd_min_c() <= g["C"] <= winograd.MAX_CHANNELS) or \
+    if not (_winograd_min_c(g) <= g["C"] <= winograd.MAX_CHANNELS) or \
             g["F"] < _TUNE["winograd_min_f"]:
         return False
-    n = winograd.tiles(g["N"], g["OH"], g["OW"])
+    n = winograd.tiles(g["N"], g["OH"], g["OW"], g["OD"])
     return n >= _TUNE["winograd_min_tiles"] and \
-        n * _TUNE["winograd_kernel_per_tile"] >= g["C"] * g["F"]
+        n * _TUNE["winograd_kernel_per_tile"] >= g["KD"] * g["C"] * g["F"]
 
 
-def _winograd_min_c():
+def _winograd_min_c(g):
     """The fewest input channels that run Winograd: _TUNE["winograd_min_c"],
-    or by the kernel set when None. The direct kernel's AVX-512 tiles (12
-    pixels x 16 channels) beat Winograd's on 16 channels where the AVX2
-    ones (6 pixels) do not. Xeon (AVX-512), 2 threads, alternated, Winograd
-    time / direct time: (32, 56, 56) 16 -> 16 1.18x, (1, 56, 56) 1.31x,
-    24 -> 24 0.95x, 32 -> 32 0.88x, (32, 28, 28) 16 -> 32 1.03-1.06x."""
+    or by the kernel set and the kernel's depth when None. The direct
+    kernel's AVX-512 tiles (12 pixels x 16 channels) beat Winograd's on 16
+    channels where the AVX2 ones (6 pixels) do not. Xeon (AVX-512), 2
+    threads, alternated, Winograd time / direct time: (32, 56, 56) 16 -> 16
+    1.18x, (1, 56, 56) 1.31x, 24 -> 24 0.95x, 32 -> 32 0.88x, (32, 28, 28)
+    16 -> 32 1.03-1.06x. With depth taps the direct kernel's patches are
+    KD times longer and its packed kernel leaves L1, so 3-D layers gain
+    from 12 channels on (AMD Zen 4, AVX-512, 2 threads, alternated, direct
+    time / Winograd time on (4, 16, 56, 56) 3x3x3: 8 -> 16 0.96x, 12 -> 16
+    1.21x, 16 -> 16 1.20x)."""
     n = _TUNE["winograd_min_c"]
     if n is not None:
         return n
+    if g["KD"] > 1:
+        return 12
     return 24 if cb_simd_has_avx512() else 16
 
 
@@ -915,7 +926,7 @@ def _winograd(g):
     if entry is not None and entry[0] is g:
         return entry[1]
     w = winograd.Winograd(g["N"], g["H"], g["W"], g["C"], g["F"], g["OH"], g["OW"], g["ph"],
-                          g["pw"])
+                          g["pw"], g["D"], g["OD"], g["KD"], g["pd"])
     if len(_WINOGRADS) >= 512:
         _WINOGRADS.clear()
     _WINOGRADS[id(g)] = (g, w)

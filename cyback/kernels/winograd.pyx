@@ -1,6 +1,7 @@
-"""Winograd F(2x2, 3x3) forward convolution: float32, 3x3 kernel, stride 1, no
-dilation, channels_last (channels_first through copies); include/cyback_conv_wino.h
-holds the kernel and its algebra.
+"""Winograd F(2x2, 3x3) forward convolution: float32, 3x3 kernel (2-D) or
+(KD, 3, 3) kernel (3-D: the depth taps join the channels of the products),
+stride 1, no dilation, channels_last (channels_first through copies);
+include/cyback_conv_wino.h holds the kernel and its algebra.
 
 A 3x3 convolution with 24 or more channels spends 2.25x fewer multiplies this
 way than summing its taps directly; the register tile is the direct kernel's,
@@ -24,7 +25,7 @@ cnp.import_array()
 
 cdef extern from "cyback_conv_wino.h" nogil:
     ctypedef struct cb_wg_geom:
-        Py_ssize_t N, H, W, C, F, OH, OW, ph, pw, TH, TW, TG, items, FB, nfb
+        Py_ssize_t N, H, W, C, F, OH, OW, ph, pw, D, OD, KD, pd, K, TH, TW, TG, items, FB, nfb
     enum: CB_WG_MAX_C
     int cb_simd_use_avx2(int on)
     int cb_simd_use_avx512(int on)
@@ -70,9 +71,10 @@ def _use_avx512(bint on):
     return bool(cb_simd_use_avx512(on))
 
 
-def tiles(Py_ssize_t N, Py_ssize_t OH, Py_ssize_t OW):
-    """Number of 2 x 2 output tiles of a convolution's output."""
-    return N * ((OH + 1) // 2) * ((OW + 1) // 2)
+def tiles(Py_ssize_t N, Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t OD=1):
+    """Number of 2 x 2 output tiles of a convolution's output (of OD planes
+    in 3-D)."""
+    return N * OD * ((OH + 1) // 2) * ((OW + 1) // 2)
 
 
 @cython.final
@@ -95,20 +97,28 @@ cdef class Winograd:
     cdef cb_wg_geom g
 
     def __init__(self, Py_ssize_t N, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C, Py_ssize_t F,
-                 Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t ph, Py_ssize_t pw):
+                 Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t D=1,
+                 Py_ssize_t OD=1, Py_ssize_t KD=1, Py_ssize_t pd=0):
+        """A 2-D geometry, or with D, OD, KD and pd a 3-D one: D input and OD
+        output planes, a (KD, 3, 3) kernel, pd zero planes before the input."""
         if not cb_wg_available():
             raise RuntimeError("winograd: this build has no vector kernels")
-        if C < 1 or C > CB_WG_MAX_C or F < 1 or min(N, H, W, OH, OW) < 1:
-            raise ValueError("winograd: unsupported geometry N=%d H=%d W=%d C=%d F=%d"
-                             % (N, H, W, C, F))
+        # Inputs outside the image read zeros, so any extents and paddings
+        # are safe: these are the ones a caller could not mean.
+        if C < 1 or C > CB_WG_MAX_C or F < 1 or min(N, H, W, OH, OW, D, OD, KD) < 1 \
+                or min(ph, pw, pd) < 0:
+            raise ValueError("winograd: unsupported geometry N=%d D=%d H=%d W=%d C=%d F=%d "
+                             "KD=%d OD=%d" % (N, D, H, W, C, F, KD, OD))
         g = &self.g
         g.N, g.H, g.W, g.C, g.F, g.OH, g.OW, g.ph, g.pw = N, H, W, C, F, OH, OW, ph, pw
+        g.D, g.OD, g.KD, g.pd, g.K = D, OD, KD, pd, KD * C
         g.TH, g.TW = (OH + 1) // 2, (OW + 1) // 2
 
     def run(self, cnp.ndarray x, cnp.ndarray kernel, cnp.ndarray y, object bias, object residual,
             int act, int nt, KernelCache cache=None, bint channels_last=True):
-        """x (N, H, W, C), kernel (3, 3, C, F), y (N, OH, OW, F), bias (F,) or
-        None, residual like y or None: C-contiguous float32 arrays the
+        """x (N, H, W, C), kernel (3, 3, C, F), y (N, OH, OW, F) (in 3-D x
+        (N, D, H, W, C), kernel (KD, 3, 3, C, F), y (N, OD, OH, OW, F)), bias
+        (F,) or None, residual like y or None: C-contiguous float32 arrays the
         caller has checked (shapes, dtype, layout; y writable); nt threads.
         ``cache``: the caller's KernelCache, or None to transform the kernel
         anew. With channels_last off, x is (N, C, H, W), y (N, F, OH, OW) and
@@ -120,8 +130,8 @@ cdef class Winograd:
         # A copy: the block width follows the kernel set that runs now (tests
         # switch sets) and the work items the thread count, per call.
         cdef cb_wg_geom g = self.g
-        cdef Py_ssize_t tiles = g.N * g.TH * g.TW, it, parts, u_size, scratch_size
-        cdef Py_ssize_t kbytes = 9 * g.C * g.F * sizeof(float)
+        cdef Py_ssize_t tiles = g.N * g.OD * g.TH * g.TW, it, parts, u_size, scratch_size
+        cdef Py_ssize_t kbytes = g.KD * 9 * g.C * g.F * sizeof(float)
         cdef int failed = 0
         cdef int* no_scratch = &failed    # shared: written through a pointer in prange
         cdef float* u
@@ -138,7 +148,7 @@ cdef class Winograd:
         cdef const float* xfirst = NULL
         cdef float* xlast = NULL
         cdef float* ylast = NULL
-        cdef Py_ssize_t P = g.H * g.W, OP = g.OH * g.OW
+        cdef Py_ssize_t P = g.D * g.H * g.W, OP = g.OD * g.OH * g.OW
         cdef Py_ssize_t xcopies = g.N * ((P + CB_WG_COPY_PIXELS - 1) // CB_WG_COPY_PIXELS)
         cdef Py_ssize_t ycopies = g.N * ((OP + CB_WG_COPY_PIXELS - 1) // CB_WG_COPY_PIXELS)
         if not channels_last:
@@ -169,7 +179,7 @@ cdef class Winograd:
         g.TG = (tiles + g.items - 1) // g.items
         g.items = (tiles + g.TG - 1) // g.TG
         u_size, scratch_size = cb_wg_kernel_size(&g), cb_wg_scratch(&g)
-        parts = g.nfb * g.C
+        parts = g.nfb * g.K
         if residual is not None:
             rs = <const float*> cnp.PyArray_DATA(<cnp.ndarray> residual)
         if cache is not None and kbytes <= MAX_CACHED_KERNEL_BYTES:

@@ -1,5 +1,6 @@
 """Winograd F(2x2, 3x3) forward convolutions (cyback/kernels/winograd.pyx),
-reached through conv_forward and prepared calls as the backend reaches them."""
+2-D and 3-D, reached through conv_forward and prepared calls as the backend
+reaches them."""
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -167,7 +168,17 @@ def test_input_gradient_of_a_stride1_conv_runs_it_too():
     ((2, 16, 16, 32), (5, 5, 32, 32), (1, 1), (1, 1), True, np.float32, "5x5"),
     ((2, 16, 16, 32), (3, 1, 32, 32), (1, 1), (1, 1), True, np.float32, "3x1"),
     ((2, 64, 32), (3, 32, 32), (1,), (1,), True, np.float32, "1-D"),
-    ((2, 4, 8, 8, 32), (3, 3, 3, 32, 32), (1, 1, 1), (1, 1, 1), True, np.float32, "3-D"),
+    ((2, 4, 8, 8, 32), (3, 3, 3, 32, 32), (1, 1, 1), (1, 1, 1), True, np.float32, None),
+    ((2, 4, 8, 8, 12), (3, 3, 3, 12, 32), (1, 1, 1), (1, 1, 1), True, np.float32, None),
+    ((2, 4, 8, 8, 8), (3, 3, 3, 8, 32), (1, 1, 1), (1, 1, 1), True, np.float32,
+     "8 channels in 3-D"),
+    ((2, 4, 8, 8, 32), (5, 3, 3, 32, 32), (1, 1, 1), (1, 1, 1), True, np.float32, None),
+    ((2, 4, 8, 8, 32), (3, 3, 3, 32, 32), (2, 1, 1), (1, 1, 1), True, np.float32,
+     "depth stride"),
+    ((2, 4, 8, 8, 32), (3, 3, 3, 32, 32), (1, 1, 1), (2, 1, 1), True, np.float32,
+     "depth dilation"),
+    ((2, 4, 8, 8, 32), (3, 3, 5, 32, 32), (1, 1, 1), (1, 1, 1), True, np.float32, "3x3x5"),
+    ((2, 32, 4, 8, 8), (3, 3, 3, 32, 32), (1, 1, 1), (1, 1, 1), False, np.float32, None),
     ((2, 16, 16, 24), (3, 3, 24, 32), (1, 1), (1, 1), True, np.float32, None),
     ((2, 16, 16, 12), (3, 3, 12, 32), (1, 1), (1, 1), True, np.float32, "12 channels in"),
     ((2, 16, 16, 32), (3, 3, 32, 8), (1, 1), (1, 1), True, np.float32, "8 channels out"),
@@ -348,3 +359,93 @@ def test_the_fewest_channels_depend_on_the_kernel_set():
         assert conv._use_winograd(g, True, np.float32) == winograd.available()
     finally:
         conv._TUNE["winograd_min_c"] = None
+
+
+# 3-D: (N, D, H, W), C, F, pads. Depth padding on either side or none, a
+# kernel deeper and shallower than 3, one output plane, odd tiles.
+CASES_3D = [
+    ((2, 5, 9, 11), (3, 3, 3), 32, 20, [(1, 1), (1, 1), (1, 1)]),
+    ((1, 4, 6, 6), (3, 3, 3), 24, 33, [(0, 0), (0, 0), (0, 0)]),
+    ((2, 6, 7, 5), (2, 3, 3), 40, 17, [(1, 0), (2, 0), (0, 1)]),
+    ((2, 3, 8, 8), (1, 3, 3), 32, 32, [(0, 0), (1, 1), (1, 1)]),
+    ((1, 3, 8, 9), (5, 3, 3), 12, 48, [(2, 2), (1, 1), (1, 1)]),
+    ((3, 1, 5, 4), (3, 3, 3), 16, 16, [(1, 1), (1, 1), (1, 1)]),
+]
+
+
+@pytest.mark.parametrize("case", CASES_3D)
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+def test_3d_matches_reference(wino_isa, case, epilogue):
+    # The depth taps join the channels of the 16 products: one sum over
+    # (kd, c) per transformed position.
+    (n, d, h, w), kdims, c, f, pads = case
+    rng = np.random.default_rng(300 + 10 * CASES_3D.index(case) + EPILOGUES.index(epilogue))
+    x = rng.standard_normal((n, d, h, w, c)).astype(np.float32)
+    k = rng.standard_normal(kdims + (c, f)).astype(np.float32)
+    ones = (1, 1, 1)
+    g, _, _ = conv._geometry(x.shape, k.shape, ones, ones, pads, True, "test")
+    old = conv._TUNE["winograd_min_tiles"]
+    conv._TUNE["winograd_min_tiles"] = 1
+    try:
+        assert conv._use_winograd(g, True, np.float32)
+        ref = ref_forward(x, k, ones, ones, pads)
+        bias = rng.standard_normal(f).astype(np.float32) * 4 if "bias" in epilogue else None
+        res = rng.standard_normal(ref.shape).astype(np.float32) * 4 if "res" in epilogue \
+            else None
+        act = {"none": None, "res": None}.get(epilogue, epilogue.rsplit("_", 1)[-1])
+        y = same_on_threads(lambda: conv.conv_forward(x, k, ones, ones, pads, bias=bias,
+                                                      residual=res, activation=act))
+    finally:
+        conv._TUNE["winograd_min_tiles"] = old
+    assert y.dtype == np.float32 and y.shape == ref.shape
+    _close(y, _ref_epilogue(ref, bias, act, res))
+
+
+def test_3d_channels_first_prepared_call_and_input_gradient():
+    rng = np.random.default_rng(31)
+    ones = (1, 1, 1)
+    pads = [(1, 1)] * 3
+    x = rng.standard_normal((2, 32, 4, 10, 9)).astype(np.float32)
+    k = rng.standard_normal((3, 3, 3, 32, 24)).astype(np.float32)
+    b = rng.standard_normal(24).astype(np.float32)
+    g, _, _ = conv._geometry(x.shape, k.shape, ones, ones, pads, False, "test")
+    assert conv._use_winograd(g, False, np.float32)
+    x_last = np.moveaxis(x, 1, -1)
+    want = np.moveaxis(_ref_epilogue(ref_forward(x_last, k, ones, ones, pads), b, "relu"), -1, 1)
+    y = conv.conv_forward(x, k, ones, ones, pads, channels_last=False, bias=b,
+                          activation="relu")
+    _close(y, want)
+    # the channels_last call makes the same sums
+    y_last = conv.conv_forward(x_last.copy(), k, ones, ones, pads, bias=b, activation="relu")
+    assert np.array_equal(np.moveaxis(y_last, -1, 1), y)
+    call = conv.forward_call(x_last.shape, k.shape, ones, ones, pads, True, np.float32,
+                             has_bias=True, activation="relu")
+    assert np.array_equal(call(x_last.copy(), k, b), y_last)
+    assert np.array_equal(call(x_last.copy(), k, b), y_last)    # the kept transform
+    # the input gradient of a stride-1 conv3d is one too (F = 24 -> C = 32)
+    dy = rng.standard_normal((2, 4, 10, 9, 24)).astype(np.float32)
+    kg = rng.standard_normal((3, 3, 3, 32, 24)).astype(np.float32)
+    g, _, _ = conv._geometry(dy.shape, (3, 3, 3, 24, 32), ones, ones, pads, True, "test")
+    assert conv._use_winograd(g, True, np.float32)
+    dx = conv.conv_backward_input(dy, kg, (2, 4, 10, 9, 32), ones, ones, pads)
+    _close(dx, ref_backward_input(dy, kg, (2, 4, 10, 9, 32), ones, ones, pads))
+
+
+def test_3d_agrees_with_the_direct_kernel_and_bad_geometries_are_refused():
+    rng = np.random.default_rng(32)
+    ones = (1, 1, 1)
+    x = rng.standard_normal((2, 6, 12, 12, 32)).astype(np.float32)
+    k = rng.standard_normal((3, 3, 3, 32, 32)).astype(np.float32)
+    y = conv.conv_forward(x, k, ones, ones, [(1, 1)] * 3)
+    conv._TUNE["winograd"] = False
+    try:
+        y_direct = conv.conv_forward(x, k, ones, ones, [(1, 1)] * 3)
+    finally:
+        conv._TUNE["winograd"] = True
+    assert not np.array_equal(y, y_direct)     # a different sum, really taken
+    _close(y, y_direct)
+    for bad in [dict(D=0), dict(OD=0), dict(KD=0), dict(pd=-1)]:
+        args = dict(D=4, OD=4, KD=3, pd=1)
+        args.update(bad)
+        with pytest.raises(ValueError, match="unsupported geometry"):
+            winograd.Winograd(1, 8, 8, 32, 16, 8, 8, 1, 1, **args)
