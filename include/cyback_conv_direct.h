@@ -400,15 +400,46 @@ CB_CD_ROW(float, cb_v8f, 8, 2, 6, f_avx2, CB_AVX2_ATTR)
 CB_CD_ROW(double, cb_v4d, 4, 2, 6, d_avx2, CB_AVX2_ATTR)
 #endif
 #if CB_SIMD_AVX512
+/* float32 rows in tiles of up to 12 pixels (Intel) and of 6 (the _s rows:
+ * where 512-bit FMAs run as two 256-bit halves, cb_cd_wide_tiles). The
+ * second set of rows (_n) runs the AVX2 block width as one AVX-512 vector,
+ * with the same packing. float64 keeps 6-pixel tiles: Keras layers are
+ * float32, and each tile size is code in the wheel. */
 CB_CD_ROW(float, cb_v16f, 16, 2, 12, f_avx512, CB_AVX512_ATTR)
+CB_CD_ROW(float, cb_v16f, 16, 2, 6, f_avx512s, CB_AVX512_ATTR)
 CB_CD_ROW(double, cb_v8d, 8, 2, 6, d_avx512, CB_AVX512_ATTR)
-/* the AVX2 block width as one AVX-512 vector: the same packing. float64 keeps
- * 6-pixel tiles: Keras layers are float32, and each tile size is code in the
- * wheel. */
 CB_CD_ROW(float, cb_v16f, 16, 1, 12, f_avx512n, CB_AVX512_ATTR)
+CB_CD_ROW(float, cb_v16f, 16, 1, 6, f_avx512ns, CB_AVX512_ATTR)
 CB_CD_ROW(double, cb_v8d, 8, 1, 6, d_avx512n, CB_AVX512_ATTR)
+#define cb_cd_row_d_avx512s cb_cd_row_d_avx512
+#define cb_cd_row_d_avx512ns cb_cd_row_d_avx512n
+
+/* Whether the float32 AVX-512 rows take tiles of 12 pixels (else 6); -1:
+ * by the CPU, as cb_simd_half_rate_512 tells. On an Intel Xeon the 12-pixel
+ * tiles ran 3x3 64 -> 64 1.15x and conv3d 1.15-1.3x faster than 6; on AMD
+ * Zen 4 (2 threads, alternated against the AVX2 set in one process) the
+ * 12-pixel ones ran 0.71-1.03x of AVX2's speed and the 6-pixel ones
+ * 1.01-1.33x: there a zmm FMA takes both 256-bit pipes, so 12 pixels add
+ * no FMA throughput, only the pixels' pointers that no longer fit in
+ * registers. Tests and benchmarks set it (conv.pyx, _use_wide_tiles). */
+static int cb_cd_wide = -1;
+
+static int cb_cd_wide_tiles(void) {
+    return cb_cd_wide >= 0 ? cb_cd_wide : !cb_simd_half_rate_512();
+}
+
+/* w = 1: 12-pixel tiles, 0: 6-pixel ones, -1: by the CPU. Returns whether
+ * the 12-pixel tiles now run. */
+static int cb_cd_use_wide_tiles(int w) {
+    cb_cd_wide = w;
+    return cb_cd_wide_tiles();
+}
 #endif
 #endif  /* CB_SIMD_VECTOR */
+
+#if !(CB_SIMD_VECTOR && CB_SIMD_AVX512)
+static int cb_cd_use_wide_tiles(int w) { (void)w; return 0; }
+#endif
 
 /* Where the output rows of a convolution go in a larger output array: output
  * position (od, oh, ow) of sample n is element ((n * D + d0 + od * sd) * H + h0
@@ -467,10 +498,14 @@ static void cb_cd_item_##SUF(const T *x, const T *wp, const T *bp, const T *res,
  * width runs as one AVX-512 vector where the CPU has it (same packing). */
 #if CB_SIMD_VECTOR && CB_SIMD_AVX2
 #define CB_CD_DISPATCH(SUF, VL_AVX2, VL_BASE)                                             \
-    if (g->FB == 4 * VL_AVX2) cb_cd_row_##SUF##_avx512(xr, R, wp, bp, res, act, yb, ys, nf, g); \
-    else if (g->FB == 2 * VL_AVX2 && cb_simd_has_avx512())                                \
-        cb_cd_row_##SUF##_avx512n(xr, R, wp, bp, res, act, yb, ys, nf, g);                \
-    else if (g->FB == 2 * VL_AVX2) cb_cd_row_##SUF##_avx2(xr, R, wp, bp, res, act, yb, ys, nf, g); \
+    if (g->FB == 4 * VL_AVX2) {                                                           \
+        if (cb_cd_wide_tiles()) cb_cd_row_##SUF##_avx512(xr, R, wp, bp, res, act, yb, ys, nf, g); \
+        else cb_cd_row_##SUF##_avx512s(xr, R, wp, bp, res, act, yb, ys, nf, g);           \
+    } else if (g->FB == 2 * VL_AVX2 && cb_simd_has_avx512()) {                            \
+        if (cb_cd_wide_tiles())                                                           \
+            cb_cd_row_##SUF##_avx512n(xr, R, wp, bp, res, act, yb, ys, nf, g);            \
+        else cb_cd_row_##SUF##_avx512ns(xr, R, wp, bp, res, act, yb, ys, nf, g);          \
+    } else if (g->FB == 2 * VL_AVX2) cb_cd_row_##SUF##_avx2(xr, R, wp, bp, res, act, yb, ys, nf, g); \
     else cb_cd_row_##SUF##_base(xr, R, wp, bp, res, act, yb, ys, nf, g);
 #elif CB_SIMD_VECTOR
 #define CB_CD_DISPATCH(SUF, VL_AVX2, VL_BASE)                                             \

@@ -53,6 +53,7 @@ typedef double cb_v2d __attribute__((vector_size(16), aligned(8)));
 #endif
 
 #if CB_SIMD_VECTOR && (defined(__x86_64__) || defined(__i386__))
+#include <cpuid.h>
 #define CB_SIMD_AVX2 1
 #define CB_SIMD_AVX512 1
 #define CB_AVX2_ATTR __attribute__((target("avx2,fma")))
@@ -90,6 +91,26 @@ static int cb_simd_has_avx2(void) { return cb_simd_level() >= 1; }
 /* 1 when the AVX-512 kernels run. */
 static int cb_simd_has_avx512(void) { return cb_simd_level() >= 2; }
 
+/* 1 on CPUs that run a 512-bit FMA as two 256-bit halves: AMD family 19h
+ * (Zen 4; Zen 3, the same family, has no AVX-512). There a zmm FMA costs
+ * two ymm ones, and kernels choose their register tiles accordingly. Read
+ * once (-1: not yet; a benign race). */
+static int cb_simd_half_rate = -1;
+
+static int cb_simd_half_rate_512(void) {
+    if (cb_simd_half_rate < 0) {
+        unsigned a = 0, b = 0, c = 0, d = 0, family = 0;
+        int amd = __get_cpuid(0, &a, &b, &c, &d)
+            && b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163;  /* AuthenticAMD */
+        if (amd && __get_cpuid(1, &a, &b, &c, &d)) {
+            family = (a >> 8) & 0xf;
+            if (family == 0xf) family += (a >> 20) & 0xff;
+        }
+        cb_simd_half_rate = amd && family == 0x19;
+    }
+    return cb_simd_half_rate;
+}
+
 /* The block width of a kernel with an AVX-512 set for n output columns: twice
  * the AVX2 or baseline width `narrow` where AVX-512 runs and n is wider than
  * narrow (n <= narrow would leave half of a wide block empty). */
@@ -118,6 +139,7 @@ static int cb_simd_has_avx2(void) { return 0; }
 static int cb_simd_has_avx512(void) { return 0; }
 static int cb_simd_use_avx2(int on) { (void)on; return 0; }
 static int cb_simd_use_avx512(int on) { (void)on; return 0; }
+static int cb_simd_half_rate_512(void) { return 0; }
 static ptrdiff_t cb_simd_block(ptrdiff_t narrow, ptrdiff_t n) { (void)n; return narrow; }
 #endif
 

@@ -77,6 +77,7 @@ cdef extern from "cyback_conv_direct.h" nogil:
     Py_ssize_t cb_cd_block(int dbl)
     Py_ssize_t cb_cd_block_for(int dbl, Py_ssize_t F)
     int cb_cd_pads_itself()
+    int cb_cd_use_wide_tiles(int w)
     void cb_cd_prepare(cb_cd_geom* g, Py_ssize_t xw0)
     void cb_cd_pack_f(const float* k, const float* bias, float* wp, float* bp,
                       const cb_cd_geom* g)
@@ -1321,6 +1322,15 @@ def _use_avx512(bint on):
     """Let the direct kernel's AVX-512 set run when the CPU has it (the
     default), or cap it at AVX2 (for tests). Returns whether AVX-512 now runs."""
     return bool(cb_simd_use_avx512(on))
+
+
+def _use_wide_tiles(wide=None):
+    """Run the direct kernel's float32 AVX-512 rows in tiles of 12 pixels
+    (True), of 6 (False) or as the CPU suits (None, the default: 6 where
+    512-bit FMAs run at half rate, include/cyback_conv_direct.h). The same
+    sums either way; for tests and benchmarks. Returns whether the
+    12-pixel tiles now run."""
+    return bool(cb_cd_use_wide_tiles(-1 if wide is None else int(bool(wide))))
 
 
 _ACTIVATIONS = {None: 0, "linear": 0, "relu": 1, "relu6": 2}

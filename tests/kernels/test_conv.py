@@ -585,17 +585,20 @@ def test_pointwise_tiles_ignore_threads_and_keep_nan_like_numpy():
 
 # ---------------------------------------------------------------- direct kernel
 
-@pytest.fixture(params=["avx512", "avx2", "baseline"])
+@pytest.fixture(params=["avx512", "avx512-6px", "avx2", "baseline"])
 def direct_isa(request):
-    """The direct kernel's AVX-512 and AVX2 sets (where the CPU has them) and
-    its baseline set; the packing block width follows the set that runs. Winograd is off,
-    so that 3x3 cases reach the direct kernel."""
+    """The direct kernel's AVX-512 set with float32 tiles of 12 pixels and of
+    6, its AVX2 set (where the CPU has them) and its baseline set; the
+    packing block width follows the set that runs. Winograd is off, so that
+    3x3 cases reach the direct kernel."""
     conv._TUNE["winograd"] = False
+    conv._use_wide_tiles(request.param == "avx512")
     try:
-        with instruction_set(conv, request.param) as which:
+        with instruction_set(conv, request.param.split("-")[0]) as which:
             yield which
     finally:
         conv._TUNE["winograd"] = True
+        conv._use_wide_tiles(None)
 
 
 def _ref_epilogue(y, bias, activation, residual=None):
@@ -842,7 +845,8 @@ def test_direct_many_tap_rows_fall_back():
 def test_direct_avx512_and_avx2_sums_agree_bit_for_bit(dtype, kernel, strides, f):
     # Both sets sum each output over (r, kw, c) in the same order with fused
     # multiply-adds; only the number of output channels per vector differs
-    # (on AVX-512, up to the AVX2 block width as one vector of 12-pixel tiles).
+    # (on AVX-512, up to the AVX2 block width as one vector), and the pixels
+    # per tile (12 or 6 in float32 on AVX-512).
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 13, 15, 24)).astype(dtype)
     w = rng.standard_normal(kernel + (24, f)).astype(dtype)
@@ -854,13 +858,40 @@ def test_direct_avx512_and_avx2_sums_agree_bit_for_bit(dtype, kernel, strides, f
             dbl = dtype == np.float64
             narrow = conv._direct_block_width(dbl)
             assert conv._direct_block_width(dbl, f) == (2 * narrow if f > narrow else narrow)
+            assert conv._use_wide_tiles(True)
             wide = conv.conv_forward(x, w, *args, bias=b, activation="relu")
+            assert not conv._use_wide_tiles(False)
+            wide6 = conv.conv_forward(x, w, *args, bias=b, activation="relu")
         with instruction_set(conv, "avx2"):
             narrow = conv.conv_forward(x, w, *args, bias=b, activation="relu")
     finally:
         conv._TUNE["winograd"] = True
+        conv._use_wide_tiles(None)
     np.testing.assert_allclose(wide, np.maximum(ref_forward(x, w, *args) + b, 0), **tol(dtype))
     assert np.array_equal(wide, narrow)
+    assert np.array_equal(wide6, narrow)
+
+
+def test_wide_tiles_follow_the_cpu_unless_set():
+    # 12-pixel float32 tiles except where 512-bit FMAs run at half rate
+    # (AMD Zen 4); only meaningful where AVX-512 runs.
+    import platform
+    default = conv._use_wide_tiles(None)
+    try:
+        assert conv._use_wide_tiles(True) is True
+        assert conv._use_wide_tiles(False) is False
+    finally:
+        assert conv._use_wide_tiles(None) == default
+    if platform.machine() not in ("x86_64", "AMD64") or not os.path.exists("/proc/cpuinfo"):
+        return
+    with open("/proc/cpuinfo") as f:
+        info = f.read()
+    if "avx512f" not in info:
+        return
+    amd = "AuthenticAMD" in info
+    family = next((int(line.split(":")[1]) for line in info.splitlines()
+                   if line.startswith("cpu family")), None)
+    assert default == (not (amd and family == 0x19))
 
 
 def test_avx512_setting_caps_the_kernels_at_avx2():
