@@ -438,6 +438,7 @@ static int cb_cd_use_wide_tiles(int w) {
 #endif  /* CB_SIMD_VECTOR */
 
 #if !(CB_SIMD_VECTOR && CB_SIMD_AVX512)
+static int cb_cd_wide_tiles(void) { return 0; }
 static int cb_cd_use_wide_tiles(int w) { (void)w; return 0; }
 #endif
 

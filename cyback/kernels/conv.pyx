@@ -78,6 +78,7 @@ cdef extern from "cyback_conv_direct.h" nogil:
     Py_ssize_t cb_cd_block_for(int dbl, Py_ssize_t F)
     int cb_cd_pads_itself()
     int cb_cd_use_wide_tiles(int w)
+    int cb_cd_wide_tiles()
     void cb_cd_prepare(cb_cd_geom* g, Py_ssize_t xw0)
     void cb_cd_pack_f(const float* k, const float* bias, float* wp, float* bp,
                       const cb_cd_geom* g)
@@ -845,7 +846,7 @@ _TUNE = _Tuning({"winograd": _env_winograd(), "winograd_channels_first": True,
          "winograd_min_c": None, "winograd_min_f": 16,
          "winograd_min_tiles": 16, "winograd_kernel_per_tile": 8192,
 "buf_bytes": BUF_BYTES, "pointwise_gemm": None, "pointwise_gemm_min_cf": 1 << 14,
-         "pointwise_gemm_min_macs": 1 << 27,
+         "pointwise_gemm_min_macs": 1 << 27, "pointwise_gemm_short_tiles_max_rows": 512,
          "direct": True, "direct_max_c": 64, "direct_max_k": 1024,
          "direct_wide_max_c": 1024, "direct_wide_max_k": 4608, "direct_wide_min_pixels": 512,
          "flops_per_byte": 8.0,
@@ -1652,15 +1653,29 @@ def _use_pointwise_gemm(g, bint last, bint pointwise):
     256 x 1024 on (1, 14, 14) 1.6x and 1.9x, 512 x 512 on (1, 7, 7) 1.7x,
     64 x 256 and 128 x 512 on (32, 56, 56) and (32, 28, 28) 1.3x, 64 x 64 on
     (32, 56, 56) 1.2x; but 64 x 64 or 128 x 128 at batch 1 0.84-0.87x, and
-    16-32 channels 0.3-0.9x (a tile's GEMM costs microseconds to set up)."""
+    16-32 channels 0.3-0.9x (a tile's GEMM costs microseconds to set up).
+
+    Where the direct kernel runs its 6-pixel AVX-512 tiles (AMD Zen 4,
+    cyback_conv_direct.h) it also wins on wide kernels once a call has a
+    few hundred pixels, so there the tiles keep only calls of fewer rows
+    than _TUNE["pointwise_gemm_short_tiles_max_rows"] and those the direct
+    kernel does not take (over 1024 channels). Zen 4, 2 threads,
+    alternated through prepared calls, direct time / tiles time: 256 x 1024
+    on (1, 14, 14) 1.63x and 512 x 512 on (1, 7, 7) 1.58x, but 128 x 512 on
+    (1, 28, 28) 0.91x, 256 x 1024 on (4, 14, 14) 0.91x, 512 x 2048 on
+    (32, 7, 7) 0.81x, and every other shape from 784 rows 0.90-0.97x."""
     if not (pointwise and last):
         return False
     force = _TUNE["pointwise_gemm"]
     if force is not None:
         return bool(force)
     cf = g["C"] * g["F"]
+    rows = g["N"] * g["P"]
+    if cb_simd_has_avx512() and not cb_cd_wide_tiles() and _use_direct(g, last) and \
+            rows >= _TUNE["pointwise_gemm_short_tiles_max_rows"]:
+        return False
     return cf > _TUNE["pointwise_gemm_min_cf"] or \
-        g["N"] * g["P"] * cf >= _TUNE["pointwise_gemm_min_macs"]
+        rows * cf >= _TUNE["pointwise_gemm_min_macs"]
 
 
 def _run_pointwise(x, kernel, y, g, bias, residual, int act, int nt):

@@ -568,6 +568,40 @@ def test_pointwise_tiles_epilogue(activation, dtype):
     np.testing.assert_allclose(acc, _ref_epilogue(plain, bias, activation, res), **tol(dtype))
 
 
+def test_pointwise_tiles_give_way_to_short_avx512_direct_tiles():
+    # Where the direct kernel runs 6-pixel AVX-512 tiles, a wide 1x1 with
+    # 512 rows or more runs it instead of the GEMM tiles, unless it has more
+    # channels than the direct kernel takes; 12-pixel tiles keep the rule
+    # by width and size.
+    if not conv._use_avx512(True):
+        pytest.skip("AVX-512 is off: no AVX-512F on this CPU, or CYBACK_AVX512=0")
+    args = ((1, 1), (1, 1), [(0, 0), (0, 0)])
+
+    def tiles(x_shape, c, f):
+        g = conv._geometry(x_shape + (c,), (1, 1, c, f), *args, True, "t")[0]
+        return conv._use_pointwise_gemm(g, True, True)
+    try:
+        conv._use_wide_tiles(False)
+        assert not tiles((32, 14, 14), 256, 1024)
+        assert not tiles((1, 28, 28), 128, 512)
+        assert tiles((1, 14, 14), 256, 1024)               # 196 rows
+        assert tiles((32, 7, 7), 2048, 512)                # too wide for the direct kernel
+        conv._use_wide_tiles(True)
+        assert tiles((32, 14, 14), 256, 1024) and tiles((1, 28, 28), 128, 512)
+    finally:
+        conv._use_wide_tiles(None)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 24, 24, 64)).astype(np.float32)
+    w = rng.standard_normal((1, 1, 64, 512)).astype(np.float32)
+    want = ref_forward(x, w, *args)
+    for wide in (False, True):
+        conv._use_wide_tiles(wide)
+        try:
+            np.testing.assert_allclose(conv.conv_forward(x, w, *args), want, **tol(np.float32))
+        finally:
+            conv._use_wide_tiles(None)
+
+
 def test_pointwise_tiles_ignore_threads_and_keep_nan_like_numpy():
     rng = np.random.default_rng(34)
     x, w = _pointwise_case(rng, np.float32, n=4, hw=(14, 14), c=96, f=300)
