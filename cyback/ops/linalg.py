@@ -10,6 +10,7 @@ import numpy as np
 
 from cyback.graph.op import Op
 from cyback.graph.tensor import as_tensor
+from cyback.kernels.conv import small_k_product
 from cyback.kernels.linalg import batch_gemm, dense, matmul
 from cyback.kernels.runtime import parallel_min_work
 from cyback.ops import elementwise as ew
@@ -186,7 +187,10 @@ def contract(x, y, ax, ay, bias=None):
         if bias is not None:
             out += bias
         return out.reshape(shape)
-    return matmul(a, b, bias).reshape(shape)
+    out = small_k_product(a, b, bias)
+    if out is None:
+        out = matmul(a, b, bias)
+    return out.reshape(shape)
 
 
 def dot(x, y):
