@@ -908,13 +908,22 @@ def _winograd_min_c(g):
     KD times longer and its packed kernel leaves L1, so 3-D layers gain
     from 12 channels on (AMD Zen 4, AVX-512, 2 threads, alternated, direct
     time / Winograd time on (4, 16, 56, 56) 3x3x3: 8 -> 16 0.96x, 12 -> 16
-    1.21x, 16 -> 16 1.20x)."""
+    1.21x, 16 -> 16 1.20x). Where the direct kernel runs 6-pixel AVX-512
+    tiles (Zen 4), Winograd's two-vector blocks beat it on 16 channels in
+    once there are more than 16 out, and its 16-channel blocks (the AVX2
+    set's) do not: direct time / Winograd time, 2 threads, alternated, 16
+    -> 32 on (32, 28, 28) 1.20x and on (1, 28, 28) 1.32x, 16 -> 64 1.37x,
+    16 -> 24 on (8, 56, 56) 1.27x; 16 -> 16 0.83-1.10x, 12 -> 32 0.83x."""
     n = _TUNE["winograd_min_c"]
     if n is not None:
         return n
     if g["KD"] > 1:
         return 12
-    return 24 if cb_simd_has_avx512() else 16
+    if not cb_simd_has_avx512():
+        return 16
+    if not cb_cd_wide_tiles() and g["F"] > 16:
+        return 16
+    return 24
 
 
 # (id of a cached geometry dict) -> (that dict, winograd.Winograd), as _DIRECT_GEOMS

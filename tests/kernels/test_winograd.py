@@ -339,12 +339,32 @@ def test_non_finite_inputs_reach_the_same_outputs_as_the_direct_sum():
         assert np.isfinite(yi[0][~hit]).all() and not np.isfinite(yi[0][hit]).any()
 
 
+def test_sixteen_channels_with_short_avx512_tiles_need_wide_outputs():
+    # With the direct kernel's 6-pixel AVX-512 tiles, 16 channels in take
+    # Winograd once F > 16 (its two-vector blocks); with 12-pixel tiles 24.
+    if not conv._use_avx512(True):
+        pytest.skip("AVX-512 is off: no AVX-512F on this CPU, or CYBACK_AVX512=0")
+
+    def runs(c, f):
+        g, _, _ = conv._geometry((2, 16, 16, c), (3, 3, c, f), (1, 1), (1, 1), [(1, 1)] * 2,
+                                 True, "test")
+        return conv._use_winograd(g, True, np.float32)
+    try:
+        conv._use_wide_tiles(False)
+        assert runs(16, 32) and runs(16, 17) and not runs(16, 16) and not runs(12, 32)
+        conv._use_wide_tiles(True)
+        assert not runs(16, 32) and runs(24, 32)
+    finally:
+        conv._use_wide_tiles(None)
+
+
 def test_the_fewest_channels_depend_on_the_kernel_set():
     # 16 channels in: Winograd beside the AVX2 (6-pixel) direct tiles, the
     # direct kernel beside AVX-512's 12-pixel ones; _TUNE overrides either.
     g, _, _ = conv._geometry((2, 16, 16, 16), (3, 3, 16, 32), (1, 1), (1, 1), [(1, 1)] * 2,
                              True, "test")
     had512 = conv._use_avx512(True)
+    conv._use_wide_tiles(True)
     try:
         assert conv._use_winograd(g, True, np.float32) == (winograd.available() and not had512)
         conv._use_avx512(False)
@@ -354,6 +374,7 @@ def test_the_fewest_channels_depend_on_the_kernel_set():
     finally:
         conv._TUNE["winograd_min_c"] = None
         conv._use_avx512(True)
+        conv._use_wide_tiles(None)
     conv._TUNE["winograd_min_c"] = 16
     try:
         assert conv._use_winograd(g, True, np.float32) == winograd.available()
