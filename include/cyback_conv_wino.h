@@ -28,8 +28,9 @@
  * of FB output channels (zero past F). A work item is TG consecutive tiles of
  * the N * OD * TH * TW tiles (rows, planes and samples run on, so that an
  * item's tiles share the kernel blocks however narrow the image): their
- * inputs V[xi][t][K] go to the thread's scratch (in L2), then for each channel block and each group of up
- * to 6 tiles the 16 products run with a 6 x FB register tile (as in
+ * inputs V[xi][t][K] go to the thread's scratch (in L2), then for each
+ * channel block and each group of up to 6 tiles the 16 products run with a
+ * 6 x FB register tile (as in
  * cyback_conv_direct.h) into M[xi][t][FB] (in L1), and the output transform
  * adds the epilogue (bias, residual, relu / relu6) and stores the pixels that
  * exist (odd output sizes compute a tile's missing row or column and drop it).
@@ -76,16 +77,16 @@ static ptrdiff_t cb_wg_scratch(const cb_wg_geom *g) {
 /* Floats of the transformed kernel U (from k (KD, 3, 3, C, F) by cb_wg_kernel_part). */
 static ptrdiff_t cb_wg_kernel_size(const cb_wg_geom *g) { return g->nfb * 16 * g->K * g->FB; }
 
-/* Part `it` of the kernel transform (nfb * K parts, independent): depth tap
- * and input channel it % K of output block it / K. Its output channels are contiguous
- * in k and go through a stack row, then 16 row copies: writing the 16
+/* Part `it` of the kernel transform (nfb * K parts, independent): row it % K
+ * (depth tap, input channel) of output block it / K. Its output channels are
+ * contiguous in k and go through a stack row, then 16 row copies: writing the 16
  * positions straight to U, 4 KB apart at 64 channels, took 7x longer (210
  * against 30 us for 3x3 x 64 x 64). */
 static void cb_wg_kernel_part(const float *k, float *u, const cb_wg_geom *g, ptrdiff_t it) {
     const ptrdiff_t C = g->C, F = g->F, FB = g->FB, CF = C * F, K = g->K;
-    const ptrdiff_t kc_ = it % K, f0 = (it / K) * FB, nf = F - f0 < FB ? F - f0 : FB;
-    const float *kc = k + (kc_ / C) * 9 * CF + (kc_ % C) * F + f0;
-    float *uc = u + ((it / K) * 16 * K + kc_) * FB;
+    const ptrdiff_t row = it % K, f0 = (it / K) * FB, nf = F - f0 < FB ? F - f0 : FB;
+    const float *kc = k + (row / C) * 9 * CF + (row % C) * F + f0;
+    float *uc = u + ((it / K) * 16 * K + row) * FB;
     float v[16][CB_WG_MAX_FB];
     ptrdiff_t f, i;
     for (f = 0; f < nf; f++) {
@@ -276,21 +277,21 @@ ATTR static void cb_wg_item_##SUF(const float *x, const float *u, const float *b
         float *scratch) {                                                                 \
     const ptrdiff_t tiles = g->N * g->OD * g->TH * g->TW, first = it * g->TG;             \
     const ptrdiff_t nt = tiles - first < g->TG ? tiles - first : g->TG;                   \
-    const ptrdiff_t C = g->K, vs = nt * C;   /* the products' inner length */             \
-    float *vt = scratch, *m = scratch + 16 * g->TG * C;                                   \
+    const ptrdiff_t K = g->K, vs = nt * K;                                                \
+    float *vt = scratch, *m = scratch + 16 * g->TG * K;                                   \
     ptrdiff_t b, t0, np;                                                                  \
     cb_wg_input_##SUF(x, vt, g, first, nt);                                            \
     for (b = 0; b < g->nfb; b++) {                                                        \
-        const float *ub = u + b * 16 * C * 2 * VL;                                        \
+        const float *ub = u + b * 16 * K * 2 * VL;                                        \
         for (t0 = 0; t0 < nt; t0 += np) {                                                 \
             np = nt - t0 < CB_WG_TILE ? nt - t0 : CB_WG_TILE;                             \
             switch (np) {                                                                 \
-            case 6: cb_wg_products_##SUF(6, vt + t0 * C, vs, ub, m, C); break;            \
-            case 5: cb_wg_products_##SUF(5, vt + t0 * C, vs, ub, m, C); break;            \
-            case 4: cb_wg_products_##SUF(4, vt + t0 * C, vs, ub, m, C); break;            \
-            case 3: cb_wg_products_##SUF(3, vt + t0 * C, vs, ub, m, C); break;            \
-            case 2: cb_wg_products_##SUF(2, vt + t0 * C, vs, ub, m, C); break;            \
-            default: cb_wg_products_##SUF(1, vt + t0 * C, vs, ub, m, C); break;           \
+            case 6: cb_wg_products_##SUF(6, vt + t0 * K, vs, ub, m, K); break;            \
+            case 5: cb_wg_products_##SUF(5, vt + t0 * K, vs, ub, m, K); break;            \
+            case 4: cb_wg_products_##SUF(4, vt + t0 * K, vs, ub, m, K); break;            \
+            case 3: cb_wg_products_##SUF(3, vt + t0 * K, vs, ub, m, K); break;            \
+            case 2: cb_wg_products_##SUF(2, vt + t0 * K, vs, ub, m, K); break;            \
+            default: cb_wg_products_##SUF(1, vt + t0 * K, vs, ub, m, K); break;           \
             }                                                                             \
             cb_wg_output_##SUF(m, bp, res, act, y, g, first + t0, np, b);               \
         }                                                                                 \
