@@ -1,6 +1,6 @@
 """Benchmark of the convolution kernels (cyback.kernels.conv).
 
-    python benchmarks/bench_conv.py [--quick] [--phases | --pointwise | --vs-torch]
+    python benchmarks/bench_conv.py [--quick] [--phases | --pointwise | --tiles | --vs-torch]
 
 For each shape: forward and backward (input + kernel gradients) GFLOPS of
 cyback, a NumPy im2col + matmul reference, PyTorch CPU if it is installed (timed
@@ -9,7 +9,8 @@ and the machine's sgemm rate measured in the same run (the roofline). Also the
 2-thread over 1-thread speedup of the ResNet 3x3 forward, the direct kernel
 against the GEMM paths on the narrow layers of the model benchmark, and
 1 against 2 threads at batch 1, and the phase split of strided input
-gradients (transposed convolutions) against col2im. Writes
+gradients (transposed convolutions) against col2im, and the direct kernel's
+AVX-512 tiles of 12 and of 6 pixels against its AVX2 set (--tiles). Writes
 benchmarks/results/conv.json.
 """
 import os
@@ -298,7 +299,8 @@ def direct_vs_gemm(nthreads):
     return rows
 
 
-# 3x3 stride-1 channels_last float32 layers Winograd takes: name, x, kernel, pads.
+# 3x3 (and 3-D (3, 3, 3)) stride-1 channels_last float32 layers Winograd takes:
+# name, x, kernel, pads.
 WINOGRAD_CASES = [
     ("cnn 3x3 32->64 b1", (1, 26, 26, 32), (3, 3, 32, 64), [(0, 0), (0, 0)]),
     ("cnn 3x3 32->64 b32", (32, 26, 26, 32), (3, 3, 32, 64), [(0, 0), (0, 0)]),
@@ -307,6 +309,10 @@ WINOGRAD_CASES = [
     ("3x3 128 b8", (8, 28, 28, 128), (3, 3, 128, 128), [(1, 1), (1, 1)]),
     ("3x3 256 b1", (1, 14, 14, 256), (3, 3, 256, 256), [(1, 1), (1, 1)]),
     ("3x3 256 b8", (8, 14, 14, 256), (3, 3, 256, 256), [(1, 1), (1, 1)]),
+    ("3x3 16->32 b32", (32, 28, 28, 16), (3, 3, 16, 32), [(1, 1), (1, 1)]),
+    ("conv3d 3x3x3 32 b4", (4, 16, 56, 56, 32), (3, 3, 3, 32, 32), [(1, 1)] * 3),
+    ("conv3d 3x3x3 12->16 b4", (4, 16, 56, 56, 12), (3, 3, 3, 12, 16), [(1, 1)] * 3),
+    ("conv3d 3x3x3 64 b1", (1, 8, 28, 28, 64), (3, 3, 3, 64, 64), [(1, 1)] * 3),
 ]
 
 
@@ -325,7 +331,8 @@ def winograd_vs_direct():
         w = rng.standard_normal(ks, dtype=np.float32)
 
         def run(x=x, w=w, pads=pads):
-            return conv.conv_forward(x, w, (1, 1), (1, 1), pads)
+            ones = (1,) * len(pads)
+            return conv.conv_forward(x, w, ones, ones, pads)
         engines = {"winograd": _tuned(run, winograd=True), "direct": _tuned(run, winograd=False),
                    "gemm": _tuned(run, winograd=False, direct=False)}
         y, y_direct = engines["winograd"](), engines["direct"]()
@@ -341,6 +348,72 @@ def winograd_vs_direct():
                          rel_diff_e6=1e6 * float(np.abs(y - y_direct).max()
                                                 / np.abs(y_direct).max())))
     return rows
+
+
+# The direct kernel's float32 AVX-512 rows in tiles of 12 pixels and of 6
+# (conv._use_wide_tiles), and its AVX2 set: name, x, kernel, strides, pads.
+TILE_CASES = [
+    ("3x3 16 b32", (32, 56, 56, 16), (3, 3, 16, 16), (1, 1), [(1, 1), (1, 1)]),
+    ("3x3 32 b32", (32, 56, 56, 32), (3, 3, 32, 32), (1, 1), [(1, 1), (1, 1)]),
+    ("3x3 16 b1", (1, 32, 32, 16), (3, 3, 16, 16), (1, 1), [(1, 1), (1, 1)]),
+    ("stem 7x7/2 b8", (8, 224, 224, 3), (7, 7, 3, 64), (2, 2), [(3, 3), (3, 3)]),
+    ("3x3/2 64->128 b32", (32, 56, 56, 64), (3, 3, 64, 128), (2, 2), [(1, 1), (1, 1)]),
+    ("conv1d k5 128 b32", (32, 200, 128), (5, 128, 128), (1,), [(2, 2)]),
+    ("conv3d 3x3x3 16 b4", (4, 16, 56, 56, 16), (3, 3, 3, 16, 16), (1, 1, 1), [(1, 1)] * 3),
+    ("1x1 32->64 b32", (32, 32, 32, 32), (1, 1, 32, 64), (1, 1), [(0, 0), (0, 0)]),
+]
+
+
+def tiles_vs_avx2():
+    """Winograd off, alternated in blocks: the direct kernel's AVX-512 rows with
+    12-pixel and 6-pixel float32 tiles and its AVX2 set (the same sums: outputs
+    are compared bit for bit first). The default (None) picks 6 pixels where a
+    512-bit FMA runs as two 256-bit halves (AMD Zen 4). Empty without AVX-512."""
+    if not conv._use_avx512(True):
+        return []
+    default = conv._use_wide_tiles(None)
+    rng = np.random.default_rng(6)
+    rows = []
+    try:
+        for name, xs, ks, strides, pads in TILE_CASES:
+            x = rng.standard_normal(xs, dtype=np.float32)
+            w = rng.standard_normal(ks, dtype=np.float32)
+            dil = (1,) * len(strides)
+
+            def engine(avx512, wide, x=x, w=w, strides=strides, dil=dil, pads=pads):
+                def call():
+                    conv._use_avx512(avx512)
+                    conv._use_wide_tiles(wide)
+                    return conv.conv_forward(x, w, strides, dil, pads)
+                return _tuned(call, winograd=False)
+            engines = {"tiles12": engine(True, True), "tiles6": engine(True, False),
+                       "avx2": engine(False, None)}
+            outs = [f() for f in engines.values()]
+            assert all(np.array_equal(outs[0], y) for y in outs[1:]), name
+            flops = 2.0 * outs[0].size * np.prod(ks[:-1])
+            st = time_alternated(engines, blocks=3 if QUICK else 9, block_seconds=0.1)
+            med = {k: v["median_s"] for k, v in st.items()}
+            rows.append(dict(case=name, tiles12_ms=med["tiles12"] * 1e3,
+                             tiles6_ms=med["tiles6"] * 1e3, avx2_ms=med["avx2"] * 1e3,
+                             tiles12_over_tiles6=med["tiles12"] / med["tiles6"],
+                             avx2_over_tiles6=med["avx2"] / med["tiles6"],
+                             tiles6_gflops=flops / med["tiles6"] / 1e9))
+    finally:
+        conv._use_avx512(True)
+        conv._use_wide_tiles(None)
+    print("default tiles on this CPU: %s pixels" % (12 if default else 6))
+    return rows
+
+
+def print_tiles():
+    rows = tiles_vs_avx2()
+    if not rows:
+        print("no AVX-512 here (or CYBACK_AVX512=0): nothing to compare")
+        return
+    print_table(rows, list(rows[0]),
+                title="direct kernel, float32 AVX-512 tiles of 12 and 6 pixels and the AVX2 "
+                      "set (x_over_tiles6 > 1: 6-pixel tiles are faster); load average %.1f"
+                      % os.getloadavg()[0])
 
 
 # Strided input gradients: name, dx shape (channels_last), kernel (*k, dx
@@ -469,6 +542,10 @@ def main():
         # only the 1x1 against sgemm table (no JSON)
         print_pointwise()
         return
+    if "--tiles" in sys.argv:
+        # only the tile-size table (no JSON)
+        print_tiles()
+        return
     torch = try_import_torch()
     if "--vs-torch" in sys.argv:
         # only the alternated comparison with torch (no JSON)
@@ -564,6 +641,13 @@ def main():
                 title="Winograd F(2x2, 3x3) against the direct kernel and im2col + GEMM "
                       "(x_over_winograd > 1: Winograd is faster)")
     settle()
+    t_rows = tiles_vs_avx2()
+    if t_rows:
+        print()
+        print_table(t_rows, list(t_rows[0]),
+                    title="direct kernel, float32 AVX-512 tiles of 12 and 6 pixels and the "
+                          "AVX2 set (x_over_tiles6 > 1: 6-pixel tiles are faster)")
+        settle()
     ph_rows = phases_vs_col2im()
     print()
     print_table(ph_rows, ["case", "phases_ms", "col2im_ms", "col2im_over_phases",
@@ -573,7 +657,7 @@ def main():
     load = os.getloadavg()[0]
     print("load average at the end: %.1f (a shared machine makes every figure noisy)" % load)
     path = write_json("conv", rows, pointwise=pw_rows, direct=d_rows, winograd=w_rows,
-                      phases=ph_rows,
+                      tiles=t_rows, phases=ph_rows,
                       threads=nthreads,
                       thread_speedup=speedup,
                       torch=torch.__version__ if torch else None, load_average=load)
