@@ -1,4 +1,6 @@
-"""batch_dot (batched GEMM) against NumPy's matmul and PyTorch's bmm.
+"""batch_dot (batched GEMM) against NumPy's matmul and PyTorch's bmm; and
+products with a short inner axis (a recurrent layer's input projection over
+all steps) through the 1x1 convolution kernels against the GEMM they replace.
 
 Run: python benchmarks/bench_linalg.py [--repeats N]
 Shapes are those batch_dot sees in models: attention scores and values
@@ -15,7 +17,9 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from cyback.kernels.linalg import batch_gemm  # noqa: E402
+from cyback.bench.timing import time_alternated  # noqa: E402
+from cyback.kernels.conv import small_k_product  # noqa: E402
+from cyback.kernels.linalg import batch_gemm, matmul  # noqa: E402
 
 from _common import (  # noqa: E402
     median_time,
@@ -36,6 +40,38 @@ CASES = [
     ("seq2seq 32x(50x256)@(256x50)", 32, 50, 256, 50),
     ("large 4x(512x512)@(512x512)", 4, 512, 512, 512),
 ]
+
+# (m, k) @ (k, n) with bias, k short: the input projections of the model
+# benchmark's audio model, LSTM(128) and GRU(128) at batch 32, and wider ones.
+SMALL_K = [(704, 16, 144), (1600, 32, 512), (1600, 32, 384), (3200, 64, 256),
+           (1600, 128, 512), (50, 32, 512)]
+
+
+def small_k_rows(repeats):
+    """small_k_product (which ops.linalg.contract tries first) against
+    kernels.linalg.matmul and NumPy's dot, alternated in blocks; outputs
+    checked first. A product it declines (more than 64 in k, fewer than 512
+    rows) shows as None."""
+    rng = np.random.default_rng(1)
+    rows = []
+    for m, k, n in SMALL_K:
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        w = rng.standard_normal((k, n), dtype=np.float32)
+        bias = rng.standard_normal(n, dtype=np.float32)
+        want = a.astype(np.float64) @ w + bias
+        engines = {"matmul": lambda: matmul(a, w, bias), "np.dot": lambda: np.dot(a, w) + bias}
+        taken = small_k_product(a, w, bias) is not None
+        if taken:
+            engines["small_k"] = lambda: small_k_product(a, w, bias)
+        for f in engines.values():
+            np.testing.assert_allclose(f(), want, rtol=1e-4, atol=1e-3)
+        st = time_alternated(engines, blocks=repeats, block_seconds=0.05)
+        us = {e: v["median_s"] * 1e6 for e, v in st.items()}
+        rows.append({"case": "(%d,%d)@(%d,%d)" % (m, k, k, n),
+                     "small_k us": us.get("small_k"), "matmul us": us["matmul"],
+                     "np.dot us": us["np.dot"],
+                     "matmul / small_k": us["matmul"] / us["small_k"] if taken else None})
+    return rows
 
 
 def main(argv=None):
@@ -62,7 +98,11 @@ def main(argv=None):
     cols = ["case", "cyback ms", "GFLOPS", "of sgemm", "x numpy"] + \
         (["x torch"] if torch is not None else [])
     print_table(rows, cols, title="batch_dot (float32), sgemm roofline %.1f GFLOPS" % roof)
-    print("wrote", write_json("linalg", rows, sgemm_gflops=roof))
+    sk = small_k_rows(args.repeats)
+    print_table(sk, list(sk[0]), title="short-k products with bias, alternated (matmul / "
+                "small_k > 1: the 1x1 kernels are faster); load average %.1f"
+                % os.getloadavg()[0])
+    print("wrote", write_json("linalg", rows, sgemm_gflops=roof, small_k=sk))
 
 
 if __name__ == "__main__":
