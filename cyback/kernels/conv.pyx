@@ -919,11 +919,15 @@ def _winograd_min_c(g):
         return n
     if g["KD"] > 1:
         return 12
-    if not cb_simd_has_avx512():
-        return 16
-    if not cb_cd_wide_tiles() and g["F"] > 16:
+    if not cb_simd_has_avx512() or (_short_avx512_tiles() and g["F"] > 16):
         return 16
     return 24
+
+
+cdef inline bint _short_avx512_tiles():
+    """Whether the direct kernel runs its 6-pixel AVX-512 tiles (where 512-bit
+    FMAs run at half rate), which moves the Winograd and 1x1 GEMM-tile rules."""
+    return cb_simd_has_avx512() and not cb_cd_wide_tiles()
 
 
 # (id of a cached geometry dict) -> (that dict, winograd.Winograd), as _DIRECT_GEOMS
@@ -1721,8 +1725,8 @@ def _use_pointwise_gemm(g, bint last, bint pointwise):
         return bool(force)
     cf = g["C"] * g["F"]
     rows = g["N"] * g["P"]
-    if cb_simd_has_avx512() and not cb_cd_wide_tiles() and _use_direct(g, last) and \
-            rows >= _TUNE["pointwise_gemm_short_tiles_max_rows"]:
+    if rows >= _TUNE["pointwise_gemm_short_tiles_max_rows"] and _short_avx512_tiles() and \
+            _use_direct(g, last):
         return False
     return cf > _TUNE["pointwise_gemm_min_cf"] or \
         rows * cf >= _TUNE["pointwise_gemm_min_macs"]
