@@ -262,6 +262,63 @@ def keras_gru_rows(args, x, torch):
     return rows
 
 
+def small_batch_rows(repeats, torch):
+    """Keras LSTM and GRU(reset_after) at batch 1 and 4, K.function: the
+    default (units split over the threads where the team is worth waking,
+    cyback/kernels/rnn_cell.pyx) against row blocks only, with torch's
+    nn.LSTM / nn.GRU on the same weights; outputs checked first, engines
+    alternated."""
+    keras = _keras()
+    if keras is None:
+        return []
+    from cyback.kernels import rnn_cell as rc
+    rows = []
+    for cell, steps, units, batch in (("lstm", 50, 128, 1), ("lstm", 200, 128, 1),
+                                      ("lstm", 50, 256, 1), ("lstm", 50, 256, 4),
+                                      ("gru", 50, 256, 1), ("gru", 200, 128, 1)):
+        inp = keras.layers.Input((steps, 32))
+        layer = (keras.layers.LSTM(units) if cell == "lstm"
+                 else keras.layers.GRU(units, reset_after=True))
+        f = K.function([inp], [layer(inp)])
+        x = np.random.RandomState(3).randn(batch, steps, 32).astype(np.float32)
+
+        def rows_only(f=f, x=x):
+            saved = rc._TUNE["split_max_rows"]
+            rc._TUNE["split_max_rows"] = 0
+            try:
+                return f([x])
+            finally:
+                rc._TUNE["split_max_rows"] = saved
+        engines = {"default": lambda f=f, x=x: f([x]), "rows": rows_only}
+        want = engines["default"]()[0]
+        np.testing.assert_allclose(rows_only()[0], want, rtol=1e-4, atol=1e-5)
+        if torch is not None:
+            if cell == "lstm":
+                w, r, b = layer.get_weights()
+                t_fwd = torch_lstm(torch, w, r, b, x)[0]
+                got = t_fwd()[:, -1].numpy()
+            else:
+                m, xt = torch_gru_from_keras(torch, layer), torch.from_numpy(x)
+
+                def t_fwd(m=m, xt=xt):
+                    with torch.no_grad():
+                        return m(xt)[0]
+                got = t_fwd()[:, -1].numpy()
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+            engines["torch"] = t_fwd
+        st = time_alternated(engines, blocks=repeats, block_seconds=0.1)
+        us = {k: v["median_s"] * 1e6 for k, v in st.items()}
+        row = dict(layer="%s(%d) %d steps" % (cell.upper(), units, steps), batch=batch,
+                   default_us=us["default"], rows_us=us["rows"],
+                   rows_over_default=us["rows"] / us["default"],
+                   split=rc._split_threads(steps, batch, units, 4 if cell == "lstm" else 3, 4))
+        if "torch" in us:
+            row["torch_us"] = us["torch"]
+            row["torch_over_default"] = us["torch"] / us["default"]
+        rows.append(row)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=15)
@@ -341,11 +398,20 @@ def main():
         print()
         print_table(keras_rows, ["impl", "batch", "predict_ms"],
                     title="Keras LSTM(128) on (50, 32) inputs: model.predict_on_batch (median ms)")
+    small_rows = small_batch_rows(args.repeats, torch)
+    if small_rows:
+        print()
+        print_table(small_rows, ["layer", "batch", "default_us", "rows_us", "rows_over_default",
+                                 "split", "torch_us", "torch_over_default"],
+                    title="Small batches, K.function (median us): default against row blocks "
+                          "only (rows_over_default > 1: the units split helps; split: threads "
+                          "it would take now), torch for scale")
     fwd_us, bwd_us = tiny_step_overhead(1000, args.repeats)
     print("\nper-step overhead (h = h + x_t * h on (1, 1), 1000 steps): forward %.2f us, "
           "backward (fwd+bwd) %.2f us" % (fwd_us, bwd_us))
     path = write_json("rnn", rows, batch=bs, steps=steps, inputs=n_in, units=u,
                       threads=args.threads, keras_predict=keras_rows, gru=gru_rows,
+                      small_batch=small_rows,
                       step_overhead_us=dict(forward=fwd_us, forward_backward=bwd_us))
     print("wrote", path)
 

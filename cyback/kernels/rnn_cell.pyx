@@ -34,14 +34,16 @@ Activation codes: 0 tanh, 1 sigmoid, 2 hard_sigmoid, 3 linear.
 """
 import numpy as np
 cimport cython
-from cython.parallel cimport prange
+from cython.parallel cimport parallel, prange
 from libc.string cimport memcpy, memset
 
 from scipy.linalg.cython_blas cimport sgemv, dgemv
 
 from cyback.kernels._blas cimport floating, gemm
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
+from cyback.kernels._omp cimport cb_get_num_threads, cb_get_thread_num
 from cyback.kernels.runtime cimport threads_for
+from cyback.kernels.runtime import host_busy
 
 ACTIVATIONS = {"tanh": 0, "sigmoid": 1, "hard_sigmoid": 2, "linear": 3}
 
@@ -49,6 +51,14 @@ ACTIVATIONS = {"tanh": 0, "sigmoid": 1, "hard_sigmoid": 2, "linear": 3}
 # Batches up to this size multiply by R one row at a time (GEMV): a GEMM call
 # packs all of R first, which at batch 1 costs ten times the product itself.
 DEF GEMV_ROWS = 4
+
+
+cdef extern from "cyback_step_sync.h" nogil:
+    ctypedef struct cb_step_count:
+        long done
+    cb_step_count *cb_step_counts_new(int n)
+    void cb_step_counts_free(cb_step_count *c)
+    void cb_step_sync(cb_step_count *counts, int me, int nth, long steps)
 
 
 cdef extern from "cyback_rnn_product.h" nogil:
@@ -59,6 +69,16 @@ cdef extern from "cyback_rnn_product.h" nogil:
                          const float* wp, Py_ssize_t FB, const float* base, float* out)
     void cb_rp_product_d(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, const double* h,
                          const double* wp, Py_ssize_t FB, const double* base, double* out)
+    void cb_rp_pack_ld_f(const float* w, Py_ssize_t K, Py_ssize_t N, Py_ssize_t ldw,
+                         Py_ssize_t FB, float* wp)
+    void cb_rp_pack_ld_d(const double* w, Py_ssize_t K, Py_ssize_t N, Py_ssize_t ldw,
+                         Py_ssize_t FB, double* wp)
+    void cb_rp_product_ld_f(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, const float* h,
+                            const float* wp, Py_ssize_t FB, const float* base, float* out,
+                            Py_ssize_t ld)
+    void cb_rp_product_ld_d(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, const double* h,
+                            const double* wp, Py_ssize_t FB, const double* base, double* out,
+                            Py_ssize_t ld)
 
 
 def _pack_product(W, Py_ssize_t FB=0):
@@ -113,14 +133,15 @@ def _packed_rows(const floating[:, ::1] h, W, base):
 # The recurrent product on R packed once per sequence (the kernels of
 # include/cyback_rnn_product.h) rather than BLAS, which packs R at every step
 # of every thread; off for tests of the BLAS path.
-_TUNE = {"packed": True}
+_TUNE = {"packed": True, "gemv_max_rows": GEMV_ROWS, "split_max_rows": 6,
+         "split_min_bytes": 1 << 17, "split_stream_per_work": 28.0}
 
 
 def _recurrent_operand(R, Py_ssize_t B, bint trans, Py_ssize_t FB=0):
     """(packed R, or R^T with ``trans``, and its block width) for a batch of
     B rows, or (None, 0) where the rows go to GEMV or BLAS. FB: the block
     width to pack in (0: the kernel set's width for R's columns)."""
-    if B <= GEMV_ROWS or not _TUNE["packed"]:
+    if B <= _TUNE["gemv_max_rows"] or not _TUNE["packed"]:
         return None, 0
     R = np.asarray(R)
     return _pack_product(R.T if trans else R, FB)
@@ -147,7 +168,7 @@ cdef inline void _rec_product_onto(Py_ssize_t B, Py_ssize_t u, Py_ssize_t G, con
                                    const floating *base, floating *out) noexcept nogil:
     """out = base + h @ R (see _rec_product): the packed kernel reads base as
     it writes out, the other paths copy it first."""
-    if B > GEMV_ROWS and Wp != NULL:
+    if Wp != NULL:
         _packed_product(B, u, G, h, Wp, FB, base, out)
         return
     memcpy(out, base, B * G * sizeof(floating))
@@ -164,7 +185,7 @@ cdef inline void _rec_product(bint trans, Py_ssize_t B, Py_ssize_t u, Py_ssize_t
     cdef int m = <int>G, n = <int>u, one = 1, b
     cdef char op = b'T' if trans else b'N'
     cdef floating alpha = 1
-    if B > GEMV_ROWS and Wp != NULL:
+    if Wp != NULL:
         if trans:
             _packed_product(B, G, u, h, Wp, FB, out if beta != 0 else NULL, out)
         else:
@@ -254,71 +275,165 @@ cdef inline const floating *_recurrent_input(Py_ssize_t t, Py_ssize_t tp, Py_ssi
                                              Py_ssize_t b1, const floating[:, ::1] h0,
                                              floating[:, :, ::1] hs,
                                              const floating[:, ::1] rmask, bint use_rmask,
-                                             floating[:, ::1] hm) noexcept nogil:
+                                             floating *hm) noexcept nogil:
     """Rows b0..b1 of the recurrent product's left operand: h_{t-1} (h0 at
     step 0, else the states' row tp), times the recurrent dropout mask (then
-    written into hm)."""
+    written into hm, b1 - b0 rows of u)."""
     cdef Py_ssize_t u = h0.shape[1], b, j
     cdef const floating *hp = &h0[b0, 0] if t == 0 else &hs[tp, b0, 0]
     if not use_rmask:
         return hp
     for b in range(b0, b1):
         for j in range(u):
-            hm[b, j] = hp[(b - b0) * u + j] * rmask[b, j]
-    return &hm[b0, 0]
+            hm[(b - b0) * u + j] = hp[(b - b0) * u + j] * rmask[b, j]
+    return hm
 
+
+# ------------------------------------------------------------------ units split over threads
+#
+# A few batch rows leave the row blocks below one thread each (or none): at
+# batch 1 a step is a GEMV of h with all of R, which runs at the speed R
+# streams from the core's L2 (2.3 us for 128 x 512 float32 on a Zen 4 core).
+# There the threads split the units instead: each packs the gate columns of
+# its units (R[:, q * u + j0:q * u + j1] for each gate q) and runs every step
+# for them, reading half of R from its own cache, and the threads meet
+# after each step (include/cyback_step_sync.h), since the next one reads all
+# of h. Thread 0 polls for Ctrl-C before it says its step is done and leaves
+# the answer in a slot per step parity, which every thread reads after the
+# meeting: all leave at the same step.
+
+
+cdef struct Split:
+    int tid, nth            # this thread, of nth
+    int *stops              # 2 slots, shared
+    cb_step_count *counts   # nth, shared
+
+
+cdef inline Py_ssize_t _unit_start(Py_ssize_t i, Py_ssize_t nth, Py_ssize_t u) noexcept nogil:
+    """The first unit of thread i of nth (u for i = nth): even shares in
+    multiples of 8 (whole vectors of the activations)."""
+    if i >= nth:
+        return u
+    return min(u, (i * u // nth + 7) // 8 * 8)
+
+
+cdef inline void _pack_ld(const floating *w, Py_ssize_t K, Py_ssize_t N, Py_ssize_t ldw,
+                          Py_ssize_t FB, floating *wp) noexcept nogil:
+    if floating is float:
+        cb_rp_pack_ld_f(w, K, N, ldw, FB, wp)
+    else:
+        cb_rp_pack_ld_d(w, K, N, ldw, FB, wp)
+
+
+cdef inline void _product_ld(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, const floating *h,
+                             const floating *Wp, Py_ssize_t FB, const floating *base,
+                             floating *out, Py_ssize_t ld) noexcept nogil:
+    if floating is float:
+        cb_rp_product_ld_f(B, K, N, h, Wp, FB, base, out, ld)
+    else:
+        cb_rp_product_ld_d(B, K, N, h, Wp, FB, base, out, ld)
+
+
+cdef inline bint _step_end(Split *sp, Py_ssize_t t, cb_intr* intr) noexcept nogil:
+    """The end of step t in a units split: True when every thread stops."""
+    if sp.tid == 0:
+        sp.stops[t & 1] = cb_intr_poll(intr)
+    cb_step_sync(sp.counts, sp.tid, sp.nth, t + 1)
+    return sp.stops[t & 1] != 0
+
+
+def _split_threads(Py_ssize_t T, Py_ssize_t B, Py_ssize_t u, Py_ssize_t G, Py_ssize_t itemsize):
+    """Threads for a units split of a forward sequence, or 1 (row blocks):
+    a few rows (_TUNE["split_max_rows"]), a recurrent kernel too large for
+    a core's L1 cache (_TUNE["split_min_bytes"]), at least 16 units per
+    thread, and a host where no other process takes our cores (a thread
+    waiting for its time slice would hold every step of the others).
+
+    The team must also be worth waking for it: the split saves about 40% of
+    each step's time, which is R's bytes streamed from L2, but the first
+    step waits for the other thread to wake, 1 us when the team still spins
+    and 30-120 us when it sleeps (2-core VM). So the sequence counts as
+    T * (R's bytes) / _TUNE["split_stream_per_work"] of the team's work
+    (include/cyback_team.h): LSTM(128) at batch 1 takes the team cold from
+    about 100 steps, warm from about 25. Alternated, split time against row
+    time (2-core Zen 4 VM, float32): 128 units over 50 steps 0.67x with the
+    team spinning, 0.96-1.43x asleep; over 200 steps 0.62x / 0.76-0.84x;
+    256 units over 50 steps 0.52x / 0.58-0.66x."""
+    if not _TUNE["packed"] or T < 2 or B < 1 or B > _TUNE["split_max_rows"] or \
+            u * G * u * itemsize < _TUNE["split_min_bytes"]:
+        return 1
+    n = min(threads_for(<double>T * u * G * u * itemsize / _TUNE["split_stream_per_work"]),
+            u // 16)
+    if n > 1 and host_busy():
+        return 1
+    return max(1, n)
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
-cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] zx,
+cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t j1,
+                         const floating[:, :, ::1] zx,
                          const floating[:, ::1] h0, const floating[:, ::1] c0,
                          const floating[:, ::1] y0, const floating[:, ::1] R,
-                         const floating *Wp, Py_ssize_t FB,
+                         const floating *Wp, Py_ssize_t FB, Py_ssize_t ps,
                          const floating[:, ::1] rmask, const unsigned char[:, ::1] mask,
                          bint use_rmask, bint use_mask, int act, int ract, floating[:, :, ::1] hs,
                          floating[:, :, ::1] cs, floating[:, :, ::1] ys, floating[:, :, ::1] gates,
-                         floating[:, ::1] hm, bint keep, cb_intr* intr) noexcept nogil:
-    cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0]
+                         floating *hm, bint keep, cb_intr* intr, Split *sp) noexcept nogil:
+    """Every step for rows b0..b1 and units j0..j1. Row blocks (sp NULL)
+    take all units and Wp is R packed whole (or NULL: BLAS); in a units split
+    Wp holds the four gates' columns of this thread's units, packed ps values
+    apart, and the threads meet after each step. hm: b1 - b0 rows of u for
+    the masked h."""
+    cdef Py_ssize_t T = zx.shape[0], u = R.shape[0]
     cdef Py_ssize_t ti, tp, tg
-    cdef Py_ssize_t t, b, j, G = 4 * u
+    cdef Py_ssize_t t, b, j, q, G = 4 * u, n = j1 - j0
     cdef const floating *hp
     cdef const floating *cp
     cdef const floating *yp
     cdef floating *z
-    cdef floating ig, fg, gg, og, c, h
+    cdef floating c, h
     if b1 <= b0:
         return
     for t in range(T):
-        if cb_intr_poll(intr):
+        if sp == NULL and cb_intr_poll(intr):
             return
         _ring(keep, t, &ti, &tp, &tg)
         hp = _recurrent_input(t, tp, b0, b1, h0, hs, rmask, use_rmask, hm)
-        _rec_product_onto(b1 - b0, u, G, hp, &R[0, 0], Wp, FB, &zx[t, b0, 0], &gates[tg, b0, 0])
+        if sp == NULL:
+            _rec_product_onto(b1 - b0, u, G, hp, &R[0, 0], Wp, FB, &zx[t, b0, 0],
+                              &gates[tg, b0, 0])
+        else:
+            for q in range(4):
+                _product_ld(b1 - b0, u, n, hp, Wp + q * ps, FB, &zx[t, b0, q * u + j0],
+                            &gates[tg, b0, q * u + j0], G)
         for b in range(b0, b1):
             hp = &h0[b, 0] if t == 0 else &hs[tp, b, 0]
             cp = &c0[b, 0] if t == 0 else &cs[tp, b, 0]
             yp = &y0[b, 0] if t == 0 else &ys[t - 1, b, 0]
             z = &gates[tg, b, 0]
             if use_mask and not mask[t, b]:
-                for j in range(u):
+                for j in range(j0, j1):
                     hs[ti, b, j] = hp[j]
                     cs[ti, b, j] = cp[j]
                     ys[t, b, j] = yp[j]
                     # The backward pass skips masked rows: leave the gates
                     # as finite values whatever they are.
                 continue
-            _act_row(z, 2 * u, ract)
-            _act_row(z + 2 * u, u, act)
-            _act_row(z + 3 * u, u, ract)
-            for j in range(u):
+            _act_row(z + j0, n, ract)
+            _act_row(z + u + j0, n, ract)
+            _act_row(z + 2 * u + j0, n, act)
+            _act_row(z + 3 * u + j0, n, ract)
+            for j in range(j0, j1):
                 c = z[u + j] * cp[j] + z[j] * z[2 * u + j]
                 cs[ti, b, j] = c
                 hs[ti, b, j] = c
-            _act_row(&hs[ti, b, 0], u, act)
-            for j in range(u):
+            _act_row(&hs[ti, b, j0], n, act)
+            for j in range(j0, j1):
                 h = z[3 * u + j] * hs[ti, b, j]
                 hs[ti, b, j] = h
                 ys[t, b, j] = h
+        if sp != NULL and _step_end(sp, t, intr):
+            return
 
 
 cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
@@ -334,13 +449,62 @@ cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0], G = R.shape[1]
     cdef Py_ssize_t ci, nchunk = _row_blocks(2.0 * T * B * G * u, B)
     if nchunk <= 1:
-        _lstm_fwd_rows(0, B, zx, h0, c0, y0, R, Wp, FB, rmask, mask, use_rmask, use_mask, act,
-                       ract, hs, cs, ys, gates, hm, keep, intr)
+        _lstm_fwd_rows(0, B, 0, u, zx, h0, c0, y0, R, Wp, FB, 0, rmask, mask, use_rmask,
+                       use_mask, act, ract, hs, cs, ys, gates, &hm[0, 0], keep, intr, NULL)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
-        _lstm_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, zx, h0, c0, y0, R, Wp, FB,
-                       rmask, mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates, hm, keep,
-                       intr)
+        _lstm_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, 0, u, zx, h0, c0, y0, R, Wp,
+                       FB, 0, rmask, mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates,
+                       &hm[ci * B // nchunk, 0], keep, intr, NULL)
+
+
+cdef void _lstm_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floating[:, ::1] h0,
+                          const floating[:, ::1] c0, const floating[:, ::1] y0,
+                          const floating[:, ::1] R, floating *Wp, Py_ssize_t FB, Py_ssize_t ps,
+                          const floating[:, ::1] rmask, const unsigned char[:, ::1] mask,
+                          bint use_rmask, bint use_mask, int act, int ract,
+                          floating[:, :, ::1] hs, floating[:, :, ::1] cs, floating[:, :, ::1] ys,
+                          floating[:, :, ::1] gates, floating *hm, bint keep,
+                          cb_intr* intr) noexcept nogil:
+    # The units split (see _split_threads); Wp: 4 * ps values per thread, hm
+    # B * u per thread.
+    cdef Py_ssize_t B = zx.shape[1], u = R.shape[0]
+    cdef Py_ssize_t j0, j1, q
+    cdef int stops[2]
+    cdef int tid, nth
+    cdef Split sp
+    cdef cb_step_count *counts = cb_step_counts_new(nsplit)
+    if counts == NULL:
+        # no memory for the counts: one thread takes every unit
+        _lstm_fwd_rows(0, B, 0, u, zx, h0, c0, y0, R, NULL, 0, 0, rmask, mask, use_rmask,
+                       use_mask, act, ract, hs, cs, ys, gates, hm, keep, intr, NULL)
+        return
+    stops[0] = stops[1] = 0
+    with parallel(num_threads=nsplit):
+        # assigned whole, sp is private to each thread (a field assignment
+        # would leave it shared)
+        tid = cb_get_thread_num()
+        nth = cb_get_num_threads()
+        sp = Split(tid=tid, nth=nth, stops=&stops[0], counts=counts)
+        j0 = _unit_start(tid, nth, u)
+        j1 = _unit_start(tid + 1, nth, u)
+        for q in range(4):
+            _pack_ld(&R[0, 0] + q * u + j0, u, j1 - j0, 4 * u, FB, Wp + (4 * tid + q) * ps)
+        _lstm_fwd_rows(0, B, j0, j1, zx, h0, c0, y0, R, Wp + 4 * tid * ps, FB, ps, rmask,
+                       mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates,
+                       hm + tid * B * u, keep, intr, &sp)
+    cb_step_counts_free(counts)
+
+
+def _split_operand(Py_ssize_t nsplit, Py_ssize_t u, Py_ssize_t G, Py_ssize_t B, dt):
+    """(scratch for the packed columns, values per gate part, block width,
+    scratch for the masked h) of a units split on nsplit threads."""
+    cdef Py_ssize_t most = 0, i, FB
+    for i in range(nsplit):
+        most = max(most, _unit_start(i + 1, nsplit, u) - _unit_start(i, nsplit, u))
+    FB = cb_rp_block(dt == np.float64, most)
+    ps = (most + FB - 1) // FB * FB * u
+    return np.empty(max(1, nsplit * G * ps), dt), ps, FB, np.empty(max(1, nsplit * B * u), dt)
 
 
 def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
@@ -360,14 +524,25 @@ def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef floating[:, :, ::1] cs = _steps(keep, 2, T, B, u, dt)
     cdef floating[:, :, ::1] ys = np.empty((T, B, u), dt)
     cdef floating[:, :, ::1] gates = _steps(keep, 1, T, B, 4 * u, dt)
-    cdef floating[:, ::1] hm = np.empty((B, u), dt)
+    cdef floating[:, ::1] hm
+    cdef floating[::1] wsplit, hsplit
     cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
     cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
-    cdef Py_ssize_t FB
-    packed, FB = _recurrent_operand(R, B, False)
-    cdef const floating *Wp = <const floating*>_address(packed)
+    cdef Py_ssize_t FB, ps
+    cdef int nsplit = _split_threads(T, B, u, 4, np.dtype(dt).itemsize)
     cdef cb_intr intr
     cb_intr_init(&intr)
+    if nsplit > 1:
+        wsplit, ps, FB, hsplit = _split_operand(nsplit, u, 4, B, dt)
+        with nogil:
+            _lstm_fwd_split(nsplit, zx, h0, c0, y0, R, &wsplit[0], FB, ps, rm, mk,
+                            rmask is not None, mask is not None, act, ract, hs, cs, ys, gates,
+                            &hsplit[0], keep, &intr)
+        check_interrupt(&intr)
+        return np.asarray(hs), np.asarray(cs), np.asarray(ys), np.asarray(gates)
+    hm = np.empty((max(1, B), u), dt)
+    packed, FB = _recurrent_operand(R, B, False)
+    cdef const floating *Wp = <const floating*>_address(packed)
     with nogil:
         _lstm_fwd(zx, h0, c0, y0, R, Wp, FB, rm, mk, rmask is not None, mask is not None, act, ract,
                   hs, cs, ys, gates, hm, keep, &intr)
@@ -509,7 +684,7 @@ cdef void _simple_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::
         if cb_intr_poll(intr):
             return
         _ring(keep, t, &ti, &tp, &tg)
-        hp = _recurrent_input(t, tp, b0, b1, h0, hs, rmask, use_rmask, hm)
+        hp = _recurrent_input(t, tp, b0, b1, h0, hs, rmask, use_rmask, &hm[b0, 0])
         _rec_product_onto(b1 - b0, u, u, hp, &R[0, 0], Wp, FB, &zx[t, b0, 0], &pre[tg, b0, 0])
         for b in range(b0, b1):
             hp = &h0[b, 0] if t == 0 else &hs[tp, b, 0]
@@ -743,20 +918,24 @@ def _mask(mask, T, B):
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
-cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] zx,
+cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t j1,
+                        const floating[:, :, ::1] zx,
                         const floating[:, ::1] h0, const floating[:, ::1] y0,
                         const floating[:, ::1] R, const floating *Wp,
                         const floating[:, ::1] Rh, const floating *Whp, Py_ssize_t FB,
-                        const floating[::1] rb, const floating[:, ::1] rmask,
+                        Py_ssize_t ps, const floating[::1] rb, const floating[:, ::1] rmask,
                         const unsigned char[:, ::1] mask, bint use_rb, bint use_rmask,
                         bint use_mask, bint reset_after, bint mix_masked, int act, int ract,
                         floating[:, :, ::1] hs, floating[:, :, ::1] ys,
-                        floating[:, :, ::1] gates, floating[:, :, ::1] ph, floating[:, ::1] hm,
+                        floating[:, :, ::1] gates, floating[:, :, ::1] ph, floating *hm,
                         floating[:, ::1] P, floating[:, ::1] Q, bint keep,
-                        cb_intr* intr) noexcept nogil:
+                        cb_intr* intr, Split *sp) noexcept nogil:
+    """Every step for rows b0..b1 and units j0..j1, as _lstm_fwd_rows (a units
+    split only with reset_after: one product per step). hm: b1 - b0 rows of u
+    for the masked h."""
     cdef Py_ssize_t T = zx.shape[0], u = h0.shape[1], NR = R.shape[1]
     cdef Py_ssize_t ti, tp, tg
-    cdef Py_ssize_t t, b, j, n = b1 - b0
+    cdef Py_ssize_t t, b, j, q, n = b1 - b0, nu = j1 - j0
     cdef const floating *hp
     cdef const floating *hmp
     cdef const floating *hx
@@ -766,28 +945,39 @@ cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] 
     if n <= 0:
         return
     for t in range(T):
-        if cb_intr_poll(intr):
+        if sp == NULL and cb_intr_poll(intr):
             return
         _ring(keep, t, &ti, &tp, &tg)
         hmp = _recurrent_input(t, tp, b0, b1, h0, hs, rmask, use_rmask, hm)
-        if use_rb:
-            for b in range(b0, b1):
-                memcpy(&P[b, 0], &rb[0], NR * sizeof(floating))
-        _rec_product(False, n, u, NR, hmp, &R[0, 0], Wp, FB, 1 if use_rb else 0, &P[b0, 0])
+        if sp == NULL:
+            if use_rb:
+                for b in range(b0, b1):
+                    memcpy(&P[b, 0], &rb[0], NR * sizeof(floating))
+            _rec_product(False, n, u, NR, hmp, &R[0, 0], Wp, FB, 1 if use_rb else 0, &P[b0, 0])
+        else:
+            for q in range(3):
+                if use_rb:
+                    for b in range(b0, b1):
+                        memcpy(&P[b, q * u + j0], &rb[q * u + j0], nu * sizeof(floating))
+                _product_ld(n, u, nu, hmp, Wp + q * ps, FB, &P[b0, q * u + j0] if use_rb else NULL,
+                            &P[b0, q * u + j0], NR)
         for b in range(b0, b1):
             g = &gates[tg, b, 0]
             x = &zx[t, b, 0]
             if use_mask and not mask[t, b]:
-                memset(g, 0, 3 * u * sizeof(floating))
-                memset(&Q[b, 0], 0, u * sizeof(floating))
+                for q in range(3):
+                    memset(g + q * u + j0, 0, nu * sizeof(floating))
+                memset(&Q[b, j0], 0, nu * sizeof(floating))
                 if reset_after:
-                    memset(&ph[tg, b, 0], 0, u * sizeof(floating))
+                    memset(&ph[tg, b, j0], 0, nu * sizeof(floating))
                 continue
-            for j in range(2 * u):
+            for j in range(j0, j1):
                 g[j] = x[j] + P[b, j]
-            _act_row(g, 2 * u, ract)
+                g[u + j] = x[u + j] + P[b, u + j]
+            _act_row(g + j0, nu, ract)
+            _act_row(g + u + j0, nu, ract)
             if reset_after:
-                for j in range(u):
+                for j in range(j0, j1):
                     ph[tg, b, j] = P[b, 2 * u + j]
                     g[2 * u + j] = x[2 * u + j] + g[u + j] * P[b, 2 * u + j]
             else:
@@ -800,22 +990,24 @@ cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, const floating[:, :, ::1] 
             if use_mask and not mask[t, b]:
                 hp = &h0[b, 0] if t == 0 else &hs[tp, b, 0]
                 x = &y0[b, 0] if t == 0 else &ys[t - 1, b, 0]
-                memcpy(&hs[ti, b, 0], hp, u * sizeof(floating))
-                memcpy(&ys[t, b, 0], x, u * sizeof(floating))
+                memcpy(&hs[ti, b, j0], hp + j0, nu * sizeof(floating))
+                memcpy(&ys[t, b, j0], x + j0, nu * sizeof(floating))
                 continue
             g = &gates[tg, b, 0]
             if not reset_after:
                 # P is (n, u) here: the product above wrote rows of width u.
                 for j in range(u):
                     g[2 * u + j] = zx[t, b, 2 * u + j] + (&P[b0, 0])[(b - b0) * u + j]
-            _act_row(g + 2 * u, u, act)
+            _act_row(g + 2 * u + j0, nu, act)
             hp = &h0[b, 0] if t == 0 else &hs[tp, b, 0]
-            hx = &hm[b, 0] if (mix_masked and use_rmask) else hp
-            for j in range(u):
+            hx = hm + (b - b0) * u if (mix_masked and use_rmask) else hp
+            for j in range(j0, j1):
                 zz = g[j]
                 h = zz * hx[j] + (1 - zz) * g[2 * u + j]
                 hs[ti, b, j] = h
                 ys[t, b, j] = h
+        if sp != NULL and _step_end(sp, t, intr):
+            return
 
 
 cdef void _gru_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
@@ -831,14 +1023,52 @@ cdef void _gru_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = h0.shape[1]
     cdef Py_ssize_t ci, nchunk = _row_blocks(2.0 * T * B * 3 * u * u, B)
     if nchunk <= 1:
-        _gru_fwd_rows(0, B, zx, h0, y0, R, Wp, Rh, Whp, FB, rb, rmask, mask, use_rb, use_rmask,
-                      use_mask, reset_after, mix_masked, act, ract, hs, ys, gates, ph, hm, P, Q,
-                      keep, intr)
+        _gru_fwd_rows(0, B, 0, u, zx, h0, y0, R, Wp, Rh, Whp, FB, 0, rb, rmask, mask, use_rb,
+                      use_rmask, use_mask, reset_after, mix_masked, act, ract, hs, ys, gates, ph,
+                      &hm[0, 0], P, Q, keep, intr, NULL)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
-        _gru_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, zx, h0, y0, R, Wp, Rh, Whp, FB,
-                      rb, rmask, mask, use_rb, use_rmask, use_mask, reset_after, mix_masked, act,
-                      ract, hs, ys, gates, ph, hm, P, Q, keep, intr)
+        _gru_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, 0, u, zx, h0, y0, R, Wp, Rh, Whp,
+                      FB, 0, rb, rmask, mask, use_rb, use_rmask, use_mask, reset_after,
+                      mix_masked, act, ract, hs, ys, gates, ph, &hm[ci * B // nchunk, 0], P, Q,
+                      keep, intr, NULL)
+
+
+cdef void _gru_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floating[:, ::1] h0,
+                         const floating[:, ::1] y0, const floating[:, ::1] R, floating *Wp,
+                         const floating[:, ::1] Rh, Py_ssize_t FB, Py_ssize_t ps,
+                         const floating[::1] rb, const floating[:, ::1] rmask,
+                         const unsigned char[:, ::1] mask, bint use_rb, bint use_rmask,
+                         bint use_mask, bint mix_masked, int act, int ract,
+                         floating[:, :, ::1] hs, floating[:, :, ::1] ys,
+                         floating[:, :, ::1] gates, floating[:, :, ::1] ph, floating *hm,
+                         floating[:, ::1] P, floating[:, ::1] Q, bint keep,
+                         cb_intr* intr) noexcept nogil:
+    # The units split of a reset_after GRU (see _lstm_fwd_split).
+    cdef Py_ssize_t B = zx.shape[1], u = h0.shape[1]
+    cdef Py_ssize_t j0, j1, q
+    cdef int stops[2]
+    cdef int tid, nth
+    cdef Split sp
+    cdef cb_step_count *counts = cb_step_counts_new(nsplit)
+    if counts == NULL:
+        _gru_fwd_rows(0, B, 0, u, zx, h0, y0, R, NULL, Rh, NULL, 0, 0, rb, rmask, mask, use_rb,
+                      use_rmask, use_mask, True, mix_masked, act, ract, hs, ys, gates, ph, hm, P,
+                      Q, keep, intr, NULL)
+        return
+    stops[0] = stops[1] = 0
+    with parallel(num_threads=nsplit):
+        tid = cb_get_thread_num()
+        nth = cb_get_num_threads()
+        sp = Split(tid=tid, nth=nth, stops=&stops[0], counts=counts)
+        j0 = _unit_start(tid, nth, u)
+        j1 = _unit_start(tid + 1, nth, u)
+        for q in range(3):
+            _pack_ld(&R[0, 0] + q * u + j0, u, j1 - j0, 3 * u, FB, Wp + (3 * tid + q) * ps)
+        _gru_fwd_rows(0, B, j0, j1, zx, h0, y0, R, Wp + 3 * tid * ps, Rh, NULL, FB, ps, rb, rmask,
+                      mask, use_rb, use_rmask, use_mask, True, mix_masked, act, ract, hs, ys,
+                      gates, ph, hm + tid * B * u, P, Q, keep, intr, &sp)
+    cb_step_counts_free(counts)
 
 
 def _gru_check(name, zx, h0, y0, R, Rh, rb, bint reset_after):
@@ -863,6 +1093,32 @@ def _candidate_operand(Rh, Py_ssize_t B, bint trans, dt, Py_ssize_t FB):
     return rh, (_recurrent_operand(rh, B, trans, FB)[0] if Rh is not None else None)
 
 
+def _gru_forward_split(int nsplit, const floating[:, :, ::1] zx, const floating[:, ::1] h0,
+                       const floating[:, ::1] y0, const floating[:, ::1] R, rb, rmask, mask,
+                       bint mix_masked, int act, int ract, bint keep, floating[:, :, ::1] hs,
+                       floating[:, :, ::1] ys, floating[:, :, ::1] gates,
+                       floating[:, :, ::1] ph, floating[:, ::1] P, floating[:, ::1] Q):
+    """gru_forward's units split (reset_after)."""
+    dt = np.float32 if floating is float else np.float64
+    cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = h0.shape[1]
+    cdef floating[::1] wsplit, hsplit
+    cdef Py_ssize_t FB, ps
+    wsplit, ps, FB, hsplit = _split_operand(nsplit, u, 3, B, dt)
+    cdef const floating[::1] b_ = np.ascontiguousarray(rb if rb is not None else
+                                                       np.zeros(1), dtype=dt)
+    cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
+    cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
+    cdef const floating[:, ::1] rh = _absent(dt)
+    cdef cb_intr intr
+    cb_intr_init(&intr)
+    with nogil:
+        _gru_fwd_split(nsplit, zx, h0, y0, R, &wsplit[0], rh, FB, ps, b_, rm, mk, rb is not None,
+                       rmask is not None, mask is not None, mix_masked, act, ract, hs, ys, gates,
+                       ph, &hsplit[0], P, Q, keep, &intr)
+    check_interrupt(&intr)
+    return np.asarray(hs), np.asarray(ys), np.asarray(gates), np.asarray(ph)
+
+
 def gru_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                 const floating[:, ::1] y0, const floating[:, ::1] R, Rh, rb, rmask, mask,
                 bint reset_after, bint mix_masked, int act, int ract, bint keep=True):
@@ -877,10 +1133,15 @@ def gru_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef floating[:, :, ::1] gates = _steps(keep, 1, T, B, 3 * u, dt)
     cdef floating[:, :, ::1] ph = _steps(keep, 1, T, B, u, dt) if reset_after else \
         np.zeros((1, 1, 1), dt)
-    cdef floating[:, ::1] hm = np.empty((B, u), dt)
+    cdef floating[:, ::1] hm
     cdef floating[:, ::1] P = np.empty((B, R.shape[1]), dt)
     cdef floating[:, ::1] Q = np.empty((B, u), dt)
     cdef Py_ssize_t FB
+    cdef int nsplit = _split_threads(T, B, u, 3, np.dtype(dt).itemsize) if reset_after else 1
+    if nsplit > 1:
+        return _gru_forward_split(nsplit, zx, h0, y0, R, rb, rmask, mask, mix_masked, act,
+                                  ract, keep, hs, ys, gates, ph, P, Q)
+    hm = np.empty((max(1, B), u), dt)
     packed, FB = _recurrent_operand(R, B, False)
     rh_arr, packed_h = _candidate_operand(Rh, B, False, dt, FB)
     cdef const floating[:, ::1] rh = rh_arr

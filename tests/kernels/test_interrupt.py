@@ -63,11 +63,19 @@ CHILD = textwrap.dedent(r"""
         h = np.zeros((8, 1024), np.float32)
         return lambda: rnn_cell.simple_forward(zx, h, h, R, None, None, 0)
 
+    def rnn_split_case(n):
+        # two rows: the threads split the units and meet after every step
+        from cyback.kernels import runtime
+        runtime.set_busy_rate(1e9)
+        zx, R = f32(80 * n, 2, 4096), f32(1024, 4096) * 0.03
+        h = np.zeros((2, 1024), np.float32)
+        return lambda: rnn_cell.lstm_forward(zx, h, h, h, R, None, None, 0, 1, False)
+
     # Each full call takes about a second or more on a 2-core machine, so the
     # signal comes well inside it.
     cases = dict(conv=(conv_case, 128), depthwise=(depthwise_case, 64), pool=(pool_case, 64),
                  local=(local_case, 2048), ctc=(ctc_case, 32), linalg=(linalg_case, 16),
-                 rnn=(rnn_case, 32))
+                 rnn=(rnn_case, 32), rnn_split=(rnn_split_case, 32))
     blas0 = get_blas_threads()
     for name in sys.argv[1:]:
         make, n = cases[name]
@@ -97,7 +105,7 @@ CHILD = textwrap.dedent(r"""
               "%.6f" % end, flush=True)
 """)
 
-FAMILIES = ["conv", "depthwise", "pool", "local", "ctc", "linalg", "rnn"]
+FAMILIES = ["conv", "depthwise", "pool", "local", "ctc", "linalg", "rnn", "rnn_split"]
 
 
 def _run_child(families):

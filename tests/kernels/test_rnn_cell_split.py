@@ -1,0 +1,154 @@
+"""The units split of the fused LSTM and GRU forward (a few batch rows: the
+threads share each step's units and meet after it) against the NumPy
+reference cells and the row-block path, on 2 and 3 threads."""
+import numpy as np
+import pytest
+
+from cyback import config
+from cyback.kernels import rnn_cell as rc
+from cyback.kernels import runtime
+
+from .test_rnn_cell import _case, _f64, lstm_ref
+from .test_rnn_cell_gru import _gru_case, gru_ref
+
+
+@pytest.fixture
+def split_on():
+    """Every sequence of up to 6 rows splits its units (whatever the size of
+    R or the host's load; the tests' team takes any work)."""
+    saved = dict(rc._TUNE)
+    rc._TUNE.update(split_min_bytes=0, split_max_rows=6)
+    runtime.set_busy_rate(1e9)
+    yield
+    rc._TUNE.clear()
+    rc._TUNE.update(saved)
+    runtime.set_busy_rate(150.0)
+
+
+def _threads(n):
+    old = config.get_num_threads()
+    config.set_num_threads(n)
+    return old
+
+
+def _rows_path(fn):
+    """fn() on the row blocks (the split off)."""
+    saved = rc._TUNE["split_max_rows"]
+    rc._TUNE["split_max_rows"] = 0
+    try:
+        return fn()
+    finally:
+        rc._TUNE["split_max_rows"] = saved
+
+
+# T, B, u: units in 8s and not, a thread with fewer units than the other
+CASES = [(7, 1, 32), (5, 2, 37), (4, 3, 48), (3, 6, 40), (9, 1, 100), (2, 4, 33)]
+
+
+@pytest.mark.parametrize("nthreads", [2, 3])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("T,B,u", CASES)
+@pytest.mark.parametrize("with_rmask,with_mask", [(False, False), (True, True), (False, True)])
+@pytest.mark.parametrize("keep", [True, False])
+def test_lstm_split_matches_reference_and_rows(split_on, nthreads, dtype, T, B, u, with_rmask,
+                                                with_mask, keep):
+    zx, h0, c0, y0, R, rmask, mask = _case(T, B, u, 4, dtype, with_rmask, with_mask, seed=T + u)
+    old = _threads(nthreads)
+    try:
+        assert rc._split_threads(T, B, u, 4, np.dtype(dtype).itemsize) == min(nthreads, u // 16)
+        hs, cs, ys, gates = rc.lstm_forward(zx, h0, c0, y0, R, rmask, mask, 0, 1, keep)
+    finally:
+        config.set_num_threads(old)
+    rhs, rcs, rys, rgates = _rows_path(
+        lambda: rc.lstm_forward(zx, h0, c0, y0, R, rmask, mask, 0, 1, keep))
+    want, h, c, _ = lstm_ref(*map(_f64, (zx, h0, c0, y0, R, rmask)), mask, "tanh", "sigmoid")
+    tol = dict(rtol=2e-5, atol=2e-5) if dtype == "float32" else dict(rtol=1e-12, atol=1e-12)
+    assert ys.dtype == dtype
+    np.testing.assert_allclose(ys, want, **tol)
+    # the row path sums each product over k in the same order (the packed
+    # kernel from 5 rows; BLAS's GEMV below, which may differ in the last bits)
+    tight = dict(rtol=0, atol=0) if B > 4 else tol
+    np.testing.assert_allclose(ys, rys, **tight)
+    last = T - 1 if keep else (T - 1) % 2
+    np.testing.assert_allclose(hs[last], rhs[last], **tight)
+    np.testing.assert_allclose(cs[last], rcs[last], **tight)
+    np.testing.assert_allclose(hs[last], h, **tol)
+    np.testing.assert_allclose(cs[last], c, **tol)
+    if keep:
+        # the records the backward pass reads: every step's gates
+        np.testing.assert_allclose(gates, rgates, **tight)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("T,B,u", CASES)
+@pytest.mark.parametrize("with_bias,with_rmask,with_mask,mix_masked",
+                         [(True, False, False, False), (False, True, True, True),
+                          (True, True, False, False), (True, False, True, True)])
+@pytest.mark.parametrize("keep", [True, False])
+def test_gru_split_matches_reference_and_rows(split_on, dtype, T, B, u, with_bias, with_rmask,
+                                               with_mask, mix_masked, keep):
+    zx, h0, y0, R, Rh, rb, rmask, mask = _gru_case(T, B, u, dtype, True, with_bias, with_rmask,
+                                                   with_mask, seed=T * u)
+    old = _threads(2)
+    try:
+        assert rc._split_threads(T, B, u, 3, np.dtype(dtype).itemsize) == 2
+        hs, ys, gates, ph = rc.gru_forward(zx, h0, y0, R, None, rb, rmask, mask, True,
+                                           mix_masked, 0, 1, keep)
+    finally:
+        config.set_num_threads(old)
+    rhs, rys, rgates, rph = _rows_path(
+        lambda: rc.gru_forward(zx, h0, y0, R, None, rb, rmask, mask, True, mix_masked, 0, 1,
+                               keep))
+    want = gru_ref(*map(_f64, (zx, h0, y0, R)), None, _f64(rb), _f64(rmask), mask, True,
+                   mix_masked, "tanh", "sigmoid")[0]
+    tol = dict(rtol=2e-5, atol=2e-5) if dtype == "float32" else dict(rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ys, want, **tol)
+    tight = dict(rtol=0, atol=0) if B > 4 else tol
+    np.testing.assert_allclose(ys, rys, **tight)
+    if keep:
+        np.testing.assert_allclose(gates, rgates, **tight)
+        np.testing.assert_allclose(ph, rph, **tight)
+
+
+def test_gru_without_reset_after_keeps_the_rows(split_on):
+    # its candidate's product reads r * h of every unit: a second meeting per
+    # step, which the split does not make
+    zx, h0, y0, R, Rh, rb, rmask, mask = _gru_case(6, 1, 32, "float32", False, False, False,
+                                                   False)
+    old = _threads(2)
+    try:
+        ys = rc.gru_forward(zx, h0, y0, R, Rh, None, None, None, False, False, 0, 1)[1]
+    finally:
+        config.set_num_threads(old)
+    want = gru_ref(*map(_f64, (zx, h0, y0, R, Rh)), None, None, None, False, False, "tanh",
+                   "sigmoid")[0]
+    np.testing.assert_allclose(ys, want, rtol=2e-5, atol=2e-5)
+
+
+def test_split_choice(split_on):
+    old = _threads(2)
+    try:
+        rc._TUNE.update(split_min_bytes=1 << 17)
+        # LSTM(128) at batch 1: 256 kB of R, split (the tests' team takes any
+        # work: CYBACK_PARALLEL_MIN_WORK=0)
+        assert rc._split_threads(50, 1, 128, 4, 4) == 2
+        # R within a core's caches, one step, many rows or few units: rows
+        assert rc._split_threads(50, 1, 64, 4, 4) == 1
+        assert rc._split_threads(1, 1, 128, 4, 4) == 1
+        assert rc._split_threads(50, 7, 128, 4, 4) == 1
+        assert rc._split_threads(50, 0, 128, 4, 4) == 1
+        rc._TUNE.update(split_min_bytes=0)
+        assert rc._split_threads(50, 1, 24, 4, 4) == 1
+        # a busy host: a thread waiting for its time slice would stall the
+        # other at every step
+        runtime.set_busy_rate(-1.0)
+        runtime.team_rest()
+        runtime.host_busy()
+        import time
+        time.sleep(0.06)
+        assert runtime.host_busy()
+        assert rc._split_threads(50, 1, 128, 4, 4) == 1
+    finally:
+        config.set_num_threads(old)
+        runtime.set_busy_rate(150.0)
+        runtime.team_rest()
