@@ -60,6 +60,14 @@ cdef extern from "cyback_step_sync.h" nogil:
     cb_step_count *cb_step_counts_new(int n)
     void cb_step_counts_free(cb_step_count *c)
     void cb_step_sync(cb_step_count *counts, int me, int nth, long steps)
+    ctypedef struct cb_step_join:
+        long ready, start
+    void cb_join_init(cb_step_join *j)
+    void cb_join_arrive(cb_step_join *j)
+    int cb_join_all_here(cb_step_join *j, int nth)
+    void cb_join_open(cb_step_join *j, long t)
+    void cb_join_wait_all(cb_step_join *j, int nth)
+    long cb_join_wait(cb_step_join *j)
 
 
 cdef extern from "cyback_rnn_product.h" nogil:
@@ -140,7 +148,9 @@ def _packed_rows(const floating[:, ::1] h, W, base):
 # 0.81x, 3 1.11x, 4 1.31x; 64 units at batch 3 1.49x; 36 units at batch 1-2
 # 0.79-0.86x.
 _TUNE = {"packed": True, "gemv_max_rows": 2, "split_max_rows": 6,
-         "split_min_bytes": 1 << 17, "split_stream_per_work": 28.0}
+         "split_min_bytes": 1 << 17, "split_stream_per_work": 16.0, "split_lead_steps": 0}
+# split_lead_steps (tests): thread 0 runs this many steps alone, then waits
+# for the others and opens the split there (0: alone only until they arrive).
 
 
 def _recurrent_operand(R, Py_ssize_t B, bint trans, Py_ssize_t FB=0):
@@ -304,9 +314,24 @@ cdef inline const floating *_recurrent_input(Py_ssize_t t, Py_ssize_t tp, Py_ssi
 # its units (R[:, q * u + j0:q * u + j1] for each gate q) and runs every step
 # for them, reading half of R from its own cache, and the threads meet
 # after each step (include/cyback_step_sync.h), since the next one reads all
-# of h. Thread 0 polls for Ctrl-C before it says its step is done and leaves
+# of h. Thread 0 starts alone and the split opens once the others have
+# arrived (cb_step_join). Thread 0 polls for Ctrl-C before it says its step is done and leaves
 # the answer in a slot per step parity, which every thread reads after the
 # meeting: all leave at the same step.
+
+
+# The step at which the last split's threads met (thread 0 ran the steps
+# before it alone), for tests and benchmarks; -1 before any split.
+cdef long _joined_at = -1
+
+
+def _last_join():
+    return _joined_at
+
+
+cdef inline void _note_join(long t) noexcept nogil:
+    global _joined_at
+    _joined_at = t
 
 
 cdef struct Split:
@@ -356,15 +381,19 @@ def _split_threads(Py_ssize_t T, Py_ssize_t B, Py_ssize_t u, Py_ssize_t G, Py_ss
     waiting for its time slice would hold every step of the others).
 
     The team must also be worth waking for it: the split saves about 40% of
-    each step's time, which is R's bytes streamed from L2, but the first
-    step waits for the other thread to wake, 1 us when the team still spins
-    and 30-120 us when it sleeps (2-core VM). So the sequence counts as
-    T * (R's bytes) / _TUNE["split_stream_per_work"] of the team's work
-    (include/cyback_team.h): LSTM(128) at batch 1 takes the team cold from
-    about 100 steps, warm from about 25. Alternated, split time against row
-    time (2-core Zen 4 VM, float32): 128 units over 50 steps 0.67x with the
-    team spinning, 0.96-1.43x asleep; over 200 steps 0.62x / 0.76-0.84x;
-    256 units over 50 steps 0.52x / 0.58-0.66x."""
+    each step's time, which is R's bytes streamed from L2, but a sleeping
+    team takes 15-50 us to wake on a VM. Thread 0 does not wait for it: it
+    runs whole steps alone until the others have arrived (at batch 1, the
+    other thread joined at step 6 of an LSTM(128), step 3 of an LSTM(256)),
+    so a late team costs the steps it missed, not a stall. The sequence
+    counts as T * (R's bytes) / _TUNE["split_stream_per_work"] of the
+    team's work (include/cyback_team.h): a cold team from 16 MB streamed
+    (LSTM(128) at batch 1 from 63 steps, LSTM(256) from 16), a warm one
+    from 4 MB. Keras models at batch 1, alternated in one process (2-core
+    Zen 4 VM), row time / split time: LSTM(256) over 50 steps 1.72x, over
+    20 steps 1.25x; GRU(256) over 50 steps 1.34x; LSTM(128) over 200 steps
+    1.18x, over 100 steps 1.03x, over 50 steps 0.89-1.06x (noise: not split
+    cold); GRU(128) over 200 steps 1.29x."""
     if not _TUNE["packed"] or T < 2 or B < 1 or B > _TUNE["split_max_rows"] or \
             u * G * u * itemsize < _TUNE["split_min_bytes"]:
         return 1
@@ -377,7 +406,7 @@ def _split_threads(Py_ssize_t T, Py_ssize_t B, Py_ssize_t u, Py_ssize_t G, Py_ss
 @cython.boundscheck(False)
 @cython.wraparound(False)
 cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t j1,
-                         const floating[:, :, ::1] zx,
+                         Py_ssize_t t0, Py_ssize_t t1, const floating[:, :, ::1] zx,
                          const floating[:, ::1] h0, const floating[:, ::1] c0,
                          const floating[:, ::1] y0, const floating[:, ::1] R,
                          const floating *Wp, Py_ssize_t FB, Py_ssize_t ps,
@@ -385,12 +414,12 @@ cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t
                          bint use_rmask, bint use_mask, int act, int ract, floating[:, :, ::1] hs,
                          floating[:, :, ::1] cs, floating[:, :, ::1] ys, floating[:, :, ::1] gates,
                          floating *hm, bint keep, cb_intr* intr, Split *sp) noexcept nogil:
-    """Every step for rows b0..b1 and units j0..j1. Row blocks (sp NULL)
+    """Steps t0..t1 for rows b0..b1 and units j0..j1. Row blocks (sp NULL)
     take all units and Wp is R packed whole (or NULL: BLAS); in a units split
     Wp holds the four gates' columns of this thread's units, packed ps values
     apart, and the threads meet after each step. hm: b1 - b0 rows of u for
     the masked h."""
-    cdef Py_ssize_t T = zx.shape[0], u = R.shape[0]
+    cdef Py_ssize_t u = R.shape[0]
     cdef Py_ssize_t ti, tp, tg
     cdef Py_ssize_t t, b, j, q, G = 4 * u, n = j1 - j0
     cdef const floating *hp
@@ -400,7 +429,7 @@ cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t
     cdef floating c, h
     if b1 <= b0:
         return
-    for t in range(T):
+    for t in range(t0, t1):
         if sp == NULL and cb_intr_poll(intr):
             return
         _ring(keep, t, &ti, &tp, &tg)
@@ -455,37 +484,41 @@ cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0], G = R.shape[1]
     cdef Py_ssize_t ci, nchunk = _row_blocks(2.0 * T * B * G * u, B)
     if nchunk <= 1:
-        _lstm_fwd_rows(0, B, 0, u, zx, h0, c0, y0, R, Wp, FB, 0, rmask, mask, use_rmask,
+        _lstm_fwd_rows(0, B, 0, u, 0, T, zx, h0, c0, y0, R, Wp, FB, 0, rmask, mask, use_rmask,
                        use_mask, act, ract, hs, cs, ys, gates, &hm[0, 0], keep, intr, NULL)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
-        _lstm_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, 0, u, zx, h0, c0, y0, R, Wp,
-                       FB, 0, rmask, mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates,
+        _lstm_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, 0, u, 0, T, zx, h0, c0, y0, R,
+                       Wp, FB, 0, rmask, mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates,
                        &hm[ci * B // nchunk, 0], keep, intr, NULL)
 
 
 cdef void _lstm_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                           const floating[:, ::1] c0, const floating[:, ::1] y0,
-                          const floating[:, ::1] R, floating *Wp, Py_ssize_t FB, Py_ssize_t ps,
+                          const floating[:, ::1] R, const floating *Wfull, Py_ssize_t FBfull,
+                          floating *Wp, Py_ssize_t FB, Py_ssize_t ps,
                           const floating[:, ::1] rmask, const unsigned char[:, ::1] mask,
                           bint use_rmask, bint use_mask, int act, int ract,
                           floating[:, :, ::1] hs, floating[:, :, ::1] cs, floating[:, :, ::1] ys,
                           floating[:, :, ::1] gates, floating *hm, bint keep,
-                          cb_intr* intr) noexcept nogil:
-    # The units split (see _split_threads); Wp: 4 * ps values per thread, hm
-    # B * u per thread.
-    cdef Py_ssize_t B = zx.shape[1], u = R.shape[0]
-    cdef Py_ssize_t j0, j1, q
+                          Py_ssize_t lead, cb_intr* intr) noexcept nogil:
+    # The units split (see _split_threads), joined late (cb_step_join): thread
+    # 0 runs whole steps (Wfull, FBfull: the row path's operand) until the
+    # others are there. Wp: 4 * ps values per thread, hm B * u per thread.
+    cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0]
+    cdef Py_ssize_t j0, j1, q, t
     cdef int stops[2]
     cdef int tid, nth
     cdef Split sp
+    cdef cb_step_join join
     cdef cb_step_count *counts = cb_step_counts_new(nsplit)
     if counts == NULL:
         # no memory for the counts: one thread takes every unit
-        _lstm_fwd_rows(0, B, 0, u, zx, h0, c0, y0, R, NULL, 0, 0, rmask, mask, use_rmask,
-                       use_mask, act, ract, hs, cs, ys, gates, hm, keep, intr, NULL)
+        _lstm_fwd_rows(0, B, 0, u, 0, T, zx, h0, c0, y0, R, Wfull, FBfull, 0, rmask, mask,
+                       use_rmask, use_mask, act, ract, hs, cs, ys, gates, hm, keep, intr, NULL)
         return
     stops[0] = stops[1] = 0
+    cb_join_init(&join)
     with parallel(num_threads=nsplit):
         # assigned whole, sp is private to each thread (a field assignment
         # would leave it shared)
@@ -494,11 +527,28 @@ cdef void _lstm_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floati
         sp = Split(tid=tid, nth=nth, stops=&stops[0], counts=counts)
         j0 = _unit_start(tid, nth, u)
         j1 = _unit_start(tid + 1, nth, u)
-        for q in range(4):
-            _pack_ld(&R[0, 0] + q * u + j0, u, j1 - j0, 4 * u, FB, Wp + (4 * tid + q) * ps)
-        _lstm_fwd_rows(0, B, j0, j1, zx, h0, c0, y0, R, Wp + 4 * tid * ps, FB, ps, rmask,
-                       mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates,
-                       hm + tid * B * u, keep, intr, &sp)
+        t = 0
+        if tid == 0:
+            while t < T and (t < lead or (lead == 0 and not cb_join_all_here(&join, nth))):
+                _lstm_fwd_rows(0, B, 0, u, t, t + 1, zx, h0, c0, y0, R, Wfull, FBfull, 0,
+                               rmask, mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates,
+                               hm, keep, intr, NULL)
+                t = T if intr.stop else t + 1
+        if tid != 0 or t < T:
+            for q in range(4):
+                _pack_ld(&R[0, 0] + q * u + j0, u, j1 - j0, 4 * u, FB, Wp + (4 * tid + q) * ps)
+        if tid == 0:
+            if lead > 0 and t < T:
+                cb_join_wait_all(&join, nth)
+            cb_join_open(&join, t)
+            _note_join(t)
+        else:
+            cb_join_arrive(&join)
+            t = cb_join_wait(&join)
+        if t < T:
+            _lstm_fwd_rows(0, B, j0, j1, t, T, zx, h0, c0, y0, R, Wp + 4 * tid * ps, FB, ps,
+                           rmask, mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates,
+                           hm + tid * B * u, keep, intr, &sp)
     cb_step_counts_free(counts)
 
 
@@ -538,12 +588,17 @@ def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef int nsplit = _split_threads(T, B, u, 4, np.dtype(dt).itemsize)
     cdef cb_intr intr
     cb_intr_init(&intr)
+    cdef const floating *Wfull
+    cdef Py_ssize_t FBfull, lead
     if nsplit > 1:
         wsplit, ps, FB, hsplit = _split_operand(nsplit, u, 4, B, dt)
+        full, FBfull = _recurrent_operand(R, B, False)
+        Wfull = <const floating*>_address(full)
+        lead = _TUNE["split_lead_steps"]
         with nogil:
-            _lstm_fwd_split(nsplit, zx, h0, c0, y0, R, &wsplit[0], FB, ps, rm, mk,
+            _lstm_fwd_split(nsplit, zx, h0, c0, y0, R, Wfull, FBfull, &wsplit[0], FB, ps, rm, mk,
                             rmask is not None, mask is not None, act, ract, hs, cs, ys, gates,
-                            &hsplit[0], keep, &intr)
+                            &hsplit[0], keep, lead, &intr)
         check_interrupt(&intr)
         return np.asarray(hs), np.asarray(cs), np.asarray(ys), np.asarray(gates)
     hm = np.empty((max(1, B), u), dt)
@@ -925,7 +980,7 @@ def _mask(mask, T, B):
 @cython.boundscheck(False)
 @cython.wraparound(False)
 cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t j1,
-                        const floating[:, :, ::1] zx,
+                        Py_ssize_t t0, Py_ssize_t t1, const floating[:, :, ::1] zx,
                         const floating[:, ::1] h0, const floating[:, ::1] y0,
                         const floating[:, ::1] R, const floating *Wp,
                         const floating[:, ::1] Rh, const floating *Whp, Py_ssize_t FB,
@@ -936,10 +991,10 @@ cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t 
                         floating[:, :, ::1] gates, floating[:, :, ::1] ph, floating *hm,
                         floating[:, ::1] P, floating[:, ::1] Q, bint keep,
                         cb_intr* intr, Split *sp) noexcept nogil:
-    """Every step for rows b0..b1 and units j0..j1, as _lstm_fwd_rows (a units
+    """Steps t0..t1 for rows b0..b1 and units j0..j1, as _lstm_fwd_rows (a units
     split only with reset_after: one product per step). hm: b1 - b0 rows of u
     for the masked h."""
-    cdef Py_ssize_t T = zx.shape[0], u = h0.shape[1], NR = R.shape[1]
+    cdef Py_ssize_t u = h0.shape[1], NR = R.shape[1]
     cdef Py_ssize_t ti, tp, tg
     cdef Py_ssize_t t, b, j, q, n = b1 - b0, nu = j1 - j0
     cdef const floating *hp
@@ -950,7 +1005,7 @@ cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t 
     cdef floating zz, h
     if n <= 0:
         return
-    for t in range(T):
+    for t in range(t0, t1):
         if sp == NULL and cb_intr_poll(intr):
             return
         _ring(keep, t, &ti, &tp, &tg)
@@ -1029,19 +1084,20 @@ cdef void _gru_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = h0.shape[1]
     cdef Py_ssize_t ci, nchunk = _row_blocks(2.0 * T * B * 3 * u * u, B)
     if nchunk <= 1:
-        _gru_fwd_rows(0, B, 0, u, zx, h0, y0, R, Wp, Rh, Whp, FB, 0, rb, rmask, mask, use_rb,
-                      use_rmask, use_mask, reset_after, mix_masked, act, ract, hs, ys, gates, ph,
-                      &hm[0, 0], P, Q, keep, intr, NULL)
+        _gru_fwd_rows(0, B, 0, u, 0, T, zx, h0, y0, R, Wp, Rh, Whp, FB, 0, rb, rmask, mask,
+                      use_rb, use_rmask, use_mask, reset_after, mix_masked, act, ract, hs, ys,
+                      gates, ph, &hm[0, 0], P, Q, keep, intr, NULL)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
-        _gru_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, 0, u, zx, h0, y0, R, Wp, Rh, Whp,
-                      FB, 0, rb, rmask, mask, use_rb, use_rmask, use_mask, reset_after,
+        _gru_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, 0, u, 0, T, zx, h0, y0, R, Wp,
+                      Rh, Whp, FB, 0, rb, rmask, mask, use_rb, use_rmask, use_mask, reset_after,
                       mix_masked, act, ract, hs, ys, gates, ph, &hm[ci * B // nchunk, 0], P, Q,
                       keep, intr, NULL)
 
 
 cdef void _gru_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floating[:, ::1] h0,
-                         const floating[:, ::1] y0, const floating[:, ::1] R, floating *Wp,
+                         const floating[:, ::1] y0, const floating[:, ::1] R,
+                         const floating *Wfull, Py_ssize_t FBfull, floating *Wp,
                          const floating[:, ::1] Rh, Py_ssize_t FB, Py_ssize_t ps,
                          const floating[::1] rb, const floating[:, ::1] rmask,
                          const unsigned char[:, ::1] mask, bint use_rb, bint use_rmask,
@@ -1049,31 +1105,50 @@ cdef void _gru_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floatin
                          floating[:, :, ::1] hs, floating[:, :, ::1] ys,
                          floating[:, :, ::1] gates, floating[:, :, ::1] ph, floating *hm,
                          floating[:, ::1] P, floating[:, ::1] Q, bint keep,
-                         cb_intr* intr) noexcept nogil:
-    # The units split of a reset_after GRU (see _lstm_fwd_split).
-    cdef Py_ssize_t B = zx.shape[1], u = h0.shape[1]
-    cdef Py_ssize_t j0, j1, q
+                         Py_ssize_t lead, cb_intr* intr) noexcept nogil:
+    # The units split of a reset_after GRU, joined late (see _lstm_fwd_split).
+    cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = h0.shape[1]
+    cdef Py_ssize_t j0, j1, q, t
     cdef int stops[2]
     cdef int tid, nth
     cdef Split sp
+    cdef cb_step_join join
     cdef cb_step_count *counts = cb_step_counts_new(nsplit)
     if counts == NULL:
-        _gru_fwd_rows(0, B, 0, u, zx, h0, y0, R, NULL, Rh, NULL, 0, 0, rb, rmask, mask, use_rb,
-                      use_rmask, use_mask, True, mix_masked, act, ract, hs, ys, gates, ph, hm, P,
-                      Q, keep, intr, NULL)
+        _gru_fwd_rows(0, B, 0, u, 0, T, zx, h0, y0, R, Wfull, Rh, NULL, FBfull, 0, rb, rmask,
+                      mask, use_rb, use_rmask, use_mask, True, mix_masked, act, ract, hs, ys,
+                      gates, ph, hm, P, Q, keep, intr, NULL)
         return
     stops[0] = stops[1] = 0
+    cb_join_init(&join)
     with parallel(num_threads=nsplit):
         tid = cb_get_thread_num()
         nth = cb_get_num_threads()
         sp = Split(tid=tid, nth=nth, stops=&stops[0], counts=counts)
         j0 = _unit_start(tid, nth, u)
         j1 = _unit_start(tid + 1, nth, u)
-        for q in range(3):
-            _pack_ld(&R[0, 0] + q * u + j0, u, j1 - j0, 3 * u, FB, Wp + (3 * tid + q) * ps)
-        _gru_fwd_rows(0, B, j0, j1, zx, h0, y0, R, Wp + 3 * tid * ps, Rh, NULL, FB, ps, rb, rmask,
-                      mask, use_rb, use_rmask, use_mask, True, mix_masked, act, ract, hs, ys,
-                      gates, ph, hm + tid * B * u, P, Q, keep, intr, &sp)
+        t = 0
+        if tid == 0:
+            while t < T and (t < lead or (lead == 0 and not cb_join_all_here(&join, nth))):
+                _gru_fwd_rows(0, B, 0, u, t, t + 1, zx, h0, y0, R, Wfull, Rh, NULL, FBfull, 0, rb,
+                              rmask, mask, use_rb, use_rmask, use_mask, True, mix_masked, act,
+                              ract, hs, ys, gates, ph, hm, P, Q, keep, intr, NULL)
+                t = T if intr.stop else t + 1
+        if tid != 0 or t < T:
+            for q in range(3):
+                _pack_ld(&R[0, 0] + q * u + j0, u, j1 - j0, 3 * u, FB, Wp + (3 * tid + q) * ps)
+        if tid == 0:
+            if lead > 0 and t < T:
+                cb_join_wait_all(&join, nth)
+            cb_join_open(&join, t)
+            _note_join(t)
+        else:
+            cb_join_arrive(&join)
+            t = cb_join_wait(&join)
+        if t < T:
+            _gru_fwd_rows(0, B, j0, j1, t, T, zx, h0, y0, R, Wp + 3 * tid * ps, Rh, NULL, FB, ps,
+                          rb, rmask, mask, use_rb, use_rmask, use_mask, True, mix_masked, act,
+                          ract, hs, ys, gates, ph, hm + tid * B * u, P, Q, keep, intr, &sp)
     cb_step_counts_free(counts)
 
 
@@ -1108,8 +1183,11 @@ def _gru_forward_split(int nsplit, const floating[:, :, ::1] zx, const floating[
     dt = np.float32 if floating is float else np.float64
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = h0.shape[1]
     cdef floating[::1] wsplit, hsplit
-    cdef Py_ssize_t FB, ps
+    cdef Py_ssize_t FB, ps, FBfull
     wsplit, ps, FB, hsplit = _split_operand(nsplit, u, 3, B, dt)
+    full, FBfull = _recurrent_operand(R, B, False)
+    cdef const floating *Wfull = <const floating*>_address(full)
+    cdef Py_ssize_t lead = _TUNE["split_lead_steps"]
     cdef const floating[::1] b_ = np.ascontiguousarray(rb if rb is not None else
                                                        np.zeros(1), dtype=dt)
     cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
@@ -1118,9 +1196,9 @@ def _gru_forward_split(int nsplit, const floating[:, :, ::1] zx, const floating[
     cdef cb_intr intr
     cb_intr_init(&intr)
     with nogil:
-        _gru_fwd_split(nsplit, zx, h0, y0, R, &wsplit[0], rh, FB, ps, b_, rm, mk, rb is not None,
-                       rmask is not None, mask is not None, mix_masked, act, ract, hs, ys, gates,
-                       ph, &hsplit[0], P, Q, keep, &intr)
+        _gru_fwd_split(nsplit, zx, h0, y0, R, Wfull, FBfull, &wsplit[0], rh, FB, ps, b_, rm, mk,
+                       rb is not None, rmask is not None, mask is not None, mix_masked, act, ract,
+                       hs, ys, gates, ph, &hsplit[0], P, Q, keep, lead, &intr)
     check_interrupt(&intr)
     return np.asarray(hs), np.asarray(ys), np.asarray(gates), np.asarray(ph)
 

@@ -17,7 +17,7 @@ def split_on():
     """Every sequence of up to 6 rows splits its units (whatever the size of
     R or the host's load; the tests' team takes any work)."""
     saved = dict(rc._TUNE)
-    rc._TUNE.update(split_min_bytes=0, split_max_rows=6)
+    rc._TUNE.update(split_min_bytes=0, split_max_rows=6, split_lead_steps=0)
     runtime.set_busy_rate(1e9)
     yield
     rc._TUNE.clear()
@@ -108,6 +108,33 @@ def test_gru_split_matches_reference_and_rows(split_on, dtype, T, B, u, with_bia
     if keep:
         np.testing.assert_allclose(gates, rgates, **tight)
         np.testing.assert_allclose(ph, rph, **tight)
+
+
+@pytest.mark.parametrize("lead", [1, 3, 9])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_split_opened_late_gives_the_same_sequence(split_on, cell, lead):
+    # thread 0 runs the first steps alone (the others still asleep; forced
+    # here), then the split takes over; with lead >= T it never does
+    T, B, u = 6, 5, 40
+    rc._TUNE["split_lead_steps"] = lead
+    old = _threads(2)
+    try:
+        if cell == "lstm":
+            zx, h0, c0, y0, R, rmask, mask = _case(T, B, u, 4, "float32", True, True, seed=lead)
+            got = rc.lstm_forward(zx, h0, c0, y0, R, rmask, mask, 0, 1)
+            want = _rows_path(lambda: rc.lstm_forward(zx, h0, c0, y0, R, rmask, mask, 0, 1))
+        else:
+            zx, h0, y0, R, _, rb, rmask, mask = _gru_case(T, B, u, "float32", True, True, True,
+                                                          True, seed=lead)
+            got = rc.gru_forward(zx, h0, y0, R, None, rb, rmask, mask, True, True, 0, 1)
+            want = _rows_path(lambda: rc.gru_forward(zx, h0, y0, R, None, rb, rmask, mask, True,
+                                                     True, 0, 1))
+        assert rc._last_join() == min(lead, T)
+    finally:
+        config.set_num_threads(old)
+    for g, w in zip(got, want):
+        # B > 4: the row path's packed product sums in the same order
+        np.testing.assert_array_equal(g, w)
 
 
 def test_gru_without_reset_after_keeps_the_rows(split_on):
