@@ -336,6 +336,7 @@ cdef inline void _note_join(long t) noexcept nogil:
 
 cdef struct Split:
     int tid, nth            # this thread, of nth
+    int meets               # meetings per step (2: a GRU without reset_after)
     int *stops              # 2 slots, shared
     cb_step_count *counts   # nth, shared
 
@@ -369,8 +370,14 @@ cdef inline bint _step_end(Split *sp, Py_ssize_t t, cb_intr* intr) noexcept nogi
     """The end of step t in a units split: True when every thread stops."""
     if sp.tid == 0:
         sp.stops[t & 1] = cb_intr_poll(intr)
-    cb_step_sync(sp.counts, sp.tid, sp.nth, t + 1)
+    cb_step_sync(sp.counts, sp.tid, sp.nth, (t + 1) * sp.meets)
     return sp.stops[t & 1] != 0
+
+
+cdef inline void _step_meet(Split *sp, Py_ssize_t t) noexcept nogil:
+    """The middle of step t (sp.meets = 2): every thread's part of it so far
+    is done."""
+    cb_step_sync(sp.counts, sp.tid, sp.nth, 2 * t + 1)
 
 
 def _split_threads(Py_ssize_t T, Py_ssize_t B, Py_ssize_t u, Py_ssize_t G, Py_ssize_t itemsize):
@@ -524,7 +531,7 @@ cdef void _lstm_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floati
         # would leave it shared)
         tid = cb_get_thread_num()
         nth = cb_get_num_threads()
-        sp = Split(tid=tid, nth=nth, stops=&stops[0], counts=counts)
+        sp = Split(tid=tid, nth=nth, meets=1, stops=&stops[0], counts=counts)
         j0 = _unit_start(tid, nth, u)
         j1 = _unit_start(tid + 1, nth, u)
         t = 0
@@ -991,9 +998,11 @@ cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t 
                         floating[:, :, ::1] gates, floating[:, :, ::1] ph, floating *hm,
                         floating[:, ::1] P, floating[:, ::1] Q, bint keep,
                         cb_intr* intr, Split *sp) noexcept nogil:
-    """Steps t0..t1 for rows b0..b1 and units j0..j1, as _lstm_fwd_rows (a units
-    split only with reset_after: one product per step). hm: b1 - b0 rows of u
-    for the masked h."""
+    """Steps t0..t1 for rows b0..b1 and units j0..j1, as _lstm_fwd_rows. In a
+    units split Wp holds this thread's columns of the gates' products: of R
+    for z, r and h with reset_after, else of R for z and r and of Rh, whose
+    product reads r * h of every unit: the threads also meet before it.
+    hm: b1 - b0 rows of u for the masked h."""
     cdef Py_ssize_t u = h0.shape[1], NR = R.shape[1]
     cdef Py_ssize_t ti, tp, tg
     cdef Py_ssize_t t, b, j, q, n = b1 - b0, nu = j1 - j0
@@ -1016,7 +1025,7 @@ cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t 
                     memcpy(&P[b, 0], &rb[0], NR * sizeof(floating))
             _rec_product(False, n, u, NR, hmp, &R[0, 0], Wp, FB, 1 if use_rb else 0, &P[b0, 0])
         else:
-            for q in range(3):
+            for q in range(3 if reset_after else 2):
                 if use_rb:
                     for b in range(b0, b1):
                         memcpy(&P[b, q * u + j0], &rb[q * u + j0], nu * sizeof(floating))
@@ -1042,11 +1051,24 @@ cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t 
                     ph[tg, b, j] = P[b, 2 * u + j]
                     g[2 * u + j] = x[2 * u + j] + g[u + j] * P[b, 2 * u + j]
             else:
-                for j in range(u):
+                for j in range(j0, j1):
                     Q[b, j] = g[u + j] * hmp[(b - b0) * u + j]
-        if not reset_after:
+        if not reset_after and sp == NULL:
             # The candidate's product reads r * hm: a second GEMM per step.
             _rec_product(False, n, u, u, &Q[b0, 0], &Rh[0, 0], Whp, FB, 0, &P[b0, 0])
+        elif not reset_after:
+            # every unit's r * hm is in Q: the candidate's pre-activation
+            # goes straight into the gates, zx's part added after the sum as
+            # in the row path; masked rows keep zeros there
+            _step_meet(sp, t)
+            for b in range(b0, b1):
+                memcpy(&gates[tg, b, 2 * u + j0], &zx[t, b, 2 * u + j0], nu * sizeof(floating))
+            _product_ld(n, u, nu, &Q[b0, 0], Wp + 2 * ps, FB, &gates[tg, b0, 2 * u + j0],
+                        &gates[tg, b0, 2 * u + j0], 3 * u)
+            if use_mask:
+                for b in range(b0, b1):
+                    if not mask[t, b]:
+                        memset(&gates[tg, b, 2 * u + j0], 0, nu * sizeof(floating))
         for b in range(b0, b1):
             if use_mask and not mask[t, b]:
                 hp = &h0[b, 0] if t == 0 else &hs[tp, b, 0]
@@ -1055,7 +1077,7 @@ cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t 
                 memcpy(&ys[t, b, j0], x + j0, nu * sizeof(floating))
                 continue
             g = &gates[tg, b, 0]
-            if not reset_after:
+            if not reset_after and sp == NULL:
                 # P is (n, u) here: the product above wrote rows of width u.
                 for j in range(u):
                     g[2 * u + j] = zx[t, b, 2 * u + j] + (&P[b0, 0])[(b - b0) * u + j]
@@ -1098,16 +1120,17 @@ cdef void _gru_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
 cdef void _gru_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                          const floating[:, ::1] y0, const floating[:, ::1] R,
                          const floating *Wfull, Py_ssize_t FBfull, floating *Wp,
-                         const floating[:, ::1] Rh, Py_ssize_t FB, Py_ssize_t ps,
-                         const floating[::1] rb, const floating[:, ::1] rmask,
+                         const floating[:, ::1] Rh, const floating *Whfull, Py_ssize_t FB,
+                         Py_ssize_t ps, const floating[::1] rb, const floating[:, ::1] rmask,
                          const unsigned char[:, ::1] mask, bint use_rb, bint use_rmask,
-                         bint use_mask, bint mix_masked, int act, int ract,
+                         bint use_mask, bint reset_after, bint mix_masked, int act, int ract,
                          floating[:, :, ::1] hs, floating[:, :, ::1] ys,
                          floating[:, :, ::1] gates, floating[:, :, ::1] ph, floating *hm,
                          floating[:, ::1] P, floating[:, ::1] Q, bint keep,
                          Py_ssize_t lead, cb_intr* intr) noexcept nogil:
-    # The units split of a reset_after GRU, joined late (see _lstm_fwd_split).
-    cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = h0.shape[1]
+    # The units split of a GRU, joined late (see _lstm_fwd_split); Wfull,
+    # Whfull: the row path's operands for the steps thread 0 runs alone.
+    cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = h0.shape[1], NR = R.shape[1]
     cdef Py_ssize_t j0, j1, q, t
     cdef int stops[2]
     cdef int tid, nth
@@ -1115,28 +1138,32 @@ cdef void _gru_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floatin
     cdef cb_step_join join
     cdef cb_step_count *counts = cb_step_counts_new(nsplit)
     if counts == NULL:
-        _gru_fwd_rows(0, B, 0, u, 0, T, zx, h0, y0, R, Wfull, Rh, NULL, FBfull, 0, rb, rmask,
-                      mask, use_rb, use_rmask, use_mask, True, mix_masked, act, ract, hs, ys,
-                      gates, ph, hm, P, Q, keep, intr, NULL)
+        _gru_fwd_rows(0, B, 0, u, 0, T, zx, h0, y0, R, Wfull, Rh, Whfull, FBfull, 0, rb, rmask,
+                      mask, use_rb, use_rmask, use_mask, reset_after, mix_masked, act, ract, hs,
+                      ys, gates, ph, hm, P, Q, keep, intr, NULL)
         return
     stops[0] = stops[1] = 0
     cb_join_init(&join)
     with parallel(num_threads=nsplit):
         tid = cb_get_thread_num()
         nth = cb_get_num_threads()
-        sp = Split(tid=tid, nth=nth, stops=&stops[0], counts=counts)
+        sp = Split(tid=tid, nth=nth, meets=1 if reset_after else 2, stops=&stops[0],
+                   counts=counts)
         j0 = _unit_start(tid, nth, u)
         j1 = _unit_start(tid + 1, nth, u)
         t = 0
         if tid == 0:
             while t < T and (t < lead or (lead == 0 and not cb_join_all_here(&join, nth))):
-                _gru_fwd_rows(0, B, 0, u, t, t + 1, zx, h0, y0, R, Wfull, Rh, NULL, FBfull, 0, rb,
-                              rmask, mask, use_rb, use_rmask, use_mask, True, mix_masked, act,
-                              ract, hs, ys, gates, ph, hm, P, Q, keep, intr, NULL)
+                _gru_fwd_rows(0, B, 0, u, t, t + 1, zx, h0, y0, R, Wfull, Rh, Whfull, FBfull, 0,
+                              rb, rmask, mask, use_rb, use_rmask, use_mask, reset_after,
+                              mix_masked, act, ract, hs, ys, gates, ph, hm, P, Q, keep, intr,
+                              NULL)
                 t = T if intr.stop else t + 1
         if tid != 0 or t < T:
-            for q in range(3):
-                _pack_ld(&R[0, 0] + q * u + j0, u, j1 - j0, 3 * u, FB, Wp + (3 * tid + q) * ps)
+            for q in range(3 if reset_after else 2):
+                _pack_ld(&R[0, 0] + q * u + j0, u, j1 - j0, NR, FB, Wp + (3 * tid + q) * ps)
+            if not reset_after:
+                _pack_ld(&Rh[0, 0] + j0, u, j1 - j0, u, FB, Wp + (3 * tid + 2) * ps)
         if tid == 0:
             if lead > 0 and t < T:
                 cb_join_wait_all(&join, nth)
@@ -1147,8 +1174,8 @@ cdef void _gru_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floatin
             t = cb_join_wait(&join)
         if t < T:
             _gru_fwd_rows(0, B, j0, j1, t, T, zx, h0, y0, R, Wp + 3 * tid * ps, Rh, NULL, FB, ps,
-                          rb, rmask, mask, use_rb, use_rmask, use_mask, True, mix_masked, act,
-                          ract, hs, ys, gates, ph, hm + tid * B * u, P, Q, keep, intr, &sp)
+                          rb, rmask, mask, use_rb, use_rmask, use_mask, reset_after, mix_masked,
+                          act, ract, hs, ys, gates, ph, hm + tid * B * u, P, Q, keep, intr, &sp)
     cb_step_counts_free(counts)
 
 
@@ -1175,30 +1202,34 @@ def _candidate_operand(Rh, Py_ssize_t B, bint trans, dt, Py_ssize_t FB):
 
 
 def _gru_forward_split(int nsplit, const floating[:, :, ::1] zx, const floating[:, ::1] h0,
-                       const floating[:, ::1] y0, const floating[:, ::1] R, rb, rmask, mask,
-                       bint mix_masked, int act, int ract, bint keep, floating[:, :, ::1] hs,
-                       floating[:, :, ::1] ys, floating[:, :, ::1] gates,
-                       floating[:, :, ::1] ph, floating[:, ::1] P, floating[:, ::1] Q):
-    """gru_forward's units split (reset_after)."""
+                       const floating[:, ::1] y0, const floating[:, ::1] R, Rh, rb, rmask, mask,
+                       bint reset_after, bint mix_masked, int act, int ract, bint keep,
+                       floating[:, :, ::1] hs, floating[:, :, ::1] ys,
+                       floating[:, :, ::1] gates, floating[:, :, ::1] ph, floating[:, ::1] P,
+                       floating[:, ::1] Q):
+    """gru_forward's units split."""
     dt = np.float32 if floating is float else np.float64
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = h0.shape[1]
     cdef floating[::1] wsplit, hsplit
     cdef Py_ssize_t FB, ps, FBfull
     wsplit, ps, FB, hsplit = _split_operand(nsplit, u, 3, B, dt)
     full, FBfull = _recurrent_operand(R, B, False)
+    rh_arr, full_h = _candidate_operand(Rh, B, False, dt, FBfull)
+    cdef const floating[:, ::1] rh = rh_arr
     cdef const floating *Wfull = <const floating*>_address(full)
+    cdef const floating *Whfull = <const floating*>_address(full_h)
     cdef Py_ssize_t lead = _TUNE["split_lead_steps"]
     cdef const floating[::1] b_ = np.ascontiguousarray(rb if rb is not None else
                                                        np.zeros(1), dtype=dt)
     cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
     cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
-    cdef const floating[:, ::1] rh = _absent(dt)
     cdef cb_intr intr
     cb_intr_init(&intr)
     with nogil:
-        _gru_fwd_split(nsplit, zx, h0, y0, R, Wfull, FBfull, &wsplit[0], rh, FB, ps, b_, rm, mk,
-                       rb is not None, rmask is not None, mask is not None, mix_masked, act, ract,
-                       hs, ys, gates, ph, &hsplit[0], P, Q, keep, lead, &intr)
+        _gru_fwd_split(nsplit, zx, h0, y0, R, Wfull, FBfull, &wsplit[0], rh, Whfull, FB, ps, b_,
+                       rm, mk, rb is not None, rmask is not None, mask is not None, reset_after,
+                       mix_masked, act, ract, hs, ys, gates, ph, &hsplit[0], P, Q, keep, lead,
+                       &intr)
     check_interrupt(&intr)
     return np.asarray(hs), np.asarray(ys), np.asarray(gates), np.asarray(ph)
 
@@ -1221,10 +1252,10 @@ def gru_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef floating[:, ::1] P = np.empty((B, R.shape[1]), dt)
     cdef floating[:, ::1] Q = np.empty((B, u), dt)
     cdef Py_ssize_t FB
-    cdef int nsplit = _split_threads(T, B, u, 3, np.dtype(dt).itemsize) if reset_after else 1
+    cdef int nsplit = _split_threads(T, B, u, 3, np.dtype(dt).itemsize)
     if nsplit > 1:
-        return _gru_forward_split(nsplit, zx, h0, y0, R, rb, rmask, mask, mix_masked, act,
-                                  ract, keep, hs, ys, gates, ph, P, Q)
+        return _gru_forward_split(nsplit, zx, h0, y0, R, Rh, rb, rmask, mask, reset_after,
+                                  mix_masked, act, ract, keep, hs, ys, gates, ph, P, Q)
     hm = np.empty((max(1, B), u), dt)
     packed, FB = _recurrent_operand(R, B, False)
     rh_arr, packed_h = _candidate_operand(Rh, B, False, dt, FB)

@@ -81,37 +81,43 @@ def test_lstm_split_matches_reference_and_rows(split_on, nthreads, dtype, T, B, 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("T,B,u", CASES)
-@pytest.mark.parametrize("with_bias,with_rmask,with_mask,mix_masked",
-                         [(True, False, False, False), (False, True, True, True),
-                          (True, True, False, False), (True, False, True, True)])
+@pytest.mark.parametrize("reset_after,with_bias,with_rmask,with_mask,mix_masked",
+                         [(True, True, False, False, False), (True, False, True, True, True),
+                          (True, True, True, False, False), (True, True, False, True, True),
+                          (False, False, False, False, False), (False, False, True, True, True),
+                          (False, False, False, True, False)])
 @pytest.mark.parametrize("keep", [True, False])
-def test_gru_split_matches_reference_and_rows(split_on, dtype, T, B, u, with_bias, with_rmask,
-                                               with_mask, mix_masked, keep):
-    zx, h0, y0, R, Rh, rb, rmask, mask = _gru_case(T, B, u, dtype, True, with_bias, with_rmask,
-                                                   with_mask, seed=T * u)
+def test_gru_split_matches_reference_and_rows(split_on, dtype, T, B, u, reset_after, with_bias,
+                                               with_rmask, with_mask, mix_masked, keep):
+    # without reset_after the threads also meet in the middle of each step:
+    # the candidate's product reads r * h of every unit
+    zx, h0, y0, R, Rh, rb, rmask, mask = _gru_case(T, B, u, dtype, reset_after, with_bias,
+                                                   with_rmask, with_mask, seed=T * u)
     old = _threads(2)
     try:
         assert rc._split_threads(T, B, u, 3, np.dtype(dtype).itemsize) == 2
-        hs, ys, gates, ph = rc.gru_forward(zx, h0, y0, R, None, rb, rmask, mask, True,
+        hs, ys, gates, ph = rc.gru_forward(zx, h0, y0, R, Rh, rb, rmask, mask, reset_after,
                                            mix_masked, 0, 1, keep)
     finally:
         config.set_num_threads(old)
     rhs, rys, rgates, rph = _rows_path(
-        lambda: rc.gru_forward(zx, h0, y0, R, None, rb, rmask, mask, True, mix_masked, 0, 1,
+        lambda: rc.gru_forward(zx, h0, y0, R, Rh, rb, rmask, mask, reset_after, mix_masked, 0, 1,
                                keep))
-    want = gru_ref(*map(_f64, (zx, h0, y0, R)), None, _f64(rb), _f64(rmask), mask, True,
-                   mix_masked, "tanh", "sigmoid")[0]
+    want = gru_ref(*map(_f64, (zx, h0, y0, R, Rh, rb, rmask)), mask, reset_after, mix_masked,
+                   "tanh", "sigmoid")[0]
     tol = dict(rtol=2e-5, atol=2e-5) if dtype == "float32" else dict(rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(ys, want, **tol)
     tight = dict(rtol=0, atol=0) if B > 4 else tol
     np.testing.assert_allclose(ys, rys, **tight)
     if keep:
+        # the records the backward pass reads (masked rows: zeros)
         np.testing.assert_allclose(gates, rgates, **tight)
-        np.testing.assert_allclose(ph, rph, **tight)
+        if reset_after:
+            np.testing.assert_allclose(ph, rph, **tight)
 
 
 @pytest.mark.parametrize("lead", [1, 3, 9])
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("cell", ["lstm", "gru", "gru_reset_before"])
 def test_split_opened_late_gives_the_same_sequence(split_on, cell, lead):
     # thread 0 runs the first steps alone (the others still asleep; forced
     # here), then the split takes over; with lead >= T it never does
@@ -124,10 +130,11 @@ def test_split_opened_late_gives_the_same_sequence(split_on, cell, lead):
             got = rc.lstm_forward(zx, h0, c0, y0, R, rmask, mask, 0, 1)
             want = _rows_path(lambda: rc.lstm_forward(zx, h0, c0, y0, R, rmask, mask, 0, 1))
         else:
-            zx, h0, y0, R, _, rb, rmask, mask = _gru_case(T, B, u, "float32", True, True, True,
-                                                          True, seed=lead)
-            got = rc.gru_forward(zx, h0, y0, R, None, rb, rmask, mask, True, True, 0, 1)
-            want = _rows_path(lambda: rc.gru_forward(zx, h0, y0, R, None, rb, rmask, mask, True,
+            ra = cell == "gru"
+            zx, h0, y0, R, Rh, rb, rmask, mask = _gru_case(T, B, u, "float32", ra, ra, True,
+                                                           True, seed=lead)
+            got = rc.gru_forward(zx, h0, y0, R, Rh, rb, rmask, mask, ra, True, 0, 1)
+            want = _rows_path(lambda: rc.gru_forward(zx, h0, y0, R, Rh, rb, rmask, mask, ra,
                                                      True, 0, 1))
         assert rc._last_join() == min(lead, T)
     finally:
@@ -135,21 +142,6 @@ def test_split_opened_late_gives_the_same_sequence(split_on, cell, lead):
     for g, w in zip(got, want):
         # B > 4: the row path's packed product sums in the same order
         np.testing.assert_array_equal(g, w)
-
-
-def test_gru_without_reset_after_keeps_the_rows(split_on):
-    # its candidate's product reads r * h of every unit: a second meeting per
-    # step, which the split does not make
-    zx, h0, y0, R, Rh, rb, rmask, mask = _gru_case(6, 1, 32, "float32", False, False, False,
-                                                   False)
-    old = _threads(2)
-    try:
-        ys = rc.gru_forward(zx, h0, y0, R, Rh, None, None, None, False, False, 0, 1)[1]
-    finally:
-        config.set_num_threads(old)
-    want = gru_ref(*map(_f64, (zx, h0, y0, R, Rh)), None, None, None, False, False, "tanh",
-                   "sigmoid")[0]
-    np.testing.assert_allclose(ys, want, rtol=2e-5, atol=2e-5)
 
 
 def test_split_choice(split_on):
