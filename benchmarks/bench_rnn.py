@@ -263,11 +263,11 @@ def keras_gru_rows(args, x, torch):
 
 
 def small_batch_rows(repeats, torch):
-    """Keras LSTM and GRU(reset_after) at batch 1 and 4, K.function: the
-    default (units split over the threads where the team is worth waking,
+    """Keras LSTM and GRU at batch 1 and 4, K.function: the default (units
+    split over the threads where the team is worth waking,
     cyback/kernels/rnn_cell.pyx) against row blocks only, with torch's
-    nn.LSTM / nn.GRU on the same weights; outputs checked first, engines
-    alternated."""
+    nn.LSTM / nn.GRU on the same weights (a GRU with reset_after: torch has
+    no other); outputs checked first, engines alternated."""
     keras = _keras()
     if keras is None:
         return []
@@ -275,10 +275,11 @@ def small_batch_rows(repeats, torch):
     rows = []
     for cell, steps, units, batch in (("lstm", 50, 128, 1), ("lstm", 200, 128, 1),
                                       ("lstm", 50, 256, 1), ("lstm", 50, 256, 4),
-                                      ("gru", 50, 256, 1), ("gru", 200, 128, 1)):
+                                      ("gru", 50, 256, 1), ("gru", 200, 128, 1),
+                                      ("gru_reset_before", 50, 256, 1)):
         inp = keras.layers.Input((steps, 32))
         layer = (keras.layers.LSTM(units) if cell == "lstm"
-                 else keras.layers.GRU(units, reset_after=True))
+                 else keras.layers.GRU(units, reset_after=cell == "gru"))
         f = K.function([inp], [layer(inp)])
         x = np.random.RandomState(3).randn(batch, steps, 32).astype(np.float32)
 
@@ -292,7 +293,7 @@ def small_batch_rows(repeats, torch):
         engines = {"default": lambda f=f, x=x: f([x]), "rows": rows_only}
         want = engines["default"]()[0]
         np.testing.assert_allclose(rows_only()[0], want, rtol=1e-4, atol=1e-5)
-        if torch is not None:
+        if torch is not None and cell != "gru_reset_before":
             if cell == "lstm":
                 w, r, b = layer.get_weights()
                 t_fwd = torch_lstm(torch, w, r, b, x)[0]
@@ -308,7 +309,8 @@ def small_batch_rows(repeats, torch):
             engines["torch"] = t_fwd
         st = time_alternated(engines, blocks=repeats, block_seconds=0.1)
         us = {k: v["median_s"] * 1e6 for k, v in st.items()}
-        row = dict(layer="%s(%d) %d steps" % (cell.upper(), units, steps), batch=batch,
+        name = {"lstm": "LSTM", "gru": "GRU", "gru_reset_before": "GRU(reset_after=False)"}[cell]
+        row = dict(layer="%s %d units %d steps" % (name, units, steps), batch=batch,
                    default_us=us["default"], rows_us=us["rows"],
                    rows_over_default=us["rows"] / us["default"],
                    split=rc._split_threads(steps, batch, units, 4 if cell == "lstm" else 3, 4))
