@@ -37,54 +37,6 @@ static inline void cb_step_pause(void) {
     __builtin_ia32_pause();
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield");
-/* Threads joining a sequence already under way: the calling thread (0)
- * does not wait for the others, which a sleeping team takes 30-120 us to
- * wake on a VM, but runs the steps alone (all units) until every other
- * thread has arrived and packed its part, then opens the split at its next
- * step; a thread that arrives after the last step finds the split opened at
- * T and leaves. */
-typedef struct {
-    long ready;     /* threads other than 0 that have arrived */
-    long start;     /* the first step of the split, -1 until thread 0 opens it */
-} cb_step_join;
-
-static inline void cb_join_init(cb_step_join *j) { j->ready = 0; j->start = -1; }
-
-static inline void cb_join_arrive(cb_step_join *j) {
-    __atomic_fetch_add(&j->ready, 1, __ATOMIC_ACQ_REL);
-}
-
-static inline int cb_join_all_here(cb_step_join *j, int nth) {
-    return __atomic_load_n(&j->ready, __ATOMIC_ACQUIRE) >= nth - 1;
-}
-
-/* Until every other thread has arrived (a split opened at a set step). */
-static inline void cb_join_wait_all(cb_step_join *j, int nth) {
-    long spins = 0;
-    while (!cb_join_all_here(j, nth)) {
-        if (++spins < CB_STEP_SPINS)
-            cb_step_pause();
-        else
-            sched_yield();
-    }
-}
-
-static inline void cb_join_open(cb_step_join *j, long t) {
-    __atomic_store_n(&j->start, t, __ATOMIC_RELEASE);
-}
-
-/* The split's first step, once thread 0 has opened it. */
-static inline long cb_join_wait(cb_step_join *j) {
-    long t, spins = 0;
-    while ((t = __atomic_load_n(&j->start, __ATOMIC_ACQUIRE)) < 0) {
-        if (++spins < CB_STEP_SPINS)
-            cb_step_pause();
-        else
-            sched_yield();
-    }
-    return t;
-}
-
 #endif
 }
 

@@ -366,6 +366,21 @@ cdef inline void _product_ld(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, const flo
         cb_rp_product_ld_d(B, K, N, h, Wp, FB, base, out, ld)
 
 
+cdef inline Py_ssize_t _join_split(cb_step_join *join, int tid, int nth, Py_ssize_t lead,
+                                  Py_ssize_t t, Py_ssize_t T) noexcept nogil:
+    """The split's first step: thread 0 opens it at its step t (a test's
+    lead: after waiting there for the others), the others, their parts
+    packed, arrive and wait for it."""
+    if tid == 0:
+        if lead > 0 and t < T:
+            cb_join_wait_all(join, nth)
+        cb_join_open(join, t)
+        _note_join(t)
+        return t
+    cb_join_arrive(join)
+    return cb_join_wait(join)
+
+
 cdef inline bint _step_end(Split *sp, Py_ssize_t t, cb_intr* intr) noexcept nogil:
     """The end of step t in a units split: True when every thread stops."""
     if sp.tid == 0:
@@ -544,14 +559,7 @@ cdef void _lstm_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floati
         if tid != 0 or t < T:
             for q in range(4):
                 _pack_ld(&R[0, 0] + q * u + j0, u, j1 - j0, 4 * u, FB, Wp + (4 * tid + q) * ps)
-        if tid == 0:
-            if lead > 0 and t < T:
-                cb_join_wait_all(&join, nth)
-            cb_join_open(&join, t)
-            _note_join(t)
-        else:
-            cb_join_arrive(&join)
-            t = cb_join_wait(&join)
+        t = _join_split(&join, tid, nth, lead, t, T)
         if t < T:
             _lstm_fwd_rows(0, B, j0, j1, t, T, zx, h0, c0, y0, R, Wp + 4 * tid * ps, FB, ps,
                            rmask, mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates,
@@ -1164,14 +1172,7 @@ cdef void _gru_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floatin
                 _pack_ld(&R[0, 0] + q * u + j0, u, j1 - j0, NR, FB, Wp + (3 * tid + q) * ps)
             if not reset_after:
                 _pack_ld(&Rh[0, 0] + j0, u, j1 - j0, u, FB, Wp + (3 * tid + 2) * ps)
-        if tid == 0:
-            if lead > 0 and t < T:
-                cb_join_wait_all(&join, nth)
-            cb_join_open(&join, t)
-            _note_join(t)
-        else:
-            cb_join_arrive(&join)
-            t = cb_join_wait(&join)
+        t = _join_split(&join, tid, nth, lead, t, T)
         if t < T:
             _gru_fwd_rows(0, B, j0, j1, t, T, zx, h0, y0, R, Wp + 3 * tid * ps, Rh, NULL, FB, ps,
                           rb, rmask, mask, use_rb, use_rmask, use_mask, reset_after, mix_masked,
