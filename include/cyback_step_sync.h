@@ -56,7 +56,7 @@ static inline void cb_step_sync(cb_step_count *counts, int me, int nth, long ste
 }
 
 /* Threads joining a sequence already under way: the calling thread (0)
- * does not wait for the others, which a sleeping team takes 30-120 us to
+ * does not wait for the others, which a sleeping team takes 15-120 us to
  * wake on a VM, but runs the steps alone (all units) until every other
  * thread has arrived and packed its part, then opens the split at its next
  * step; a thread that arrives after the last step finds the split opened at

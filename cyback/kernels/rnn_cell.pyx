@@ -11,7 +11,8 @@ gradient as one GEMM over all steps after the loop.
 Threads: the batch rows of a recurrent layer are independent sequences, so
 each OpenMP thread runs every step for its own block of rows (its own GEMMs
 included) and the threads meet once, at the end, not at every step. Thread 0
-polls for Ctrl-C at every step.
+polls for Ctrl-C at every step. A forward pass of a few rows splits the units
+over the threads instead, which then meet after every step (below).
 
 Without ``keep`` (an inference plan: no gradient will read the records) the
 states live in a ring of two steps and the gates in one step's rows, so a
@@ -315,9 +316,9 @@ cdef inline const floating *_recurrent_input(Py_ssize_t t, Py_ssize_t tp, Py_ssi
 # for them, reading half of R from its own cache, and the threads meet
 # after each step (include/cyback_step_sync.h), since the next one reads all
 # of h. Thread 0 starts alone and the split opens once the others have
-# arrived (cb_step_join). Thread 0 polls for Ctrl-C before it says its step is done and leaves
-# the answer in a slot per step parity, which every thread reads after the
-# meeting: all leave at the same step.
+# arrived (cb_step_join). Thread 0 polls for Ctrl-C before it says its step
+# is done and leaves the answer in a slot per step parity, which every
+# thread reads after the meeting: all leave at the same step.
 
 
 # The step at which the last split's threads met (thread 0 ran the steps
@@ -404,7 +405,7 @@ def _split_threads(Py_ssize_t T, Py_ssize_t B, Py_ssize_t u, Py_ssize_t G, Py_ss
 
     The team must also be worth waking for it: the split saves about 40% of
     each step's time, which is R's bytes streamed from L2, but a sleeping
-    team takes 15-50 us to wake on a VM. Thread 0 does not wait for it: it
+    team takes 15-120 us to wake on a VM. Thread 0 does not wait for it: it
     runs whole steps alone until the others have arrived (at batch 1, the
     other thread joined at step 6 of an LSTM(128), step 3 of an LSTM(256)),
     so a late team costs the steps it missed, not a stall. The sequence
@@ -424,6 +425,7 @@ def _split_threads(Py_ssize_t T, Py_ssize_t B, Py_ssize_t u, Py_ssize_t G, Py_ss
     if n > 1 and host_busy():
         return 1
     return max(1, n)
+
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
