@@ -367,6 +367,13 @@ cdef inline void _product_ld(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, const flo
         cb_rp_product_ld_d(B, K, N, h, Wp, FB, base, out, ld)
 
 
+cdef inline bint _alone(cb_step_join *join, int nth, Py_ssize_t lead, Py_ssize_t t,
+                        Py_ssize_t T) noexcept nogil:
+    """Whether thread 0 runs step t alone (all units): until the others have
+    arrived, or for a test's lead of steps."""
+    return t < T and (t < lead or (lead == 0 and not cb_join_all_here(join, nth)))
+
+
 cdef inline Py_ssize_t _join_split(cb_step_join *join, int tid, int nth, Py_ssize_t lead,
                                   Py_ssize_t t, Py_ssize_t T) noexcept nogil:
     """The split's first step: thread 0 opens it at its step t (a test's
@@ -553,7 +560,7 @@ cdef void _lstm_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floati
         j1 = _unit_start(tid + 1, nth, u)
         t = 0
         if tid == 0:
-            while t < T and (t < lead or (lead == 0 and not cb_join_all_here(&join, nth))):
+            while _alone(&join, nth, lead, t, T):
                 _lstm_fwd_rows(0, B, 0, u, t, t + 1, zx, h0, c0, y0, R, Wfull, FBfull, 0,
                                rmask, mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates,
                                hm, keep, intr, NULL)
@@ -1163,7 +1170,7 @@ cdef void _gru_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floatin
         j1 = _unit_start(tid + 1, nth, u)
         t = 0
         if tid == 0:
-            while t < T and (t < lead or (lead == 0 and not cb_join_all_here(&join, nth))):
+            while _alone(&join, nth, lead, t, T):
                 _gru_fwd_rows(0, B, 0, u, t, t + 1, zx, h0, y0, R, Wfull, Rh, Whfull, FBfull, 0,
                               rb, rmask, mask, use_rb, use_rmask, use_mask, reset_after,
                               mix_masked, act, ract, hs, ys, gates, ph, hm, P, Q, keep, intr,

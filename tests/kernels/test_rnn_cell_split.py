@@ -1,6 +1,8 @@
 """The units split of the fused LSTM and GRU forward (a few batch rows: the
 threads share each step's units and meet after it) against the NumPy
 reference cells and the row-block path, on 2 and 3 threads."""
+import time
+
 import numpy as np
 import pytest
 
@@ -163,7 +165,6 @@ def test_split_choice(split_on):
         runtime.set_busy_rate(-1.0)
         runtime.team_rest()
         runtime.host_busy()
-        import time
         time.sleep(0.06)
         assert runtime.host_busy()
         assert rc._split_threads(50, 1, 128, 4, 4) == 1
