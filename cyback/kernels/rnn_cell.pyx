@@ -231,6 +231,8 @@ cdef inline void _rec_product(bint trans, Py_ssize_t B, Py_ssize_t u, Py_ssize_t
 cdef extern from "cyback_act.h" nogil:
     void cb_act_row_f(float *p, Py_ssize_t n, int kind)
     void cb_act_row_d(double *p, Py_ssize_t n, int kind)
+    void cb_act_lanes_f(float *p, Py_ssize_t rows, Py_ssize_t w, Py_ssize_t ld,
+                        const float *lanes)
     int cb_simd_use_avx2(int on)
     int cb_simd_use_avx512(int on)
 
@@ -436,6 +438,56 @@ def _split_threads(Py_ssize_t T, Py_ssize_t B, Py_ssize_t u, Py_ssize_t G, Py_ss
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
+cdef inline void _lstm_step_lanes(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t t, Py_ssize_t ti,
+                                  Py_ssize_t tp, Py_ssize_t tg, const float[:, ::1] h0,
+                                  const float[:, ::1] c0, const float[:, ::1] y0,
+                                  const unsigned char[:, ::1] mask, bint use_mask, int act,
+                                  float[:, :, ::1] hs, float[:, :, ::1] cs, float[:, :, ::1] ys,
+                                  float[:, :, ::1] gates, float *tc,
+                                  const float *lanes) noexcept nogil:
+    """The rest of an LSTM step for rows b0..b1 once the product is in the
+    gates: each pass over all the rows (the gates' activations, the cells, c's
+    activation in tc, b1 - b0 rows of u, then h), the same operations per
+    value as the per-row loop of _lstm_fwd_rows."""
+    cdef Py_ssize_t u = hs.shape[2], b, j
+    cdef const float *hp
+    cdef const float *cp
+    cdef const float *yp
+    cdef float *z
+    cdef float *tr
+    cdef float c, h
+    cb_act_lanes_f(&gates[tg, b0, 0], b1 - b0, 4 * u, 4 * u, lanes)
+    for b in range(b0, b1):
+        cp = &c0[b, 0] if t == 0 else &cs[tp, b, 0]
+        z = &gates[tg, b, 0]
+        tr = tc + (b - b0) * u
+        if use_mask and not mask[t, b]:
+            hp = &h0[b, 0] if t == 0 else &hs[tp, b, 0]
+            yp = &y0[b, 0] if t == 0 else &ys[t - 1, b, 0]
+            for j in range(u):
+                hs[ti, b, j] = hp[j]
+                cs[ti, b, j] = cp[j]
+                ys[t, b, j] = yp[j]
+                tr[j] = 0
+            continue
+        for j in range(u):
+            c = z[u + j] * cp[j] + z[j] * z[2 * u + j]
+            cs[ti, b, j] = c
+            tr[j] = c
+    cb_act_row_f(tc, (b1 - b0) * u, act)
+    for b in range(b0, b1):
+        if use_mask and not mask[t, b]:
+            continue
+        z = &gates[tg, b, 0]
+        tr = tc + (b - b0) * u
+        for j in range(u):
+            h = z[3 * u + j] * tr[j]
+            hs[ti, b, j] = h
+            ys[t, b, j] = h
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
 cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t j1,
                          Py_ssize_t t0, Py_ssize_t t1, const floating[:, :, ::1] zx,
                          const floating[:, ::1] h0, const floating[:, ::1] c0,
@@ -444,12 +496,15 @@ cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t
                          const floating[:, ::1] rmask, const unsigned char[:, ::1] mask,
                          bint use_rmask, bint use_mask, int act, int ract, floating[:, :, ::1] hs,
                          floating[:, :, ::1] cs, floating[:, :, ::1] ys, floating[:, :, ::1] gates,
-                         floating *hm, bint keep, cb_intr* intr, Split *sp) noexcept nogil:
+                         floating *hm, bint keep, cb_intr* intr, Split *sp,
+                         const float *lanes) noexcept nogil:
     """Steps t0..t1 for rows b0..b1 and units j0..j1. Row blocks (sp NULL)
     take all units and Wp is R packed whole (or NULL: BLAS); in a units split
     Wp holds the four gates' columns of this thread's units, packed ps values
     apart, and the threads meet after each step. hm: b1 - b0 rows of u for
-    the masked h."""
+    the masked h. lanes (float32 row blocks only, else NULL): the gates' kinds
+    for cb_act_lanes_f (_gate_lanes), which then activates a step's rows in
+    one pass."""
     cdef Py_ssize_t u = R.shape[0]
     cdef Py_ssize_t ti, tp, tg
     cdef Py_ssize_t t, b, j, q, G = 4 * u, n = j1 - j0
@@ -457,6 +512,7 @@ cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t
     cdef const floating *cp
     cdef const floating *yp
     cdef floating *z
+    cdef floating *tc
     cdef floating c, h
     if b1 <= b0:
         return
@@ -472,23 +528,28 @@ cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t
             for q in range(4):
                 _product_ld(b1 - b0, u, n, hp, Wp + q * ps, FB, &zx[t, b0, q * u + j0],
                             &gates[tg, b0, q * u + j0], G)
+        if floating is float:
+            if lanes != NULL:
+                _lstm_step_lanes(b0, b1, t, ti, tp, tg, h0, c0, y0, mask, use_mask, act, hs, cs,
+                                 ys, gates, hm, lanes)
+                continue
         for b in range(b0, b1):
             hp = &h0[b, 0] if t == 0 else &hs[tp, b, 0]
             cp = &c0[b, 0] if t == 0 else &cs[tp, b, 0]
             yp = &y0[b, 0] if t == 0 else &ys[t - 1, b, 0]
             z = &gates[tg, b, 0]
+            # Masked rows too (the backward pass skips them): their records
+            # are those of every path (_lstm_step_lanes activates whole rows).
+            _act_row(z + j0, n, ract)
+            _act_row(z + u + j0, n, ract)
+            _act_row(z + 2 * u + j0, n, act)
+            _act_row(z + 3 * u + j0, n, ract)
             if use_mask and not mask[t, b]:
                 for j in range(j0, j1):
                     hs[ti, b, j] = hp[j]
                     cs[ti, b, j] = cp[j]
                     ys[t, b, j] = yp[j]
-                    # The backward pass skips masked rows: leave the gates
-                    # as finite values whatever they are.
                 continue
-            _act_row(z + j0, n, ract)
-            _act_row(z + u + j0, n, ract)
-            _act_row(z + 2 * u + j0, n, act)
-            _act_row(z + 3 * u + j0, n, ract)
             for j in range(j0, j1):
                 c = z[u + j] * cp[j] + z[j] * z[2 * u + j]
                 cs[ti, b, j] = c
@@ -508,7 +569,8 @@ cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                     const floating[:, ::1] rmask, const unsigned char[:, ::1] mask, bint use_rmask,
                     bint use_mask, int act, int ract, floating[:, :, ::1] hs,
                     floating[:, :, ::1] cs, floating[:, :, ::1] ys, floating[:, :, ::1] gates,
-                    floating[:, ::1] hm, bint keep, cb_intr* intr) noexcept nogil:
+                    floating[:, ::1] hm, bint keep, const float *lanes,
+                    cb_intr* intr) noexcept nogil:
     # Batch rows are independent sequences: each thread runs all steps of its
     # own rows, with no barrier between steps (a descheduled thread delays
     # only its rows, not every step of the others).
@@ -516,12 +578,12 @@ cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef Py_ssize_t ci, nchunk = _row_blocks(2.0 * T * B * G * u, B)
     if nchunk <= 1:
         _lstm_fwd_rows(0, B, 0, u, 0, T, zx, h0, c0, y0, R, Wp, FB, 0, rmask, mask, use_rmask,
-                       use_mask, act, ract, hs, cs, ys, gates, &hm[0, 0], keep, intr, NULL)
+                       use_mask, act, ract, hs, cs, ys, gates, &hm[0, 0], keep, intr, NULL, lanes)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
         _lstm_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, 0, u, 0, T, zx, h0, c0, y0, R,
                        Wp, FB, 0, rmask, mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates,
-                       &hm[ci * B // nchunk, 0], keep, intr, NULL)
+                       &hm[ci * B // nchunk, 0], keep, intr, NULL, lanes)
 
 
 cdef void _lstm_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floating[:, ::1] h0,
@@ -532,7 +594,7 @@ cdef void _lstm_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floati
                           bint use_rmask, bint use_mask, int act, int ract,
                           floating[:, :, ::1] hs, floating[:, :, ::1] cs, floating[:, :, ::1] ys,
                           floating[:, :, ::1] gates, floating *hm, bint keep,
-                          Py_ssize_t lead, cb_intr* intr) noexcept nogil:
+                          Py_ssize_t lead, const float *lanes, cb_intr* intr) noexcept nogil:
     # The units split (see _split_threads), joined late (cb_step_join): thread
     # 0 runs whole steps (Wfull, FBfull: the row path's operand) until the
     # others are there. Wp: 4 * ps values per thread, hm B * u per thread.
@@ -546,7 +608,8 @@ cdef void _lstm_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floati
     if counts == NULL:
         # no memory for the counts: one thread takes every unit
         _lstm_fwd_rows(0, B, 0, u, 0, T, zx, h0, c0, y0, R, Wfull, FBfull, 0, rmask, mask,
-                       use_rmask, use_mask, act, ract, hs, cs, ys, gates, hm, keep, intr, NULL)
+                       use_rmask, use_mask, act, ract, hs, cs, ys, gates, hm, keep, intr, NULL,
+                       lanes)
         return
     stops[0] = stops[1] = 0
     cb_join_init(&join)
@@ -563,7 +626,7 @@ cdef void _lstm_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floati
             while _alone(&join, nth, lead, t, T):
                 _lstm_fwd_rows(0, B, 0, u, t, t + 1, zx, h0, c0, y0, R, Wfull, FBfull, 0,
                                rmask, mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates,
-                               hm, keep, intr, NULL)
+                               hm, keep, intr, NULL, lanes)
                 t = T if intr.stop else t + 1
         if tid != 0 or t < T:
             for q in range(4):
@@ -572,8 +635,31 @@ cdef void _lstm_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floati
         if t < T:
             _lstm_fwd_rows(0, B, j0, j1, t, T, zx, h0, c0, y0, R, Wp + 4 * tid * ps, FB, ps,
                            rmask, mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates,
-                           hm + tid * B * u, keep, intr, &sp)
+                           hm + tid * B * u, keep, intr, &sp, NULL)
     cb_step_counts_free(counts)
+
+
+# The lanes of cb_act_lanes_f by (units, gate kinds), built once.
+_LANES = {}
+
+
+def _gate_lanes(dt, Py_ssize_t u, kinds):
+    """For float32 gates whose activations are all tanh or sigmoid, the per-lane
+    factors of cb_act_lanes_f (include/cyback_act.h) for gates of u units
+    with these activation codes, in order; None otherwise (the per-gate
+    loops)."""
+    if dt != np.float32 or any(k not in (0, 1) for k in kinds):
+        return None
+    key = (u, tuple(kinds))
+    lanes = _LANES.get(key)
+    if lanes is None:
+        tanh = np.repeat(np.array([k == 0 for k in kinds]), u)
+        lanes = np.concatenate([np.where(tanh, -2.0, -1.0), np.where(tanh, 2.0, 1.0),
+                                np.where(tanh, 1.0, 0.0)]).astype(np.float32)
+        if len(_LANES) >= 64:
+            _LANES.clear()
+        _LANES[key] = lanes
+    return lanes
 
 
 def _split_operand(Py_ssize_t nsplit, Py_ssize_t u, Py_ssize_t G, Py_ssize_t B, dt):
@@ -614,6 +700,8 @@ def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cb_intr_init(&intr)
     cdef const floating *Wfull
     cdef Py_ssize_t FBfull, lead
+    lane_kinds = _gate_lanes(dt, u, (ract, ract, act, ract))
+    cdef const float *lanes = <const float*>_address(lane_kinds)
     if nsplit > 1:
         wsplit, ps, FB, hsplit = _split_operand(nsplit, u, 4, B, dt)
         full, FBfull = _recurrent_operand(R, B, False)
@@ -622,7 +710,7 @@ def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
         with nogil:
             _lstm_fwd_split(nsplit, zx, h0, c0, y0, R, Wfull, FBfull, &wsplit[0], FB, ps, rm, mk,
                             rmask is not None, mask is not None, act, ract, hs, cs, ys, gates,
-                            &hsplit[0], keep, lead, &intr)
+                            &hsplit[0], keep, lead, lanes, &intr)
         check_interrupt(&intr)
         return np.asarray(hs), np.asarray(cs), np.asarray(ys), np.asarray(gates)
     hm = np.empty((max(1, B), u), dt)
@@ -630,7 +718,7 @@ def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef const floating *Wp = <const floating*>_address(packed)
     with nogil:
         _lstm_fwd(zx, h0, c0, y0, R, Wp, FB, rm, mk, rmask is not None, mask is not None, act, ract,
-                  hs, cs, ys, gates, hm, keep, &intr)
+                  hs, cs, ys, gates, hm, keep, lanes, &intr)
     check_interrupt(&intr)
     return np.asarray(hs), np.asarray(cs), np.asarray(ys), np.asarray(gates)
 

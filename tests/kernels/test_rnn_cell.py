@@ -252,3 +252,30 @@ def test_forward_without_records_gives_the_same_outputs(T, B, u, with_rmask, wit
     np.testing.assert_array_equal(rys, ys)
     if T:
         np.testing.assert_array_equal(rhs[(T - 1) % 2], hs[-1])
+
+
+@pytest.mark.parametrize("T,B,u,with_rmask,with_mask", CASES + [(4, 32, 36, True, True)])
+@pytest.mark.parametrize("act,ract", [("tanh", "sigmoid"), ("sigmoid", "tanh")])
+def test_lstm_step_in_one_pass_equals_per_gate_loops(monkeypatch, T, B, u, with_rmask, with_mask,
+                                                     act, ract):
+    # float32 tanh/sigmoid gates activate a step's rows in one pass over
+    # per-lane factors (cb_act_lanes_f): bit for bit the per-gate loops'
+    # values, records of masked rows included, whatever the tails (u = 36).
+    zx, h0, c0, y0, R, rmask, mask = _case(T, B, u, 4, "float32", with_rmask, with_mask)
+    args = (zx, h0, c0, y0, R, rmask, mask, rc.ACTIVATIONS[act], rc.ACTIVATIONS[ract])
+    assert rc._gate_lanes(np.float32, u, (1, 1, 0, 1)) is not None
+    one_pass = rc.lstm_forward(*args)
+    monkeypatch.setattr(rc, "_gate_lanes", lambda *a: None)
+    per_gate = rc.lstm_forward(*args)
+    for a, b in zip(one_pass, per_gate):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_gate_lanes_only_for_float32_tanh_and_sigmoid():
+    lanes = rc._gate_lanes(np.float32, 3, (1, 0))
+    np.testing.assert_array_equal(lanes, [-1, -1, -1, -2, -2, -2, 1, 1, 1, 2, 2, 2,
+                                          0, 0, 0, 1, 1, 1])
+    assert lanes.dtype == np.float32
+    assert rc._gate_lanes(np.float64, 3, (1, 0)) is None
+    assert rc._gate_lanes(np.float32, 3, (1, 2)) is None
+    assert rc._gate_lanes(np.float32, 3, (3, 1)) is None
