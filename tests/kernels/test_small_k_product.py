@@ -23,7 +23,7 @@ def _ref(a, b, bias=None):
 
 
 @pytest.mark.parametrize("m, k, f", [(512, 1, 16), (704, 16, 144), (1600, 32, 512),
-                                     (513, 64, 17), (2000, 33, 100)])
+                                     (513, 64, 17), (2000, 33, 100), (521, 16, 48)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_matches_the_product(m, k, f, with_bias):
     a, b, bias = _operands(m, k, f, seed=m + k + f)
@@ -57,3 +57,24 @@ def test_non_finite_values_reach_their_rows_and_columns():
         want = a @ b + bias
     np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
     np.testing.assert_array_equal(np.isinf(out), np.isinf(want))
+
+
+@pytest.mark.parametrize("m, row", [(704, 88), (1600, 100), (512, 128), (513, 57), (521, 521),
+                                    (1031, 1031), (2 * 521, 2 * 521)])
+def test_rows_of_the_product(m, row):
+    # the pixels are cut into rows of 16 to 128 where M allows, so that each
+    # thread reads only its rows of a; a prime M stays one row
+    assert conv._product_row(m) == row
+
+
+def test_rows_do_not_change_the_sums(monkeypatch):
+    a, b, bias = _operands(704, 16, 144, seed=3)
+    conv._PRODUCTS.clear()
+    in_rows = conv.small_k_product(a, b, bias)
+    monkeypatch.setattr(conv, "_product_row", lambda m: m)
+    conv._PRODUCTS.clear()
+    try:
+        one_row = conv.small_k_product(a, b, bias)
+    finally:
+        conv._PRODUCTS.clear()
+    np.testing.assert_array_equal(in_rows, one_row)
