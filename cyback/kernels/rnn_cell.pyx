@@ -344,6 +344,44 @@ cdef struct Split:
     cb_step_count *counts   # nth, shared
 
 
+# ------------------------------------------------------------------ projection inside the steps
+#
+# An LSTM's input projection zx = x @ W + b is a product over all steps
+# before the loop; on the row blocks each thread then reads its rows of zx
+# from wherever the product's threads wrote them, and a 2-core VM moved
+# 256 kB between cores at ~6 GB/s (40 us more than reading its own). With
+# a Proj, each thread projects its own rows at the start of each step into
+# a one-step ring of zx instead (lstm_forward_projected): x, W and the
+# ring stay in its cache, and zx over all steps is never written.
+
+
+cdef struct Proj:
+    const void *x           # x[t, b, :] at x + t * st + b * sb (elements), rows contiguous
+    Py_ssize_t st, sb, width, T  # width: I, the input's last axis
+    const void *W           # W (I, G) packed by _pack_product with block width FB
+    Py_ssize_t FB
+    const void *b           # the bias (G,), or NULL
+    void *scratch           # per thread: rows x I for the rows of x (B * I values)
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef inline void _project(const Proj *pj, Py_ssize_t t, Py_ssize_t b0, Py_ssize_t b1,
+                          Py_ssize_t G, floating *xs, floating *out) noexcept nogil:
+    """out (b1 - b0 rows of G) = x[t, b0:b1] @ W + b: the sum over k in
+    order, then the bias, as the separate product's. xs: scratch for the
+    rows of x (b1 - b0 rows of I), which the product reads I apart."""
+    cdef const floating *x = <const floating*>pj.x
+    cdef const floating *bias = <const floating*>pj.b
+    cdef Py_ssize_t I = pj.width, b
+    for b in range(b0, b1):
+        memcpy(xs + (b - b0) * I, x + t * pj.st + b * pj.sb, I * sizeof(floating))
+        if bias != NULL:
+            memcpy(out + (b - b0) * G, bias, G * sizeof(floating))
+    _packed_product(b1 - b0, I, G, xs, <const floating*>pj.W, pj.FB,
+                    out if bias != NULL else NULL, out)
+
+
 cdef inline Py_ssize_t _unit_start(Py_ssize_t i, Py_ssize_t nth, Py_ssize_t u) noexcept nogil:
     """The first unit of thread i of nth (u for i = nth): even shares in
     multiples of 8 (whole vectors of the activations)."""
@@ -497,16 +535,17 @@ cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t
                          bint use_rmask, bint use_mask, int act, int ract, floating[:, :, ::1] hs,
                          floating[:, :, ::1] cs, floating[:, :, ::1] ys, floating[:, :, ::1] gates,
                          floating *hm, bint keep, cb_intr* intr, Split *sp,
-                         const float *lanes) noexcept nogil:
+                         const float *lanes, const Proj *pj) noexcept nogil:
     """Steps t0..t1 for rows b0..b1 and units j0..j1. Row blocks (sp NULL)
     take all units and Wp is R packed whole (or NULL: BLAS); in a units split
     Wp holds the four gates' columns of this thread's units, packed ps values
     apart, and the threads meet after each step. hm: b1 - b0 rows of u for
     the masked h. lanes (float32 row blocks only, else NULL): the gates' kinds
     for cb_act_lanes_f (_gate_lanes), which then activates a step's rows in
-    one pass."""
+    one pass. pj (row blocks only, else NULL): zx is a one-step ring that
+    each step first fills with its rows' projection."""
     cdef Py_ssize_t u = R.shape[0]
-    cdef Py_ssize_t ti, tp, tg
+    cdef Py_ssize_t ti, tp, tg, tz = 0
     cdef Py_ssize_t t, b, j, q, G = 4 * u, n = j1 - j0
     cdef const floating *hp
     cdef const floating *cp
@@ -521,8 +560,14 @@ cdef void _lstm_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t
             return
         _ring(keep, t, &ti, &tp, &tg)
         hp = _recurrent_input(t, tp, b0, b1, h0, hs, rmask, use_rmask, hm)
+        if pj != NULL:
+            # zx is then the ring the caller made for it, writable
+            _project(pj, t, b0, b1, G, <floating*>pj.scratch + b0 * pj.width,
+                     <floating*>&zx[0, b0, 0])
+        else:
+            tz = t
         if sp == NULL:
-            _rec_product_onto(b1 - b0, u, G, hp, &R[0, 0], Wp, FB, &zx[t, b0, 0],
+            _rec_product_onto(b1 - b0, u, G, hp, &R[0, 0], Wp, FB, &zx[tz, b0, 0],
                               &gates[tg, b0, 0])
         else:
             for q in range(4):
@@ -569,21 +614,23 @@ cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                     const floating[:, ::1] rmask, const unsigned char[:, ::1] mask, bint use_rmask,
                     bint use_mask, int act, int ract, floating[:, :, ::1] hs,
                     floating[:, :, ::1] cs, floating[:, :, ::1] ys, floating[:, :, ::1] gates,
-                    floating[:, ::1] hm, bint keep, const float *lanes,
+                    floating[:, ::1] hm, bint keep, const float *lanes, const Proj *pj,
                     cb_intr* intr) noexcept nogil:
     # Batch rows are independent sequences: each thread runs all steps of its
     # own rows, with no barrier between steps (a descheduled thread delays
     # only its rows, not every step of the others).
-    cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0], G = R.shape[1]
+    cdef Py_ssize_t T = pj.T if pj != NULL else zx.shape[0]
+    cdef Py_ssize_t B = zx.shape[1], u = R.shape[0], G = R.shape[1]
     cdef Py_ssize_t ci, nchunk = _row_blocks(2.0 * T * B * G * u, B)
     if nchunk <= 1:
         _lstm_fwd_rows(0, B, 0, u, 0, T, zx, h0, c0, y0, R, Wp, FB, 0, rmask, mask, use_rmask,
-                       use_mask, act, ract, hs, cs, ys, gates, &hm[0, 0], keep, intr, NULL, lanes)
+                       use_mask, act, ract, hs, cs, ys, gates, &hm[0, 0], keep, intr, NULL, lanes,
+                       pj)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
         _lstm_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, 0, u, 0, T, zx, h0, c0, y0, R,
                        Wp, FB, 0, rmask, mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates,
-                       &hm[ci * B // nchunk, 0], keep, intr, NULL, lanes)
+                       &hm[ci * B // nchunk, 0], keep, intr, NULL, lanes, pj)
 
 
 cdef void _lstm_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floating[:, ::1] h0,
@@ -609,7 +656,7 @@ cdef void _lstm_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floati
         # no memory for the counts: one thread takes every unit
         _lstm_fwd_rows(0, B, 0, u, 0, T, zx, h0, c0, y0, R, Wfull, FBfull, 0, rmask, mask,
                        use_rmask, use_mask, act, ract, hs, cs, ys, gates, hm, keep, intr, NULL,
-                       lanes)
+                       lanes, NULL)
         return
     stops[0] = stops[1] = 0
     cb_join_init(&join)
@@ -626,7 +673,7 @@ cdef void _lstm_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floati
             while _alone(&join, nth, lead, t, T):
                 _lstm_fwd_rows(0, B, 0, u, t, t + 1, zx, h0, c0, y0, R, Wfull, FBfull, 0,
                                rmask, mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates,
-                               hm, keep, intr, NULL, lanes)
+                               hm, keep, intr, NULL, lanes, NULL)
                 t = T if intr.stop else t + 1
         if tid != 0 or t < T:
             for q in range(4):
@@ -635,7 +682,7 @@ cdef void _lstm_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floati
         if t < T:
             _lstm_fwd_rows(0, B, j0, j1, t, T, zx, h0, c0, y0, R, Wp + 4 * tid * ps, FB, ps,
                            rmask, mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates,
-                           hm + tid * B * u, keep, intr, &sp, NULL)
+                           hm + tid * B * u, keep, intr, &sp, NULL, NULL)
     cb_step_counts_free(counts)
 
 
@@ -681,17 +728,63 @@ def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     """Run the sequence; returns ``(hs, cs, ys, gates)`` (see the module doc).
     With ``keep`` off (no gradient to come) nothing is recorded: hs and cs
     hold two steps, step t in row ``t % 2``, and gates one."""
-    cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0]
+    return _lstm_run(zx, h0, c0, y0, R, rmask, mask, act, ract, keep, NULL, "lstm_forward")
+
+
+def lstm_forward_projected(x, W, xb, const floating[:, ::1] h0, const floating[:, ::1] c0,
+                           const floating[:, ::1] y0, const floating[:, ::1] R, rmask, mask,
+                           int act, int ract, bint keep=True):
+    """lstm_forward of zx = x @ W (+ xb), x (T, B, I) with its last axis
+    contiguous (a transposed view of a batch-major input is read as it is),
+    W (I, 4u), xb (4u,) or None: each thread projects its own rows at the
+    start of each step (see Proj). The sums are those of the product
+    followed by the bias."""
+    fname = "lstm_forward_projected"
+    dt = np.float32 if floating is float else np.float64
+    cdef Py_ssize_t u = R.shape[0], B = h0.shape[0], isz = np.dtype(dt).itemsize
+    x = np.asarray(x)
+    if x.ndim != 3 or x.shape[1] != B or x.dtype != dt or x.size and (
+            (x.shape[2] > 1 and x.strides[2] != isz) or any(st % isz for st in x.strides)):
+        raise ValueError("%s: x must be a (T, %d, I) %s array with its last axis contiguous, "
+                         "got %s %s with strides %s" % (fname, B, np.dtype(dt).name,
+                                                        x.shape, x.dtype, x.strides))
+    W = np.ascontiguousarray(W, dt)
+    if W.ndim != 2 or W.shape[0] != x.shape[2] or W.shape[1] != 4 * u:
+        raise ValueError("%s: W must be (%d, %d), got %s" % (fname, x.shape[2], 4 * u, W.shape))
+    if xb is not None:
+        xb = np.ascontiguousarray(xb, dt)
+        if xb.shape != (4 * u,):
+            raise ValueError("%s: xb must be (%d,), got %s" % (fname, 4 * u, xb.shape))
+    packed, FB = _pack_product(W)
+    scratch = np.empty(max(1, B * x.shape[2]), dt)
+    cdef Proj pj
+    pj.x = _address(x) if x.size else NULL
+    pj.st, pj.sb = x.strides[0] // isz, x.strides[1] // isz
+    pj.width, pj.T = x.shape[2], x.shape[0]
+    pj.W, pj.FB, pj.b = _address(packed), FB, _address(xb)
+    pj.scratch = <void*><size_t>scratch.ctypes.data
+    cdef floating[:, :, ::1] ring = np.empty((1, B, 4 * u), dt)
+    return _lstm_run(ring, h0, c0, y0, R, rmask, mask, act, ract, keep, &pj, fname)
+
+
+cdef tuple _lstm_run(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
+                     const floating[:, ::1] c0, const floating[:, ::1] y0,
+                     const floating[:, ::1] R, rmask, mask, int act, int ract, bint keep,
+                     Proj *pj, fname):
+    # zx: the projection, or with pj the one-step ring the row blocks fill
+    cdef Py_ssize_t T = pj.T if pj != NULL else zx.shape[0], B = zx.shape[1], u = R.shape[0]
+    cdef Py_ssize_t t
     dt = np.float32 if floating is float else np.float64
     if R.shape[1] != 4 * u or zx.shape[2] != 4 * u or h0.shape[0] != B or h0.shape[1] != u \
             or c0.shape[0] != B or c0.shape[1] != u or y0.shape[0] != B or y0.shape[1] != u:
-        raise ValueError("lstm_forward: shapes zx %s, h0 %s, c0 %s, y0 %s, R %s do not agree"
-                         % (np.shape(zx), np.shape(h0), np.shape(c0), np.shape(y0),
+        raise ValueError("%s: shapes zx %s, h0 %s, c0 %s, y0 %s, R %s do not agree"
+                         % (fname, np.shape(zx), np.shape(h0), np.shape(c0), np.shape(y0),
                             np.shape(R)))
     cdef floating[:, :, ::1] hs = _steps(keep, 2, T, B, u, dt)
     cdef floating[:, :, ::1] cs = _steps(keep, 2, T, B, u, dt)
     cdef floating[:, :, ::1] ys = np.empty((T, B, u), dt)
     cdef floating[:, :, ::1] gates = _steps(keep, 1, T, B, 4 * u, dt)
+    cdef floating[:, :, ::1] full
     cdef floating[:, ::1] hm
     cdef floating[::1] wsplit, hsplit
     cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
@@ -707,9 +800,18 @@ def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     lane_kinds = _gate_lanes(dt, u, (ract, ract, act, ract)) if B > 1 or u % 8 else None
     cdef const float *lanes = <const float*>_address(lane_kinds)
     if nsplit > 1:
+        if pj != NULL:
+            # the units split reads every row of zx at every step: the whole
+            # projection first, by the same kernel
+            full = np.empty((T, B, 4 * u), dt)
+            if T and B:
+                with nogil:
+                    for t in range(T):
+                        _project(pj, t, 0, B, 4 * u, <floating*>pj.scratch, &full[t, 0, 0])
+            zx = full
         wsplit, ps, FB, hsplit = _split_operand(nsplit, u, 4, B, dt)
-        full, FBfull = _recurrent_operand(R, B, False)
-        Wfull = <const floating*>_address(full)
+        packed_full, FBfull = _recurrent_operand(R, B, False)
+        Wfull = <const floating*>_address(packed_full)
         lead = _TUNE["split_lead_steps"]
         with nogil:
             _lstm_fwd_split(nsplit, zx, h0, c0, y0, R, Wfull, FBfull, &wsplit[0], FB, ps, rm, mk,
@@ -722,7 +824,7 @@ def lstm_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef const floating *Wp = <const floating*>_address(packed)
     with nogil:
         _lstm_fwd(zx, h0, c0, y0, R, Wp, FB, rm, mk, rmask is not None, mask is not None, act, ract,
-                  hs, cs, ys, gates, hm, keep, lanes, &intr)
+                  hs, cs, ys, gates, hm, keep, lanes, pj, &intr)
     check_interrupt(&intr)
     return np.asarray(hs), np.asarray(cs), np.asarray(ys), np.asarray(gates)
 

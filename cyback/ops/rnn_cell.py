@@ -15,9 +15,17 @@ import numpy as np
 from cyback.graph.op import Op
 from cyback.graph.tensor import Constant
 from cyback.kernels import rnn_cell as _k
+from cyback.ops.linalg import contract
 
 #: gate count per cell type
 GATES = {"lstm": 4, "gru": 3, "simple": 1}
+
+#: Batches from this size on project x inside the LSTM kernel's steps, each
+#: thread its own rows (kernels.rnn_cell.lstm_forward_projected); smaller
+#: ones take the separate product first. 2 threads, alternated, separate /
+#: inside: batch 8 1.16x (64 units) and 1.49x (36), batch 32 1.04x (128)
+#: and 1.15x (36); batch 1 0.87x, 3 0.77x, 6 0.85x (128: the units split).
+_PROJECT_MIN_ROWS = 8
 
 #: roles that may come split per gate ("zx.0", "zx.1", ...: Keras's
 #: implementation 1, and the GRU's projection), and the axis the parts join on
@@ -88,7 +96,11 @@ class FusedRecurrent(Op):
         return arrays[self.roles[role]] if role in self.roles else self.consts.get(role)
 
     def _first_projection(self, ins):
-        return ins[self.roles["zx"] if "zx" in self.roles else self.roles[self._parts("zx")[0]]]
+        # x when the op projects it itself: the same steps and dtype as zx
+        for name in ("zx", "x"):
+            if name in self.roles:
+                return ins[self.roles[name]]
+        return ins[self.roles[self._parts("zx")[0]]]
 
     def infer(self, *ins):
         if len(ins) != self.n_in:
@@ -107,6 +119,12 @@ class FusedRecurrent(Op):
         """The array of role ``name``, its parts joined; None when unused."""
         value = self._value(name, arrays)
         if value is not None:
+            if name == "x":
+                # read as it is (a transposed view of the batch-major input)
+                # unless its last axis is strided
+                value = np.asarray(value, dtype=dt)
+                return value if value.ndim != 3 or value.shape[2] < 2 or \
+                    value.strides[2] == value.itemsize else np.ascontiguousarray(value)
             return np.ascontiguousarray(value, dtype=dt)
         names = self._parts(name)
         if not names:
@@ -127,7 +145,8 @@ class FusedRecurrent(Op):
         get = {}
         present = self.__dict__.get("_present")
         if present is None:
-            present = self._present = tuple(n for n in ("zx", "h0", "c0", "y0", "R", "Rh", "rb")
+            present = self._present = tuple(n for n in ("zx", "x", "W", "xb", "h0", "c0", "y0",
+                                                        "R", "Rh", "rb")
                                             if self._has(n))
         for name in present:
             value = self._gather(name, arrays, dt)
@@ -152,9 +171,16 @@ class FusedRecurrent(Op):
     def _run(self, keep, *arrays):
         a = self._arrays(arrays)
         if self.cell == "lstm":
-            hs, cs, ys, gates = _k.lstm_forward(a["zx"], a["h0"], a["c0"], a["y0"], a["R"],
-                                                a["rmask"], a["mask"], self.act, self.ract,
-                                                keep=keep)
+            rest = (a["h0"], a["c0"], a["y0"], a["R"], a["rmask"], a["mask"], self.act, self.ract)
+            if "x" not in a:
+                hs, cs, ys, gates = _k.lstm_forward(a["zx"], *rest, keep=keep)
+            elif a["x"].shape[1] >= _PROJECT_MIN_ROWS:
+                hs, cs, ys, gates = _k.lstm_forward_projected(a["x"], a["W"], a.get("xb"), *rest,
+                                                              keep=keep)
+            else:
+                # the product the plan would have run before the rewrite
+                zx = contract(a["x"], a["W"], (2,), (0,), a.get("xb"))
+                hs, cs, ys, gates = _k.lstm_forward(zx, *rest, keep=keep)
             records = (hs, cs, gates)
             states = {"h": hs, "c": cs, "y": ys}
         elif self.cell == "gru":
@@ -211,6 +237,14 @@ class FusedRecurrent(Op):
             if whole is not None:
                 roles[name] = whole
                 changed = True
+        absorbed = False
+        if self.cell == "lstm":
+            zx = roles.get("zx", inputs[self.roles["zx"]] if "zx" in self.roles else None)
+            projection = None if zx is None else _projection_of(zx, ctx, "zx" in roles)
+            if projection is not None:
+                roles.pop("zx", None)
+                roles.update(projection)
+                absorbed = changed = True
         rb = self._parts("rb")
         u = inputs[self.roles["h0"]].shape[-1]
         if rb and all(p in self.roles and ctx.is_weight(inputs[self.roles[p]]) for p in rb) \
@@ -223,7 +257,10 @@ class FusedRecurrent(Op):
             changed = True
         if not changed:
             return None
-        parts = {p for name in roles for p in self._parts(name)}
+        parts = {p for name in list(roles) + (["zx"] if absorbed else [])
+                 for p in self._parts(name)}
+        if absorbed and "zx" in self.roles:
+            parts.add("zx")
         drop = {self.roles[p] for p in parts}
         if any(k in drop for r, k in self.roles.items() if r not in parts):
             return None     # an input read as a part and as something else
@@ -400,6 +437,35 @@ def _one_projection(tensors, ctx):
     for i in reversed(range(len(adds))):       # innermost add first
         out = adds[i](out, _whole([bs[i] for bs in biases], 0, ctx))
     return out
+
+
+def _projection_of(zx, ctx, made_here):
+    """{"x": x, "W": W, "xb": b} when ``zx`` is ``x @ W + b`` (or ``x @ W``)
+    of a (T, B, I) sequence x with weights W (I, G) and b (G,), read by
+    the recurrent op only (``made_here``: zx is the join the rewrite just
+    made), so that an LSTM projects x itself (_PROJECT_MIN_ROWS); else None.
+    The kernel adds the bias after the product, as the add does."""
+    from cyback.ops.elementwise import Binary
+    from cyback.ops.linalg import TensorDot
+    if not made_here and ctx.users(zx) != 1:
+        return None
+    made, roles = ctx.producer(zx), {}
+    if made is not None and type(made[0]) is Binary and made[0].name == "add" and \
+            len(made[1]) == 2:
+        dot, b = made[1]
+        if b.ndim != 1 or b.dtype != zx.dtype or not ctx.is_weight(b) or ctx.users(dot) != 1:
+            return None
+        roles["xb"] = b
+        made = ctx.producer(dot)
+    if made is None or type(made[0]) is not TensorDot or len(made[1]) != 2 or \
+            (tuple(made[0].ax), tuple(made[0].ay)) != ((2,), (0,)):
+        return None
+    x, w = made[1]
+    if x.ndim != 3 or w.ndim != 2 or x.dtype != zx.dtype or w.dtype != zx.dtype or \
+            not ctx.is_weight(w):
+        return None
+    roles["x"], roles["W"] = x, w
+    return roles
 
 
 def _whole(tensors, axis, ctx):
