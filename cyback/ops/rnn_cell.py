@@ -15,7 +15,7 @@ import numpy as np
 from cyback.graph.op import Op
 from cyback.graph.tensor import Constant
 from cyback.kernels import rnn_cell as _k
-from cyback.ops.linalg import contract
+from cyback.ops.linalg import TensorDot, contract
 
 #: gate count per cell type
 GATES = {"lstm": 4, "gru": 3, "simple": 1}
@@ -26,6 +26,7 @@ GATES = {"lstm": 4, "gru": 3, "simple": 1}
 #: inside: batch 8 1.16x (64 units) and 1.49x (36), batch 32 1.04x (128)
 #: and 1.15x (36); batch 1 0.87x, 3 0.77x, 6 0.85x (128: the units split).
 _PROJECT_MIN_ROWS = 8
+_PRODUCT = TensorDot((2,), (0,))
 
 #: roles that may come split per gate ("zx.0", "zx.1", ...: Keras's
 #: implementation 1, and the GRU's projection), and the axis the parts join on
@@ -178,8 +179,7 @@ class FusedRecurrent(Op):
                 hs, cs, ys, gates = _k.lstm_forward_projected(a["x"], a["W"], a.get("xb"), *rest,
                                                               keep=keep)
             else:
-                # the product the plan would have run before the rewrite
-                zx = contract(a["x"], a["W"], (2,), (0,), a.get("xb"))
+                zx = _projection(a["x"], a["W"], a.get("xb"))
                 hs, cs, ys, gates = _k.lstm_forward(zx, *rest, keep=keep)
             records = (hs, cs, gates)
             states = {"h": hs, "c": cs, "y": ys}
@@ -407,7 +407,6 @@ def _one_projection(tensors, ctx):
     the candidate's missing outer bias is zeros. The adds keep their order
     and adding zero changes no value, so every value is the same."""
     from cyback.ops.elementwise import Binary
-    from cyback.ops.linalg import TensorDot
     x, dot, adds, ws, biases = None, None, None, [], []
     for t in tensors:
         made, chain = ctx.producer(t), []
@@ -439,6 +438,16 @@ def _one_projection(tensors, ctx):
     return out
 
 
+def _projection(x, w, b):
+    """x @ w (+ b) as the plan's product step computed it before the rewrite
+    (a batch-1 x goes to the calling thread's dense kernel)."""
+    if b is not None:
+        out = _PRODUCT.compute_epilogue((x, w), b, None)
+        if out is not None:
+            return out
+    return contract(x, w, (2,), (0,), b)
+
+
 def _projection_of(zx, ctx, made_here):
     """{"x": x, "W": W, "xb": b} when ``zx`` is ``x @ W + b`` (or ``x @ W``)
     of a (T, B, I) sequence x with weights W (I, G) and b (G,), read by
@@ -446,7 +455,6 @@ def _projection_of(zx, ctx, made_here):
     made), so that an LSTM projects x itself (_PROJECT_MIN_ROWS); else None.
     The kernel adds the bias after the product, as the add does."""
     from cyback.ops.elementwise import Binary
-    from cyback.ops.linalg import TensorDot
     if not made_here and ctx.users(zx) != 1:
         return None
     made, roles = ctx.producer(zx), {}
