@@ -202,7 +202,10 @@ def pointwise_vs_sgemm():
     sgemm of the same shape on all threads, each writing into a
     preallocated output (a fresh 100 MB output costs its page faults in
     either), alternated block by block with an idle pause before each (so
-    that OpenBLAS's spinning threads do not steal the next block's cores)."""
+    that OpenBLAS's spinning threads do not steal the next block's cores:
+    after a block of sgemm calls its other thread ran on for 100-110 ms of
+    CPU time, and with the former 0.1 s pause the batch-1 cyback block that
+    followed ran its first 60 calls at 0.9 ms against a steady 0.55)."""
     rng = np.random.default_rng(2)
     rows = []
     for n, hw, c, f in ((32, 56, 64, 64), (32, 56, 64, 256), (32, 28, 128, 512),
@@ -227,7 +230,7 @@ def pointwise_vs_sgemm():
         engines = {"default": default, "untiled": _tuned(default, pointwise_gemm=False),
                    "sgemm": sgemm}
         st = time_alternated(engines, blocks=3 if QUICK else 7, block_seconds=0.15,
-                             settle_seconds=0.1)
+                             settle_seconds=0.25)
         med = {k: v["median_s"] for k, v in st.items()}
         rows.append(dict(case="1x1 %d->%d (%d,%d,%d)" % (c, f, n, hw, hw),
                          default_ms=med["default"] * 1e3, untiled_ms=med["untiled"] * 1e3,
