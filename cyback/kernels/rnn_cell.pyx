@@ -741,7 +741,16 @@ def lstm_forward_projected(x, W, xb, const floating[:, ::1] h0, const floating[:
     followed by the bias."""
     fname = "lstm_forward_projected"
     dt = np.float32 if floating is float else np.float64
-    cdef Py_ssize_t u = R.shape[0], B = h0.shape[0], isz = np.dtype(dt).itemsize
+    cdef Proj pj
+    keep_alive = _proj_setup(&pj, x, W, xb, h0.shape[0], 4 * R.shape[0], dt, fname)
+    cdef floating[:, :, ::1] ring = np.empty((1, h0.shape[0], 4 * R.shape[0]), dt)
+    return _lstm_run(ring, h0, c0, y0, R, rmask, mask, act, ract, keep, &pj, fname)
+
+
+cdef tuple _proj_setup(Proj *pj, x, W, xb, Py_ssize_t B, Py_ssize_t G, dt, fname):
+    """Fill pj for zx = x @ W (+ xb) of G columns, checking the arguments;
+    returns the arrays pj points into (the caller keeps them alive)."""
+    cdef Py_ssize_t isz = np.dtype(dt).itemsize
     x = np.asarray(x)
     if x.ndim != 3 or x.shape[1] != B or x.dtype != dt or x.size and (
             (x.shape[2] > 1 and x.strides[2] != isz) or any(st % isz for st in x.strides)):
@@ -749,22 +758,20 @@ def lstm_forward_projected(x, W, xb, const floating[:, ::1] h0, const floating[:
                          "got %s %s with strides %s" % (fname, B, np.dtype(dt).name,
                                                         x.shape, x.dtype, x.strides))
     W = np.ascontiguousarray(W, dt)
-    if W.ndim != 2 or W.shape[0] != x.shape[2] or W.shape[1] != 4 * u:
-        raise ValueError("%s: W must be (%d, %d), got %s" % (fname, x.shape[2], 4 * u, W.shape))
+    if W.ndim != 2 or W.shape[0] != x.shape[2] or W.shape[1] != G:
+        raise ValueError("%s: W must be (%d, %d), got %s" % (fname, x.shape[2], G, W.shape))
     if xb is not None:
         xb = np.ascontiguousarray(xb, dt)
-        if xb.shape != (4 * u,):
-            raise ValueError("%s: xb must be (%d,), got %s" % (fname, 4 * u, xb.shape))
+        if xb.shape != (G,):
+            raise ValueError("%s: xb must be (%d,), got %s" % (fname, G, xb.shape))
     packed, FB = _pack_product(W)
     scratch = np.empty(max(1, B * x.shape[2]), dt)
-    cdef Proj pj
     pj.x = _address(x) if x.size else NULL
     pj.st, pj.sb = x.strides[0] // isz, x.strides[1] // isz
     pj.width, pj.T = x.shape[2], x.shape[0]
     pj.W, pj.FB, pj.b = _address(packed), FB, _address(xb)
     pj.scratch = <void*><size_t>scratch.ctypes.data
-    cdef floating[:, :, ::1] ring = np.empty((1, B, 4 * u), dt)
-    return _lstm_run(ring, h0, c0, y0, R, rmask, mask, act, ract, keep, &pj, fname)
+    return x, packed, xb, scratch
 
 
 cdef tuple _lstm_run(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
@@ -1208,14 +1215,14 @@ cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t 
                         floating[:, :, ::1] hs, floating[:, :, ::1] ys,
                         floating[:, :, ::1] gates, floating[:, :, ::1] ph, floating *hm,
                         floating[:, ::1] P, floating[:, ::1] Q, bint keep,
-                        cb_intr* intr, Split *sp) noexcept nogil:
+                        cb_intr* intr, Split *sp, const Proj *pj) noexcept nogil:
     """Steps t0..t1 for rows b0..b1 and units j0..j1, as _lstm_fwd_rows. In a
     units split Wp holds this thread's columns of the gates' products: of R
     for z, r and h with reset_after, else of R for z and r and of Rh, whose
     product reads r * h of every unit: the threads also meet before it.
-    hm: b1 - b0 rows of u for the masked h."""
+    hm: b1 - b0 rows of u for the masked h. pj: as _lstm_fwd_rows."""
     cdef Py_ssize_t u = h0.shape[1], NR = R.shape[1]
-    cdef Py_ssize_t ti, tp, tg
+    cdef Py_ssize_t ti, tp, tg, tz = 0
     cdef Py_ssize_t t, b, j, q, n = b1 - b0, nu = j1 - j0
     cdef const floating *hp
     cdef const floating *hmp
@@ -1229,6 +1236,11 @@ cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t 
         if sp == NULL and cb_intr_poll(intr):
             return
         _ring(keep, t, &ti, &tp, &tg)
+        if pj != NULL:
+            _project(pj, t, b0, b1, 3 * u, <floating*>pj.scratch + b0 * pj.width,
+                     <floating*>&zx[0, b0, 0])
+        else:
+            tz = t
         hmp = _recurrent_input(t, tp, b0, b1, h0, hs, rmask, use_rmask, hm)
         if sp == NULL:
             if use_rb:
@@ -1244,7 +1256,7 @@ cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t 
                             &P[b0, q * u + j0], NR)
         for b in range(b0, b1):
             g = &gates[tg, b, 0]
-            x = &zx[t, b, 0]
+            x = &zx[tz, b, 0]
             if use_mask and not mask[t, b]:
                 for q in range(3):
                     memset(g + q * u + j0, 0, nu * sizeof(floating))
@@ -1273,7 +1285,7 @@ cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t 
             # in the row path; masked rows keep zeros there
             _step_meet(sp, t)
             for b in range(b0, b1):
-                memcpy(&gates[tg, b, 2 * u + j0], &zx[t, b, 2 * u + j0], nu * sizeof(floating))
+                memcpy(&gates[tg, b, 2 * u + j0], &zx[tz, b, 2 * u + j0], nu * sizeof(floating))
             _product_ld(n, u, nu, &Q[b0, 0], Wp + 2 * ps, FB, &gates[tg, b0, 2 * u + j0],
                         &gates[tg, b0, 2 * u + j0], 3 * u)
             if use_mask:
@@ -1291,7 +1303,7 @@ cdef void _gru_fwd_rows(Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t j0, Py_ssize_t 
             if not reset_after and sp == NULL:
                 # P is (n, u) here: the product above wrote rows of width u.
                 for j in range(u):
-                    g[2 * u + j] = zx[t, b, 2 * u + j] + (&P[b0, 0])[(b - b0) * u + j]
+                    g[2 * u + j] = zx[tz, b, 2 * u + j] + (&P[b0, 0])[(b - b0) * u + j]
             _act_row(g + 2 * u + j0, nu, act)
             hp = &h0[b, 0] if t == 0 else &hs[tp, b, 0]
             hx = hm + (b - b0) * u if (mix_masked and use_rmask) else hp
@@ -1312,20 +1324,20 @@ cdef void _gru_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                    bint reset_after, bint mix_masked, int act, int ract, floating[:, :, ::1] hs,
                    floating[:, :, ::1] ys, floating[:, :, ::1] gates, floating[:, :, ::1] ph,
                    floating[:, ::1] hm, floating[:, ::1] P, floating[:, ::1] Q,
-                   bint keep, cb_intr* intr) noexcept nogil:
+                   bint keep, const Proj *pj, cb_intr* intr) noexcept nogil:
     # One block of batch rows per thread, all steps (see _lstm_fwd).
-    cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = h0.shape[1]
+    cdef Py_ssize_t T = pj.T if pj != NULL else zx.shape[0], B = zx.shape[1], u = h0.shape[1]
     cdef Py_ssize_t ci, nchunk = _row_blocks(2.0 * T * B * 3 * u * u, B)
     if nchunk <= 1:
         _gru_fwd_rows(0, B, 0, u, 0, T, zx, h0, y0, R, Wp, Rh, Whp, FB, 0, rb, rmask, mask,
                       use_rb, use_rmask, use_mask, reset_after, mix_masked, act, ract, hs, ys,
-                      gates, ph, &hm[0, 0], P, Q, keep, intr, NULL)
+                      gates, ph, &hm[0, 0], P, Q, keep, intr, NULL, pj)
         return
     for ci in prange(nchunk, schedule='static', num_threads=nchunk):
         _gru_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, 0, u, 0, T, zx, h0, y0, R, Wp,
                       Rh, Whp, FB, 0, rb, rmask, mask, use_rb, use_rmask, use_mask, reset_after,
                       mix_masked, act, ract, hs, ys, gates, ph, &hm[ci * B // nchunk, 0], P, Q,
-                      keep, intr, NULL)
+                      keep, intr, NULL, pj)
 
 
 cdef void _gru_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floating[:, ::1] h0,
@@ -1351,7 +1363,7 @@ cdef void _gru_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floatin
     if counts == NULL:
         _gru_fwd_rows(0, B, 0, u, 0, T, zx, h0, y0, R, Wfull, Rh, Whfull, FBfull, 0, rb, rmask,
                       mask, use_rb, use_rmask, use_mask, reset_after, mix_masked, act, ract, hs,
-                      ys, gates, ph, hm, P, Q, keep, intr, NULL)
+                      ys, gates, ph, hm, P, Q, keep, intr, NULL, NULL)
         return
     stops[0] = stops[1] = 0
     cb_join_init(&join)
@@ -1368,7 +1380,7 @@ cdef void _gru_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floatin
                 _gru_fwd_rows(0, B, 0, u, t, t + 1, zx, h0, y0, R, Wfull, Rh, Whfull, FBfull, 0,
                               rb, rmask, mask, use_rb, use_rmask, use_mask, reset_after,
                               mix_masked, act, ract, hs, ys, gates, ph, hm, P, Q, keep, intr,
-                              NULL)
+                              NULL, NULL)
                 t = T if intr.stop else t + 1
         if tid != 0 or t < T:
             for q in range(3 if reset_after else 2):
@@ -1379,7 +1391,8 @@ cdef void _gru_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floatin
         if t < T:
             _gru_fwd_rows(0, B, j0, j1, t, T, zx, h0, y0, R, Wp + 3 * tid * ps, Rh, NULL, FB, ps,
                           rb, rmask, mask, use_rb, use_rmask, use_mask, reset_after, mix_masked,
-                          act, ract, hs, ys, gates, ph, hm + tid * B * u, P, Q, keep, intr, &sp)
+                          act, ract, hs, ys, gates, ph, hm + tid * B * u, P, Q, keep, intr, &sp,
+                          NULL)
     cb_step_counts_free(counts)
 
 
@@ -1444,20 +1457,52 @@ def gru_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     """Run a GRU sequence (see above); returns ``(hs, ys, gates, ph)``. ``Rh``
     is None with ``reset_after``; ``rb`` is None without a recurrent bias;
     ``keep``: see lstm_forward."""
+    return _gru_run(zx, h0, y0, R, Rh, rb, rmask, mask, reset_after, mix_masked, act, ract,
+                    keep, NULL, "gru_forward")
+
+
+def gru_forward_projected(x, W, xb, const floating[:, ::1] h0, const floating[:, ::1] y0,
+                          const floating[:, ::1] R, Rh, rb, rmask, mask, bint reset_after,
+                          bint mix_masked, int act, int ract, bint keep=True):
+    """gru_forward of zx = x @ W (+ xb), W (I, 3u): as lstm_forward_projected."""
+    fname = "gru_forward_projected"
     dt = np.float32 if floating is float else np.float64
-    _gru_check("gru_forward", zx, h0, y0, R, Rh, rb, reset_after)
-    cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = h0.shape[1]
+    cdef Proj pj
+    keep_alive = _proj_setup(&pj, x, W, xb, h0.shape[0], 3 * h0.shape[1], dt, fname)
+    cdef floating[:, :, ::1] ring = np.empty((1, h0.shape[0], 3 * h0.shape[1]), dt)
+    return _gru_run(ring, h0, y0, R, Rh, rb, rmask, mask, reset_after, mix_masked, act, ract,
+                    keep, &pj, fname)
+
+
+cdef tuple _gru_run(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
+                    const floating[:, ::1] y0, const floating[:, ::1] R, Rh, rb, rmask, mask,
+                    bint reset_after, bint mix_masked, int act, int ract, bint keep, Proj *pj,
+                    fname):
+    # zx: the projection, or with pj the one-step ring the row blocks fill
+    dt = np.float32 if floating is float else np.float64
+    _gru_check(fname, zx, h0, y0, R, Rh, rb, reset_after)
+    cdef Py_ssize_t T = pj.T if pj != NULL else zx.shape[0], B = zx.shape[1], u = h0.shape[1]
+    cdef Py_ssize_t t
     cdef floating[:, :, ::1] hs = _steps(keep, 2, T, B, u, dt)
     cdef floating[:, :, ::1] ys = np.empty((T, B, u), dt)
     cdef floating[:, :, ::1] gates = _steps(keep, 1, T, B, 3 * u, dt)
     cdef floating[:, :, ::1] ph = _steps(keep, 1, T, B, u, dt) if reset_after else \
         np.zeros((1, 1, 1), dt)
+    cdef floating[:, :, ::1] full
     cdef floating[:, ::1] hm
     cdef floating[:, ::1] P = np.empty((B, R.shape[1]), dt)
     cdef floating[:, ::1] Q = np.empty((B, u), dt)
     cdef Py_ssize_t FB
     cdef int nsplit = _split_threads(T, B, u, 3, np.dtype(dt).itemsize)
     if nsplit > 1:
+        if pj != NULL:
+            # as _lstm_run: the whole projection first
+            full = np.empty((T, B, 3 * u), dt)
+            if T and B:
+                with nogil:
+                    for t in range(T):
+                        _project(pj, t, 0, B, 3 * u, <floating*>pj.scratch, &full[t, 0, 0])
+            zx = full
         return _gru_forward_split(nsplit, zx, h0, y0, R, Rh, rb, rmask, mask, reset_after,
                                   mix_masked, act, ract, keep, hs, ys, gates, ph, P, Q)
     hm = np.empty((max(1, B), u), dt)
@@ -1475,7 +1520,7 @@ def gru_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     with nogil:
         _gru_fwd(zx, h0, y0, R, Wp, rh, Whp, FB, b_, rm, mk, rb is not None, rmask is not None,
                  mask is not None, reset_after, mix_masked, act, ract, hs, ys, gates, ph, hm, P,
-                 Q, keep, &intr)
+                 Q, keep, pj, &intr)
     check_interrupt(&intr)
     return np.asarray(hs), np.asarray(ys), np.asarray(gates), np.asarray(ph)
 

@@ -20,8 +20,9 @@ from cyback.ops.linalg import TensorDot, contract
 #: gate count per cell type
 GATES = {"lstm": 4, "gru": 3, "simple": 1}
 
-#: Batches from this size on project x inside the LSTM kernel's steps, each
-#: thread its own rows (kernels.rnn_cell.lstm_forward_projected); smaller
+#: Batches from this size on project x inside the LSTM or GRU kernel's
+#: steps, each thread its own rows (kernels.rnn_cell.lstm_forward_projected,
+#: gru_forward_projected); smaller
 #: ones take the separate product first. 2 threads, alternated, separate /
 #: inside: batch 8 1.16x (64 units) and 1.49x (36), batch 32 1.04x (128)
 #: and 1.15x (36); batch 1 0.87x, 3 0.77x, 6 0.85x (128: the units split).
@@ -173,22 +174,15 @@ class FusedRecurrent(Op):
         a = self._arrays(arrays)
         if self.cell == "lstm":
             rest = (a["h0"], a["c0"], a["y0"], a["R"], a["rmask"], a["mask"], self.act, self.ract)
-            if "x" not in a:
-                hs, cs, ys, gates = _k.lstm_forward(a["zx"], *rest, keep=keep)
-            elif a["x"].shape[1] >= _PROJECT_MIN_ROWS:
-                hs, cs, ys, gates = _k.lstm_forward_projected(a["x"], a["W"], a.get("xb"), *rest,
-                                                              keep=keep)
-            else:
-                zx = _projection(a["x"], a["W"], a.get("xb"))
-                hs, cs, ys, gates = _k.lstm_forward(zx, *rest, keep=keep)
+            hs, cs, ys, gates = _forward(_k.lstm_forward, _k.lstm_forward_projected, a, rest,
+                                         keep)
             records = (hs, cs, gates)
             states = {"h": hs, "c": cs, "y": ys}
         elif self.cell == "gru":
             ra = "reset_after" in self.flags
-            hs, ys, gates, ph = _k.gru_forward(a["zx"], a["h0"], a["y0"], a["R"], a.get("Rh"),
-                                               a.get("rb"), a["rmask"], a["mask"], ra,
-                                               "mix_masked" in self.flags, self.act, self.ract,
-                                               keep=keep)
+            rest = (a["h0"], a["y0"], a["R"], a.get("Rh"), a.get("rb"), a["rmask"], a["mask"], ra,
+                    "mix_masked" in self.flags, self.act, self.ract)
+            hs, ys, gates, ph = _forward(_k.gru_forward, _k.gru_forward_projected, a, rest, keep)
             records = (hs, gates, ph) if ra else (hs, gates)
             states = {"h": hs, "y": ys}
         else:
@@ -238,7 +232,7 @@ class FusedRecurrent(Op):
                 roles[name] = whole
                 changed = True
         absorbed = False
-        if self.cell == "lstm":
+        if self.cell in ("lstm", "gru"):
             zx = roles.get("zx", inputs[self.roles["zx"]] if "zx" in self.roles else None)
             projection = None if zx is None else _projection_of(zx, ctx, "zx" in roles)
             if projection is not None:
@@ -438,6 +432,16 @@ def _one_projection(tensors, ctx):
     return out
 
 
+def _forward(plain, projected, a, rest, keep):
+    """The cell's kernel on a's zx, or on x, W and xb when the op projects x
+    itself: inside the steps from _PROJECT_MIN_ROWS rows on, else first."""
+    if "x" not in a:
+        return plain(a["zx"], *rest, keep=keep)
+    if a["x"].shape[1] >= _PROJECT_MIN_ROWS:
+        return projected(a["x"], a["W"], a.get("xb"), *rest, keep=keep)
+    return plain(_projection(a["x"], a["W"], a.get("xb")), *rest, keep=keep)
+
+
 def _projection(x, w, b):
     """x @ w (+ b) as the plan's product step computed it before the rewrite
     (a batch-1 x goes to the calling thread's dense kernel)."""
@@ -452,7 +456,8 @@ def _projection_of(zx, ctx, made_here):
     """{"x": x, "W": W, "xb": b} when ``zx`` is ``x @ W + b`` (or ``x @ W``)
     of a (T, B, I) sequence x with weights W (I, G) and b (G,), read by
     the recurrent op only (``made_here``: zx is the join the rewrite just
-    made), so that an LSTM projects x itself (_PROJECT_MIN_ROWS); else None.
+    made), so that an LSTM or GRU projects x itself (_PROJECT_MIN_ROWS); else
+    None.
     The kernel adds the bias after the product, as the add does."""
     from cyback.ops.elementwise import Binary
     if not made_here and ctx.users(zx) != 1:
