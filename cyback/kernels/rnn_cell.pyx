@@ -774,13 +774,26 @@ cdef tuple _proj_setup(Proj *pj, x, W, xb, Py_ssize_t B, Py_ssize_t G, dt, fname
     return x, packed, xb, scratch
 
 
+cdef _projected_whole(const Proj *pj, const floating[:, :, ::1] ring):
+    """The projection of every step and row, (T, B, G) for a ring of (1, B, G):
+    the units split reads every row of zx at every step, so it projects
+    first, by the same kernel."""
+    cdef Py_ssize_t T = pj.T, B = ring.shape[1], G = ring.shape[2], t
+    dt = np.float32 if floating is float else np.float64
+    cdef floating[:, :, ::1] full = np.empty((T, B, G), dt)
+    if T and B:
+        with nogil:
+            for t in range(T):
+                _project(pj, t, 0, B, G, <floating*>pj.scratch, &full[t, 0, 0])
+    return full
+
+
 cdef tuple _lstm_run(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                      const floating[:, ::1] c0, const floating[:, ::1] y0,
                      const floating[:, ::1] R, rmask, mask, int act, int ract, bint keep,
                      Proj *pj, fname):
     # zx: the projection, or with pj the one-step ring the row blocks fill
     cdef Py_ssize_t T = pj.T if pj != NULL else zx.shape[0], B = zx.shape[1], u = R.shape[0]
-    cdef Py_ssize_t t
     dt = np.float32 if floating is float else np.float64
     if R.shape[1] != 4 * u or zx.shape[2] != 4 * u or h0.shape[0] != B or h0.shape[1] != u \
             or c0.shape[0] != B or c0.shape[1] != u or y0.shape[0] != B or y0.shape[1] != u:
@@ -791,7 +804,6 @@ cdef tuple _lstm_run(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef floating[:, :, ::1] cs = _steps(keep, 2, T, B, u, dt)
     cdef floating[:, :, ::1] ys = np.empty((T, B, u), dt)
     cdef floating[:, :, ::1] gates = _steps(keep, 1, T, B, 4 * u, dt)
-    cdef floating[:, :, ::1] full
     cdef floating[:, ::1] hm
     cdef floating[::1] wsplit, hsplit
     cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
@@ -808,14 +820,7 @@ cdef tuple _lstm_run(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef const float *lanes = <const float*>_address(lane_kinds)
     if nsplit > 1:
         if pj != NULL:
-            # the units split reads every row of zx at every step: the whole
-            # projection first, by the same kernel
-            full = np.empty((T, B, 4 * u), dt)
-            if T and B:
-                with nogil:
-                    for t in range(T):
-                        _project(pj, t, 0, B, 4 * u, <floating*>pj.scratch, &full[t, 0, 0])
-            zx = full
+            zx = _projected_whole(pj, zx)
         wsplit, ps, FB, hsplit = _split_operand(nsplit, u, 4, B, dt)
         packed_full, FBfull = _recurrent_operand(R, B, False)
         Wfull = <const floating*>_address(packed_full)
@@ -1482,13 +1487,11 @@ cdef tuple _gru_run(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     dt = np.float32 if floating is float else np.float64
     _gru_check(fname, zx, h0, y0, R, Rh, rb, reset_after)
     cdef Py_ssize_t T = pj.T if pj != NULL else zx.shape[0], B = zx.shape[1], u = h0.shape[1]
-    cdef Py_ssize_t t
     cdef floating[:, :, ::1] hs = _steps(keep, 2, T, B, u, dt)
     cdef floating[:, :, ::1] ys = np.empty((T, B, u), dt)
     cdef floating[:, :, ::1] gates = _steps(keep, 1, T, B, 3 * u, dt)
     cdef floating[:, :, ::1] ph = _steps(keep, 1, T, B, u, dt) if reset_after else \
         np.zeros((1, 1, 1), dt)
-    cdef floating[:, :, ::1] full
     cdef floating[:, ::1] hm
     cdef floating[:, ::1] P = np.empty((B, R.shape[1]), dt)
     cdef floating[:, ::1] Q = np.empty((B, u), dt)
@@ -1496,13 +1499,7 @@ cdef tuple _gru_run(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef int nsplit = _split_threads(T, B, u, 3, np.dtype(dt).itemsize)
     if nsplit > 1:
         if pj != NULL:
-            # as _lstm_run: the whole projection first
-            full = np.empty((T, B, 3 * u), dt)
-            if T and B:
-                with nogil:
-                    for t in range(T):
-                        _project(pj, t, 0, B, 3 * u, <floating*>pj.scratch, &full[t, 0, 0])
-            zx = full
+            zx = _projected_whole(pj, zx)
         return _gru_forward_split(nsplit, zx, h0, y0, R, Rh, rb, rmask, mask, reset_after,
                                   mix_masked, act, ract, keep, hs, ys, gates, ph, P, Q)
     hm = np.empty((max(1, B), u), dt)
