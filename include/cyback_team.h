@@ -21,10 +21,11 @@
  * 200-300 us of single-threaded steps) starts a new run, since the team
  * would be asleep again by the next op.
  *
- * Both rules are off while other processes take our cores: a team thread
- * then waits for a time slice, and the more regions a call has the more such
- * waits (demo training with a busy loop on one core: 1.30x the best fixed
- * thread count with the rules, 1.15x without). Preemptions tell: the
+ * Both rules are off while other processes take our cores, and the cutoff
+ * rises (cb_team_busy_factor): a team thread then waits for a time slice,
+ * and the more regions a call has the more such waits (demo training with a
+ * busy loop on one core: 1.30x the best fixed thread count with the rules,
+ * 1.15x without). Preemptions tell: the
  * process's involuntary context switches (getrusage) ran at 24-31/s on an
  * idle 2-core VM and 1650-1900/s with a busy loop on one core, in bursts at
  * the scheduler's slice boundaries; sampled every 50 ms (10 ms windows held
@@ -83,6 +84,15 @@ static inline int cb_team_host_busy(double now) {
     return now < cb_team_busy_until;
 }
 
+/* While the host is busy, only work from this many times the cutoff takes the
+ * team: each region waits for the thread that shares its core with another
+ * process, up to a time slice, so medium ops run faster alone. The demo's
+ * training with a busy loop on one core (2-core VM, default against the best
+ * fixed thread count, alternated with the plain cutoff in the same window):
+ * 1.04 and 1.04x against 1.06 and 1.24x; the conv workload's large ops (58 MB
+ * moved) keep the team. */
+static double cb_team_busy_factor = 16.0;
+
 static inline int cb_team_threads_for(double work) {
     int n = cb_get_max_threads();
     double cutoff = cb_parallel_min_work(), now;
@@ -93,10 +103,15 @@ static inline int cb_team_threads_for(double work) {
     dense = now - cb_team_op_end < cb_team_warm_seconds;
     cb_team_demand = (dense ? cb_team_demand : 0.0) + work;
     cb_team_op_end = now;
+    if (cb_team_host_busy(now)) {
+        if (work < cb_team_busy_factor * cutoff) return 1;
+        cb_team_last = now;
+        return n;
+    }
     /* With no spin (OMP_WAIT_POLICY=PASSIVE alone) the warm window is 0 and
      * every region wakes a sleeping team: only work above the cutoff pays. */
-    if (work >= cutoff || ((cb_team_demand >= cutoff ||
-            (dense && now - cb_team_last < cb_team_warm_seconds)) && !cb_team_host_busy(now))) {
+    if (work >= cutoff || cb_team_demand >= cutoff ||
+            (dense && now - cb_team_last < cb_team_warm_seconds)) {
         cb_team_last = now;
         return n;
     }

@@ -9,6 +9,7 @@ from cyback.kernels._omp cimport (cb_get_max_threads, cb_openmp_enabled, cb_para
 cdef extern from "cyback_team.h" nogil:
     double cb_team_warm_seconds
     double cb_team_busy_switches
+    double cb_team_busy_factor
     int cb_team_host_busy_now()
     int cb_team_threads_for(double work)
     void cb_team_done(int threads)
@@ -73,8 +74,19 @@ def team_rest():
 def host_busy():
     """Whether other processes preempt this one (involuntary context switches
     above the busy rate over the last sample): the team then takes only work
-    above the cutoff."""
+    from set_busy_work_factor times the cutoff."""
     return bool(cb_team_host_busy_now())
+
+
+def set_busy_work_factor(factor):
+    """While the host is busy only work from ``factor`` times the cutoff takes
+    the team (tests and benchmarks; the default is 16, 1 gives the cutoff)."""
+    global cb_team_busy_factor
+    cb_team_busy_factor = max(0.0, float(factor))
+
+
+def get_busy_work_factor():
+    return cb_team_busy_factor
 
 
 def set_busy_rate(switches_per_second):

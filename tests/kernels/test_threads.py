@@ -171,14 +171,17 @@ def test_team_rules_off_without_spin():
 @needs_openmp
 def test_team_rules_off_on_a_busy_host():
     # busy rate below zero: every sample counts as busy (a first sample does not)
-    # and a busy sample holds for half a second after the rate drops
+    # and a busy sample holds for half a second after the rate drops; while
+    # busy only work from 16 cutoffs takes the team (set_busy_work_factor)
     body = ("r.host_busy(); time.sleep(0.06)\n"
             "out += [int(r.host_busy())] + [r.team_threads(3e5) for _ in range(6)]\n"
+            "out += [r.team_threads(2e6), r.team_threads(1.5e7), r.team_threads(1.6e7)]\n"
+            "r.set_busy_work_factor(1)\n"
             "out.append(r.team_threads(2e6))\n"
             "r.set_busy_rate(1e12); time.sleep(0.06)\n"
             "out.append(int(r.host_busy())); time.sleep(0.6)\n"
             "out.append(int(r.host_busy()))")
-    assert _team(body, busy=-1.0) == [1] + [1] * 6 + [2, 1, 0]
+    assert _team(body, busy=-1.0) == [1] + [1] * 6 + [1, 1, 2, 2, 1, 0]
 
 
 @needs_openmp
