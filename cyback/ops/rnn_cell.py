@@ -22,10 +22,10 @@ GATES = {"lstm": 4, "gru": 3, "simple": 1}
 
 #: Batches from this size on project x inside the LSTM or GRU kernel's
 #: steps, each thread its own rows (kernels.rnn_cell.lstm_forward_projected,
-#: gru_forward_projected); smaller
-#: ones take the separate product first. 2 threads, alternated, separate /
-#: inside: batch 8 1.16x (64 units) and 1.49x (36), batch 32 1.04x (128)
-#: and 1.15x (36); batch 1 0.87x, 3 0.77x, 6 0.85x (128: the units split).
+#: gru_forward_projected); smaller ones take the separate product first.
+#: LSTM kernel, 2 threads, alternated, separate / inside: batch 8 1.16x (64
+#: units) and 1.49x (36), batch 32 1.04x (128) and 1.15x (36); batch 1
+#: 0.87x, 3 0.77x, 6 0.85x (128 units: the units split).
 _PROJECT_MIN_ROWS = 8
 _PRODUCT = TensorDot((2,), (0,))
 
