@@ -346,13 +346,14 @@ cdef struct Split:
 
 # ------------------------------------------------------------------ projection inside the steps
 #
-# An LSTM's input projection zx = x @ W + b is a product over all steps
-# before the loop; on the row blocks each thread then reads its rows of zx
-# from wherever the product's threads wrote them, and a 2-core VM moved
-# 256 kB between cores at ~6 GB/s (40 us more than reading its own). With
-# a Proj, each thread projects its own rows at the start of each step into
-# a one-step ring of zx instead (lstm_forward_projected): x, W and the
-# ring stay in its cache, and zx over all steps is never written.
+# An LSTM's or GRU's input projection zx = x @ W + b is a product over all
+# steps before the loop; on the row blocks each thread then reads its rows
+# of zx from wherever the product's threads wrote them, and a 2-core VM
+# moved 256 kB between cores at ~6 GB/s (40 us more than reading its own).
+# With a Proj, each thread projects its own rows at the start of each step
+# into a one-step ring of zx instead (lstm_forward_projected,
+# gru_forward_projected): x, W and the ring stay in its cache, and zx over
+# all steps is never written.
 
 
 cdef struct Proj:

@@ -251,10 +251,11 @@ class FusedRecurrent(Op):
             changed = True
         if not changed:
             return None
-        parts = {p for name in list(roles) + (["zx"] if absorbed else [])
-                 for p in self._parts(name)}
-        if absorbed and "zx" in self.roles:
-            parts.add("zx")
+        # the roles replaced: joined ones' parts, and zx (whole or in parts)
+        # when the projection went in
+        replaced = list(roles) + (["zx"] if absorbed else [])
+        parts = {p for name in replaced for p in self._parts(name)}
+        parts.update(name for name in replaced if name in self.roles)
         drop = {self.roles[p] for p in parts}
         if any(k in drop for r, k in self.roles.items() if r not in parts):
             return None     # an input read as a part and as something else
