@@ -35,6 +35,7 @@ Activation codes: 0 tanh, 1 sigmoid, 2 hard_sigmoid, 3 linear.
 """
 import numpy as np
 cimport cython
+cimport numpy as cnp
 from cython.parallel cimport parallel, prange
 from libc.string cimport memcpy, memset
 
@@ -45,6 +46,8 @@ from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, chec
 from cyback.kernels._omp cimport cb_get_num_threads, cb_get_thread_num
 from cyback.kernels.runtime cimport threads_for
 from cyback.kernels.runtime import host_busy
+
+cnp.import_array()
 
 ACTIVATIONS = {"tanh": 0, "sigmoid": 1, "hard_sigmoid": 2, "linear": 3}
 
@@ -154,7 +157,7 @@ _TUNE = {"packed": True, "gemv_max_rows": 2, "split_max_rows": 6,
 # for the others and opens the split there (0: alone only until they arrive).
 
 
-def _recurrent_operand(R, Py_ssize_t B, bint trans, Py_ssize_t FB=0):
+cpdef tuple _recurrent_operand(R, Py_ssize_t B, bint trans, Py_ssize_t FB=0):
     """(packed R, or R^T with ``trans``, and its block width) for a batch of
     B rows, or (None, 0) where the rows go to GEMV or BLAS. FB: the block
     width to pack in (0: the kernel set's width for R's columns)."""
@@ -165,8 +168,9 @@ def _recurrent_operand(R, Py_ssize_t B, bint trans, Py_ssize_t FB=0):
 
 
 cdef const void* _address(arr):
-    # the data of a C-contiguous array the caller keeps alive, or NULL for None
-    return NULL if arr is None else <const void*><size_t>arr.ctypes.data
+    # the data of a C-contiguous ndarray the caller keeps alive, or NULL for
+    # None (not arr.ctypes: a microsecond per call at batch 1)
+    return NULL if arr is None else cnp.PyArray_DATA(<cnp.ndarray?>arr)
 
 
 cdef inline void _packed_product(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, const floating *h,
@@ -444,7 +448,8 @@ cdef inline void _step_meet(Split *sp, Py_ssize_t t) noexcept nogil:
     cb_step_sync(sp.counts, sp.tid, sp.nth, 2 * t + 1)
 
 
-def _split_threads(Py_ssize_t T, Py_ssize_t B, Py_ssize_t u, Py_ssize_t G, Py_ssize_t itemsize):
+cpdef int _split_threads(Py_ssize_t T, Py_ssize_t B, Py_ssize_t u, Py_ssize_t G,
+                         Py_ssize_t itemsize) except -1:
     """Threads for a units split of a forward sequence, or 1 (row blocks):
     a few rows (_TUNE["split_max_rows"]), a recurrent kernel too large for
     a core's L1 cache (_TUNE["split_min_bytes"]), at least 16 units per
@@ -691,7 +696,7 @@ cdef void _lstm_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floati
 _LANES = {}
 
 
-def _gate_lanes(dt, Py_ssize_t u, kinds):
+cpdef _gate_lanes(dt, Py_ssize_t u, tuple kinds):
     """For float32 gates whose activations are all tanh or sigmoid, the per-lane
     factors of cb_act_lanes_f (include/cyback_act.h) for gates of u units
     with these activation codes (a tuple), in order; None otherwise (the
@@ -701,6 +706,10 @@ def _gate_lanes(dt, Py_ssize_t u, kinds):
         return _LANES[key]
     except KeyError:
         pass
+    return _new_gate_lanes(key, dt, u, kinds)
+
+
+def _new_gate_lanes(key, dt, Py_ssize_t u, kinds):
     lanes = None
     if dt == np.float32 and all(k in (0, 1) for k in kinds):
         tanh = np.repeat(np.array([k == 0 for k in kinds]), u)
@@ -771,7 +780,7 @@ cdef tuple _proj_setup(Proj *pj, x, W, xb, Py_ssize_t B, Py_ssize_t G, dt, fname
     pj.st, pj.sb = x.strides[0] // isz, x.strides[1] // isz
     pj.width, pj.T = x.shape[2], x.shape[0]
     pj.W, pj.FB, pj.b = _address(packed), FB, _address(xb)
-    pj.scratch = <void*><size_t>scratch.ctypes.data
+    pj.scratch = cnp.PyArray_DATA(scratch)
     return x, packed, xb, scratch
 
 
@@ -801,16 +810,20 @@ cdef tuple _lstm_run(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
         raise ValueError("%s: shapes zx %s, h0 %s, c0 %s, y0 %s, R %s do not agree"
                          % (fname, np.shape(zx), np.shape(h0), np.shape(c0), np.shape(y0),
                             np.shape(R)))
-    cdef floating[:, :, ::1] hs = _steps(keep, 2, T, B, u, dt)
-    cdef floating[:, :, ::1] cs = _steps(keep, 2, T, B, u, dt)
-    cdef floating[:, :, ::1] ys = np.empty((T, B, u), dt)
-    cdef floating[:, :, ::1] gates = _steps(keep, 1, T, B, 4 * u, dt)
+    # the arrays returned, and their views for the kernels (np.asarray of a
+    # view would build a new array through the buffer protocol)
+    hs_a, cs_a = _steps(keep, 2, T, B, u, dt), _steps(keep, 2, T, B, u, dt)
+    ys_a, gates_a = _empty3(T, B, u, dt), _steps(keep, 1, T, B, 4 * u, dt)
+    cdef floating[:, :, ::1] hs = hs_a
+    cdef floating[:, :, ::1] cs = cs_a
+    cdef floating[:, :, ::1] ys = ys_a
+    cdef floating[:, :, ::1] gates = gates_a
     cdef floating[:, ::1] hm
     cdef floating[::1] wsplit, hsplit
     cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
     cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
     cdef Py_ssize_t FB, ps
-    cdef int nsplit = _split_threads(T, B, u, 4, np.dtype(dt).itemsize)
+    cdef int nsplit = _split_threads(T, B, u, 4, sizeof(floating))
     cdef cb_intr intr
     cb_intr_init(&intr)
     cdef const floating *Wfull
@@ -831,7 +844,7 @@ cdef tuple _lstm_run(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                             rmask is not None, mask is not None, act, ract, hs, cs, ys, gates,
                             &hsplit[0], keep, lead, lanes, &intr)
         check_interrupt(&intr)
-        return np.asarray(hs), np.asarray(cs), np.asarray(ys), np.asarray(gates)
+        return hs_a, cs_a, ys_a, gates_a
     hm = np.empty((max(1, B), u), dt)
     packed, FB = _recurrent_operand(R, B, False)
     cdef const floating *Wp = <const floating*>_address(packed)
@@ -839,7 +852,7 @@ cdef tuple _lstm_run(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
         _lstm_fwd(zx, h0, c0, y0, R, Wp, FB, rm, mk, rmask is not None, mask is not None, act, ract,
                   hs, cs, ys, gates, hm, keep, lanes, pj, &intr)
     check_interrupt(&intr)
-    return np.asarray(hs), np.asarray(cs), np.asarray(ys), np.asarray(gates)
+    return hs_a, cs_a, ys_a, gates_a
 
 
 @cython.boundscheck(False)
@@ -1023,9 +1036,11 @@ def simple_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
             or y0.shape[0] != B or y0.shape[1] != u:
         raise ValueError("simple_forward: shapes zx %s, h0 %s, y0 %s, R %s do not agree"
                          % (np.shape(zx), np.shape(h0), np.shape(y0), np.shape(R)))
-    cdef floating[:, :, ::1] hs = _steps(keep, 2, T, B, u, dt)
-    cdef floating[:, :, ::1] ys = np.empty((T, B, u), dt)
-    cdef floating[:, :, ::1] pre = _steps(keep, 1, T, B, u, dt)
+    hs_a, ys_a, pre_a = _steps(keep, 2, T, B, u, dt), _empty3(T, B, u, dt), \
+        _steps(keep, 1, T, B, u, dt)
+    cdef floating[:, :, ::1] hs = hs_a
+    cdef floating[:, :, ::1] ys = ys_a
+    cdef floating[:, :, ::1] pre = pre_a
     cdef floating[:, ::1] hm = np.empty((B, u), dt)
     cdef const floating[:, ::1] rm = _rmask(rmask, B, u, dt)
     cdef const unsigned char[:, ::1] mk = _mask(mask, T, B)
@@ -1038,7 +1053,7 @@ def simple_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
         _simple_fwd(zx, h0, y0, R, Wp, FB, rm, mk, rmask is not None, mask is not None, act,
                     hs, ys, pre, hm, keep, &intr)
     check_interrupt(&intr)
-    return np.asarray(hs), np.asarray(ys), np.asarray(pre)
+    return hs_a, ys_a, pre_a
 
 
 @cython.boundscheck(False)
@@ -1165,10 +1180,19 @@ def _gemm_tn(const floating[:, ::1] a, const floating[:, ::1] b, floating[:, ::1
                  <int>n)
 
 
-def _steps(bint keep, Py_ssize_t ring, Py_ssize_t T, Py_ssize_t B, Py_ssize_t width, dt):
+cdef cnp.ndarray _steps(bint keep, Py_ssize_t ring, Py_ssize_t T, Py_ssize_t B,
+                       Py_ssize_t width, dt):
     """A (T, B, width) record of every step, or with ``keep`` off a ring of
     ``ring`` steps."""
-    return np.empty((T if keep else ring, B, width), dt)
+    return _empty3(T if keep else ring, B, width, dt)
+
+
+cdef inline cnp.ndarray _empty3(Py_ssize_t a, Py_ssize_t b, Py_ssize_t c, dt):
+    # np.empty((a, b, c), dt) without its argument parsing (0.4 of the
+    # microseconds a batch-1 call spends around its kernel)
+    cdef cnp.npy_intp dims[3]
+    dims[0], dims[1], dims[2] = a, b, c
+    return cnp.PyArray_EMPTY(3, dims, cnp.NPY_FLOAT if dt is np.float32 else cnp.NPY_DOUBLE, 0)
 
 
 def _absent(dt, _made={}):
@@ -1182,13 +1206,13 @@ def _absent(dt, _made={}):
     return a
 
 
-def _rmask(rmask, B, u, dt):
+cpdef _rmask(rmask, B, u, dt):
     if rmask is None:
         return _absent(dt)
     return np.array(np.broadcast_to(rmask, (B, u)), dtype=dt, order="C")
 
 
-def _mask(mask, T, B):
+cpdef _mask(mask, T, B):
     if mask is None:
         return _absent(np.uint8)
     return np.ascontiguousarray(np.broadcast_to(mask, (T, B)), dtype=np.uint8)
@@ -1415,7 +1439,7 @@ def _gru_check(name, zx, h0, y0, R, Rh, rb, bint reset_after):
                                                reset_after))
 
 
-def _candidate_operand(Rh, Py_ssize_t B, bint trans, dt, Py_ssize_t FB):
+cpdef tuple _candidate_operand(Rh, Py_ssize_t B, bint trans, dt, Py_ssize_t FB):
     """The GRU's candidate kernel Rh as a contiguous array (a 1x1 stand-in
     with ``reset_after``, which has none) and its packed form for the
     per-step product, or None (see _recurrent_operand), in R's block width FB:
@@ -1430,7 +1454,7 @@ def _gru_forward_split(int nsplit, const floating[:, :, ::1] zx, const floating[
                        floating[:, :, ::1] hs, floating[:, :, ::1] ys,
                        floating[:, :, ::1] gates, floating[:, :, ::1] ph, floating[:, ::1] P,
                        floating[:, ::1] Q):
-    """gru_forward's units split."""
+    """gru_forward's units split, into hs, ys, gates and ph."""
     dt = np.float32 if floating is float else np.float64
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = h0.shape[1]
     cdef floating[::1] wsplit, hsplit
@@ -1454,7 +1478,6 @@ def _gru_forward_split(int nsplit, const floating[:, :, ::1] zx, const floating[
                        mix_masked, act, ract, hs, ys, gates, ph, &hsplit[0], P, Q, keep, lead,
                        &intr)
     check_interrupt(&intr)
-    return np.asarray(hs), np.asarray(ys), np.asarray(gates), np.asarray(ph)
 
 
 def gru_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
@@ -1488,21 +1511,24 @@ cdef tuple _gru_run(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     dt = np.float32 if floating is float else np.float64
     _gru_check(fname, zx, h0, y0, R, Rh, rb, reset_after)
     cdef Py_ssize_t T = pj.T if pj != NULL else zx.shape[0], B = zx.shape[1], u = h0.shape[1]
-    cdef floating[:, :, ::1] hs = _steps(keep, 2, T, B, u, dt)
-    cdef floating[:, :, ::1] ys = np.empty((T, B, u), dt)
-    cdef floating[:, :, ::1] gates = _steps(keep, 1, T, B, 3 * u, dt)
-    cdef floating[:, :, ::1] ph = _steps(keep, 1, T, B, u, dt) if reset_after else \
-        np.zeros((1, 1, 1), dt)
+    hs_a, ys_a, gates_a = _steps(keep, 2, T, B, u, dt), _empty3(T, B, u, dt), \
+        _steps(keep, 1, T, B, 3 * u, dt)
+    ph_a = _steps(keep, 1, T, B, u, dt) if reset_after else np.zeros((1, 1, 1), dt)
+    cdef floating[:, :, ::1] hs = hs_a
+    cdef floating[:, :, ::1] ys = ys_a
+    cdef floating[:, :, ::1] gates = gates_a
+    cdef floating[:, :, ::1] ph = ph_a
     cdef floating[:, ::1] hm
     cdef floating[:, ::1] P = np.empty((B, R.shape[1]), dt)
     cdef floating[:, ::1] Q = np.empty((B, u), dt)
     cdef Py_ssize_t FB
-    cdef int nsplit = _split_threads(T, B, u, 3, np.dtype(dt).itemsize)
+    cdef int nsplit = _split_threads(T, B, u, 3, sizeof(floating))
     if nsplit > 1:
         if pj != NULL:
             zx = _projected_whole(pj, zx)
-        return _gru_forward_split(nsplit, zx, h0, y0, R, Rh, rb, rmask, mask, reset_after,
-                                  mix_masked, act, ract, keep, hs, ys, gates, ph, P, Q)
+        _gru_forward_split(nsplit, zx, h0, y0, R, Rh, rb, rmask, mask, reset_after,
+                           mix_masked, act, ract, keep, hs, ys, gates, ph, P, Q)
+        return hs_a, ys_a, gates_a, ph_a
     hm = np.empty((max(1, B), u), dt)
     packed, FB = _recurrent_operand(R, B, False)
     rh_arr, packed_h = _candidate_operand(Rh, B, False, dt, FB)
@@ -1520,7 +1546,7 @@ cdef tuple _gru_run(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                  mask is not None, reset_after, mix_masked, act, ract, hs, ys, gates, ph, hm, P,
                  Q, keep, pj, &intr)
     check_interrupt(&intr)
-    return np.asarray(hs), np.asarray(ys), np.asarray(gates), np.asarray(ph)
+    return hs_a, ys_a, gates_a, ph_a
 
 
 @cython.boundscheck(False)
