@@ -242,12 +242,16 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
     for i, (op, ins, outs) in enumerate(steps):
         fname = "f%d" % i
         needed = tuple(o in last_use or o in keep for o in outs)
-        ns[fname] = op.compute_for(needed) if hasattr(op, "compute_for") else op.compute
-        outs_src = ", ".join(name_of(o) if n else "_" for o, n in zip(outs, needed))
         step_lines[len(lines) + 1] = op
-        # The comment names the op in tracebacks (see _annotate).
-        args_src = ", ".join(name_of(x) for x in ins)
-        lines.append("    %s, = %s(%s)  # %s" % (outs_src, fname, args_src, _op_label(op)))
+        inline = _inline_step(op, ins, outs, ns, name_of)
+        if inline is not None:
+            lines.append("    %s = %s  # %s" % (name_of(outs[0]), inline, _op_label(op)))
+        else:
+            ns[fname] = op.compute_for(needed) if hasattr(op, "compute_for") else op.compute
+            outs_src = ", ".join(name_of(o) if n else "_" for o, n in zip(outs, needed))
+            # The comment names the op in tracebacks (see _annotate).
+            args_src = ", ".join(name_of(x) for x in ins)
+            lines.append("    %s, = %s(%s)  # %s" % (outs_src, fname, args_src, _op_label(op)))
         dead = [name_of(x) for x in dict.fromkeys(ins)
                 if last_use.get(x) == i and x not in keep and type(x) is not Constant]
         if dead:
@@ -270,6 +274,17 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
     filename = "<cyback function %s #%d>" % (name or "", next(_plan_ids))
     exec(compile(src, filename, "exec"), ns)
     return _Plan(ns["run"], feed_slots, variables, step_lines, steps, src)
+
+
+def _inline_step(op, ins, outs, ns, name_of):
+    """The source computing the step's one output in the plan itself, for ops
+    whose ``inline_src`` is exactly their compute (``inline_in_plan``; see
+    graph/op.py), or None. Never for a 0-d result, which NumPy returns as a
+    scalar."""
+    if not getattr(op, "inline_in_plan", False) or len(outs) != 1 or outs[0].ndim == 0:
+        return None
+    made = op.inline_src(ins, outs, ns, [name_of(x) for x in ins])
+    return None if made is None else made[0]
 
 
 def _freeze(steps, targets):

@@ -49,7 +49,11 @@ Loops (``ops/scan.py``: ``scan_trace``, ``scan_program``, ``scan_backward``):
   at once on time-major stacks of its ``variant`` inputs, or None (hoisting
   ``x_t @ W`` out of an RNN loop).
 - ``inline_src(inputs, outputs, ns, args)``: ``(source, multiply-adds, takes
-  out=)`` for a direct NumPy call inside a generated loop, or None.
+  out=)`` for a direct NumPy call inside a generated loop, or None. Where the
+  class also sets ``inline_in_plan = True``, the source gives exactly what
+  ``compute`` returns (for results of one or more dimensions), and a compiled
+  function's plan runs it in place of the call (graph/function.py): views
+  and fills at batch 1 cost more in the call than in NumPy.
 - ``shape_only_inputs`` (class tuple): inputs read only for their shape, so
   a reverse loop needs no per-step record of them.
 - ``addends(inputs)``: the terms the op adds up (``Binary('add')``), or None:

@@ -551,6 +551,7 @@ class Fill(Op):
 
     api = "ones_like"
     shape_only_inputs = (0,)
+    inline_in_plan = True
 
     def __init__(self, value, dtype, dims=None):
         self.value = value
@@ -577,6 +578,21 @@ class Fill(Op):
             # take a third of np.full's time there
             return (np.zeros(shape, self.dtype),)
         return (np.full(shape, self.value, dtype=self.dtype),)
+
+    def inline_src(self, ins, outs, ns, args):
+        like = args[0]
+        if self.dims is None:
+            shape = "%s.shape" % like
+        else:
+            shape = "(%s)" % "".join(
+                "%d, " % f if a is None else "%s.shape[%d] * %d, " % (like, a, f)
+                for a, f in self.dims)
+        key = "fill%d" % len(ns)
+        ns[key] = (np.dtype(self.dtype), self.value)
+        ns["np_zeros"], ns["np_full"] = np.zeros, np.full
+        if self.value == 0:
+            return "np_zeros(%s, %s[0])" % (shape, key), None, False
+        return "np_full(%s, %s[1], dtype=%s[0])" % (shape, key, key), None, False
 
 
 def as_fill(t, ctx):

@@ -351,6 +351,7 @@ class Squeeze(Op):
 
 class BatchFlatten(Op):
     api = "batch_flatten"
+    inline_in_plan = True
 
     def infer(self, x):
         rest = x.shape[1:]
@@ -362,6 +363,11 @@ class BatchFlatten(Op):
     def compute(self, x):
         # Reshape with an explicit inner size: (0, -1) is ambiguous to NumPy.
         return (x.reshape(x.shape[0], math.prod(x.shape[1:])),)
+
+    def inline_src(self, ins, outs, ns, args):
+        ns["math_prod"] = math.prod
+        return "%s.reshape(%s.shape[0], math_prod(%s.shape[1:]))" % (args[0], args[0],
+                                                                     args[0]), None, False
 
     def grad(self, inputs, outputs, grads):
         return [reshape_like(grads[0], inputs[0])]

@@ -380,6 +380,7 @@ class ExpandTo(Op):
 
 class Transpose(Op):
     api = "permute_dimensions"
+    inline_in_plan = True
 
     def __init__(self, perm):
         self.perm = perm
@@ -480,6 +481,7 @@ def _slice_len(n, start, stop, step):
 
 class GetItem(Op):
     api = "__getitem__"
+    inline_in_plan = True
 
     def __init__(self, spec):
         self.spec = spec

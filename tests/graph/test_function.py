@@ -375,3 +375,64 @@ def test_per_call_overhead_is_measured(capsys):
     us = (time.perf_counter() - t0) / n * 1e6
     with capsys.disabled():
         print("\n[overhead] function([x], [x + 1]) on (1, 8): %.2f us per call" % us)
+
+
+# ------------------------------------------------------------ inline steps
+
+def _inline_case():
+    x = K.placeholder((None, 3, 4), name="x")
+    outs = [K.permute_dimensions(x, (1, 0, 2))[1],      # Transpose, then GetItem
+            K.ones_like(x),                              # Fill (non-zero)
+            K.zeros_like(x),                             # Fill (zeros)
+            K.batch_flatten(x)]                          # BatchFlatten
+    return x, outs
+
+
+@pytest.mark.parametrize("optimize", [True, False])
+@pytest.mark.parametrize("batch", [0, 1, 5])
+def test_views_and_fills_run_inline_in_the_plan(optimize, batch):
+    # Steps whose ops set inline_in_plan run as source in the plan (no call
+    # of their compute), with compute's values, dtypes and shapes.
+    K.set_graph_optimizer(optimize)
+    try:
+        x, outs = _inline_case()
+        f = K.function([x], outs)
+        xv = np.arange(batch * 12, dtype=np.float32).reshape(batch, 3, 4)
+        got = f([xv])
+        src = f._plan(0).src
+    finally:
+        K.set_graph_optimizer(True)
+    for piece in ("np_transpose(", "np_full(", "np_zeros(", "math_prod("):
+        assert piece in src
+    for line in src.splitlines():
+        if any(op in line for op in ("(Transpose)", "(GetItem)", "(Fill)", "(BatchFlatten)")):
+            assert ", = f" not in line, line
+    want = [xv.transpose(1, 0, 2)[1], np.ones_like(xv), np.zeros_like(xv),
+            xv.reshape(batch, 12)]
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)
+
+
+def test_inline_step_failure_names_the_op():
+    x = K.placeholder((None, 3), name="x")
+    f = K.function([x], [x[4] * 2])
+    with pytest.raises(IndexError, match="__getitem__"):
+        f([np.ones((2, 3), np.float32)])
+
+
+def test_fill_with_dims_inline_matches_compute():
+    # The zero initial state Keras builds for an RNN becomes a Fill of the
+    # input's batch and the units; the inline source computes the same.
+    from cyback.graph.tensor import Constant
+    from cyback.ops.elementwise import Fill
+    like = np.ones((3, 7, 2), np.float32)
+    for value, dims in [(0, ((0, 1), (None, 36))), (2.5, ((1, 2), (0, 1))), (1, None)]:
+        op = Fill(value, "float32", dims)
+        ns = {}
+        src, _, _ = op.inline_src([Constant(like)], None, ns, ["like"])
+        ns["like"] = like
+        got = eval(src, ns)
+        want = op.compute(like)[0]
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
