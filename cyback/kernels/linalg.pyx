@@ -148,6 +148,19 @@ def matmul(a, b, bias=None):
 DENSE_MAX_ROWS = 4
 DENSE_MAX_WEIGHTS = 32768
 
+cdef extern from "cyback_dense_t.h" nogil:
+    int cb_simd_use_avx2(int on)
+    int cb_simd_use_avx512(int on)
+    void cb_dt_rows_f(const float *x, Py_ssize_t m, Py_ssize_t k, const float *wt, Py_ssize_t n,
+                      const float *b, int act, float *y)
+    void cb_dt_rows_d(const double *x, Py_ssize_t m, Py_ssize_t k, const double *wt,
+                      Py_ssize_t n, const double *b, int act, double *y)
+
+# Products dense_t takes: one row. It reads wt once per row, where a product
+# of several rows reads the kernel once for all (4 rows of (9216, 10): 19.6
+# us against 9.2 for NumPy's).
+DENSE_T_MAX_ROWS = 1
+
 
 cdef void _dense_rows(const floating* x, const floating* w, const floating* b, floating* y,
                       Py_ssize_t m, Py_ssize_t k, Py_ssize_t n, int act) noexcept nogil:
@@ -266,6 +279,59 @@ def dense_rows(x, w, bias=None, int act=0):
     if m > DENSE_MAX_ROWS or k * n > DENSE_MAX_WEIGHTS:
         return None
     return _dense_run(x, w, bias, act, typenum, m, k, n, True)
+
+
+def dense_t(x, wt, bias=None, int act=0):
+    """act(x @ wt.T + bias) for x (m, k) of at most DENSE_T_MAX_ROWS rows (one)
+    and a weight matrix given transposed, wt (n, k); bias (n,) or None, all
+    C-contiguous float32 or all float64; act 0 (none), 1 (relu) or 2
+    (relu6). Each output is a dot product of two contiguous rows
+    (include/cyback_dense_t.h): for a kernel of few columns and many rows
+    (a classifier after a Flatten) that is a vector loop over k, where the
+    (k, n) layout gives rows too short for one. Returns None when the
+    arrays are not of that kind (the caller takes another path)."""
+    if not isinstance(x, cnp.ndarray) or cnp.PyArray_NDIM(<cnp.ndarray> x) != 2:
+        return None
+    cdef int typenum = cnp.PyArray_TYPE(<cnp.ndarray> x)
+    if (typenum != cnp.NPY_FLOAT and typenum != cnp.NPY_DOUBLE) or act < 0 or act > 2 or \
+            not fits_layout(x, typenum) or not fits_layout(wt, typenum) or \
+            cnp.PyArray_NDIM(<cnp.ndarray> wt) != 2:
+        return None
+    cdef Py_ssize_t m = cnp.PyArray_DIM(<cnp.ndarray> x, 0), k = cnp.PyArray_DIM(<cnp.ndarray> x, 1)
+    cdef Py_ssize_t n = cnp.PyArray_DIM(<cnp.ndarray> wt, 0)
+    if m > DENSE_T_MAX_ROWS or cnp.PyArray_DIM(<cnp.ndarray> wt, 1) != k:
+        return None
+    if bias is not None and (not fits_layout(bias, typenum) or
+                             cnp.PyArray_NDIM(<cnp.ndarray> bias) != 1 or
+                             cnp.PyArray_DIM(<cnp.ndarray> bias, 0) != n):
+        return None
+    cdef cnp.npy_intp dims[2]
+    dims[0], dims[1] = m, n
+    cdef cnp.ndarray y = cnp.PyArray_EMPTY(2, dims, typenum, 0)
+    cdef const void* xp = cnp.PyArray_DATA(<cnp.ndarray> x)
+    cdef const void* wp = cnp.PyArray_DATA(<cnp.ndarray> wt)
+    cdef const void* bp = NULL if bias is None else cnp.PyArray_DATA(<cnp.ndarray> bias)
+    cdef void* yp = cnp.PyArray_DATA(y)
+    with nogil:
+        if typenum == cnp.NPY_FLOAT:
+            cb_dt_rows_f(<const float*> xp, m, k, <const float*> wp, n, <const float*> bp, act,
+                         <float*> yp)
+        else:
+            cb_dt_rows_d(<const double*> xp, m, k, <const double*> wp, n, <const double*> bp,
+                         act, <double*> yp)
+    return y
+
+
+def _use_avx2(bint on):
+    """Run dense_t's AVX2 + FMA set when the CPU has it (the default), or the
+    baseline one (for tests). Returns whether AVX2 now runs."""
+    return bool(cb_simd_use_avx2(on))
+
+
+def _use_avx512(bint on):
+    """Let dense_t's AVX-512 set run when the CPU has it (the default), or
+    cap it at AVX2 (for tests). Returns whether AVX-512 now runs."""
+    return bool(cb_simd_use_avx512(on))
 
 
 def dense(x, w, bias=None, int act=0):

@@ -885,3 +885,33 @@ def test_fill_folding_keeps_values(build, folds):
     for n in (1, 3):
         feed = [np.random.rand(n, 5, 3).astype("float32")]
         np.testing.assert_array_equal(f(feed)[0], _run([x], [y], feed, False)[1][0])
+
+
+# ------------------------------------------------- narrow Dense kernels
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("n,narrow", [(10, True), (16, True), (1, True), (17, False)])
+def test_narrow_dense_reads_its_kernel_transposed(dtype, n, narrow):
+    rng = np.random.default_rng(n)
+    x = K.placeholder((None, 300), dtype=dtype)
+    W = K.variable(rng.standard_normal((300, n)), dtype=dtype)
+    b = K.variable(rng.standard_normal(n), dtype=dtype)
+    y = K.relu(K.dot(x, W) + b)
+    feeds = [[rng.standard_normal((batch, 300)).astype(dtype)] for batch in (1, 5, 0)]
+    f, _ = _compare([x], [y], feeds[0], more_feeds=feeds[1:])
+    opt = _steps(f)
+    assert len(opt) == 1 and ("NarrowProduct" in opt[0]) == narrow, opt
+    # a new kernel value reaches the transposed copy
+    K.set_value(W, np.ones((300, n)))
+    got = f([np.ones((1, 300), dtype)])[0]
+    want = np.maximum(300 + K.get_value(b), 0)[None]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_training_plans_keep_the_product():
+    x = K.placeholder((None, 50))
+    W = K.variable(np.ones((50, 4)))
+    step = K.variable(0.0)
+    f = K.function([x], [K.dot(x, W)], updates=[K.update_add(step, 1.0)])
+    assert not any("NarrowProduct" in s for s in _steps(f))
+    np.testing.assert_allclose(f([np.ones((1, 50), np.float32)])[0], np.full((1, 4), 50))

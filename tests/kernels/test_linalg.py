@@ -211,3 +211,77 @@ def test_dense_rows_declines_what_it_does_not_take():
     assert linalg.dense_rows(x[0], w) is None                                   # rank
     assert linalg.dense_rows(x, w, b, 3) is None                                # activation
     assert linalg.dense_rows(x.astype(">f4"), w, b) is None                     # byte order
+
+
+# ---------------------------------------------------------------- dense_t
+
+def _kernel_sets():
+    """(name, setter) for each of dense_t's kernel sets this CPU runs."""
+    sets = [("baseline", lambda: linalg._use_avx2(False))]
+    if linalg._use_avx2(True):
+        sets.append(("avx2", lambda: (linalg._use_avx2(True), linalg._use_avx512(False))))
+    if linalg._use_avx512(True):
+        sets.append(("avx512", lambda: linalg._use_avx512(True)))
+    return sets
+
+
+@pytest.fixture
+def restore_sets():
+    yield
+    linalg._use_avx2(True)
+    linalg._use_avx512(True)
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float32, 2e-5), (np.float64, 1e-12)])
+@pytest.mark.parametrize("act", [0, 1, 2])
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (1, 9216, 10), (1, 64, 10), (1, 33, 4),
+                                   (1, 128, 16), (1, 0, 3), (0, 8, 3), (1, 31, 0),
+                                   (1, 1000, 7)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_dense_t_matches_numpy_on_every_kernel_set(m, k, n, act, dtype, tol, with_bias,
+                                                   restore_sets):
+    rng = np.random.default_rng(m * 100 + k + n)
+    x = (rng.standard_normal((m, k)) * 3).astype(dtype)
+    wt = rng.standard_normal((n, k)).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype) if with_bias else None
+    ref = x.astype(np.float64) @ wt.T.astype(np.float64) + (0 if b is None else b)
+    if act:
+        ref = np.maximum(ref, 0)
+    if act == 2:
+        ref = np.minimum(ref, 6)
+    for name, use in _kernel_sets():
+        use()
+        y = linalg.dense_t(x, wt, b, act)
+        assert y.dtype == dtype and y.shape == (m, n), name
+        np.testing.assert_allclose(y, ref, rtol=tol, atol=tol * max(1, k) ** 0.5 * 4,
+                                   err_msg=name)
+        # the same order of sums at every call
+        np.testing.assert_array_equal(linalg.dense_t(x, wt, b, act), y)
+
+
+def test_dense_t_keeps_nan_and_reads_read_only_weights():
+    wt = np.ones((4, 40), np.float32)
+    wt.flags.writeable = False
+    x = np.ones((1, 40), np.float32)
+    x[0, 37] = np.nan
+    for act in (0, 1, 2):
+        assert np.isnan(linalg.dense_t(x, wt, None, act)).all()
+    np.testing.assert_array_equal(linalg.dense_t(np.ones((1, 40), np.float32), wt, None, 2),
+                                  np.full((1, 4), 6))
+
+
+def test_dense_t_declines_what_it_does_not_take():
+    x = np.ones((1, 8), np.float32)
+    wt = np.ones((4, 8), np.float32)
+    b = np.ones(4, np.float32)
+    assert linalg.dense_t(np.ones((2, 8), np.float32), wt, b) is None           # rows
+    assert linalg.dense_t(x, np.ones((8, 4), np.float32).T) is None              # layout
+    assert linalg.dense_t(x, wt.astype(np.float64), b) is None                  # dtypes
+    assert linalg.dense_t(x.astype(np.float16), wt.astype(np.float16)) is None
+    assert linalg.dense_t(x, wt, np.ones(5, np.float32)) is None                # bias size
+    assert linalg.dense_t(x, np.ones((4, 7), np.float32)) is None               # k
+    assert linalg.dense_t(x[0], wt) is None                                     # rank
+    assert linalg.dense_t(x, wt, b, 3) is None                                  # activation
+    assert linalg.dense_t(x.astype(">f4"), wt, b) is None                       # byte order
+    assert linalg.dense_t(x, wt[:, ::2].copy()) is None                         # k again
+    assert linalg.dense_t(x[:, ::2], wt[:, :4].copy()) is None                  # layout
