@@ -115,9 +115,7 @@ static ptrdiff_t cb_cd_block(int dbl) {
  * AVX-512 set's 2 x 16 floats once F is wider than the AVX2 block (F = 48
  * fills 3/4 of two blocks and still runs 1.5x the AVX2 set's work per
  * instruction; F <= 16 would leave half of one block empty). */
-static ptrdiff_t cb_cd_block_for(int dbl, ptrdiff_t F) {
-    return cb_simd_block(cb_cd_block(dbl), F);
-}
+static ptrdiff_t cb_cd_block_for(int dbl, ptrdiff_t F);
 
 #define CB_CD_COMMON(T, SUF)                                                              \
 /* wp[b][r][kw][c][j] = k[r][kw][c][b*FB + j] (0 past F); bp likewise for bias. */        \
@@ -205,8 +203,8 @@ static double cb_cd_zeros_double[CB_CD_MAX_C];
 #define CB_CD_PIXELS _Pragma("GCC unroll 12") for (p = 0; p < NP; p++)
 
 /* A tile of NP (1 to TM) output pixels from ow on, their NV * NP vectors of
- * sums in registers (NV = 1 or 2 vectors of VL per pixel, a block of NV * VL
- * channels; with NV = 1 every `b` below is dead code); then the epilogue, and
+ * sums in registers (NV = 1, 2 or 4 vectors of VL per pixel, a block of NV * VL
+ * channels; the sums of vectors past NV are dead code); then the epilogue, and
  * the pixels go to y. NP is a constant at every call, so the pixel loops
  * unroll and the sums stay in registers (unrolled by pragma: left to the
  * compiler's passes, the sums went through the stack at each tile's end, 8-16%
@@ -226,11 +224,11 @@ ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const in
     const int run = inside && g->dw == 1;                                                 \
     const ptrdiff_t KW = run ? 1 : g->KW, CK = run ? g->KW * C : C;                       \
     const V zero = (V){0};                                                                \
-    V a[CB_CD_TILE_MAX], b[CB_CD_TILE_MAX];                                               \
+    V a[CB_CD_TILE_MAX], b[CB_CD_TILE_MAX], e[CB_CD_TILE_MAX], d[CB_CD_TILE_MAX];         \
     const T *xk[CB_CD_TILE_MAX];                                                          \
     ptrdiff_t r, kw, c;                                                                   \
     int p;                                                                                \
-    CB_CD_PIXELS a[p] = b[p] = zero;                                                      \
+    CB_CD_PIXELS a[p] = b[p] = e[p] = d[p] = zero;                                        \
     if (offs) {                                                                           \
         /* all K taps in one loop: x0 is the first pixel's first input, offs[t] */       \
         /* tap t's input from there, wp the kernel from that tap on. Each     */          \
@@ -243,12 +241,15 @@ ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const in
         CB_CD_PIXELS { xk[p] = x0 + p * sC; CB_CD_OPAQUE(xk[p]); }                        \
         for (c = 0; c < K; c++) {                                                         \
             const V w0 = *(const V *)(wp + c * NV * VL);                                  \
-            const V w1 = NV == 2 ? *(const V *)(wp + c * NV * VL + VL) : zero;            \
+            const V w1 = NV >= 2 ? *(const V *)(wp + c * NV * VL + VL) : zero;            \
+            const V w2 = NV == 4 ? *(const V *)(wp + c * NV * VL + 2 * VL) : zero;        \
+            const V w3 = NV == 4 ? *(const V *)(wp + c * NV * VL + 3 * VL) : zero;        \
             const ptrdiff_t o = offs[c];                                                  \
             CB_CD_PIXELS {                                                                \
                 const T x = xk[p][o];                                                     \
                 a[p] += x * w0;                                                           \
-                if (NV == 2) b[p] += x * w1;                                              \
+                if (NV >= 2) b[p] += x * w1;                                              \
+                if (NV == 4) { e[p] += x * w2; d[p] += x * w3; }                          \
             }                                                                             \
         }                                                                                 \
     } else                                                                                \
@@ -265,11 +266,14 @@ ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const in
             }                                                                             \
             for (c = 0; c < CK; c++) {                                                    \
                 const V w0 = *(const V *)(wk + c * NV * VL);                              \
-                const V w1 = NV == 2 ? *(const V *)(wk + c * NV * VL + VL) : zero;        \
+                const V w1 = NV >= 2 ? *(const V *)(wk + c * NV * VL + VL) : zero;        \
+                const V w2 = NV == 4 ? *(const V *)(wk + c * NV * VL + 2 * VL) : zero;    \
+                const V w3 = NV == 4 ? *(const V *)(wk + c * NV * VL + 3 * VL) : zero;    \
                 CB_CD_PIXELS {                                                            \
                     const T x = xk[p][c];                                                 \
                     a[p] += x * w0;                                                       \
-                    if (NV == 2) b[p] += x * w1;                                          \
+                    if (NV >= 2) b[p] += x * w1;                                          \
+                    if (NV == 4) { e[p] += x * w2; d[p] += x * w3; }                      \
                 }                                                                         \
             }                                                                             \
         }                                                                                 \
@@ -278,36 +282,56 @@ ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const in
     /* they unroll, and the sums stay in registers (one loop with all the    */          \
     /* steps' branches had them stored and reloaded).                        */          \
     if (bp) {                                                                             \
-        const V bv0 = *(const V *)bp, bv1 = NV == 2 ? *(const V *)(bp + VL) : zero;       \
-        CB_CD_PIXELS { a[p] += bv0; if (NV == 2) b[p] += bv1; }                           \
+        const V bv0 = *(const V *)bp, bv1 = NV >= 2 ? *(const V *)(bp + VL) : zero;       \
+        const V bv2 = NV == 4 ? *(const V *)(bp + 2 * VL) : zero;                         \
+        const V bv3 = NV == 4 ? *(const V *)(bp + 3 * VL) : zero;                         \
+        CB_CD_PIXELS {                                                                    \
+            a[p] += bv0;                                                                  \
+            if (NV >= 2) b[p] += bv1;                                                     \
+            if (NV == 4) { e[p] += bv2; d[p] += bv3; }                                    \
+        }                                                                                 \
     }                                                                                     \
     if (res) {                                                                            \
         const T *rs = res + ow * ys;                                                      \
         if (nf == NV * VL)                                                                \
             CB_CD_PIXELS {                                                                \
                 a[p] += *(const V *)(rs + p * ys);                                        \
-                if (NV == 2) b[p] += *(const V *)(rs + p * ys + VL);                      \
+                if (NV >= 2) b[p] += *(const V *)(rs + p * ys + VL);                      \
+                if (NV == 4) {                                                            \
+                    e[p] += *(const V *)(rs + p * ys + 2 * VL);                           \
+                    d[p] += *(const V *)(rs + p * ys + 3 * VL);                           \
+                }                                                                         \
             }                                                                             \
         else                                                                              \
             CB_CD_PIXELS {                                                                \
                 T tr[NV * VL] = {0};                                                      \
                 memcpy(tr, rs + p * ys, nf * sizeof(T));                                  \
                 a[p] += *(const V *)tr;                                                   \
-                if (NV == 2) b[p] += *(const V *)(tr + VL);                               \
+                if (NV >= 2) b[p] += *(const V *)(tr + VL);                               \
+                if (NV == 4) { e[p] += *(const V *)(tr + 2 * VL); d[p] += *(const V *)(tr + 3 * VL); } \
             }                                                                             \
     }                                                                                     \
     if (act != CB_ACT_NONE)                                                               \
-        CB_CD_PIXELS { CB_VACT(a[p], act); if (NV == 2) CB_VACT(b[p], act); }            \
+        CB_CD_PIXELS {                                                                    \
+            CB_VACT(a[p], act);                                                           \
+            if (NV >= 2) CB_VACT(b[p], act);                                              \
+            if (NV == 4) { CB_VACT(e[p], act); CB_VACT(d[p], act); }                      \
+        }                                                                                 \
     if (nf == NV * VL)                                                                    \
         CB_CD_PIXELS {                                                                    \
             *(V *)(y + (ow + p) * ys) = a[p];                                             \
-            if (NV == 2) *(V *)(y + (ow + p) * ys + VL) = b[p];                           \
+            if (NV >= 2) *(V *)(y + (ow + p) * ys + VL) = b[p];                           \
+            if (NV == 4) {                                                                \
+                *(V *)(y + (ow + p) * ys + 2 * VL) = e[p];                                \
+                *(V *)(y + (ow + p) * ys + 3 * VL) = d[p];                                \
+            }                                                                             \
         }                                                                                 \
     else                                                                                  \
         CB_CD_PIXELS {                                                                    \
             T tmp[NV * VL];                                                               \
             *(V *)tmp = a[p];                                                             \
-            if (NV == 2) *(V *)(tmp + VL) = b[p];                                         \
+            if (NV >= 2) *(V *)(tmp + VL) = b[p];                                         \
+            if (NV == 4) { *(V *)(tmp + 2 * VL) = e[p]; *(V *)(tmp + 3 * VL) = d[p]; }    \
             memcpy(y + (ow + p) * ys, tmp, nf * sizeof(T));                               \
         }                                                                                 \
 }
@@ -411,8 +435,14 @@ CB_CD_ROW(double, cb_v8d, 8, 2, 6, d_avx512, CB_AVX512_ATTR)
 CB_CD_ROW(float, cb_v16f, 16, 1, 12, f_avx512n, CB_AVX512_ATTR)
 CB_CD_ROW(float, cb_v16f, 16, 1, 6, f_avx512ns, CB_AVX512_ATTR)
 CB_CD_ROW(double, cb_v8d, 8, 1, 6, d_avx512n, CB_AVX512_ATTR)
+/* Where 512-bit FMAs run as two halves, tiles of 6 pixels x 4 vectors (64
+ * channels, 24 sums) for float32 layers of a multiple of 64 channels: each
+ * input value broadcast and each pixel's address formed once per 4 FMAs
+ * instead of 2 (cb_cd_block_for). */
+CB_CD_ROW(float, cb_v16f, 16, 4, 6, f_avx512q, CB_AVX512_ATTR)
 #define cb_cd_row_d_avx512s cb_cd_row_d_avx512
 #define cb_cd_row_d_avx512ns cb_cd_row_d_avx512n
+#define cb_cd_row_d_avx512q cb_cd_row_d_avx512
 
 /* Whether the float32 AVX-512 rows take tiles of 12 pixels (else 6); -1:
  * by the CPU, as cb_simd_half_rate_512 tells. On an Intel Xeon the 12-pixel
@@ -441,6 +471,24 @@ static int cb_cd_use_wide_tiles(int w) {
 static int cb_cd_wide_tiles(void) { return 0; }
 static int cb_cd_use_wide_tiles(int w) { (void)w; return 0; }
 #endif
+
+/* 1: float32 layers of a multiple of 64 channels take 64-channel blocks
+ * where the 6-pixel AVX-512 tiles run (cb_cd_row_f_avx512q); 0: 32-channel
+ * ones. Tests and benchmarks set it (conv.pyx, _use_quad_blocks). */
+static int cb_cd_quad = 1;
+
+static int cb_cd_use_quad_blocks(int on) {
+    cb_cd_quad = on;
+    return on;
+}
+
+static ptrdiff_t cb_cd_block_for(int dbl, ptrdiff_t F) {
+#if CB_SIMD_VECTOR && CB_SIMD_AVX512
+    if (!dbl && cb_cd_quad && F >= 64 && F % 64 == 0 && cb_simd_has_avx512() && !cb_cd_wide_tiles())
+        return 64;
+#endif
+    return cb_simd_block(cb_cd_block(dbl), F);
+}
 
 /* Where the output rows of a convolution go in a larger output array: output
  * position (od, oh, ow) of sample n is element ((n * D + d0 + od * sd) * H + h0
@@ -499,7 +547,9 @@ static void cb_cd_item_##SUF(const T *x, const T *wp, const T *bp, const T *res,
  * width runs as one AVX-512 vector where the CPU has it (same packing). */
 #if CB_SIMD_VECTOR && CB_SIMD_AVX2
 #define CB_CD_DISPATCH(SUF, VL_AVX2, VL_BASE)                                             \
-    if (g->FB == 4 * VL_AVX2) {                                                           \
+    if (g->FB == 8 * VL_AVX2) {                                                           \
+        cb_cd_row_##SUF##_avx512q(xr, R, wp, bp, res, act, yb, ys, nf, g);                \
+    } else if (g->FB == 4 * VL_AVX2) {                                                    \
         if (cb_cd_wide_tiles()) cb_cd_row_##SUF##_avx512(xr, R, wp, bp, res, act, yb, ys, nf, g); \
         else cb_cd_row_##SUF##_avx512s(xr, R, wp, bp, res, act, yb, ys, nf, g);           \
     } else if (g->FB == 2 * VL_AVX2 && cb_simd_has_avx512()) {                            \

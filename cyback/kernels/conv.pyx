@@ -78,6 +78,7 @@ cdef extern from "cyback_conv_direct.h" nogil:
     Py_ssize_t cb_cd_block_for(int dbl, Py_ssize_t F)
     int cb_cd_pads_itself()
     int cb_cd_use_wide_tiles(int w)
+    int cb_cd_use_quad_blocks(int on)
     int cb_cd_wide_tiles()
     void cb_cd_prepare(cb_cd_geom* g, Py_ssize_t xw0)
     void cb_cd_pack_f(const float* k, const float* bias, float* wp, float* bp,
@@ -1345,6 +1346,16 @@ def _use_wide_tiles(wide=None):
     sums either way; for tests and benchmarks. Returns whether the
     12-pixel tiles now run."""
     return bool(cb_cd_use_wide_tiles(-1 if wide is None else int(bool(wide))))
+
+
+def _use_quad_blocks(bint on=True):
+    """Let float32 layers of a multiple of 64 channels take the direct
+    kernel's 64-channel blocks where its 6-pixel AVX-512 tiles run (True,
+    the default), or keep 32-channel blocks (False): the same sums either
+    way; for tests and benchmarks. Prepared calls re-plan."""
+    cb_cd_use_quad_blocks(on)
+    _TUNE.version += 1
+    return on
 
 
 _ACTIVATIONS = {None: 0, "linear": 0, "relu": 1, "relu6": 2}

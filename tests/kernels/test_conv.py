@@ -875,12 +875,14 @@ def test_direct_many_tap_rows_fall_back():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("kernel, strides, f", [((3, 3), (1, 1), 48), ((7, 7), (2, 2), 40),
                                                 ((1, 1), (1, 1), 64), ((3, 3), (1, 1), 16),
-                                                ((5, 5), (2, 2), 11)])
+                                                ((5, 5), (2, 2), 11), ((3, 3), (2, 2), 128),
+                                                ((7, 7), (2, 2), 64), ((1, 1), (1, 1), 192)])
 def test_direct_avx512_and_avx2_sums_agree_bit_for_bit(dtype, kernel, strides, f):
     # Both sets sum each output over (r, kw, c) in the same order with fused
     # multiply-adds; only the number of output channels per vector differs
-    # (on AVX-512, up to the AVX2 block width as one vector), and the pixels
-    # per tile (12 or 6 in float32 on AVX-512).
+    # (on AVX-512, up to the AVX2 block width as one vector), the vectors per
+    # block (4 in float32 layers of a multiple of 64 channels with 6-pixel
+    # tiles) and the pixels per tile (12 or 6 in float32 on AVX-512).
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 13, 15, 24)).astype(dtype)
     w = rng.standard_normal(kernel + (24, f)).astype(dtype)
@@ -891,19 +893,65 @@ def test_direct_avx512_and_avx2_sums_agree_bit_for_bit(dtype, kernel, strides, f
         with instruction_set(conv, "avx512"):
             dbl = dtype == np.float64
             narrow = conv._direct_block_width(dbl)
-            assert conv._direct_block_width(dbl, f) == (2 * narrow if f > narrow else narrow)
+            quad = not dbl and f % 64 == 0 and not conv._use_wide_tiles(None)
+            assert conv._direct_block_width(dbl, f) == \
+                (64 if quad else 2 * narrow if f > narrow else narrow)
             assert conv._use_wide_tiles(True)
             wide = conv.conv_forward(x, w, *args, bias=b, activation="relu")
             assert not conv._use_wide_tiles(False)
+            assert conv._direct_block_width(dbl, f) == (64 if not dbl and f % 64 == 0
+                                                        else 2 * narrow if f > narrow
+                                                        else narrow)
             wide6 = conv.conv_forward(x, w, *args, bias=b, activation="relu")
+            conv._use_quad_blocks(False)
+            assert conv._direct_block_width(dbl, f) == (2 * narrow if f > narrow else narrow)
+            wide6_32 = conv.conv_forward(x, w, *args, bias=b, activation="relu")
         with instruction_set(conv, "avx2"):
             narrow = conv.conv_forward(x, w, *args, bias=b, activation="relu")
     finally:
         conv._TUNE["winograd"] = True
         conv._use_wide_tiles(None)
+        conv._use_quad_blocks(True)
     np.testing.assert_allclose(wide, np.maximum(ref_forward(x, w, *args) + b, 0), **tol(dtype))
     assert np.array_equal(wide, narrow)
     assert np.array_equal(wide6, narrow)
+    assert np.array_equal(wide6_32, narrow)
+
+
+@pytest.mark.parametrize("kind", ["forward", "residual", "transposed"])
+def test_quad_blocks_match_the_reference(kind):
+    # 64-channel blocks (4 vectors) through every path of the tile: its
+    # epilogue with a residual, the row-end tiles, and the phases of a
+    # transposed convolution's input gradient.
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 9, 14, 5)).astype(np.float32)
+    conv._TUNE["winograd"] = False
+    conv._use_wide_tiles(False)
+    try:
+        if kind == "transposed":
+            w = rng.standard_normal((3, 3, 64, 5)).astype(np.float32)
+            dy = x
+            pads = [(1, 1), (1, 1)]
+            got = conv.conv_backward_input(dy, w, (2, 18, 28, 64), (2, 2), (1, 1), pads)
+            conv._use_quad_blocks(False)
+            want = conv.conv_backward_input(dy, w, (2, 18, 28, 64), (2, 2), (1, 1), pads)
+            np.testing.assert_array_equal(got, want)
+            return
+        w = rng.standard_normal((3, 3, 5, 128)).astype(np.float32)
+        b = rng.standard_normal(128).astype(np.float32)
+        args = ((1, 1), (1, 1), [(1, 1), (1, 1)])
+        res = rng.standard_normal((2, 9, 14, 128)).astype(np.float32) \
+            if kind == "residual" else None
+        got = conv.conv_forward(x, w, *args, bias=b, residual=res, activation="relu6")
+        ref = ref_forward(x, w, *args) + b + (0 if res is None else res)
+        np.testing.assert_allclose(got, np.clip(ref, 0, 6), **tol(np.float32))
+        conv._use_quad_blocks(False)
+        want = conv.conv_forward(x, w, *args, bias=b, residual=res, activation="relu6")
+        np.testing.assert_array_equal(got, want)
+    finally:
+        conv._TUNE["winograd"] = True
+        conv._use_wide_tiles(None)
+        conv._use_quad_blocks(True)
 
 
 def test_wide_tiles_follow_the_cpu_unless_set():
@@ -936,7 +984,7 @@ def test_avx512_setting_caps_the_kernels_at_avx2():
     import subprocess
     import sys
     code = ("from cyback.kernels import conv, winograd; "
-            "print(conv._direct_block_width(False, 64), winograd._use_avx512(True))")
+            "print(conv._direct_block_width(False, 48), winograd._use_avx512(True))")
     for setting, want in (("0", "16 False"), ("1", "32 True")):
         env = dict(os.environ, CYBACK_AVX512=setting)
         out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
