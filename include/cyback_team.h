@@ -28,9 +28,15 @@
  * 1.15x without). Preemptions tell: the
  * process's involuntary context switches (getrusage) ran at 24-31/s on an
  * idle 2-core VM and 1650-1900/s with a busy loop on one core, in bursts at
- * the scheduler's slice boundaries; sampled every 50 ms (10 ms windows held
- * too few of them to tell), above cb_team_busy_switches per second the host
- * counts as busy, for half a second.
+ * the scheduler's slice boundaries; sampled every 100 ms (10 ms windows held
+ * too few of them to tell, and a busy loop's switches came in every other
+ * 50 ms window), two windows in a row above cb_team_busy_switches per
+ * second make the host busy, for half a second. One such window is a burst,
+ * not a neighbour: the worker threads of another library in the process
+ * still spinning after its last call (ONNX Runtime's, PyTorch's), which
+ * took 300-400 switches/s for the first 100-250 ms of cyback's next calls;
+ * held for half a second, that one window ran a MobileNet block at batch 32
+ * single-threaded for 0.5-0.75 s (3-5 ms a call instead of 1.6).
  *
  * Warmth is per calling thread (each one has its own OpenMP team) and is a
  * guess on the safe side: it counts from the end of the last region when the
@@ -61,23 +67,28 @@ static inline double cb_team_now(void) {
     return (double)t.tv_sec + 1.0e-9 * (double)t.tv_nsec;
 }
 
-#define CB_TEAM_SAMPLE_SECONDS 0.05
+#define CB_TEAM_SAMPLE_SECONDS 0.1
 /* A busy sample holds for this long: with a busy loop on one core the
  * switches came in every other 50 ms window (125-190, then 0-10). */
 #define CB_TEAM_BUSY_HOLD_SECONDS 0.5
 static double cb_team_busy_switches = 150.0;
 static __thread double cb_team_sampled_at = -1.0e30, cb_team_busy_until = -1.0e30;
 static __thread long cb_team_switches = 0;
+/* Whether the last sample window was above the rate. */
+static __thread int cb_team_hot = 0;
 
 /* Whether other processes preempt ours: involuntary context switches per
- * second over a sample period (a first or stale sample says no). */
+ * second over two sample periods in a row (a first or stale sample says
+ * no; see above). */
 static inline int cb_team_host_busy(double now) {
     struct rusage u;
     double dt = now - cb_team_sampled_at;
     if (dt >= CB_TEAM_SAMPLE_SECONDS && getrusage(RUSAGE_SELF, &u) == 0) {
-        if (dt < 10.0 * CB_TEAM_SAMPLE_SECONDS &&
-                (double)(u.ru_nivcsw - cb_team_switches) > cb_team_busy_switches * dt)
+        int hot = dt < 10.0 * CB_TEAM_SAMPLE_SECONDS &&
+            (double)(u.ru_nivcsw - cb_team_switches) > cb_team_busy_switches * dt;
+        if (hot && cb_team_hot)
             cb_team_busy_until = now + CB_TEAM_BUSY_HOLD_SECONDS;
+        cb_team_hot = hot;
         cb_team_switches = u.ru_nivcsw;
         cb_team_sampled_at = now;
     }
@@ -130,6 +141,7 @@ static inline int cb_team_host_busy_now(void) { return cb_team_host_busy(cb_team
 static inline void cb_team_forget(void) {
     cb_team_last = cb_team_op_end = cb_team_sampled_at = cb_team_busy_until = -1.0e30;
     cb_team_demand = 0.0;
+    cb_team_hot = 0;
 }
 
 #endif

@@ -165,8 +165,10 @@ def test_split_choice(split_on):
         runtime.set_busy_rate(-1.0)
         runtime.team_rest()
         runtime.host_busy()
-        time.sleep(0.06)
-        assert runtime.host_busy()
+        time.sleep(0.11)
+        runtime.host_busy()         # one window above the rate: a burst
+        time.sleep(0.11)
+        assert runtime.host_busy()  # two in a row: busy
         assert rc._split_threads(50, 1, 128, 4, 4) == 1
     finally:
         config.set_num_threads(old)

@@ -170,18 +170,35 @@ def test_team_rules_off_without_spin():
 
 @needs_openmp
 def test_team_rules_off_on_a_busy_host():
-    # busy rate below zero: every sample counts as busy (a first sample does not)
-    # and a busy sample holds for half a second after the rate drops; while
-    # busy only work from 16 cutoffs takes the team (set_busy_work_factor)
-    body = ("r.host_busy(); time.sleep(0.06)\n"
+    # busy rate below zero: every sample window (100 ms) counts as above the
+    # rate (a first sample does not); two such windows in a row make the host
+    # busy, which holds for half a second after the rate drops; while busy
+    # only work from 16 cutoffs takes the team (set_busy_work_factor)
+    body = ("r.host_busy(); time.sleep(0.11)\n"
+            "out.append(int(r.host_busy())); time.sleep(0.11)\n"
             "out += [int(r.host_busy())] + [r.team_threads(3e5) for _ in range(6)]\n"
             "out += [r.team_threads(2e6), r.team_threads(1.5e7), r.team_threads(1.6e7)]\n"
             "r.set_busy_work_factor(1)\n"
             "out.append(r.team_threads(2e6))\n"
-            "r.set_busy_rate(1e12); time.sleep(0.06)\n"
+            "r.set_busy_rate(1e12); time.sleep(0.11)\n"
             "out.append(int(r.host_busy())); time.sleep(0.6)\n"
             "out.append(int(r.host_busy()))")
-    assert _team(body, busy=-1.0) == [1] + [1] * 6 + [1, 1, 2, 2, 1, 0]
+    assert _team(body, busy=-1.0) == [0, 1] + [1] * 6 + [1, 1, 2, 2, 1, 0]
+
+
+@needs_openmp
+def test_one_window_above_the_rate_is_a_burst_not_a_busy_host():
+    # a window above the rate between windows below it (another library's
+    # threads spinning a little after their last call) leaves the rules on
+    body = ("r.host_busy(); time.sleep(0.11)\n"
+            "out.append(int(r.host_busy()))\n"
+            "r.set_busy_rate(1e12); time.sleep(0.11)\n"
+            "out.append(int(r.host_busy()))\n"
+            "r.set_busy_rate(-1.0); time.sleep(0.11)\n"
+            "out.append(int(r.host_busy()))\n"
+            "r.set_busy_rate(1e12); time.sleep(0.11)\n"
+            "out += [int(r.host_busy())] + [r.team_threads(3e5) for _ in range(6)]")
+    assert _team(body, busy=-1.0) == [0, 0, 0, 0] + [1, 1, 1, 2, 2, 2]
 
 
 @needs_openmp
