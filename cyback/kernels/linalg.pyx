@@ -215,10 +215,11 @@ cdef void _dense_gemm(const floating* x, const floating* w, const floating* b, f
     _activate(y, <Py_ssize_t>m * n, act)
 
 
-cdef tuple _dense_shape(x, w, bias, int act):
-    """(type number, m, k, n) when x (m, k), w (k, n) and bias (n,) or None
-    are aligned, C-contiguous arrays of one float type in the machine's byte
-    order and act is an activation code; else None."""
+cdef tuple _dense_shape(x, w, bias, int act, bint transposed=False):
+    """(type number, m, k, n) when x (m, k), w (k, n) (with ``transposed``,
+    (n, k)) and bias (n,) or None are aligned, C-contiguous arrays of one
+    float type in the machine's byte order and act is an activation code;
+    else None."""
     cdef Py_ssize_t m, k, n
     if not isinstance(x, cnp.ndarray) or cnp.PyArray_NDIM(<cnp.ndarray> x) != 2:
         return None
@@ -228,8 +229,8 @@ cdef tuple _dense_shape(x, w, bias, int act):
             cnp.PyArray_NDIM(<cnp.ndarray> w) != 2:
         return None
     m, k = cnp.PyArray_DIM(<cnp.ndarray> x, 0), cnp.PyArray_DIM(<cnp.ndarray> x, 1)
-    n = cnp.PyArray_DIM(<cnp.ndarray> w, 1)
-    if cnp.PyArray_DIM(<cnp.ndarray> w, 0) != k:
+    n = cnp.PyArray_DIM(<cnp.ndarray> w, 0 if transposed else 1)
+    if cnp.PyArray_DIM(<cnp.ndarray> w, 1 if transposed else 0) != k:
         return None
     if bias is not None and (not fits_layout(bias, typenum) or
                              cnp.PyArray_NDIM(<cnp.ndarray> bias) != 1 or
@@ -290,21 +291,11 @@ def dense_t(x, wt, bias=None, int act=0):
     (a classifier after a Flatten) that is a vector loop over k, where the
     (k, n) layout gives rows too short for one. Returns None when the
     arrays are not of that kind (the caller takes another path)."""
-    if not isinstance(x, cnp.ndarray) or cnp.PyArray_NDIM(<cnp.ndarray> x) != 2:
+    shape = _dense_shape(x, wt, bias, act, True)
+    if shape is None or shape[1] > DENSE_T_MAX_ROWS:
         return None
-    cdef int typenum = cnp.PyArray_TYPE(<cnp.ndarray> x)
-    if (typenum != cnp.NPY_FLOAT and typenum != cnp.NPY_DOUBLE) or act < 0 or act > 2 or \
-            not fits_layout(x, typenum) or not fits_layout(wt, typenum) or \
-            cnp.PyArray_NDIM(<cnp.ndarray> wt) != 2:
-        return None
-    cdef Py_ssize_t m = cnp.PyArray_DIM(<cnp.ndarray> x, 0), k = cnp.PyArray_DIM(<cnp.ndarray> x, 1)
-    cdef Py_ssize_t n = cnp.PyArray_DIM(<cnp.ndarray> wt, 0)
-    if m > DENSE_T_MAX_ROWS or cnp.PyArray_DIM(<cnp.ndarray> wt, 1) != k:
-        return None
-    if bias is not None and (not fits_layout(bias, typenum) or
-                             cnp.PyArray_NDIM(<cnp.ndarray> bias) != 1 or
-                             cnp.PyArray_DIM(<cnp.ndarray> bias, 0) != n):
-        return None
+    cdef int typenum = shape[0]
+    cdef Py_ssize_t m = shape[1], k = shape[2], n = shape[3]
     cdef cnp.npy_intp dims[2]
     dims[0], dims[1] = m, n
     cdef cnp.ndarray y = cnp.PyArray_EMPTY(2, dims, typenum, 0)

@@ -197,20 +197,33 @@ def test_dense_rows_keeps_nan_and_reads_read_only_weights():
     np.testing.assert_array_equal(linalg.dense_rows(big, w, None, 2), np.full((1, 4), 6))
 
 
-def test_dense_rows_declines_what_it_does_not_take():
+@pytest.mark.parametrize("kernel", ["dense_rows", "dense_t"])
+def test_dense_kernels_decline_what_they_do_not_take(kernel):
+    # the same checks for both layouts of the weights: (k, n) and, for
+    # dense_t, (n, k)
+    fn = getattr(linalg, kernel)
+    t = kernel == "dense_t"
+
+    def w_of(k, n, dtype=np.float32):
+        return np.ones((n, k) if t else (k, n), dtype)
     x = np.ones((1, 8), np.float32)
-    w = np.ones((8, 4), np.float32)
+    w = w_of(8, 4)
     b = np.ones(4, np.float32)
-    assert linalg.dense_rows(np.ones((5, 8), np.float32), w, b) is None         # rows
-    assert linalg.dense_rows(x, np.ones((8, 5000), np.float32)) is None         # weights
-    assert linalg.dense_rows(x, np.asfortranarray(w), b) is None                # layout
-    assert linalg.dense_rows(x, w.astype(np.float64), b) is None                # dtypes
-    assert linalg.dense_rows(x.astype(np.float16), w.astype(np.float16)) is None
-    assert linalg.dense_rows(x, w, np.ones(5, np.float32)) is None              # bias size
-    assert linalg.dense_rows(x, np.ones((7, 4), np.float32)) is None            # k
-    assert linalg.dense_rows(x[0], w) is None                                   # rank
-    assert linalg.dense_rows(x, w, b, 3) is None                                # activation
-    assert linalg.dense_rows(x.astype(">f4"), w, b) is None                     # byte order
+    np.testing.assert_array_equal(fn(x, w, b), np.full((1, 4), 9))           # takes this
+    assert fn(np.ones((5, 8), np.float32), w, b) is None                      # rows
+    assert fn(x, np.asfortranarray(w)) is None                                # w's layout
+    assert fn(x, w.astype(np.float64), b) is None                             # dtypes
+    assert fn(x.astype(np.float16), w.astype(np.float16)) is None
+    assert fn(x, w, np.ones(5, np.float32)) is None                           # bias size
+    assert fn(x, w_of(7, 4)) is None                                          # k
+    assert fn(x[0], w) is None                                                # rank
+    assert fn(x, w, b, 3) is None                                             # activation
+    assert fn(x.astype(">f4"), w, b) is None                                  # byte order
+    assert fn(x[:, ::2], w_of(4, 4)) is None                                  # x's layout
+    if t:
+        assert fn(np.ones((2, 8), np.float32), w, b) is None                  # rows
+    else:
+        assert fn(x, w_of(8, 5000)) is None                                   # weights
 
 
 # ---------------------------------------------------------------- dense_t
@@ -269,19 +282,3 @@ def test_dense_t_keeps_nan_and_reads_read_only_weights():
     np.testing.assert_array_equal(linalg.dense_t(np.ones((1, 40), np.float32), wt, None, 2),
                                   np.full((1, 4), 6))
 
-
-def test_dense_t_declines_what_it_does_not_take():
-    x = np.ones((1, 8), np.float32)
-    wt = np.ones((4, 8), np.float32)
-    b = np.ones(4, np.float32)
-    assert linalg.dense_t(np.ones((2, 8), np.float32), wt, b) is None           # rows
-    assert linalg.dense_t(x, np.ones((8, 4), np.float32).T) is None              # layout
-    assert linalg.dense_t(x, wt.astype(np.float64), b) is None                  # dtypes
-    assert linalg.dense_t(x.astype(np.float16), wt.astype(np.float16)) is None
-    assert linalg.dense_t(x, wt, np.ones(5, np.float32)) is None                # bias size
-    assert linalg.dense_t(x, np.ones((4, 7), np.float32)) is None               # k
-    assert linalg.dense_t(x[0], wt) is None                                     # rank
-    assert linalg.dense_t(x, wt, b, 3) is None                                  # activation
-    assert linalg.dense_t(x.astype(">f4"), wt, b) is None                       # byte order
-    assert linalg.dense_t(x, wt[:, ::2].copy()) is None                         # k again
-    assert linalg.dense_t(x[:, ::2], wt[:, :4].copy()) is None                  # layout
