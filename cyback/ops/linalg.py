@@ -177,9 +177,9 @@ class NarrowProduct(Op):
     adds each output's k products in one chain; one row of x goes instead
     to kernels.linalg.dense_t, a dot product per output of two contiguous
     rows of k values. Several rows keep the product (it reads w once for all
-    of them). One row, alternated on 2 threads (2-core Zen 4), dense time /
-    dense_t time: (9216 -> 10) 3.4x, (2048 -> 16) 4.1x, (512 -> 10) 4.3x,
-    (64 -> 10) 1.7x; 32 columns lose (0.8x). The sums run in another order
+    of them). One row, on the calling thread (2-core Zen 4, one process),
+    dense time / dense_t time: (9216 -> 10) 3.4x, (2048 -> 16) 4.1x,
+    (512 -> 10) 4.3x, (64 -> 10) 1.7x; 32 columns lose (0.8x). The sums run in another order
     than the product's: values differ in the last bits."""
 
     api = "dot"
