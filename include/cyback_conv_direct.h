@@ -308,7 +308,10 @@ ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const in
                 memcpy(tr, rs + p * ys, nf * sizeof(T));                                  \
                 a[p] += *(const V *)tr;                                                   \
                 if (NV >= 2) b[p] += *(const V *)(tr + VL);                               \
-                if (NV == 4) { e[p] += *(const V *)(tr + 2 * VL); d[p] += *(const V *)(tr + 3 * VL); } \
+                if (NV == 4) {                                                            \
+                    e[p] += *(const V *)(tr + 2 * VL);                                    \
+                    d[p] += *(const V *)(tr + 3 * VL);                                    \
+                }                                                                         \
             }                                                                             \
     }                                                                                     \
     if (act != CB_ACT_NONE)                                                               \
@@ -484,7 +487,8 @@ static int cb_cd_use_quad_blocks(int on) {
 
 static ptrdiff_t cb_cd_block_for(int dbl, ptrdiff_t F) {
 #if CB_SIMD_VECTOR && CB_SIMD_AVX512
-    if (!dbl && cb_cd_quad && F >= 64 && F % 64 == 0 && cb_simd_has_avx512() && !cb_cd_wide_tiles())
+    if (!dbl && cb_cd_quad && F >= 64 && F % 64 == 0 && cb_simd_has_avx512() &&
+            !cb_cd_wide_tiles())
         return 64;
 #endif
     return cb_simd_block(cb_cd_block(dbl), F);

@@ -83,8 +83,14 @@ static void cb_dt_rows_##SUF(const T *x, ptrdiff_t m, ptrdiff_t k, const T *wt, 
 }
 #if CB_SIMD_AVX2
 #define CB_DT_DISPATCH_SETS(SUF)                                                          \
-    if (cb_simd_has_avx512()) { cb_dt_rows_##SUF##_avx512(x, m, k, wt, n, b, act, y); return; } \
-    if (cb_simd_has_avx2()) { cb_dt_rows_##SUF##_avx2(x, m, k, wt, n, b, act, y); return; }
+    if (cb_simd_has_avx512()) {                                                           \
+        cb_dt_rows_##SUF##_avx512(x, m, k, wt, n, b, act, y);                             \
+        return;                                                                           \
+    }                                                                                     \
+    if (cb_simd_has_avx2()) {                                                             \
+        cb_dt_rows_##SUF##_avx2(x, m, k, wt, n, b, act, y);                               \
+        return;                                                                           \
+    }
 #else
 #define CB_DT_DISPATCH_SETS(SUF)
 #endif
