@@ -239,9 +239,15 @@ cdef tuple _dense_shape(x, w, bias, int act, bint transposed=False):
     return typenum, m, k, n
 
 
+# _dense_run's kernels: one GEMM, dense_rows' pass, dense_t's dot products
+cdef enum:
+    DENSE_GEMM, DENSE_ROWS, DENSE_TRANSPOSED
+
+
 cdef cnp.ndarray _dense_run(x, w, bias, int act, int typenum, Py_ssize_t m, Py_ssize_t k,
-                            Py_ssize_t n, bint rows):
-    """The checked product (see _dense_shape) by _dense_rows or _dense_gemm."""
+                            Py_ssize_t n, int kernel):
+    """The checked product (see _dense_shape) by _dense_gemm, _dense_rows or
+    cb_dt_rows (w then given transposed)."""
     cdef cnp.npy_intp dims[2]
     cdef const void* xp = cnp.PyArray_DATA(<cnp.ndarray> x)
     cdef const void* wp = cnp.PyArray_DATA(<cnp.ndarray> w)
@@ -250,13 +256,20 @@ cdef cnp.ndarray _dense_run(x, w, bias, int act, int typenum, Py_ssize_t m, Py_s
     cdef cnp.ndarray y = cnp.PyArray_EMPTY(2, dims, typenum, 0)
     cdef void* yp = cnp.PyArray_DATA(y)
     with nogil:
-        if typenum == cnp.NPY_FLOAT and rows:
-            _dense_rows[float](<const float*> xp, <const float*> wp, <const float*> bp,
-                               <float*> yp, m, k, n, act)
-        elif typenum == cnp.NPY_FLOAT:
-            _dense_gemm[float](<const float*> xp, <const float*> wp, <const float*> bp,
-                               <float*> yp, <int> m, <int> k, <int> n, act)
-        elif rows:
+        if typenum == cnp.NPY_FLOAT:
+            if kernel == DENSE_TRANSPOSED:
+                cb_dt_rows_f(<const float*> xp, m, k, <const float*> wp, n, <const float*> bp,
+                             act, <float*> yp)
+            elif kernel == DENSE_ROWS:
+                _dense_rows[float](<const float*> xp, <const float*> wp, <const float*> bp,
+                                   <float*> yp, m, k, n, act)
+            else:
+                _dense_gemm[float](<const float*> xp, <const float*> wp, <const float*> bp,
+                                   <float*> yp, <int> m, <int> k, <int> n, act)
+        elif kernel == DENSE_TRANSPOSED:
+            cb_dt_rows_d(<const double*> xp, m, k, <const double*> wp, n, <const double*> bp,
+                         act, <double*> yp)
+        elif kernel == DENSE_ROWS:
             _dense_rows[double](<const double*> xp, <const double*> wp, <const double*> bp,
                                 <double*> yp, m, k, n, act)
         else:
@@ -279,7 +292,7 @@ def dense_rows(x, w, bias=None, int act=0):
     typenum, m, k, n = shape
     if m > DENSE_MAX_ROWS or k * n > DENSE_MAX_WEIGHTS:
         return None
-    return _dense_run(x, w, bias, act, typenum, m, k, n, True)
+    return _dense_run(x, w, bias, act, typenum, m, k, n, DENSE_ROWS)
 
 
 def dense_t(x, wt, bias=None, int act=0):
@@ -294,23 +307,8 @@ def dense_t(x, wt, bias=None, int act=0):
     shape = _dense_shape(x, wt, bias, act, True)
     if shape is None or shape[1] > DENSE_T_MAX_ROWS:
         return None
-    cdef int typenum = shape[0]
-    cdef Py_ssize_t m = shape[1], k = shape[2], n = shape[3]
-    cdef cnp.npy_intp dims[2]
-    dims[0], dims[1] = m, n
-    cdef cnp.ndarray y = cnp.PyArray_EMPTY(2, dims, typenum, 0)
-    cdef const void* xp = cnp.PyArray_DATA(<cnp.ndarray> x)
-    cdef const void* wp = cnp.PyArray_DATA(<cnp.ndarray> wt)
-    cdef const void* bp = NULL if bias is None else cnp.PyArray_DATA(<cnp.ndarray> bias)
-    cdef void* yp = cnp.PyArray_DATA(y)
-    with nogil:
-        if typenum == cnp.NPY_FLOAT:
-            cb_dt_rows_f(<const float*> xp, m, k, <const float*> wp, n, <const float*> bp, act,
-                         <float*> yp)
-        else:
-            cb_dt_rows_d(<const double*> xp, m, k, <const double*> wp, n, <const double*> bp,
-                         act, <double*> yp)
-    return y
+    typenum, m, k, n = shape
+    return _dense_run(x, wt, bias, act, typenum, m, k, n, DENSE_TRANSPOSED)
 
 
 def _use_avx2(bint on):
@@ -346,7 +344,7 @@ def dense(x, w, bias=None, int act=0):
     if not rows and (threads_for(0.5 * m * n * k) > 1 or m * k > INT_MAX or
                      k * n > INT_MAX or m * n > INT_MAX):
         return None
-    return _dense_run(x, w, bias, act, typenum, m, k, n, rows)
+    return _dense_run(x, w, bias, act, typenum, m, k, n, DENSE_ROWS if rows else DENSE_GEMM)
 
 
 def _writable(x):

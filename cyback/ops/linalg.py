@@ -85,26 +85,21 @@ class TensorDot(Op):
 
     def compute_epilogue(self, inputs, bias, activation, residual=None):
         x, y = inputs
-        if x.ndim == 2 and self.ax == (1,) and self.ay == (0,) and residual is None and \
-                bias is not None:
-            # a Dense layer's step, checked by the kernel (the calls around
-            # it cost as much as its product at batch 32)
-            out = dense(x, y, bias if bias.ndim == 1 else bias.reshape(-1),
-                        _ACTIVATIONS[activation])
+        if x.ndim >= 2 and self.ax == (x.ndim - 1,) and self.ay == (0,) and residual is None \
+                and bias is not None and (x.ndim == 2 or x.flags.c_contiguous):
+            # a Dense layer's step (on the 2-D view of a stack of rows),
+            # checked by the kernel, which does it on the calling thread when
+            # it is small: the calls around it cost as much as its product at
+            # batch 32, and an LSTM's input projection at batch 1 takes it
+            out = dense(x if x.ndim == 2 else x.reshape(-1, x.shape[-1]), y,
+                        bias if bias.ndim == 1 else bias.reshape(-1), _ACTIVATIONS[activation])
             if out is not None:
-                return out
+                return out if x.ndim == 2 else out.reshape(x.shape[:-1] + y.shape[1:])
         if y.ndim != 2 or self.ax != (x.ndim - 1,) or bias is None or residual is not None \
                 or x.dtype != y.dtype or bias.dtype != x.dtype or x.dtype.char not in "fd" \
                 or bias.size != y.shape[1]:
             return None
-        bias = bias.reshape(-1)
-        if x.ndim != 2 and x.flags.c_contiguous:
-            # a product the calling thread does, in one kernel call on the
-            # 2-D view (a 2-D x took that path above)
-            out = dense(x.reshape(-1, x.shape[-1]), y, bias, _ACTIVATIONS[activation])
-            if out is not None:
-                return out.reshape(x.shape[:-1] + y.shape[1:])
-        out = contract(x, y, self.ax, self.ay, bias)
+        out = contract(x, y, self.ax, self.ay, bias.reshape(-1))
         # relu / relu6 in place: exact, as the element-wise program's would
         # be, and cheaper than starting that program for a small product
         # (a batch-32 MLP layer: 9.9 us fused against 8.8 us unfused)

@@ -15,7 +15,6 @@ import numpy as np
 from cyback.graph.op import Op
 from cyback.graph.tensor import Constant
 from cyback.kernels import rnn_cell as _k
-from cyback.kernels.linalg import dense
 from cyback.ops.linalg import TensorDot, contract
 
 #: gate count per cell type
@@ -484,11 +483,6 @@ def _no_record(ndim, dtype):
 def _projection(x, w, b):
     """x @ w (+ b) as the plan's product step computed it before the rewrite
     (a batch-1 x goes to the calling thread's dense kernel)."""
-    if b is not None and x.ndim == 3 and x.flags.c_contiguous and w.ndim == 2:
-        # compute_epilogue's kernel for this case, without its checks
-        out = dense(x.reshape(-1, x.shape[2]), w, b, 0)
-        if out is not None:
-            return out.reshape(x.shape[0], x.shape[1], w.shape[1])
     if b is not None:
         out = _PRODUCT.compute_epilogue((x, w), b, None)
         if out is not None:
