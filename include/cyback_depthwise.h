@@ -63,10 +63,11 @@ static inline void cb_dw_interior(ptrdiff_t W, ptrdiff_t KW, ptrdiff_t OW, ptrdi
     *hi = b;
 }
 
-/* One output pixel, channels [c0, c1), scalar, with bounds checks. */
-#define CB_DW_SCALAR_CL(T, SUF, ATTR)                                                  \
-ATTR static inline void cb_dw_pixel_##SUF(const T *const *xr, const T *k, T *yp, ptrdiff_t C,  \
-        ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t iw0, ptrdiff_t dw,              \
+/* One output pixel, channels [c0, c1), scalar, with bounds checks; input pixels
+ * are xs values apart. */
+#define CB_DW_SCALAR_CL(T, SUF, ATTR)                                                     \
+ATTR static inline void cb_dw_pixel_##SUF(const T *const *xr, const T *k, T *yp, ptrdiff_t C, \
+        ptrdiff_t xs, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t iw0, ptrdiff_t dw, \
         ptrdiff_t c0, ptrdiff_t c1, const T *bias, int act) {                             \
     ptrdiff_t c, ky, kx, iw;                                                              \
     for (c = c0; c < c1; c++) {                                                           \
@@ -76,17 +77,19 @@ ATTR static inline void cb_dw_pixel_##SUF(const T *const *xr, const T *k, T *yp,
             for (kx = 0; kx < KW; kx++) {                                                 \
                 iw = iw0 + kx * dw;                                                       \
                 if (iw < 0 || iw >= W) continue;                                          \
-                s += xr[ky][iw * C + c] * k[(ky * KW + kx) * C + c];                      \
+                s += xr[ky][iw * xs + c] * k[(ky * KW + kx) * C + c];                     \
             }                                                                             \
         }                                                                                 \
         yp[c] = CB_ACT(T, s, act);                                                        \
     }                                                                                     \
 }                                                                                         \
 /* channels_last kernel-gradient row, channels [c0, c1), scalar: part[ky, kx, c] += */    \
-/* sum over ow of dy[ow, c] * x[ky][ow*sw - pw + kx*dw, c] (the valid ow only). */        \
+/* sum over ow of dy[ow, c] * x[ky][ow*sw - pw + kx*dw, c] (the valid ow only); */        \
+/* pixels of x are xs values apart, of dy ys. */                                          \
 ATTR static inline void cb_dw_kgrad_cl_scalar_##SUF(const T *const *xr, const T *dy, T *part, \
-        ptrdiff_t C, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, \
-        ptrdiff_t dw, ptrdiff_t pw, ptrdiff_t c0, ptrdiff_t c1) {                         \
+        ptrdiff_t C, ptrdiff_t xs, ptrdiff_t ys, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, \
+        ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw, ptrdiff_t c0,             \
+        ptrdiff_t c1) {                                                                   \
     ptrdiff_t c, ow, ky, kx, lo, hi, off;                                                 \
     for (ky = 0; ky < KH; ky++) {                                                         \
         if (!xr[ky]) continue;                                                            \
@@ -97,7 +100,7 @@ ATTR static inline void cb_dw_kgrad_cl_scalar_##SUF(const T *const *xr, const T 
             for (c = c0; c < c1; c++) {                                                   \
                 T s = 0;                                                                  \
                 for (ow = lo; ow < hi; ow++)                                              \
-                    s += dy[ow * C + c] * xr[ky][(ow * sw + off) * C + c];                \
+                    s += dy[ow * ys + c] * xr[ky][(ow * sw + off) * xs + c];              \
                 kp[c] += s;                                                               \
             }                                                                             \
         }                                                                                 \
@@ -209,75 +212,122 @@ ATTR static void cb_dw_kgrad_cf_scalar_##SUF(const T *x, ptrdiff_t rs, const T *
 
 #if CB_SIMD_VECTOR
 
+/* Eight pixels from o of a channels_last row, stride 1, three taps a row:
+ * they read ten input columns a kernel row (column j: o - pw + j), each
+ * loaded once and used by the (up to) three pixels that need it, taps summed
+ * in (ky, kx) order as in every path. Columns j outside [JL, JH) (constants:
+ * 0 and 10 inside the row) are padding, read as zeros. Expanded inside
+ * cb_dw_fwd_cl_row, whose variables it uses. */
+#define CB_DW_X(V, j, JL, JH)                                                             \
+    ((j) >= (JL) && (j) < (JH) ? *(const V *)(xb + (j) * xs) : (V){0})
+#define CB_DW_K3_BLOCK(T, V, VL, o, JL, JH)                                               \
+    for (c = 0; c < CV; c += VL) {                                                        \
+        V a0 = (V){0}, a1, a2, a3, a4, a5, a6, a7;                                        \
+        if (bias) a0 = *(const V *)(bias + c);                                            \
+        a1 = a0; a2 = a0; a3 = a0; a4 = a0; a5 = a0; a6 = a0; a7 = a0;                    \
+        for (ky = 0; ky < KH; ky++) {                                                     \
+            const T *xb, *kb;                                                             \
+            V k0, k1, k2, xv;                                                             \
+            if (!xr[ky]) continue;                                                        \
+            /* Before the row at the left edge; LOAD reads only inside it. */             \
+            xb = xr[ky] + ((o) - pw) * xs + c;                                            \
+            kb = k + ky * 3 * C + c;                                                      \
+            k0 = *(const V *)kb;                                                          \
+            k1 = *(const V *)(kb + C);                                                    \
+            k2 = *(const V *)(kb + 2 * C);                                                \
+            xv = CB_DW_X(V, 0, JL, JH); a0 += xv * k0;                                    \
+            xv = CB_DW_X(V, 1, JL, JH); a0 += xv * k1; a1 += xv * k0;                     \
+            xv = CB_DW_X(V, 2, JL, JH); a0 += xv * k2; a1 += xv * k1; a2 += xv * k0;      \
+            xv = CB_DW_X(V, 3, JL, JH); a1 += xv * k2; a2 += xv * k1; a3 += xv * k0;      \
+            xv = CB_DW_X(V, 4, JL, JH); a2 += xv * k2; a3 += xv * k1; a4 += xv * k0;      \
+            xv = CB_DW_X(V, 5, JL, JH); a3 += xv * k2; a4 += xv * k1; a5 += xv * k0;      \
+            xv = CB_DW_X(V, 6, JL, JH); a4 += xv * k2; a5 += xv * k1; a6 += xv * k0;      \
+            xv = CB_DW_X(V, 7, JL, JH); a5 += xv * k2; a6 += xv * k1; a7 += xv * k0;      \
+            xv = CB_DW_X(V, 8, JL, JH); a6 += xv * k2; a7 += xv * k1;                     \
+            xv = CB_DW_X(V, 9, JL, JH); a7 += xv * k2;                                    \
+        }                                                                                 \
+        CB_VACT(a0, act); CB_VACT(a1, act); CB_VACT(a2, act); CB_VACT(a3, act);           \
+        CB_VACT(a4, act); CB_VACT(a5, act); CB_VACT(a6, act); CB_VACT(a7, act);           \
+        *(V *)(y + (o) * C + c) = a0;                                                     \
+        *(V *)(y + ((o) + 1) * C + c) = a1;                                               \
+        *(V *)(y + ((o) + 2) * C + c) = a2;                                               \
+        *(V *)(y + ((o) + 3) * C + c) = a3;                                               \
+        *(V *)(y + ((o) + 4) * C + c) = a4;                                               \
+        *(V *)(y + ((o) + 5) * C + c) = a5;                                               \
+        *(V *)(y + ((o) + 6) * C + c) = a6;                                               \
+        *(V *)(y + ((o) + 7) * C + c) = a7;                                               \
+    }
+
+/* Output pixel px of a channels_last row, one vector of channels at a time,
+ * skipping the taps that fall on padding. Expanded inside cb_dw_fwd_cl_row. */
+#define CB_DW_ONE_PIXEL(T, V, VL, SUF, px)                                                \
+    for (c = 0; c < CV; c += VL) {                                                        \
+        V a0 = (V){0};                                                                    \
+        ptrdiff_t iw0 = (px) * sw - pw;                                                   \
+        if (bias) a0 = *(const V *)(bias + c);                                            \
+        for (ky = 0; ky < KH; ky++) {                                                     \
+            if (!xr[ky]) continue;                                                        \
+            for (kx = 0; kx < KW; kx++) {                                                 \
+                iw = iw0 + kx * dw;                                                       \
+                if (iw < 0 || iw >= W) continue;                                          \
+                a0 += *(const V *)(xr[ky] + iw * xs + c)                                  \
+                      * *(const V *)(k + (ky * KW + kx) * C + c);                         \
+            }                                                                             \
+        }                                                                                 \
+        CB_VACT(a0, act);                                                                 \
+        *(V *)(y + (px) * C + c) = a0;                                                    \
+    }                                                                                     \
+    if (CV < C)                                                                           \
+        cb_dw_pixel_##SUF(xr, k, y + (px) * C, C, xs, W, KH, KW, (px) * sw - pw, dw, CV,  \
+                          C, bias, act)
+
 /* channels_last forward row: y[ow, c] for ow in [0, OW), c in [0, C).
- * xr[ky]: input row (W, C) read by kernel row ky, or NULL when it is padding.
- * k: (KH, KW, C). Input column of tap kx of output ow: ow*sw - pw + kx*dw. */
+ * xr[ky]: input row read by kernel row ky (W pixels of C values, xs >= C apart),
+ * or NULL when it is padding. k: (KH, KW, C). Input column of tap kx of output
+ * ow: ow*sw - pw + kx*dw. */
 #define CB_DW_FWD_CL(T, V, VL, SUF, ATTR)                                                 \
 ATTR static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y,             \
-        ptrdiff_t C, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, \
-        ptrdiff_t dw, ptrdiff_t pw, const T *bias, int act) {                             \
+        ptrdiff_t C, ptrdiff_t xs, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, \
+        ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw, const T *bias, int act) {               \
     ptrdiff_t lo, hi, c, ow, ky, kx, iw, CV = C - C % VL;                                 \
-    ptrdiff_t sC = sw * C;                                                                \
+    ptrdiff_t sC = sw * xs;                                                               \
     cb_dw_interior(W, KW, OW, sw, dw, pw, &lo, &hi);                                      \
     /* Pixels outer, channels inner: the kernel (KH*KW*C) stays in L1 while   */          \
     /* the input streams through once.                                        */          \
-    for (ow = 0; ow < OW; ow++) {                                                         \
-        if (KW == 3 && sw == 1 && dw == 1 && cb_dw_k3_state && ow >= lo && ow + 8 <= hi) {\
-            /* Stride 1, three taps a row: eight pixels read ten input columns */        \
-            /* a kernel row, each loaded once and used by the (up to) three    */        \
-            /* pixels that need it, taps in the same order as below.           */        \
-            for (c = 0; c < CV; c += VL) {                                                \
-                V a0 = (V){0}, a1, a2, a3, a4, a5, a6, a7;                                \
-                if (bias) a0 = *(const V *)(bias + c);                                    \
-                a1 = a0; a2 = a0; a3 = a0; a4 = a0; a5 = a0; a6 = a0; a7 = a0;           \
-                for (ky = 0; ky < KH; ky++) {                                             \
-                    const T *xb, *kb;                                                     \
-                    V k0, k1, k2, xv;                                                     \
-                    if (!xr[ky]) continue;                                                \
-                    xb = xr[ky] + (ow - pw) * C + c;                                      \
-                    kb = k + ky * 3 * C + c;                                              \
-                    k0 = *(const V *)kb;                                                  \
-                    k1 = *(const V *)(kb + C);                                            \
-                    k2 = *(const V *)(kb + 2 * C);                                        \
-                    xv = *(const V *)(xb);                                                \
-                    a0 += xv * k0;                                                        \
-                    xv = *(const V *)(xb + C);                                            \
-                    a0 += xv * k1; a1 += xv * k0;                                         \
-                    xv = *(const V *)(xb + 2 * C);                                        \
-                    a0 += xv * k2; a1 += xv * k1; a2 += xv * k0;                          \
-                    xv = *(const V *)(xb + 3 * C);                                        \
-                    a1 += xv * k2; a2 += xv * k1; a3 += xv * k0;                          \
-                    xv = *(const V *)(xb + 4 * C);                                        \
-                    a2 += xv * k2; a3 += xv * k1; a4 += xv * k0;                          \
-                    xv = *(const V *)(xb + 5 * C);                                        \
-                    a3 += xv * k2; a4 += xv * k1; a5 += xv * k0;                          \
-                    xv = *(const V *)(xb + 6 * C);                                        \
-                    a4 += xv * k2; a5 += xv * k1; a6 += xv * k0;                          \
-                    xv = *(const V *)(xb + 7 * C);                                        \
-                    a5 += xv * k2; a6 += xv * k1; a7 += xv * k0;                          \
-                    xv = *(const V *)(xb + 8 * C);                                        \
-                    a6 += xv * k2; a7 += xv * k1;                                         \
-                    xv = *(const V *)(xb + 9 * C);                                        \
-                    a7 += xv * k2;                                                        \
+    if (KW == 3 && sw == 1 && dw == 1 && cb_dw_k3_state && OW >= 8) {                     \
+        /* Blocks of 8 pixels, the last one ending at OW (it recomputes a few  */         \
+        /* outputs, to the same bits: cheaper than one multiply-add chain per  */         \
+        /* pixel). Blocks at the row's ends read padding columns as zeros.     */         \
+        for (ow = 0; ow < OW; ow += 8) {                                                  \
+            ptrdiff_t o = ow + 8 <= OW ? ow : OW - 8;                                     \
+            /* Columns j of the block with o - pw + j in [0, W). */                       \
+            ptrdiff_t jl = pw - o > 0 ? pw - o : 0, jh = W + pw - o;                      \
+            if (jl == 0 && jh >= 10) {                                                    \
+                CB_DW_K3_BLOCK(T, V, VL, o, 0, 10);                                       \
+            } else if (jl == 1 && jh >= 10) {  /* left edge, one padding column */        \
+                CB_DW_K3_BLOCK(T, V, VL, o, 1, 10);                                       \
+            } else if (jl == 0 && jh == 9) {  /* right edge */                            \
+                CB_DW_K3_BLOCK(T, V, VL, o, 0, 9);                                        \
+            } else if (jl == 1 && jh == 9) {  /* both: a row of 8 */                      \
+                CB_DW_K3_BLOCK(T, V, VL, o, 1, 9);                                        \
+            } else {  /* wider padding: pixel by pixel */                                 \
+                for (ow = o; ow < o + 8; ow++) {                                          \
+                    CB_DW_ONE_PIXEL(T, V, VL, SUF, ow);                                   \
                 }                                                                         \
-                CB_VACT(a0, act); CB_VACT(a1, act); CB_VACT(a2, act); CB_VACT(a3, act);   \
-                CB_VACT(a4, act); CB_VACT(a5, act); CB_VACT(a6, act); CB_VACT(a7, act);   \
-                *(V *)(y + ow * C + c) = a0;                                              \
-                *(V *)(y + (ow + 1) * C + c) = a1;                                        \
-                *(V *)(y + (ow + 2) * C + c) = a2;                                        \
-                *(V *)(y + (ow + 3) * C + c) = a3;                                        \
-                *(V *)(y + (ow + 4) * C + c) = a4;                                        \
-                *(V *)(y + (ow + 5) * C + c) = a5;                                        \
-                *(V *)(y + (ow + 6) * C + c) = a6;                                        \
-                *(V *)(y + (ow + 7) * C + c) = a7;                                        \
+                ow = o;                                                                   \
+                continue;                                                                 \
             }                                                                             \
             if (CV < C)                                                                   \
                 for (c = 0; c < 8; c++)                                                   \
-                    cb_dw_pixel_##SUF(xr, k, y + (ow + c) * C, C, W, KH, KW,              \
-                                      (ow + c) * sw - pw, dw, CV, C, bias, act);          \
-            ow += 7;                                                                      \
-            continue;                                                                     \
+                    cb_dw_pixel_##SUF(xr, k, y + (o + c) * C, C, xs, W, KH, KW,           \
+                                      o + c - pw, 1, CV, C, bias, act);                   \
         }                                                                                 \
+        return;                                                                           \
+    }                                                                                     \
+    for (ow = 0; ow < OW; ow++) {                                                         \
+        /* The last interior pixels, fewer than a block, run as a block that  */          \
+        /* ends at hi (as above).                                              */         \
+        if (ow >= lo && ow < hi && ow + 4 > hi && hi - lo >= 4) ow = hi - 4;              \
         if (ow >= lo && ow + 4 <= hi) {                                                   \
             /* Four interior pixels: every tap valid, one kernel load each. */            \
             for (c = 0; c < CV; c += VL) {                                                \
@@ -287,21 +337,21 @@ ATTR static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y,   
                 for (ky = 0; ky < KH; ky++) {                                             \
                     const T *xb, *kb;                                                     \
                     if (!xr[ky]) continue;                                                \
-                    xb = xr[ky] + (ow * sw - pw) * C + c;                                 \
+                    xb = xr[ky] + (ow * sw - pw) * xs + c;                                \
                     kb = k + ky * KW * C + c;                                             \
                     for (kx = 0; kx < KW; kx++) {                                         \
                         V kv = *(const V *)(kb + kx * C);                                 \
-                        const T *xp = xb + kx * dw * C;                                   \
+                        const T *xp = xb + kx * dw * xs;                                  \
                         a0 += *(const V *)(xp) * kv;                                      \
                         a1 += *(const V *)(xp + sC) * kv;                                 \
                         a2 += *(const V *)(xp + 2 * sC) * kv;                             \
                         a3 += *(const V *)(xp + 3 * sC) * kv;                             \
                     }                                                                     \
                 }                                                                         \
-                CB_VACT(a0, act);                                                \
-                CB_VACT(a1, act);                                                \
-                CB_VACT(a2, act);                                                \
-                CB_VACT(a3, act);                                                \
+                CB_VACT(a0, act);                                                         \
+                CB_VACT(a1, act);                                                         \
+                CB_VACT(a2, act);                                                         \
+                CB_VACT(a3, act);                                                         \
                 *(V *)(y + ow * C + c) = a0;                                              \
                 *(V *)(y + (ow + 1) * C + c) = a1;                                        \
                 *(V *)(y + (ow + 2) * C + c) = a2;                                        \
@@ -309,40 +359,23 @@ ATTR static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y,   
             }                                                                             \
             if (CV < C)                                                                   \
                 for (c = 0; c < 4; c++)                                                   \
-                    cb_dw_pixel_##SUF(xr, k, y + (ow + c) * C, C, W, KH, KW,              \
+                    cb_dw_pixel_##SUF(xr, k, y + (ow + c) * C, C, xs, W, KH, KW,          \
                                       (ow + c) * sw - pw, dw, CV, C, bias, act);          \
             ow += 3;                                                                      \
             continue;                                                                     \
         }                                                                                 \
-        for (c = 0; c < CV; c += VL) {                                                    \
-            V a0 = (V){0};                                                                \
-            ptrdiff_t iw0 = ow * sw - pw;                                                 \
-            if (bias) a0 = *(const V *)(bias + c);                                        \
-            for (ky = 0; ky < KH; ky++) {                                                 \
-                if (!xr[ky]) continue;                                                    \
-                for (kx = 0; kx < KW; kx++) {                                             \
-                    iw = iw0 + kx * dw;                                                   \
-                    if (iw < 0 || iw >= W) continue;                                      \
-                    a0 += *(const V *)(xr[ky] + iw * C + c)                               \
-                          * *(const V *)(k + (ky * KW + kx) * C + c);                     \
-                }                                                                         \
-            }                                                                             \
-            CB_VACT(a0, act);                                                    \
-            *(V *)(y + ow * C + c) = a0;                                                  \
-        }                                                                                 \
-        if (CV < C)                                                                       \
-            cb_dw_pixel_##SUF(xr, k, y + ow * C, C, W, KH, KW, ow * sw - pw, dw, CV, C,   \
-                              bias, act);                                                 \
+        CB_DW_ONE_PIXEL(T, V, VL, SUF, ow);                                               \
     }                                                                                     \
 }
 
 
 /* channels_last kernel-gradient row: part[ky, kx, c] += sum over ow of
- * dy[ow, c] * x[ky][ow*sw - pw + kx*dw, c] (the valid ow only). */
+ * dy[ow, c] * x[ky][ow*sw - pw + kx*dw, c] (the valid ow only); pixels of x
+ * are xs values apart, of dy ys. */
 #define CB_DW_KGRAD_CL(T, V, VL, SUF, ATTR)                                               \
-ATTR static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy,               \
-        T *part, ptrdiff_t C, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW,      \
-        ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw) {                                       \
+ATTR static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy,                \
+        T *part, ptrdiff_t C, ptrdiff_t xs, ptrdiff_t ys, ptrdiff_t W, ptrdiff_t KH,      \
+        ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw) {           \
     ptrdiff_t c, c0, c1, ow, ky, kx, lo, hi, off, CV = C - C % VL;                        \
     /* Blocks of 64 channels: the strided walks along the row then stay in */             \
     /* L1 for all taps even when C is large.                                */            \
@@ -358,31 +391,31 @@ ATTR static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy,      
                     /* Two accumulators: the adds of one row are not one chain. */        \
                     V a0 = (V){0}, a1 = a0;                                               \
                     for (ow = lo; ow + 1 < hi; ow += 2) {                                 \
-                        a0 += *(const V *)(dy + ow * C + c)                               \
-                              * *(const V *)(xr[ky] + (ow * sw + off) * C + c);           \
-                        a1 += *(const V *)(dy + (ow + 1) * C + c)                         \
-                              * *(const V *)(xr[ky] + ((ow + 1) * sw + off) * C + c);     \
+                        a0 += *(const V *)(dy + ow * ys + c)                              \
+                              * *(const V *)(xr[ky] + (ow * sw + off) * xs + c);          \
+                        a1 += *(const V *)(dy + (ow + 1) * ys + c)                        \
+                              * *(const V *)(xr[ky] + ((ow + 1) * sw + off) * xs + c);    \
                     }                                                                     \
                     if (ow < hi)                                                          \
-                        a0 += *(const V *)(dy + ow * C + c)                               \
-                              * *(const V *)(xr[ky] + (ow * sw + off) * C + c);           \
+                        a0 += *(const V *)(dy + ow * ys + c)                              \
+                              * *(const V *)(xr[ky] + (ow * sw + off) * xs + c);          \
                     *(V *)(kp + c) += a0 + a1;                                            \
                 }                                                                         \
             }                                                                             \
         }                                                                                 \
     }                                                                                     \
-    cb_dw_kgrad_cl_scalar_##SUF(xr, dy, part, C, W, KH, KW, OW, sw, dw, pw, CV, C);       \
+    cb_dw_kgrad_cl_scalar_##SUF(xr, dy, part, C, xs, ys, W, KH, KW, OW, sw, dw, pw, CV, C); \
 }
 
 
 /* Calls of the always-inlined blocks below with the caller's arguments. */
-#define CB_DW_TILE(SUF, ow, dv, NV)                                                      \
+#define CB_DW_TILE(SUF, ow, dv, NV)                                                       \
     cb_dw_cf_tile_##SUF(x, rs, k, ks, w, y, OW, oh, ow, dv, sh, dh, co, KH, KW, accumulate, \
                         b0, act, R, NV, K3)
-#define CB_DW_ROWS(SUF, R, K3)                                                           \
+#define CB_DW_ROWS(SUF, R, K3)                                                            \
     cb_dw_cf_rows_##SUF(x, rs, k, ks, w, y, OW, oh, sh, dh, co, KH, KW, accumulate, b0, act, \
                         R, K3)
-#define CB_DW_TAPS(SUF, NK)                                                              \
+#define CB_DW_TAPS(SUF, NK)                                                               \
     cb_dw_kg_cf_taps_##SUF(x, rs, dy, OH, OW, sh, dh, co + kx0, ky, ky * KW + kx0, keep, acc, \
                            NK)
 
@@ -527,7 +560,7 @@ ATTR static inline __attribute__((always_inline)) void cb_dw_cf_rows_##SUF(const
         }                                                                                 \
 }                                                                                         \
 /* One plane, as cb_dw_fwd_cf_scalar: blocks of 4 output rows (8 sums in                  \
- * registers hide the latency of the multiply-adds). 3x3 kernels at row stride          \
+ * registers hide the latency of the multiply-adds). 3x3 kernels at row stride            \
  * 1 or 2 and unit row dilation run in blocks of 3 rows instead, reusing each             \
  * input vector for the rows that read it: at stride 1, two loads per output              \
  * vector rather than nine, most of them across cache lines, which bounded                \
@@ -543,7 +576,7 @@ ATTR static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *k, 
         return;                                                                           \
     }                                                                                     \
     cb_dw_cols(co, KW, dw, sw, rs);                                                       \
-    if (KH == 3 && KW == 3 && (sh == 1 || sh == 2) && dh == 1 && cb_dw_k3_state) {       \
+    if (KH == 3 && KW == 3 && (sh == 1 || sh == 2) && dh == 1 && cb_dw_k3_state) {        \
         for (t = 0; t < 9; t++) w[t] = (V){0} + k[t * ks];                                \
         if (sh == 1) {                                                                    \
             for (; oh + 3 <= OH; oh += 3) CB_DW_ROWS(SUF, 3, 1);                          \
@@ -650,14 +683,16 @@ CB_DW_INSTANCE(double, cb_v4d, 4, d_avx2, CB_AVX2_ATTR)
 
 #define CB_DW_DISPATCH(T, SUF)                                                            \
 static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y, ptrdiff_t C,     \
-        ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, \
-        ptrdiff_t pw, const T *bias, int act) {                                           \
-    CB_DW_PICK(cb_dw_fwd_cl_row_, SUF)(xr, k, y, C, W, KH, KW, OW, sw, dw, pw, bias, act); \
+        ptrdiff_t xs, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, \
+        ptrdiff_t dw, ptrdiff_t pw, const T *bias, int act) {                             \
+    CB_DW_PICK(cb_dw_fwd_cl_row_, SUF)(xr, k, y, C, xs, W, KH, KW, OW, sw, dw, pw, bias,  \
+                                       act);                                              \
 }                                                                                         \
 static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy, T *part,            \
-        ptrdiff_t C, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, \
-        ptrdiff_t dw, ptrdiff_t pw) {                                                     \
-    CB_DW_PICK(cb_dw_kgrad_cl_row_, SUF)(xr, dy, part, C, W, KH, KW, OW, sw, dw, pw);     \
+        ptrdiff_t C, ptrdiff_t xs, ptrdiff_t ys, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, \
+        ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw) {                         \
+    CB_DW_PICK(cb_dw_kgrad_cl_row_, SUF)(xr, dy, part, C, xs, ys, W, KH, KW, OW, sw, dw,  \
+                                         pw);                                             \
 }                                                                                         \
 static void cb_dw_pad_plane_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T *buf,         \
         ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl, ptrdiff_t sw, ptrdiff_t uh, \
@@ -683,17 +718,17 @@ CB_DW_DISPATCH(double, d)
 
 #define CB_DW_PLAIN(T, SUF)                                                               \
 static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y, ptrdiff_t C,     \
-        ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, \
-        ptrdiff_t pw, const T *bias, int act) {                                           \
+        ptrdiff_t xs, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, \
+        ptrdiff_t dw, ptrdiff_t pw, const T *bias, int act) {                             \
     ptrdiff_t ow;                                                                         \
     for (ow = 0; ow < OW; ow++)                                                           \
-        cb_dw_pixel_##SUF(xr, k, y + ow * C, C, W, KH, KW, ow * sw - pw, dw, 0, C,        \
+        cb_dw_pixel_##SUF(xr, k, y + ow * C, C, xs, W, KH, KW, ow * sw - pw, dw, 0, C,    \
                           bias, act);                                                     \
 }                                                                                         \
 static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy, T *part,            \
-        ptrdiff_t C, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, \
-        ptrdiff_t dw, ptrdiff_t pw) {                                                     \
-    cb_dw_kgrad_cl_scalar_##SUF(xr, dy, part, C, W, KH, KW, OW, sw, dw, pw, 0, C);        \
+        ptrdiff_t C, ptrdiff_t xs, ptrdiff_t ys, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, \
+        ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw) {                         \
+    cb_dw_kgrad_cl_scalar_##SUF(xr, dy, part, C, xs, ys, W, KH, KW, OW, sw, dw, pw, 0, C); \
 }
 
 CB_DW_CF_SCALAR(float, f, )

@@ -17,7 +17,7 @@ cimport cython
 cimport numpy as cnp
 from cython.parallel cimport prange, parallel
 from libc.stdlib cimport calloc, free, malloc
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 from cyback.kernels._blas cimport floating
 from cyback.kernels._checks import check_float, remembered
@@ -31,19 +31,21 @@ cdef extern from "cyback_depthwise.h" nogil:
     int cb_simd_use_avx2(int on)
     int cb_dw_use_k3(int on)
     void cb_dw_fwd_cl_row_f(const float** xr, const float* k, float* y, Py_ssize_t C,
-                            Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
-                            Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw, const float* bias,
-                            int act)
+                            Py_ssize_t xs, Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW,
+                            Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw,
+                            const float* bias, int act)
     void cb_dw_fwd_cl_row_d(const double** xr, const double* k, double* y, Py_ssize_t C,
-                            Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
-                            Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw, const double* bias,
-                            int act)
+                            Py_ssize_t xs, Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW,
+                            Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw,
+                            const double* bias, int act)
     void cb_dw_kgrad_cl_row_f(const float** xr, const float* dy, float* part, Py_ssize_t C,
-                              Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
-                              Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw)
+                              Py_ssize_t xs, Py_ssize_t ys, Py_ssize_t W, Py_ssize_t KH,
+                              Py_ssize_t KW, Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dw,
+                              Py_ssize_t pw)
     void cb_dw_kgrad_cl_row_d(const double** xr, const double* dy, double* part, Py_ssize_t C,
-                              Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
-                              Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw)
+                              Py_ssize_t xs, Py_ssize_t ys, Py_ssize_t W, Py_ssize_t KH,
+                              Py_ssize_t KW, Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dw,
+                              Py_ssize_t pw)
     void cb_dw_pad_plane_f(const float* src, Py_ssize_t H, Py_ssize_t W, float* buf,
                            Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t pt, Py_ssize_t pl,
                            Py_ssize_t sw, Py_ssize_t uh, Py_ssize_t uw)
@@ -123,88 +125,205 @@ cdef inline void _tap_t(floating* dx, const floating* dy, const floating* k,
 # the float or double one.
 
 cdef inline void _cl_row(const floating** xr, const floating* k, floating* y, Py_ssize_t C,
-                         Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
-                         Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw,
+                         Py_ssize_t xs, Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW,
+                         Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw,
                          const floating* bias=NULL, int act=0) noexcept nogil:
+    # Input pixels are xs values apart (C when read in place).
     if floating is float:
-        cb_dw_fwd_cl_row_f(xr, k, y, C, W, KH, KW, OW, sw, dw, pw, bias, act)
+        cb_dw_fwd_cl_row_f(xr, k, y, C, xs, W, KH, KW, OW, sw, dw, pw, bias, act)
     else:
-        cb_dw_fwd_cl_row_d(xr, k, y, C, W, KH, KW, OW, sw, dw, pw, bias, act)
+        cb_dw_fwd_cl_row_d(xr, k, y, C, xs, W, KH, KW, OW, sw, dw, pw, bias, act)
 
 
 cdef inline void _kg_row(const floating** xr, const floating* dy, floating* part, Py_ssize_t C,
-                         Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW,
-                         Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw) noexcept nogil:
+                         Py_ssize_t xs, Py_ssize_t ys, Py_ssize_t W, Py_ssize_t KH,
+                         Py_ssize_t KW, Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dw,
+                         Py_ssize_t pw) noexcept nogil:
+    # Pixels of the input rows are xs values apart, of dy ys.
     if floating is float:
-        cb_dw_kgrad_cl_row_f(xr, dy, part, C, W, KH, KW, OW, sw, dw, pw)
+        cb_dw_kgrad_cl_row_f(xr, dy, part, C, xs, ys, W, KH, KW, OW, sw, dw, pw)
     else:
-        cb_dw_kgrad_cl_row_d(xr, dy, part, C, W, KH, KW, OW, sw, dw, pw)
+        cb_dw_kgrad_cl_row_d(xr, dy, part, C, xs, ys, W, KH, KW, OW, sw, dw, pw)
 
 
-cdef inline void _expand(const floating* x, floating* xe, Py_ssize_t W, Py_ssize_t C,
-                         Py_ssize_t M) noexcept nogil:
-    # xe[w, c*M + m] = x[w, c]: an input row with every channel repeated M
-    # times, so that a depth multiplier M runs as M == 1 over C*M channels
-    # with the kernel (KH, KW, C, M) read as (KH, KW, C*M).
-    cdef Py_ssize_t i, m
-    cdef floating v
-    if M == 2:
-        for i in range(W * C):
-            v = x[i]
-            xe[2 * i] = v
-            xe[2 * i + 1] = v
-        return
-    for i in range(W * C):
-        v = x[i]
-        for m in range(M):
-            xe[i * M + m] = v
-
-
-cdef inline void _cl_rows(const floating** xr, const floating[:, :, :, ::1] x, floating* xe,
-                          Py_ssize_t n, Py_ssize_t ih0, Py_ssize_t dh,
-                          Py_ssize_t KH, Py_ssize_t M) noexcept nogil:
-    # xr[ky] = row ih0 + ky*dh of sample n (expanded into xe when M > 1), or
-    # NULL where that row is padding.
-    cdef Py_ssize_t H = x.shape[1], W = x.shape[2], C = x.shape[3], ky, ih
+cdef inline void _cl_rows(const floating** xr, const floating[:, :, :, ::1] x, Py_ssize_t n,
+                          Py_ssize_t ih0, Py_ssize_t dh, Py_ssize_t KH) noexcept nogil:
+    # xr[ky] = row ih0 + ky*dh of sample n, read in place, or NULL where that
+    # row is padding.
+    cdef Py_ssize_t H = x.shape[1], ky, ih
     for ky in range(KH):
         ih = ih0 + ky * dh
-        if ih < 0 or ih >= H:
-            xr[ky] = NULL
-        elif M == 1:
-            xr[ky] = &x[n, ih, 0, 0]
-        else:
-            _expand(&x[n, ih, 0, 0], xe + ky * W * C * M, W, C, M)
-            xr[ky] = xe + ky * W * C * M
+        xr[ky] = NULL if ih < 0 or ih >= H else &x[n, ih, 0, 0]
+
+
+cdef inline Py_ssize_t _pixel_stride(Py_ssize_t CM, Py_ssize_t itemsize) noexcept nogil:
+    # Values between the staged pixels of a row of CM channels. Pixels a
+    # multiple of 1 kB apart put one channel of every pixel in 4 or fewer
+    # sets of an 8-way L1; a row kernel that reads 30 of them per channel
+    # block then thrashes (Zen 4, 3x3 on 14x14: 512 channels ran 3x and
+    # 1024 channels 7x slower than 528 and 1040). One more cache line per
+    # pixel spreads them over all sets.
+    if CM > 0 and (CM * itemsize) % 1024 == 0:
+        return CM + 64 // itemsize
+    return CM
+
+
+cdef inline bint _row_needed(Py_ssize_t tag, Py_ssize_t n, Py_ssize_t H, Py_ssize_t ih0,
+                             Py_ssize_t dh, Py_ssize_t KH) noexcept nogil:
+    # Whether row tag (n*H + ih) is one of rows ih0 + ky*dh of sample n.
+    cdef Py_ssize_t d = tag - (n * H + ih0)
+    return d >= 0 and d % dh == 0 and d // dh < KH and 0 <= ih0 + d < H
+
+
+cdef inline void _stage(const floating* src, floating* dst, Py_ssize_t W, Py_ssize_t C,
+                        Py_ssize_t M, Py_ssize_t xs) noexcept nogil:
+    # dst[w*xs + c*M + m] = src[w*C + c]: an input row with pixels xs apart
+    # and every channel repeated M times, so that a depth multiplier M runs
+    # as M == 1 over C*M channels with the kernel (KH, KW, C, M) read as
+    # (KH, KW, C*M).
+    cdef Py_ssize_t w, c, m
+    cdef floating v
+    if M == 1 and xs == C:
+        memcpy(dst, src, W * C * sizeof(floating))
+        return
+    for w in range(W):
+        if M == 1:
+            memcpy(dst + w * xs, src + w * C, C * sizeof(floating))
+            continue
+        for c in range(C):
+            v = src[w * C + c]
+            for m in range(M):
+                dst[w * xs + c * M + m] = v
+
+
+cdef inline void _staged_rows(const floating** xr, const floating[:, :, :, ::1] x,
+                              floating* ring, Py_ssize_t* tags, Py_ssize_t n, Py_ssize_t ih0,
+                              Py_ssize_t dh, Py_ssize_t KH, Py_ssize_t M, Py_ssize_t xs,
+                              Py_ssize_t Ws, Py_ssize_t pl) noexcept nogil:
+    # xr[ky] = row ih0 + ky*dh of sample n staged (_stage) in one of the KH
+    # slots of ring, or NULL where that row is padding. A slot holds Ws
+    # pixels xs apart: pl zeros, the row's W pixels, zeros (written when the
+    # ring was allocated). tags[s] = n*H + ih of the row slot s holds (-1:
+    # none): the next output row of the same thread finds the KH - sh rows
+    # it shares already there.
+    cdef Py_ssize_t H = x.shape[1], W = x.shape[2], C = x.shape[3]
+    cdef Py_ssize_t ky, s, ih
+    for ky in range(KH):
+        xr[ky] = NULL
+        ih = ih0 + ky * dh
+        if 0 <= ih < H:
+            for s in range(KH):
+                if tags[s] == n * H + ih:
+                    xr[ky] = ring + s * Ws * xs
+    for ky in range(KH):
+        ih = ih0 + ky * dh
+        if xr[ky] != NULL or ih < 0 or ih >= H:
+            continue
+        # A row is missing, so fewer than KH slots hold needed rows.
+        s = 0
+        while s < KH - 1 and _row_needed(tags[s], n, H, ih0, dh, KH):
+            s += 1
+        _stage(&x[n, ih, 0, 0], ring + (s * Ws + pl) * xs, W, C, M, xs)
+        tags[s] = n * H + ih
+        xr[ky] = ring + s * Ws * xs
+
+
+# Stage channels_last input rows as _row_plan says; tests turn it off to
+# compare with rows read in place (staged only to expand a depth multiplier).
+cdef bint _staging = True
+
+
+# How the row kernel reads the input rows of a channels_last correlation.
+ctypedef struct _Rows:
+    bint staged       # copied per thread (_staged_rows), else read in place
+    Py_ssize_t xs     # values between pixels
+    Py_ssize_t pl     # zero pixels staged before each row
+    Py_ssize_t Ws     # pixels per staged row
+
+
+cdef _Rows _row_plan(Py_ssize_t W, Py_ssize_t CM, Py_ssize_t M, Py_ssize_t OW, Py_ssize_t KW,
+                     Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw, Py_ssize_t itemsize,
+                     bint columns=True) noexcept nogil:
+    # Rows of W pixels (CM values each after a depth multiplier M expands
+    # them) read by OW outputs. They are staged when M > 1, when their
+    # pixel stride is a multiple of 1 kB (_pixel_stride), and (if columns)
+    # with their zero columns when they are padded and hold 256 bytes a
+    # pixel or more:
+    # the row kernel then runs every pixel in its register blocks, with no
+    # edge pixels, and the copy streams the input once, in order. Narrower
+    # rows are faster read in place; the row kernel handles their edges.
+    cdef _Rows rp
+    # Zero pixels after the row: as many as the last output's taps reach.
+    cdef Py_ssize_t pr = _imax(0, (OW - 1) * sw + (KW - 1) * dw - pw - (W - 1))
+    cdef bint padded = (columns and _staging and (pw > 0 or pr > 0)
+                        and CM * itemsize >= 256)
+    rp.xs = _pixel_stride(CM, itemsize) if _staging else CM
+    rp.staged = M > 1 or rp.xs != CM or padded
+    rp.pl = pw if padded else 0
+    rp.Ws = W + (pw + pr if padded else 0)
+    return rp
+
+
+cdef inline void* _ring_new(Py_ssize_t KH, _Rows rp, Py_ssize_t itemsize) noexcept nogil:
+    # A thread's KH staged rows, zeroed (their padding columns stay zero);
+    # NULL when rp reads rows in place.
+    return calloc(KH * rp.Ws * rp.xs, itemsize) if rp.staged else NULL
+
+
+cdef inline Py_ssize_t* _tags_new(Py_ssize_t KH, _Rows rp) noexcept nogil:
+    # The tags of a thread's staged rows, none yet (_staged_rows); NULL when
+    # rp reads rows in place.
+    cdef Py_ssize_t s
+    cdef Py_ssize_t* tags = NULL
+    if rp.staged:
+        tags = <Py_ssize_t*>malloc(KH * sizeof(Py_ssize_t))
+        for s in range(KH):
+            tags[s] = -1
+    return tags
+
+
+cdef inline void _rows_of(const floating** xr, const floating[:, :, :, ::1] x, _Rows rp,
+                          floating* ring, Py_ssize_t* tags, Py_ssize_t n, Py_ssize_t ih0,
+                          Py_ssize_t dh, Py_ssize_t KH, Py_ssize_t M) noexcept nogil:
+    # xr[ky] = row ih0 + ky*dh of sample n as rp says, NULL where padding.
+    if rp.staged:
+        _staged_rows(xr, x, ring, tags, n, ih0, dh, KH, M, rp.xs, rp.Ws, rp.pl)
+    else:
+        _cl_rows(xr, x, n, ih0, dh, KH)
 
 
 cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
                   floating[:, :, :, ::1] y, _Geom g, const floating[::1] bias, int act,
                   cb_intr* intr) noexcept nogil:
-    # One task per output row; its input rows (KH * W * C) stay in L1/L2.
-    # bias (C*M values, or none) and the activation code act are applied to
-    # each finished output row while it is in registers (cyback_depthwise.h).
+    # One task per output row; its input rows (KH * W * C) stay in L1/L2,
+    # read as _row_plan says. bias (C*M values, or none) and the activation
+    # code act are applied to each finished output row while it is in
+    # registers (cyback_depthwise.h).
     cdef Py_ssize_t N = x.shape[0], W = x.shape[2], C = x.shape[3]
     cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], M = k.shape[3]
     cdef Py_ssize_t OH = y.shape[1], OW = y.shape[2]
+    cdef _Rows rp = _row_plan(W, C * M, M, OW, KW, g.sw, g.dw, g.pw, sizeof(floating))
     cdef Py_ssize_t r, n, oh
     cdef const floating** xr = NULL
-    cdef floating* xe = NULL
+    cdef floating* ring = NULL
+    cdef Py_ssize_t* tags = NULL
     cdef int nt = threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     with parallel(num_threads=nt):
         xr = <const floating**>malloc(KH * sizeof(floating*))
-        xe = NULL
-        if M > 1:
-            xe = <floating*>malloc(KH * W * C * M * sizeof(floating))
+        # Assigned here, so that each thread has its own.
+        ring = <floating*>_ring_new(KH, rp, sizeof(floating))
+        tags = _tags_new(KH, rp)
         for r in prange(N * OH, schedule='static'):
             # Rows take well under a microsecond: poll every 8th.
             if intr.stop or (r % 8 == 0 and cb_intr_poll(intr)):
                 continue
             n = r // OH
             oh = r % OH
-            _cl_rows(xr, x, xe, n, oh * g.sh - g.ph, g.dh, KH, M)
-            _cl_row(xr, &k[0, 0, 0, 0], &y[n, oh, 0, 0], C * M, W, KH, KW, OW, g.sw, g.dw, g.pw,
-                    &bias[0] if bias.shape[0] > 0 else NULL, act)
-        free(xe)
+            _rows_of(xr, x, rp, ring, tags, n, oh * g.sh - g.ph, g.dh, KH, M)
+            _cl_row(xr, &k[0, 0, 0, 0], &y[n, oh, 0, 0], C * M, rp.xs, rp.Ws, KH, KW, OW, g.sw,
+                    g.dw, g.pw - rp.pl, &bias[0] if bias.shape[0] > 0 else NULL, act)
+        free(tags)
+        free(ring)
         free(<void*>xr)
     team_done(nt)
 
@@ -218,14 +337,21 @@ cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
     cdef Py_ssize_t N = dx.shape[0], H = dx.shape[1], W = dx.shape[2], C = dx.shape[3]
     cdef Py_ssize_t KH = kf.shape[0], KW = kf.shape[1], M = kf.shape[3]
     cdef Py_ssize_t OW = dy.shape[2]
+    # dy has C*M channels: read as a channels_last image with M == 1.
+    cdef _Rows rp = _row_plan(OW, C * M, 1, W, KW, 1, g.dw, g.pw, sizeof(floating))
     cdef Py_ssize_t r, n, ih, i, m
     cdef const floating** xr = NULL
+    cdef floating* ring = NULL
+    cdef Py_ssize_t* tags = NULL
     cdef floating* t = NULL
     cdef floating* dxp
     cdef floating s
     cdef int nt = threads_for(2.0 * N * H * W * C * M * KH * KW)
     with parallel(num_threads=nt):
         xr = <const floating**>malloc(KH * sizeof(floating*))
+        # Assigned here, so that each thread has its own.
+        ring = <floating*>_ring_new(KH, rp, sizeof(floating))
+        tags = _tags_new(KH, rp)
         t = NULL
         if M > 1:
             t = <floating*>malloc(W * C * M * sizeof(floating))
@@ -234,19 +360,22 @@ cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
                 continue
             n = r // H
             ih = r % H
-            # dy has C*M channels: read as a channels_last image with M == 1.
-            _cl_rows(xr, dy, NULL, n, ih - g.ph, g.dh, KH, 1)
+            _rows_of(xr, dy, rp, ring, tags, n, ih - g.ph, g.dh, KH, 1)
             dxp = &dx[n, ih, 0, 0]
             if M == 1:
-                _cl_row(xr, &kf[0, 0, 0, 0], dxp, C, OW, KH, KW, W, 1, g.dw, g.pw)
+                _cl_row(xr, &kf[0, 0, 0, 0], dxp, C, rp.xs, rp.Ws, KH, KW, W, 1, g.dw,
+                        g.pw - rp.pl)
             else:
-                _cl_row(xr, &kf[0, 0, 0, 0], t, C * M, OW, KH, KW, W, 1, g.dw, g.pw)
+                _cl_row(xr, &kf[0, 0, 0, 0], t, C * M, rp.xs, rp.Ws, KH, KW, W, 1, g.dw,
+                        g.pw - rp.pl)
                 for i in range(W * C):
                     s = t[i * M]
                     for m in range(1, M):
                         s = s + t[i * M + m]
                     dxp[i] = s
         free(t)
+        free(tags)
+        free(ring)
         free(<void*>xr)
 
 
@@ -258,15 +387,25 @@ cdef void _bwd_k_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
     cdef Py_ssize_t M = part.shape[4]
     cdef Py_ssize_t OH = dy.shape[1], OW = dy.shape[2]
     cdef Py_ssize_t rows = N * OH
+    # No zero columns: they would add terms, and change the sums' rounding.
+    cdef _Rows rp = _row_plan(W, C * M, M, OW, KW, g.sw, g.dw, g.pw, sizeof(floating), False)
+    # dy's rows are copied to the same pixel stride when that is wider.
+    cdef Py_ssize_t ys = rp.xs
     cdef Py_ssize_t p, r, n, oh
     cdef const floating** xr = NULL
-    cdef floating* xe = NULL
+    cdef floating* ring = NULL
+    cdef Py_ssize_t* tags = NULL
+    cdef floating* dyr = NULL
+    cdef const floating* dyp
     cdef int nt = threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     with parallel(num_threads=nt):
         xr = <const floating**>malloc(KH * sizeof(floating*))
-        xe = NULL
-        if M > 1:
-            xe = <floating*>malloc(KH * W * C * M * sizeof(floating))
+        # Assigned here, so that each thread has its own.
+        ring = <floating*>_ring_new(KH, rp, sizeof(floating))
+        tags = _tags_new(KH, rp)
+        dyr = NULL
+        if ys != C * M:
+            dyr = <floating*>malloc(OW * ys * sizeof(floating))
         for p in prange(P, schedule='static'):
             memset(&part[p, 0, 0, 0, 0], 0, KH * KW * C * M * sizeof(floating))
             for r in range(p * rows // P, (p + 1) * rows // P):
@@ -274,10 +413,16 @@ cdef void _bwd_k_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
                     break
                 n = r // OH
                 oh = r % OH
-                _cl_rows(xr, x, xe, n, oh * g.sh - g.ph, g.dh, KH, M)
-                _kg_row(xr, &dy[n, oh, 0, 0], &part[p, 0, 0, 0, 0], C * M, W, KH, KW, OW,
+                _rows_of(xr, x, rp, ring, tags, n, oh * g.sh - g.ph, g.dh, KH, M)
+                dyp = &dy[n, oh, 0, 0]
+                if dyr != NULL:
+                    _stage(dyp, dyr, OW, C * M, 1, ys)
+                    dyp = dyr
+                _kg_row(xr, dyp, &part[p, 0, 0, 0, 0], C * M, rp.xs, ys, W, KH, KW, OW,
                         g.sw, g.dw, g.pw)
-        free(xe)
+        free(dyr)
+        free(tags)
+        free(ring)
         free(<void*>xr)
 
 
@@ -617,6 +762,15 @@ def _use_avx2(bint on):
     """Run the AVX2 + FMA row kernels when the CPU has them (the default), or
     the baseline ones (for tests). Returns whether the AVX2 ones now run."""
     return bool(cb_simd_use_avx2(on))
+
+
+def _stage_rows(bint on):
+    """Stage channels_last input rows where that is faster (the default), or
+    read them in place unless a depth multiplier expands them (for tests).
+    Returns the new setting."""
+    global _staging
+    _staging = on
+    return bool(_staging)
 
 
 def _use_k3(bint on):

@@ -384,13 +384,16 @@ def test_3tap_column_reuse_equals_general_tiles(isa, dtype):
     # channels_last rows of 3-tap stride-1 kernels run in blocks of 8 pixels
     # that load each input column once; they sum each output's taps in the
     # general tiles' order: the same bits (bias, relu6), over every row width
-    # to 26 (blocks of 8, then 4, then single pixels and the padded edges),
-    # channel tails, M > 1 and 'valid' rows; and the reference values.
+    # to 26 (blocks of 8, the last one overlapping; blocks at the edges that
+    # read one padding column, on either side or both; wider padding pixel by
+    # pixel), channel tails, M > 1 and 'valid' rows; and the reference values.
     rng = np.random.default_rng(zlib.crc32(repr(dtype).encode()))
     for w in range(1, 27):
         for c, m, ps in [(8, 1, ((1, 1), (1, 1))), (11, 1, ((0, 2), (1, 1))),
-                         (16, 2, ((1, 1), (1, 1))), (5, 1, ((0, 0), (0, 0)))]:
-            if ps[1] == (0, 0) and w < 3:
+                         (16, 2, ((1, 1), (1, 1))), (5, 1, ((0, 0), (0, 0))),
+                         (8, 1, ((1, 1), (2, 2))), (8, 1, ((1, 1), (0, 1))),
+                         (8, 1, ((1, 1), (1, 0)))]:
+            if w + sum(ps[1]) < 3:
                 continue
             x = (2 * rng.standard_normal((1, 4, w, c))).astype(dtype)
             k = rng.standard_normal((3, 3, c, m)).astype(dtype)
@@ -407,3 +410,49 @@ def test_3tap_column_reuse_equals_general_tiles(isa, dtype):
             want = np.clip(ref_forward(x, k.astype(np.float64), (1, 1), (1, 1), ps, True) + b,
                            0, 6)
             np.testing.assert_allclose(got[0], want, **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_staged_rows_equal_rows_read_in_place(isa, dtype):
+    # channels_last rows of 256 bytes a pixel or more are staged per thread
+    # with their zero columns, and rows whose pixels are a multiple of 1 kB
+    # apart with one more cache line a pixel (the kernel gradient stages only
+    # those). The forward pass and both gradients give the bits of rows read
+    # in place and the reference values, over
+    # strides, dilations, wide and one-sided pads, channel tails, M > 1,
+    # several samples and 1 to 3 threads (a thread reuses its staged rows
+    # across its output rows).
+    wide = 256 // np.dtype(dtype).itemsize
+    kb = 1024 // np.dtype(dtype).itemsize
+    rng = np.random.default_rng(zlib.crc32(repr(dtype).encode()))
+    old = runtime.get_max_threads()
+    for n, h, w, c, m, kh, kw, ss, ds, ps in [
+            (2, 5, 11, wide, 1, 3, 3, (1, 1), (1, 1), ((1, 1), (1, 1))),
+            (2, 5, 11, wide + 3, 1, 3, 3, (1, 1), (1, 1), ((1, 1), (2, 2))),
+            (1, 6, 9, wide // 2, 2, 3, 3, (2, 2), (1, 1), ((0, 1), (0, 1))),
+            (1, 4, 7, kb, 1, 3, 3, (1, 1), (1, 1), ((0, 0), (0, 0))),
+            (2, 4, 13, kb, 1, 3, 3, (1, 1), (1, 1), ((1, 1), (1, 1))),
+            (3, 7, 10, wide + 1, 1, 5, 3, (1, 2), (2, 1), ((2, 2), (1, 1))),
+            (1, 3, 12, kb // 2, 2, 1, 3, (1, 1), (1, 2), ((0, 0), (2, 2)))]:
+        x = rng.standard_normal((n, h, w, c)).astype(dtype)
+        k = rng.standard_normal((kh, kw, c, m)).astype(dtype)
+        got = []
+        try:
+            for stage, nt in [(True, 1), (True, 2), (True, 3), (False, 2)]:
+                dw_module._stage_rows(stage)
+                runtime.set_num_threads(nt)
+                y = depthwise_forward(x, k, ss, ds, ps, True)
+                got.append((y, depthwise_backward_input(y, k, x.shape, ss, ds, ps, True),
+                            depthwise_backward_kernel(x, y, k.shape, ss, ds, ps, True)))
+        finally:
+            dw_module._stage_rows(True)
+            runtime.set_num_threads(old)
+        for r in got[1:]:
+            for a, b in zip(r, got[0]):
+                np.testing.assert_array_equal(a, b)
+        y, dx, dk = got[0]
+        np.testing.assert_allclose(y, ref_forward(x, k.astype(np.float64), ss, ds, ps, True),
+                                   **tol(dtype))
+        dxr, dkr = ref_grads(x, k.astype(np.float64), y.astype(np.float64), ss, ds, ps, True)
+        np.testing.assert_allclose(dx, dxr, **tol(dtype))
+        np.testing.assert_allclose(dk, dkr, rtol=tol(dtype)["rtol"], atol=10 * tol(dtype)["atol"])
