@@ -216,11 +216,11 @@ ATTR static void cb_dw_kgrad_cf_scalar_##SUF(const T *x, ptrdiff_t rs, const T *
  * they read ten input columns a kernel row (column j: o - pw + j), each
  * loaded once and used by the (up to) three pixels that need it, taps summed
  * in (ky, kx) order as in every path. Columns j outside [JL, JH) (constants:
- * 0 and 10 inside the row) are padding, read as zeros. Expanded inside
- * cb_dw_fwd_cl_row, whose variables it uses. */
+ * 0 and 10 inside the row) are padding, read as zeros; ACT is the activation
+ * code. Expanded inside cb_dw_fwd_cl_row, whose variables it uses. */
 #define CB_DW_X(V, j, JL, JH)                                                             \
     ((j) >= (JL) && (j) < (JH) ? *(const V *)(xb + (j) * xs) : (V){0})
-#define CB_DW_K3_BLOCK(T, V, VL, o, JL, JH)                                               \
+#define CB_DW_K3_BLOCK(T, V, VL, o, JL, JH, ACT)                                          \
     for (c = 0; c < CV; c += VL) {                                                        \
         V a0 = (V){0}, a1, a2, a3, a4, a5, a6, a7;                                        \
         if (bias) a0 = *(const V *)(bias + c);                                            \
@@ -246,8 +246,8 @@ ATTR static void cb_dw_kgrad_cf_scalar_##SUF(const T *x, ptrdiff_t rs, const T *
             xv = CB_DW_X(V, 8, JL, JH); a6 += xv * k2; a7 += xv * k1;                     \
             xv = CB_DW_X(V, 9, JL, JH); a7 += xv * k2;                                    \
         }                                                                                 \
-        CB_VACT(a0, act); CB_VACT(a1, act); CB_VACT(a2, act); CB_VACT(a3, act);           \
-        CB_VACT(a4, act); CB_VACT(a5, act); CB_VACT(a6, act); CB_VACT(a7, act);           \
+        CB_VACT(a0, ACT); CB_VACT(a1, ACT); CB_VACT(a2, ACT); CB_VACT(a3, ACT);           \
+        CB_VACT(a4, ACT); CB_VACT(a5, ACT); CB_VACT(a6, ACT); CB_VACT(a7, ACT);           \
         *(V *)(y + (o) * C + c) = a0;                                                     \
         *(V *)(y + ((o) + 1) * C + c) = a1;                                               \
         *(V *)(y + ((o) + 2) * C + c) = a2;                                               \
@@ -281,6 +281,36 @@ ATTR static void cb_dw_kgrad_cf_scalar_##SUF(const T *x, ptrdiff_t rs, const T *
         cb_dw_pixel_##SUF(xr, k, y + (px) * C, C, xs, W, KH, KW, (px) * sw - pw, dw, CV,  \
                           C, bias, act)
 
+/* A row of 3-tap stride-1 outputs, OW >= 8, in blocks of 8 pixels, the last
+ * one ending at OW (it recomputes a few outputs, to the same bits: cheaper
+ * than one multiply-add chain per pixel). Blocks at the row's ends read
+ * padding columns as zeros. Expanded inside cb_dw_fwd_cl_row. */
+#define CB_DW_K3_ROW(T, V, VL, SUF, ACT)                                                  \
+    for (ow = 0; ow < OW; ow += 8) {                                                      \
+        ptrdiff_t o = ow + 8 <= OW ? ow : OW - 8;                                         \
+        /* Columns j of the block with o - pw + j in [0, W). */                           \
+        ptrdiff_t jl = pw - o > 0 ? pw - o : 0, jh = W + pw - o;                          \
+        if (jl == 0 && jh >= 10) {                                                        \
+            CB_DW_K3_BLOCK(T, V, VL, o, 0, 10, ACT);                                      \
+        } else if (jl == 1 && jh >= 10) {  /* left edge, one padding column */            \
+            CB_DW_K3_BLOCK(T, V, VL, o, 1, 10, ACT);                                      \
+        } else if (jl == 0 && jh == 9) {  /* right edge */                                \
+            CB_DW_K3_BLOCK(T, V, VL, o, 0, 9, ACT);                                       \
+        } else if (jl == 1 && jh == 9) {  /* both: a row of 8 */                          \
+            CB_DW_K3_BLOCK(T, V, VL, o, 1, 9, ACT);                                       \
+        } else {  /* wider padding: pixel by pixel */                                     \
+            for (ow = o; ow < o + 8; ow++) {                                              \
+                CB_DW_ONE_PIXEL(T, V, VL, SUF, ow);                                       \
+            }                                                                             \
+            ow = o;                                                                       \
+            continue;                                                                     \
+        }                                                                                 \
+        if (CV < C)                                                                       \
+            for (c = 0; c < 8; c++)                                                       \
+                cb_dw_pixel_##SUF(xr, k, y + (o + c) * C, C, xs, W, KH, KW, o + c - pw,   \
+                                  1, CV, C, bias, act);                                   \
+    }
+
 /* channels_last forward row: y[ow, c] for ow in [0, OW), c in [0, C).
  * xr[ky]: input row read by kernel row ky (W pixels of C values, xs >= C apart),
  * or NULL when it is padding. k: (KH, KW, C). Input column of tap kx of output
@@ -295,32 +325,13 @@ ATTR static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y,   
     /* Pixels outer, channels inner: the kernel (KH*KW*C) stays in L1 while   */          \
     /* the input streams through once.                                        */          \
     if (KW == 3 && sw == 1 && dw == 1 && cb_dw_k3_state && OW >= 8) {                     \
-        /* Blocks of 8 pixels, the last one ending at OW (it recomputes a few  */         \
-        /* outputs, to the same bits: cheaper than one multiply-add chain per  */         \
-        /* pixel). Blocks at the row's ends read padding columns as zeros.     */         \
-        for (ow = 0; ow < OW; ow += 8) {                                                  \
-            ptrdiff_t o = ow + 8 <= OW ? ow : OW - 8;                                     \
-            /* Columns j of the block with o - pw + j in [0, W). */                       \
-            ptrdiff_t jl = pw - o > 0 ? pw - o : 0, jh = W + pw - o;                      \
-            if (jl == 0 && jh >= 10) {                                                    \
-                CB_DW_K3_BLOCK(T, V, VL, o, 0, 10);                                       \
-            } else if (jl == 1 && jh >= 10) {  /* left edge, one padding column */        \
-                CB_DW_K3_BLOCK(T, V, VL, o, 1, 10);                                       \
-            } else if (jl == 0 && jh == 9) {  /* right edge */                            \
-                CB_DW_K3_BLOCK(T, V, VL, o, 0, 9);                                        \
-            } else if (jl == 1 && jh == 9) {  /* both: a row of 8 */                      \
-                CB_DW_K3_BLOCK(T, V, VL, o, 1, 9);                                        \
-            } else {  /* wider padding: pixel by pixel */                                 \
-                for (ow = o; ow < o + 8; ow++) {                                          \
-                    CB_DW_ONE_PIXEL(T, V, VL, SUF, ow);                                   \
-                }                                                                         \
-                ow = o;                                                                   \
-                continue;                                                                 \
-            }                                                                             \
-            if (CV < C)                                                                   \
-                for (c = 0; c < 8; c++)                                                   \
-                    cb_dw_pixel_##SUF(xr, k, y + (o + c) * C, C, xs, W, KH, KW,           \
-                                      o + c - pw, 1, CV, C, bias, act);                   \
+        /* The activation a constant in the blocks: its tests leave the loops. */         \
+        if (act == CB_ACT_NONE) {                                                         \
+            CB_DW_K3_ROW(T, V, VL, SUF, CB_ACT_NONE);                                     \
+        } else if (act == CB_ACT_RELU) {                                                  \
+            CB_DW_K3_ROW(T, V, VL, SUF, CB_ACT_RELU);                                     \
+        } else {                                                                          \
+            CB_DW_K3_ROW(T, V, VL, SUF, CB_ACT_RELU6);                                    \
         }                                                                                 \
         return;                                                                           \
     }                                                                                     \

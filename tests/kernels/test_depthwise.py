@@ -302,11 +302,13 @@ def test_stride1_pads_beyond_kernel(isa, cl):
 @pytest.mark.parametrize("cl", [True, False])
 def test_bias_and_activation_epilogue(isa, cl, activation):
     # The fused epilogue equals bias + activation applied afterwards, on the
-    # vector and scalar paths (stride 1 and 2, channel tails, M > 1).
+    # vector and scalar paths (stride 1 and 2, channel tails, M > 1, rows
+    # read in place and staged).
     rng = np.random.default_rng(6)
     for dtype, (n, h, w, c, m, ss) in [(np.float32, (2, 5, 19, 11, 1, (1, 1))),
                                        (np.float64, (1, 6, 9, 5, 3, (2, 2))),
-                                       (np.float32, (2, 4, 21, 8, 2, (1, 2)))]:
+                                       (np.float32, (2, 4, 21, 8, 2, (1, 2))),
+                                       (np.float32, (1, 4, 13, 67, 1, (1, 1)))]:
         x = (3 * rng.standard_normal((n, h, w, c) if cl else (n, c, h, w))).astype(dtype)
         k = rng.standard_normal((3, 3, c, m)).astype(dtype)
         b = (3 * rng.standard_normal(c * m)).astype(dtype)
