@@ -181,19 +181,26 @@ cdef inline void _stage(const floating* src, floating* dst, Py_ssize_t W, Py_ssi
     # and every channel repeated M times, so that a depth multiplier M runs
     # as M == 1 over C*M channels with the kernel (KH, KW, C, M) read as
     # (KH, KW, C*M).
-    cdef Py_ssize_t w, c, m
+    cdef Py_ssize_t w, c, m, n = C
     cdef floating v
-    if M == 1 and xs == C:
-        memcpy(dst, src, W * C * sizeof(floating))
-        return
+    cdef floating* d
+    if xs == C * M:  # one run of W*C values
+        n = W * C
+        W = 1
     for w in range(W):
+        d = dst + w * xs
         if M == 1:
-            memcpy(dst + w * xs, src + w * C, C * sizeof(floating))
-            continue
-        for c in range(C):
-            v = src[w * C + c]
-            for m in range(M):
-                dst[w * xs + c * M + m] = v
+            memcpy(d, src + w * C, n * sizeof(floating))
+        elif M == 2:  # the common multiplier, in a loop the compiler vectorises
+            for c in range(n):
+                v = src[w * C + c]
+                d[2 * c] = v
+                d[2 * c + 1] = v
+        else:
+            for c in range(n):
+                v = src[w * C + c]
+                for m in range(M):
+                    d[c * M + m] = v
 
 
 cdef inline void _staged_rows(const floating** xr, const floating[:, :, :, ::1] x,
