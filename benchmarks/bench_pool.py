@@ -17,6 +17,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
+from cyback.bench.timing import time_alternated  # noqa: E402
 from cyback.kernels import depthwise as dw_module  # noqa: E402
 from cyback.kernels.depthwise import (  # noqa: E402
     depthwise_backward_input,
@@ -219,8 +220,9 @@ def bench_depthwise(rows, rng, shape, repeats, np_repeats, m=1):
     """3x3/1 'same' depthwise, depth multiplier m: NHWC and NCHW forward and
     backward (input + kernel gradients), against NumPy and torch (NHWC:
     channels_last memory format; NCHW: contiguous), outputs checked first.
-    The NCHW forward also runs through the general register tiles instead
-    of the 3x3 row-reuse ones (dw_module._use_k3), alternated with them."""
+    The forward passes (cyback NHWC, NCHW, NCHW through the general register
+    tiles instead of the 3x3 row-reuse ones, and torch's two) are timed
+    alternated block by block, so that their ratios come from one window."""
     n, h, w, c = shape
     x = rng.standard_normal(shape, dtype=np.float32)
     k = rng.standard_normal((3, 3, c, m), dtype=np.float32)
@@ -232,8 +234,6 @@ def bench_depthwise(rows, rng, shape, repeats, np_repeats, m=1):
     np.testing.assert_allclose(depthwise_forward(xcf, k, 1, 1, ps, False),
                                y.transpose(0, 3, 1, 2), rtol=1e-4, atol=1e-4)
     label = "depthwise 3x3/1 M=%d %%s %s" % (m, "x".join(map(str, shape)))
-    t = {}
-    t["f"] = median_time(lambda: depthwise_forward(x, k, 1, 1, ps), repeats)
 
     def cf_tiles(reuse):
         dw_module._use_k3(reuse)
@@ -242,11 +242,25 @@ def bench_depthwise(rows, rng, shape, repeats, np_repeats, m=1):
         finally:
             dw_module._use_k3(True)
     np.testing.assert_array_equal(cf_tiles(False), cf_tiles(True))
-    fc, fg = [], []
-    for _ in range(3):
-        fc.append(median_time(lambda: cf_tiles(True), max(1, repeats // 3 + 1)))
-        fg.append(median_time(lambda: cf_tiles(False), max(1, repeats // 3 + 1)))
-    t["fc"], t["fg"] = float(np.median(fc)), float(np.median(fg))
+    forward = {"f": lambda: depthwise_forward(x, k, 1, 1, ps), "fc": lambda: cf_tiles(True),
+               "fg": lambda: cf_tiles(False)}
+    if torch is not None:
+        tk = torch.from_numpy(np.ascontiguousarray(k.transpose(2, 3, 0, 1).reshape(c * m, 1, 3, 3)))
+        conv = torch.nn.functional.conv2d
+        tx = {"f": torch.from_numpy(x).permute(0, 3, 1, 2),  # channels_last
+              "fc": torch.from_numpy(xcf)}
+        for key in tx:
+            with torch.no_grad():
+                np.testing.assert_allclose(conv(tx[key], tk, padding=1, groups=c).numpy(),
+                                           y.transpose(0, 3, 1, 2), rtol=1e-4, atol=1e-4)
+
+            def tf(t=tx[key]):
+                with torch.no_grad():
+                    return conv(t, tk, padding=1, groups=c)
+            forward["torch_" + key] = tf
+    st = time_alternated(forward, blocks=max(5, min(repeats, 9)), block_seconds=0.15)
+    t = {key: st[key]["median_s"] for key in ("f", "fc", "fg")}
+    tt = {key: st["torch_" + key]["median_s"] for key in ("f", "fc") if "torch_" + key in st}
     t["b"] = median_time(lambda: (depthwise_backward_input(dy, k, x.shape, 1, 1, ps),
                                   depthwise_backward_kernel(x, dy, k.shape, 1, 1, ps)), repeats)
     t["bc"] = median_time(lambda: (depthwise_backward_input(dycf, k, xcf.shape, 1, 1, ps, False),
@@ -256,21 +270,13 @@ def bench_depthwise(rows, rng, shape, repeats, np_repeats, m=1):
     if m == 1:
         n_f = median_time(lambda: np_dw_fwd(x, k, ps), np_repeats, 0)
         n_b = median_time(lambda: np_dw_bwd(x, k, dy, ps), np_repeats, 0)
-    tt = {}
     if torch is not None:
-        tk = torch.from_numpy(np.ascontiguousarray(k.transpose(2, 3, 0, 1).reshape(c * m, 1, 3, 3)))
-        conv = torch.nn.functional.conv2d
         for key, arr, g in (("f", x, dy), ("fc", xcf, dycf)):
-            tx = torch.from_numpy(arr)
+            txg = torch.from_numpy(arr)
             tdy = torch.from_numpy(g)
             if key == "f":
-                tx, tdy = tx.permute(0, 3, 1, 2), tdy.permute(0, 3, 1, 2)  # channels_last
-            with torch.no_grad():
-                ty = conv(tx, tk, padding=1, groups=c)
-                np.testing.assert_allclose(ty.numpy(), y.transpose(0, 3, 1, 2), rtol=1e-4,
-                                           atol=1e-4)
-                tt[key] = median_time(lambda: conv(tx, tk, padding=1, groups=c), repeats)
-            txg = tx.detach().requires_grad_(True)
+                txg, tdy = txg.permute(0, 3, 1, 2), tdy.permute(0, 3, 1, 2)  # channels_last
+            txg = txg.detach().requires_grad_(True)
             tkg = tk.detach().requires_grad_(True)
 
             def tb():
@@ -343,6 +349,7 @@ def main():
         bench_depthwise(rows, rng, (32, 32, 32, 16), max(r, 20), nr, m=2)
         bench_depthwise(rows, rng, (nb, 112, 112, 32), r, nr)
         bench_depthwise(rows, rng, (nb, 14, 14, 512), r, nr)
+        bench_depthwise(rows, rng, (nb, 7, 7, 1024), r, nr)
     if want("local"):
         bench_local(rows, rng, (nb, 16, 16, 16), (3, 3), 32, r, nr)
     for row in rows:

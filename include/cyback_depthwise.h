@@ -110,6 +110,19 @@ ATTR static inline void cb_dw_kgrad_cl_scalar_##SUF(const T *const *xr, const T 
 CB_DW_SCALAR_CL(float, f, )
 CB_DW_SCALAR_CL(double, d, )
 
+/* dst[j * ld + i] = src[i * ls + j] for rows i in [0, R), columns j in [0, S),
+ * scalar, columns from j0 on for rows below i1 and all columns below it. */
+#define CB_DW_TRANSPOSE_REST(T, SUF, ATTR)                                                \
+ATTR static inline void cb_dw_transpose_rest_##SUF(const T *src, ptrdiff_t ls, T *dst,    \
+        ptrdiff_t ld, ptrdiff_t R, ptrdiff_t S, ptrdiff_t i1, ptrdiff_t j0) {             \
+    ptrdiff_t i, j;                                                                       \
+    for (i = 0; i < R; i++)                                                               \
+        for (j = i < i1 ? j0 : 0; j < S; j++) dst[j * ld + i] = src[i * ls + j];          \
+}
+
+CB_DW_TRANSPOSE_REST(float, f, )
+CB_DW_TRANSPOSE_REST(double, d, )
+
 /* channels_first kernels work on whole planes that the caller pads once
  * (cb_dw_pad_plane): padded row i, column j holds input (i - pt, j - pl),
  * zero outside the input, for Hp rows and Wp columns; with upsampling
@@ -675,12 +688,51 @@ ATTR static void cb_dw_kgrad_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *d
             }                                                                             \
 }
 
+/* dst[j * ld + i] = src[i * ls + j] for i in [0, R), j in [0, S): blocks of
+ * VL x VL transposed in registers by log2(VL) rounds of interleaving row i
+ * with row i + VL/2 (two rounds of that perfect shuffle swap a block's row and
+ * column bits once each), the rest scalar. */
+#define CB_DW_TRANSPOSE(T, V, VL, SUF, ATTR)                                              \
+ATTR static void cb_dw_transpose_##SUF(const T *src, ptrdiff_t ls, T *dst, ptrdiff_t ld,  \
+        ptrdiff_t R, ptrdiff_t S) {                                                       \
+    typedef __typeof__((V){0} > (V){0}) mask_t;                                           \
+    mask_t ml, mh;                                                                        \
+    ptrdiff_t i0, j0, RV = R - R % VL, SV = S - S % VL;                                   \
+    int i, q;                                                                             \
+    if (!CB_DW_SHUFFLE) RV = SV = 0;                                                      \
+    for (i = 0; i < VL / 2; i++) {                                                        \
+        ml[2 * i] = i;                                                                    \
+        ml[2 * i + 1] = VL + i;                                                           \
+        mh[2 * i] = VL / 2 + i;                                                           \
+        mh[2 * i + 1] = VL + VL / 2 + i;                                                  \
+    }                                                                                     \
+    for (i0 = 0; i0 < RV; i0 += VL)                                                       \
+        for (j0 = 0; j0 < SV; j0 += VL) {                                                 \
+            V a[VL], b[VL];                                                               \
+            CB_DW_UNROLL(16)                                                              \
+            for (i = 0; i < VL; i++) a[i] = *(const V *)(src + (i0 + i) * ls + j0);       \
+            for (q = VL; q > 1; q /= 2) {                                                 \
+                CB_DW_UNROLL(8)                                                           \
+                for (i = 0; i < VL / 2; i++) {                                            \
+                    b[2 * i] = CB_DW_SHUF(a[i], a[i + VL / 2], ml);                       \
+                    b[2 * i + 1] = CB_DW_SHUF(a[i], a[i + VL / 2], mh);                   \
+                }                                                                         \
+                CB_DW_UNROLL(16)                                                          \
+                for (i = 0; i < VL; i++) a[i] = b[i];                                     \
+            }                                                                             \
+            CB_DW_UNROLL(16)                                                              \
+            for (i = 0; i < VL; i++) *(V *)(dst + (j0 + i) * ld + i0) = a[i];             \
+        }                                                                                 \
+    cb_dw_transpose_rest_##SUF(src, ls, dst, ld, R, S, RV, SV);                           \
+}
+
 #define CB_DW_INSTANCE(T, V, VL, SUF, ATTR)                                               \
     CB_DW_SCALAR_CL(T, SUF, ATTR) CB_DW_CF_SCALAR(T, SUF, ATTR)                           \
     CB_DW_FWD_CL(T, V, VL, SUF, ATTR) CB_DW_KGRAD_CL(T, V, VL, SUF, ATTR)                 \
     CB_DW_PAD_HALVES(T, V, VL, SUF, ATTR) CB_DW_PAD_CF(T, V, VL, SUF, ATTR)               \
     CB_DW_FWD_CF(T, V, VL, SUF, ATTR)                                                     \
-    CB_DW_KGRAD_CF(T, V, VL, SUF, ATTR)
+    CB_DW_KGRAD_CF(T, V, VL, SUF, ATTR)                                                   \
+    CB_DW_TRANSPOSE_REST(T, SUF, ATTR) CB_DW_TRANSPOSE(T, V, VL, SUF, ATTR)
 
 CB_DW_INSTANCE(float, cb_v4f, 4, f_base, )
 CB_DW_INSTANCE(double, cb_v2d, 2, d_base, )
@@ -720,6 +772,10 @@ static void cb_dw_kgrad_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *dy,   
         ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh, ptrdiff_t dw, \
         ptrdiff_t KH, ptrdiff_t KW, T *acc) {                                             \
     CB_DW_PICK(cb_dw_kgrad_cf_plane_, SUF)(x, rs, dy, OH, OW, sh, sw, dh, dw, KH, KW, acc); \
+}                                                                                         \
+static void cb_dw_transpose_##SUF(const T *src, ptrdiff_t ls, T *dst, ptrdiff_t ld,       \
+        ptrdiff_t R, ptrdiff_t S) {                                                       \
+    CB_DW_PICK(cb_dw_transpose_, SUF)(src, ls, dst, ld, R, S);                            \
 }
 
 CB_DW_DISPATCH(float, f)
@@ -752,6 +808,10 @@ CB_DW_PLAIN(double, d)
 #define cb_dw_fwd_cf_plane_d cb_dw_fwd_cf_scalar_d
 #define cb_dw_kgrad_cf_plane_f cb_dw_kgrad_cf_scalar_f
 #define cb_dw_kgrad_cf_plane_d cb_dw_kgrad_cf_scalar_d
+#define cb_dw_transpose_f(src, ls, dst, ld, R, S) \
+    cb_dw_transpose_rest_f(src, ls, dst, ld, R, S, 0, 0)
+#define cb_dw_transpose_d(src, ls, dst, ld, R, S) \
+    cb_dw_transpose_rest_d(src, ls, dst, ld, R, S, 0, 0)
 
 #endif
 

@@ -458,3 +458,39 @@ def test_staged_rows_equal_rows_read_in_place(isa, dtype):
         dxr, dkr = ref_grads(x, k.astype(np.float64), y.astype(np.float64), ss, ds, ps, True)
         np.testing.assert_allclose(dx, dxr, **tol(dtype))
         np.testing.assert_allclose(dk, dkr, rtol=tol(dtype)["rtol"], atol=10 * tol(dtype)["atol"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_narrow_channels_first_rows_equal_plane_kernels(isa, dtype):
+    # channels_first planes with rows under 8 outputs (M == 1) run through
+    # the channels_last row kernel in blocks of 256 bytes of channels: the
+    # same bits as the plane kernels (rows read in place), over strides,
+    # dilations, pads, a tail block, bias + relu6, batch 1 and several
+    # samples and threads; and the reference values.
+    wide = 256 // np.dtype(dtype).itemsize
+    rng = np.random.default_rng(zlib.crc32(repr(dtype).encode()) + 1)
+    old = runtime.get_max_threads()
+    for n, c, h, w, kh, kw, ss, ds, ps in [
+            (2, wide + 6, 7, 7, 3, 3, (1, 1), (1, 1), ((1, 1), (1, 1))),
+            (1, 2 * wide + 1, 4, 5, 3, 3, (2, 2), (1, 1), ((1, 1), (1, 0))),
+            (3, 5, 6, 9, 2, 3, (1, 2), (2, 1), ((0, 1), (2, 2))),
+            (1, wide, 3, 4, 1, 5, (1, 1), (1, 1), ((0, 0), (2, 2)))]:
+        x = rng.standard_normal((n, c, h, w)).astype(dtype)
+        k = rng.standard_normal((kh, kw, c, 1)).astype(dtype)
+        b = rng.standard_normal(c).astype(dtype)
+        got = []
+        try:
+            for stage, nt in [(True, 1), (True, 2), (False, 2)]:
+                dw_module._stage_rows(stage)
+                runtime.set_num_threads(nt)
+                got.append(depthwise_forward(x, k, ss, ds, ps, False, bias=b,
+                                             activation="relu6"))
+        finally:
+            dw_module._stage_rows(True)
+            runtime.set_num_threads(old)
+        assert got[0].shape[3] < 8
+        for y in got[1:]:
+            np.testing.assert_array_equal(y, got[0])
+        want = np.clip(ref_forward(x, k.astype(np.float64), ss, ds, ps, False)
+                       + b[:, None, None], 0, 6)
+        np.testing.assert_allclose(got[0], want, **tol(dtype))
