@@ -706,8 +706,10 @@ ATTR static void cb_dw_transpose_##SUF(const T *src, ptrdiff_t ls, T *dst, ptrdi
         mh[2 * i] = VL / 2 + i;                                                           \
         mh[2 * i + 1] = VL + VL / 2 + i;                                                  \
     }                                                                                     \
-    for (i0 = 0; i0 < RV; i0 += VL)                                                       \
-        for (j0 = 0; j0 < SV; j0 += VL) {                                                 \
+    /* Blocks of columns outer: the VL rows of dst that a block writes are */            \
+    /* complete after the sweep over i0, before other rows evict them.     */            \
+    for (j0 = 0; j0 < SV; j0 += VL)                                                       \
+        for (i0 = 0; i0 < RV; i0 += VL) {                                                 \
             V a[VL], b[VL];                                                               \
             CB_DW_UNROLL(16)                                                              \
             for (i = 0; i < VL; i++) a[i] = *(const V *)(src + (i0 + i) * ls + j0);       \

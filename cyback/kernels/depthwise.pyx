@@ -415,6 +415,41 @@ cdef void _fwd_cf_narrow(const floating[:, :, :, ::1] x, const floating[:, :, :,
     team_done(nt)
 
 
+cdef void _swap_layout(const floating[:, :, :, ::1] src, floating[:, :, :, ::1] dst,
+                       bint to_last) noexcept nogil:
+    # dst = src moved between (N, C, H, W) and (N, H, W, C) (to_last: from
+    # the first), in tasks of a sample's block of 64 float channels.
+    cdef bint cf = to_last
+    cdef Py_ssize_t N = src.shape[0], C = src.shape[1] if cf else src.shape[3]
+    cdef Py_ssize_t P = src.shape[2] * src.shape[3] if cf else src.shape[1] * src.shape[2]
+    cdef Py_ssize_t CB = 256 // sizeof(floating), nb = _cdiv(C, CB)
+    cdef Py_ssize_t task, n, c0
+    cdef int nt = threads_for(0.5 * N * C * P)
+    for task in prange(N * nb, num_threads=nt, schedule='static'):
+        n = task // nb
+        c0 = (task % nb) * CB
+        if cf:
+            _transpose(&src[n, c0, 0, 0], P, &dst[n, 0, 0, c0], C, _imin(CB, C - c0), P)
+        else:
+            _transpose(&src[n, 0, 0, c0], C, &dst[n, c0, 0, 0], P, P, _imin(CB, C - c0))
+    team_done(nt)
+
+
+def _to_layout(a, bint to_last, out=None):
+    """The 4-D array a (C-contiguous) in the other layout, into out (a new
+    array if None): (N, C, H, W) to (N, H, W, C) when to_last, else back."""
+    shape = (a.shape[0], a.shape[2], a.shape[3], a.shape[1]) if to_last else \
+        (a.shape[0], a.shape[3], a.shape[1], a.shape[2])
+    if out is None:
+        out = np.empty(shape, a.dtype)
+    if out.size:
+        if a.dtype == np.float32:
+            _swap_layout[float](a, out, to_last)
+        else:
+            _swap_layout[double](a, out, to_last)
+    return out
+
+
 cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1] kf,
                         floating[:, :, :, ::1] dx, _Geom g, cb_intr* intr) noexcept nogil:
     # Stride 1: the input gradient is the forward convolution of dy (C*M
@@ -931,6 +966,16 @@ def _compute_params(name, x_shape, k_shape, strides, dilation, pads, channels_la
     return nd, ss, ds, ps, spatial, tuple(out)
 
 
+def _narrow_cf(bint channels_last, y, Py_ssize_t M):
+    """Whether a channels_first pass whose output (4-D view) is y runs through
+    the channels_last kernels: rows under CF_NARROW_OW outputs, M == 1."""
+    return not channels_last and M == 1 and _staging and y.shape[3] < CF_NARROW_OW
+
+
+def _cl_shape(shape):
+    return (shape[0], shape[2], shape[3], shape[1])
+
+
 @cython.wraparound(True)
 def _img(a, nd, channels_last):
     """C-contiguous 4-D view; 1-D data gets height 1."""
@@ -1092,6 +1137,12 @@ def depthwise_backward_input(dy, kernel, x_shape, strides, dilation, pads, chann
     if dx.size == 0:
         return dx
     dyv, kv, dxv = _img(dy, nd, channels_last), _ker(kernel, nd), _img(dx, nd, channels_last)
+    if _narrow_cf(channels_last, dyv, M):
+        # Through channels_last, as the forward pass (_fwd_cf_narrow).
+        dxl = depthwise_backward_input(_to_layout(dyv, True), kv, _cl_shape(dxv.shape), ss,
+                                       ds, ps)
+        _to_layout(dxl, False, dxv)
+        return dx
     spans = ((kv.shape[0] - 1) * ds[0], (kv.shape[1] - 1) * ds[1])
     before = all(a <= e for (a, b), e in zip(ps, spans))
     after = all(b <= e for (a, b), e in zip(ps, spans))
@@ -1133,6 +1184,10 @@ def depthwise_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, chan
         return dk
     xv, dyv = _img(x, nd, channels_last), _img(dy, nd, channels_last)
     dkv = _ker(dk, nd)
+    if _narrow_cf(channels_last, dyv, M):
+        dkv[...] = depthwise_backward_kernel(_to_layout(xv, True), _to_layout(dyv, True),
+                                             dkv.shape, ss, ds, ps)
+        return dk
     P = min(x.shape[0] * out[0], KGRAD_CHUNKS) if channels_last else 0
     part = np.empty((P,) + dkv.shape, dtype=x.dtype)
     _backward_kernel(xv, dyv, dkv, part, channels_last, ss + ds + (ps[0][0], ps[1][0]))

@@ -466,7 +466,9 @@ def test_narrow_channels_first_rows_equal_plane_kernels(isa, dtype):
     # the channels_last row kernel in blocks of 256 bytes of channels: the
     # same bits as the plane kernels (rows read in place), over strides,
     # dilations, pads, a tail block, bias + relu6, batch 1 and several
-    # samples and threads; and the reference values.
+    # samples and threads; and the reference values. Their gradients run
+    # through the channels_last ones (the arrays transposed): the same bits
+    # on 1 and 2 threads, and the reference values.
     wide = 256 // np.dtype(dtype).itemsize
     rng = np.random.default_rng(zlib.crc32(repr(dtype).encode()) + 1)
     old = runtime.get_max_threads()
@@ -483,14 +485,21 @@ def test_narrow_channels_first_rows_equal_plane_kernels(isa, dtype):
             for stage, nt in [(True, 1), (True, 2), (False, 2)]:
                 dw_module._stage_rows(stage)
                 runtime.set_num_threads(nt)
-                got.append(depthwise_forward(x, k, ss, ds, ps, False, bias=b,
-                                             activation="relu6"))
+                y = depthwise_forward(x, k, ss, ds, ps, False, bias=b, activation="relu6")
+                got.append((y, depthwise_backward_input(y, k, x.shape, ss, ds, ps, False),
+                            depthwise_backward_kernel(x, y, k.shape, ss, ds, ps, False)))
         finally:
             dw_module._stage_rows(True)
             runtime.set_num_threads(old)
-        assert got[0].shape[3] < 8
-        for y in got[1:]:
-            np.testing.assert_array_equal(y, got[0])
+        y, dx, dk = got[0]
+        assert y.shape[3] < 8
+        for r in got[1:]:
+            np.testing.assert_array_equal(r[0], y)
+        np.testing.assert_array_equal(got[1][1], dx)
+        np.testing.assert_array_equal(got[1][2], dk)
         want = np.clip(ref_forward(x, k.astype(np.float64), ss, ds, ps, False)
                        + b[:, None, None], 0, 6)
-        np.testing.assert_allclose(got[0], want, **tol(dtype))
+        np.testing.assert_allclose(y, want, **tol(dtype))
+        dxr, dkr = ref_grads(x, k.astype(np.float64), y.astype(np.float64), ss, ds, ps, False)
+        np.testing.assert_allclose(dx, dxr, **tol(dtype))
+        np.testing.assert_allclose(dk, dkr, rtol=tol(dtype)["rtol"], atol=10 * tol(dtype)["atol"])
