@@ -357,13 +357,14 @@ cdef Py_ssize_t CF_NARROW_OW = 8
 
 cdef void _fwd_cf_narrow(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
                          floating[:, :, :, ::1] y, _Geom g, const floating* bias, int act,
-                         cb_intr* intr) noexcept nogil:
+                         floating* kp, cb_intr* intr) noexcept nogil:
     # The forward pass of channels_first planes (M == 1) as channels_last
     # rows: one task per (sample, block of CB channels), whose planes a
     # thread transposes into its (H, Ws, CB) buffer (zero columns around
     # each row, as _row_plan stages them), filters with the row kernel into
     # (OH, OW, cb) and transposes back. Tail blocks keep the buffer's pixel
-    # stride, so that the zero columns stay zero.
+    # stride, so that the zero columns stay zero. kp: room for C*KH*KW
+    # values.
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], T = KH * KW
     cdef Py_ssize_t OH = y.shape[2], OW = y.shape[3]
@@ -377,9 +378,6 @@ cdef void _fwd_cf_narrow(const floating[:, :, :, ::1] x, const floating[:, :, :,
     cdef floating* yt = NULL
     # The kernel's block of channels from c0, (T, cb) values from kp + c0*T:
     # the row kernel's layout for that block.
-    cdef floating* kp = <floating*>malloc(nb * T * CB * sizeof(floating))
-    if kp == NULL:
-        return
     for c0 in range(0, C, CB):
         cb = _imin(CB, C - c0)
         for t in range(T):
@@ -411,7 +409,6 @@ cdef void _fwd_cf_narrow(const floating[:, :, :, ::1] x, const floating[:, :, :,
         free(yt)
         free(xt)
         free(<void*>xr)
-    free(kp)
     team_done(nt)
 
 
@@ -831,11 +828,15 @@ def _forward(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
              int act):
     cdef cb_intr intr
     cdef _Geom g = _geom(geom)
+    cdef cnp.ndarray kp
     cb_intr_init(&intr)
     if channels_last:
         _fwd_cl(x, k, y, g, bias, act, &intr)
     elif y.shape[3] < CF_NARROW_OW and k.shape[3] == 1 and _staging:
-        _fwd_cf_narrow(x, k, y, g, &bias[0] if bias.shape[0] > 0 else NULL, act, &intr)
+        kp = np.empty(max(1, k.shape[0] * k.shape[1] * k.shape[2]),
+                      np.float32 if floating is float else np.float64)
+        _fwd_cf_narrow(x, k, y, g, &bias[0] if bias.shape[0] > 0 else NULL, act,
+                       <floating*>cnp.PyArray_DATA(kp), &intr)
     else:
         _planes_cf(x, k, y, False, g, 1, 1, &bias[0] if bias.shape[0] > 0 else NULL, act,
                    &intr)
