@@ -110,8 +110,9 @@ ATTR static inline void cb_dw_kgrad_cl_scalar_##SUF(const T *const *xr, const T 
 CB_DW_SCALAR_CL(float, f, )
 CB_DW_SCALAR_CL(double, d, )
 
-/* dst[j * ld + i] = src[i * ls + j] for rows i in [0, R), columns j in [0, S),
- * scalar, columns from j0 on for rows below i1 and all columns below it. */
+/* dst[j * ld + i] = src[i * ls + j], scalar, for rows i in [0, R) and columns
+ * j in [0, S), but only columns from j0 on in rows below i1 (the vector blocks
+ * of cb_dw_transpose did the rest). */
 #define CB_DW_TRANSPOSE_REST(T, SUF, ATTR)                                                \
 ATTR static inline void cb_dw_transpose_rest_##SUF(const T *src, ptrdiff_t ls, T *dst,    \
         ptrdiff_t ld, ptrdiff_t R, ptrdiff_t S, ptrdiff_t i1, ptrdiff_t j0) {             \
@@ -242,7 +243,7 @@ ATTR static void cb_dw_kgrad_cf_scalar_##SUF(const T *x, ptrdiff_t rs, const T *
             const T *xb, *kb;                                                             \
             V k0, k1, k2, xv;                                                             \
             if (!xr[ky]) continue;                                                        \
-            /* Before the row at the left edge; LOAD reads only inside it. */             \
+            /* Before the row at its left edge: CB_DW_X reads only inside it. */          \
             xb = xr[ky] + ((o) - pw) * xs + c;                                            \
             kb = k + ky * 3 * C + c;                                                      \
             k0 = *(const V *)kb;                                                          \

@@ -268,10 +268,10 @@ cdef _Rows _row_plan(Py_ssize_t W, Py_ssize_t CM, Py_ssize_t M, Py_ssize_t OW, P
     # them) read by OW outputs. They are staged when M > 1, when their
     # pixel stride is a multiple of 1 kB (_pixel_stride), and (if columns)
     # with their zero columns when they are padded and hold 256 bytes a
-    # pixel or more:
-    # the row kernel then runs every pixel in its register blocks, with no
-    # edge pixels, and the copy streams the input once, in order. Narrower
-    # rows are faster read in place; the row kernel handles their edges.
+    # pixel or more: the row kernel then runs every pixel in its register
+    # blocks, with no edge pixels, and the copy streams the input once, in
+    # order. Narrower rows are faster read in place; the row kernel handles
+    # their edges.
     cdef _Rows rp
     # Zero pixels after the row: as many as the last output's taps reach.
     cdef Py_ssize_t pr = _imax(0, (OW - 1) * sw + (KW - 1) * dw - pw - (W - 1))
