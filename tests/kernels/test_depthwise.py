@@ -420,10 +420,9 @@ def test_staged_rows_equal_rows_read_in_place(isa, dtype):
     # with their zero columns, and rows whose pixels are a multiple of 1 kB
     # apart with one more cache line a pixel (the kernel gradient stages only
     # those). The forward pass and both gradients give the bits of rows read
-    # in place and the reference values, over
-    # strides, dilations, wide and one-sided pads, channel tails, M > 1,
-    # several samples and 1 to 3 threads (a thread reuses its staged rows
-    # across its output rows).
+    # in place and the reference values, over strides, dilations, wide and
+    # one-sided pads, channel tails, M > 1, several samples and 1 to 3
+    # threads (a thread reuses its staged rows across its output rows).
     wide = 256 // np.dtype(dtype).itemsize
     kb = 1024 // np.dtype(dtype).itemsize
     rng = np.random.default_rng(zlib.crc32(repr(dtype).encode()))
