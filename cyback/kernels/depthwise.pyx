@@ -261,9 +261,14 @@ ctypedef struct _Rows:
     Py_ssize_t Ws     # pixels per staged row
 
 
-cdef _Rows _row_plan(Py_ssize_t W, Py_ssize_t CM, Py_ssize_t M, Py_ssize_t OW, Py_ssize_t KW,
-                     Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw, Py_ssize_t itemsize,
-                     bint columns=True) noexcept nogil:
+# Most bytes of a thread's staged rows (KH of them) for the staging that
+# only speeds a call up: longer rows (long 1-D sequences) are read in place.
+cdef Py_ssize_t STAGE_MAX_BYTES = 4 << 20
+
+
+cdef _Rows _row_plan(Py_ssize_t W, Py_ssize_t CM, Py_ssize_t M, Py_ssize_t OW, Py_ssize_t KH,
+                     Py_ssize_t KW, Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw,
+                     Py_ssize_t itemsize, bint columns=True) noexcept nogil:
     # Rows of W pixels (CM values each after a depth multiplier M expands
     # them) read by OW outputs. They are staged when M > 1, when their
     # pixel stride is a multiple of 1 kB (_pixel_stride), and (if columns)
@@ -271,13 +276,13 @@ cdef _Rows _row_plan(Py_ssize_t W, Py_ssize_t CM, Py_ssize_t M, Py_ssize_t OW, P
     # pixel or more: the row kernel then runs every pixel in its register
     # blocks, with no edge pixels, and the copy streams the input once, in
     # order. Narrower rows are faster read in place; the row kernel handles
-    # their edges.
+    # their edges. Past STAGE_MAX_BYTES only M > 1 stages, as it must.
     cdef _Rows rp
     # Zero pixels after the row: as many as the last output's taps reach.
     cdef Py_ssize_t pr = _imax(0, (OW - 1) * sw + (KW - 1) * dw - pw - (W - 1))
-    cdef bint padded = (columns and _staging and (pw > 0 or pr > 0)
-                        and CM * itemsize >= 256)
-    rp.xs = _pixel_stride(CM, itemsize) if _staging else CM
+    cdef bint faster = _staging and KH * (W + pw + pr) * (CM + 64) * itemsize <= STAGE_MAX_BYTES
+    cdef bint padded = columns and faster and (pw > 0 or pr > 0) and CM * itemsize >= 256
+    rp.xs = _pixel_stride(CM, itemsize) if faster else CM
     rp.staged = M > 1 or rp.xs != CM or padded
     rp.pl = pw if padded else 0
     rp.Ws = W + (pw + pr if padded else 0)
@@ -322,7 +327,7 @@ cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
     cdef Py_ssize_t N = x.shape[0], W = x.shape[2], C = x.shape[3]
     cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], M = k.shape[3]
     cdef Py_ssize_t OH = y.shape[1], OW = y.shape[2]
-    cdef _Rows rp = _row_plan(W, C * M, M, OW, KW, g.sw, g.dw, g.pw, sizeof(floating))
+    cdef _Rows rp = _row_plan(W, C * M, M, OW, KH, KW, g.sw, g.dw, g.pw, sizeof(floating))
     cdef Py_ssize_t r, n, oh
     cdef const floating** xr = NULL
     cdef floating* ring = NULL
@@ -355,6 +360,13 @@ cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
 cdef Py_ssize_t CF_NARROW_OW = 8
 
 
+cdef inline Py_ssize_t _cf_narrow_width(Py_ssize_t W, Py_ssize_t OW, Py_ssize_t KW,
+                                        _Geom g) noexcept nogil:
+    # Pixels of a staged row of _fwd_cf_narrow: g.pw zeros, W, then zeros as
+    # far as the last output's taps reach.
+    return W + g.pw + _imax(0, (OW - 1) * g.sw + (KW - 1) * g.dw - g.pw - (W - 1))
+
+
 cdef void _fwd_cf_narrow(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
                          floating[:, :, :, ::1] y, _Geom g, const floating* bias, int act,
                          floating* kp, cb_intr* intr) noexcept nogil:
@@ -364,14 +376,14 @@ cdef void _fwd_cf_narrow(const floating[:, :, :, ::1] x, const floating[:, :, :,
     # each row, as _row_plan stages them), filters with the row kernel into
     # (OH, OW, cb) and transposes back. Tail blocks keep the buffer's pixel
     # stride, so that the zero columns stay zero. kp: room for C*KH*KW
-    # values.
+    # values. A thread's buffers hold H * Ws pixels of 256 bytes (_forward
+    # keeps that within STAGE_MAX_BYTES).
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], T = KH * KW
     cdef Py_ssize_t OH = y.shape[2], OW = y.shape[3]
     cdef Py_ssize_t CB = 256 // sizeof(floating)
     cdef Py_ssize_t nb = _cdiv(C, CB)
-    cdef Py_ssize_t pr = _imax(0, (OW - 1) * g.sw + (KW - 1) * g.dw - g.pw - (W - 1))
-    cdef Py_ssize_t Ws = W + g.pw + pr
+    cdef Py_ssize_t Ws = _cf_narrow_width(W, OW, KW, g)
     cdef Py_ssize_t task, n, c0, cb, j, r, t, ky, ih, oh
     cdef const floating** xr = NULL
     cdef floating* xt = NULL
@@ -457,7 +469,7 @@ cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
     cdef Py_ssize_t KH = kf.shape[0], KW = kf.shape[1], M = kf.shape[3]
     cdef Py_ssize_t OW = dy.shape[2]
     # dy has C*M channels: read as a channels_last image with M == 1.
-    cdef _Rows rp = _row_plan(OW, C * M, 1, W, KW, 1, g.dw, g.pw, sizeof(floating))
+    cdef _Rows rp = _row_plan(OW, C * M, 1, W, KH, KW, 1, g.dw, g.pw, sizeof(floating))
     cdef Py_ssize_t r, n, ih, i, m
     cdef const floating** xr = NULL
     cdef floating* ring = NULL
@@ -507,7 +519,8 @@ cdef void _bwd_k_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
     cdef Py_ssize_t OH = dy.shape[1], OW = dy.shape[2]
     cdef Py_ssize_t rows = N * OH
     # No zero columns: they would add terms, and change the sums' rounding.
-    cdef _Rows rp = _row_plan(W, C * M, M, OW, KW, g.sw, g.dw, g.pw, sizeof(floating), False)
+    cdef _Rows rp = _row_plan(W, C * M, M, OW, KH, KW, g.sw, g.dw, g.pw, sizeof(floating),
+                              False)
     # dy's rows are copied to the same pixel stride when that is wider.
     cdef Py_ssize_t ys = rp.xs
     cdef Py_ssize_t p, r, n, oh
@@ -832,7 +845,9 @@ def _forward(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
     cb_intr_init(&intr)
     if channels_last:
         _fwd_cl(x, k, y, g, bias, act, &intr)
-    elif y.shape[3] < CF_NARROW_OW and k.shape[3] == 1 and _staging:
+    elif (y.shape[3] < CF_NARROW_OW and k.shape[3] == 1 and _staging
+          and x.shape[2] * _cf_narrow_width(x.shape[3], y.shape[3], k.shape[1], g) * 256
+          <= STAGE_MAX_BYTES):
         kp = np.empty(max(1, k.shape[0] * k.shape[1] * k.shape[2]),
                       np.float32 if floating is float else np.float64)
         _fwd_cf_narrow(x, k, y, g, &bias[0] if bias.shape[0] > 0 else NULL, act,

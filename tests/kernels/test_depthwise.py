@@ -502,3 +502,23 @@ def test_narrow_channels_first_rows_equal_plane_kernels(isa, dtype):
         dxr, dkr = ref_grads(x, k.astype(np.float64), y.astype(np.float64), ss, ds, ps, False)
         np.testing.assert_allclose(dx, dxr, **tol(dtype))
         np.testing.assert_allclose(dk, dkr, rtol=tol(dtype)["rtol"], atol=10 * tol(dtype)["atol"])
+
+
+@pytest.mark.parametrize("cl", [True, False])
+def test_long_rows_past_the_staging_budget(cl):
+    # Rows whose staged copies would take more than a few MB per thread (a
+    # long sequence; tall planes of a narrow channels_first call) are read in
+    # place: the reference values, forward and both gradients.
+    rng = np.random.default_rng(12)
+    shape = (1, 1, 20000, 64) if cl else (1, 64, 3000, 4)
+    x = rng.standard_normal(shape).astype(np.float32)
+    k = rng.standard_normal((1, 3, 64, 1) if cl else (3, 3, 64, 1)).astype(np.float32)
+    ps = ((0, 0), (1, 1)) if cl else ((1, 1), (1, 1))
+    y = depthwise_forward(x, k, 1, 1, ps, cl)
+    np.testing.assert_allclose(y, ref_forward(x, k.astype(np.float64), (1, 1), (1, 1), ps, cl),
+                               **tol(np.float32))
+    dx = depthwise_backward_input(y, k, x.shape, 1, 1, ps, cl)
+    dk = depthwise_backward_kernel(x, y, k.shape, 1, 1, ps, cl)
+    dxr, dkr = ref_grads(x, k.astype(np.float64), y.astype(np.float64), (1, 1), (1, 1), ps, cl)
+    np.testing.assert_allclose(dx, dxr, **tol(np.float32))
+    np.testing.assert_allclose(dk, dkr, rtol=1e-3, atol=1e-2)
