@@ -447,10 +447,9 @@ cdef void _swap_layout(const floating[:, :, :, ::1] src, floating[:, :, :, ::1] 
 def _to_layout(a, bint to_last, out=None):
     """The 4-D array a (C-contiguous) in the other layout, into out (a new
     array if None): (N, C, H, W) to (N, H, W, C) when to_last, else back."""
-    shape = (a.shape[0], a.shape[2], a.shape[3], a.shape[1]) if to_last else \
-        (a.shape[0], a.shape[3], a.shape[1], a.shape[2])
     if out is None:
-        out = np.empty(shape, a.dtype)
+        out = np.empty(_cl_shape(a.shape) if to_last else
+                       (a.shape[0], a.shape[3], a.shape[1], a.shape[2]), a.dtype)
     if out.size:
         if a.dtype == np.float32:
             _swap_layout[float](a, out, to_last)
@@ -845,7 +844,7 @@ def _forward(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
     cb_intr_init(&intr)
     if channels_last:
         _fwd_cl(x, k, y, g, bias, act, &intr)
-    elif (y.shape[3] < CF_NARROW_OW and k.shape[3] == 1 and _staging
+    elif (_narrow_cf(False, y.shape[3], k.shape[3])
           and x.shape[2] * _cf_narrow_width(x.shape[3], y.shape[3], k.shape[1], g) * 256
           <= STAGE_MAX_BYTES):
         kp = np.empty(max(1, k.shape[0] * k.shape[1] * k.shape[2]),
@@ -982,10 +981,10 @@ def _compute_params(name, x_shape, k_shape, strides, dilation, pads, channels_la
     return nd, ss, ds, ps, spatial, tuple(out)
 
 
-def _narrow_cf(bint channels_last, y, Py_ssize_t M):
-    """Whether a channels_first pass whose output (4-D view) is y runs through
-    the channels_last kernels: rows under CF_NARROW_OW outputs, M == 1."""
-    return not channels_last and M == 1 and _staging and y.shape[3] < CF_NARROW_OW
+cdef bint _narrow_cf(bint channels_last, Py_ssize_t OW, Py_ssize_t M):
+    # Whether a channels_first pass with OW outputs a row runs through the
+    # channels_last kernels: rows under CF_NARROW_OW outputs, M == 1.
+    return not channels_last and M == 1 and _staging and OW < CF_NARROW_OW
 
 
 def _cl_shape(shape):
@@ -1153,7 +1152,7 @@ def depthwise_backward_input(dy, kernel, x_shape, strides, dilation, pads, chann
     if dx.size == 0:
         return dx
     dyv, kv, dxv = _img(dy, nd, channels_last), _ker(kernel, nd), _img(dx, nd, channels_last)
-    if _narrow_cf(channels_last, dyv, M):
+    if _narrow_cf(channels_last, dyv.shape[3], M):
         # Through channels_last, as the forward pass (_fwd_cf_narrow).
         dxl = depthwise_backward_input(_to_layout(dyv, True), kv, _cl_shape(dxv.shape), ss,
                                        ds, ps)
@@ -1200,7 +1199,7 @@ def depthwise_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, chan
         return dk
     xv, dyv = _img(x, nd, channels_last), _img(dy, nd, channels_last)
     dkv = _ker(dk, nd)
-    if _narrow_cf(channels_last, dyv, M):
+    if _narrow_cf(channels_last, dyv.shape[3], M):
         dkv[...] = depthwise_backward_kernel(_to_layout(xv, True), _to_layout(dyv, True),
                                              dkv.shape, ss, ds, ps)
         return dk

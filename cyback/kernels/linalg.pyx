@@ -244,6 +244,20 @@ cdef enum:
     DENSE_GEMM, DENSE_ROWS, DENSE_TRANSPOSED
 
 
+cdef inline void _dense_kernel(const floating* xp, const floating* wp, const floating* bp,
+                               floating* yp, Py_ssize_t m, Py_ssize_t k, Py_ssize_t n,
+                               int act, int kernel) noexcept nogil:
+    if kernel == DENSE_TRANSPOSED:
+        if floating is float:
+            cb_dt_rows_f(xp, m, k, wp, n, bp, act, yp)
+        else:
+            cb_dt_rows_d(xp, m, k, wp, n, bp, act, yp)
+    elif kernel == DENSE_ROWS:
+        _dense_rows(xp, wp, bp, yp, m, k, n, act)
+    else:
+        _dense_gemm(xp, wp, bp, yp, <int> m, <int> k, <int> n, act)
+
+
 cdef cnp.ndarray _dense_run(x, w, bias, int act, int typenum, Py_ssize_t m, Py_ssize_t k,
                             Py_ssize_t n, int kernel):
     """The checked product (see _dense_shape) by _dense_gemm, _dense_rows or
@@ -257,24 +271,11 @@ cdef cnp.ndarray _dense_run(x, w, bias, int act, int typenum, Py_ssize_t m, Py_s
     cdef void* yp = cnp.PyArray_DATA(y)
     with nogil:
         if typenum == cnp.NPY_FLOAT:
-            if kernel == DENSE_TRANSPOSED:
-                cb_dt_rows_f(<const float*> xp, m, k, <const float*> wp, n, <const float*> bp,
-                             act, <float*> yp)
-            elif kernel == DENSE_ROWS:
-                _dense_rows[float](<const float*> xp, <const float*> wp, <const float*> bp,
-                                   <float*> yp, m, k, n, act)
-            else:
-                _dense_gemm[float](<const float*> xp, <const float*> wp, <const float*> bp,
-                                   <float*> yp, <int> m, <int> k, <int> n, act)
-        elif kernel == DENSE_TRANSPOSED:
-            cb_dt_rows_d(<const double*> xp, m, k, <const double*> wp, n, <const double*> bp,
-                         act, <double*> yp)
-        elif kernel == DENSE_ROWS:
-            _dense_rows[double](<const double*> xp, <const double*> wp, <const double*> bp,
-                                <double*> yp, m, k, n, act)
+            _dense_kernel(<const float*> xp, <const float*> wp, <const float*> bp,
+                          <float*> yp, m, k, n, act, kernel)
         else:
-            _dense_gemm[double](<const double*> xp, <const double*> wp, <const double*> bp,
-                                <double*> yp, <int> m, <int> k, <int> n, act)
+            _dense_kernel(<const double*> xp, <const double*> wp, <const double*> bp,
+                          <double*> yp, m, k, n, act, kernel)
     return y
 
 
