@@ -150,6 +150,14 @@ static int cb_dw_use_k3(int on) {
     return cb_dw_k3_state;
 }
 
+/* Reading the edges of channels_first 3x3 "same" planes in the kernel (on
+ * unless a test pads them, to check one path against the other). */
+static int cb_dw_same3_state = 1;
+static int cb_dw_read_edges(int on) {
+    cb_dw_same3_state = on != 0;
+    return cb_dw_same3_state;
+}
+
 /* Full unrolling of the short constant loops of the register tiles, so that
  * their indices (and the weights they pick) are known when compiled. */
 #if defined(__GNUC__)
@@ -628,6 +636,103 @@ ATTR static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *k, 
     if (oh < OH) CB_DW_ROWS(SUF, 1, 0);                                                   \
 }
 
+/* channels_first 3x3 forward at stride 1, dilation 1 and pads (1, 1) on
+ * both axes ("same"), straight from the unpadded plane (H, W): padding each
+ * plane into a buffer first had cost a quarter of the call on (32, 16, 32, 32).
+ * Tiles of 3 output rows by 2 vectors as in cb_dw_cf_tile (same loads, taps and
+ * order, so the same bits as the padded plane): rows above or below the
+ * plane read the zero row, and the one column outside the plane at either
+ * end comes into the tile's first vector (LEFT) or last one (RIGHT) by a
+ * shuffle with a zero lane. The flags are constants: a multiply-add whose
+ * operand depended on a run-time branch was left unfused, which changed the
+ * bits. Tiles overlap at the plane's ends instead of taking narrower
+ * shapes, so the function takes
+ * planes of at least 3 rows and VL columns, without accumulation; it returns
+ * 0 (nothing done) for any other plane and on compilers without shuffles. */
+#define CB_DW_FWD_CF_SAME3(T, V, VL, SUF, ATTR)                                           \
+ATTR static inline __attribute__((always_inline)) void cb_dw_s3_tile_##SUF(               \
+        const T *const *p, const V *w, T *y, ptrdiff_t W, ptrdiff_t oh, ptrdiff_t ow,     \
+        ptrdiff_t dv, V b0, int act, const int NV, const int LEFT, const int RIGHT) {     \
+    typedef __typeof__(b0 > b0) mask_t;                                                   \
+    const V z = {0};                                                                      \
+    mask_t ml, mr;                                                                        \
+    V a[3][2];                                                                            \
+    int r, v, i, kx, j;                                                                   \
+    for (j = 0; j < VL; j++) {                                                            \
+        ml[j] = j == 0 ? VL : j - 1;                                                      \
+        mr[j] = j == VL - 1 ? VL : j + 1;                                                 \
+    }                                                                                     \
+    for (r = 0; r < 3; r++) a[r][0] = a[r][1] = b0;                                       \
+    CB_DW_UNROLL(5) for (i = 0; i < 5; i++)                                               \
+        CB_DW_UNROLL(3) for (kx = 0; kx < 3; kx++)                                        \
+            CB_DW_UNROLL(2) for (v = 0; v < NV; v++) {                                    \
+                const T *xc = p[i] + ow + v * dv;                                         \
+                V xv;                                                                     \
+                if (LEFT && kx == 0 && v == 0)                                            \
+                    xv = CB_DW_SHUF(*(const V *)xc, z, ml);                               \
+                else if (RIGHT && kx == 2 && v == NV - 1)                                 \
+                    xv = CB_DW_SHUF(*(const V *)xc, z, mr);                               \
+                else                                                                      \
+                    xv = *(const V *)(xc + kx - 1);                                       \
+                CB_DW_UNROLL(3) for (r = 0; r < 3; r++)                                   \
+                    if (i - r >= 0 && i - r < 3) a[r][v] += xv * w[(i - r) * 3 + kx];     \
+            }                                                                             \
+    for (r = 0; r < 3; r++)                                                               \
+        for (v = 0; v < NV; v++) {                                                        \
+            CB_VACT(a[r][v], act);                                                        \
+            *(V *)(y + (oh + r) * W + ow + v * dv) = a[r][v];                             \
+        }                                                                                 \
+}                                                                                         \
+/* The planes of each width class in a function of its own: inlined together,             \
+ * GCC hoisted their first tiles' products above the branch on W and left                 \
+ * those unfused. */                                                                      \
+ATTR static inline __attribute__((always_inline)) void cb_dw_s3_rows_##SUF(const T *x,    \
+        ptrdiff_t H, ptrdiff_t W, const V *w, T *y, const T *zero, V b0, int act,         \
+        const int KIND) {                                                                 \
+    const T *p[5];                                                                        \
+    ptrdiff_t oh, o, ow, i;                                                               \
+    for (oh = 0; oh < H; oh += 3) {                                                       \
+        o = oh + 3 <= H ? oh : H - 3;                                                     \
+        for (i = 0; i < 5; i++)                                                           \
+            p[i] = o - 1 + i >= 0 && o - 1 + i < H ? x + (o - 1 + i) * W : zero;          \
+        if (KIND == 0) {                                                                  \
+            cb_dw_s3_tile_##SUF(p, w, y, W, o, 0, 0, b0, act, 1, 1, 1);                   \
+        } else if (KIND == 1) {                                                           \
+            cb_dw_s3_tile_##SUF(p, w, y, W, o, 0, W - VL, b0, act, 2, 1, 1);              \
+        } else {                                                                          \
+            cb_dw_s3_tile_##SUF(p, w, y, W, o, 0, VL, b0, act, 2, 1, 0);                  \
+            for (ow = 2 * VL; ow + 2 * VL <= W - 2 * VL; ow += 2 * VL)                    \
+                cb_dw_s3_tile_##SUF(p, w, y, W, o, ow, VL, b0, act, 2, 0, 0);             \
+            if (ow < W - 2 * VL)                                                          \
+                cb_dw_s3_tile_##SUF(p, w, y, W, o, W - 4 * VL, VL, b0, act, 2, 0, 0);     \
+            cb_dw_s3_tile_##SUF(p, w, y, W, o, W - 2 * VL, VL, b0, act, 2, 0, 1);         \
+        }                                                                                 \
+    }                                                                                     \
+}                                                                                         \
+ATTR static __attribute__((noinline)) void cb_dw_s3_one_##SUF(const T *x, ptrdiff_t H,    \
+        ptrdiff_t W, const V *w, T *y, const T *zero, V b0, int act) {                    \
+    cb_dw_s3_rows_##SUF(x, H, W, w, y, zero, b0, act, 0);                                 \
+}                                                                                         \
+ATTR static __attribute__((noinline)) void cb_dw_s3_two_##SUF(const T *x, ptrdiff_t H,    \
+        ptrdiff_t W, const V *w, T *y, const T *zero, V b0, int act) {                    \
+    cb_dw_s3_rows_##SUF(x, H, W, w, y, zero, b0, act, 1);                                 \
+}                                                                                         \
+ATTR static __attribute__((noinline)) void cb_dw_s3_wide_##SUF(const T *x, ptrdiff_t H,   \
+        ptrdiff_t W, const V *w, T *y, const T *zero, V b0, int act) {                    \
+    cb_dw_s3_rows_##SUF(x, H, W, w, y, zero, b0, act, 2);                                 \
+}                                                                                         \
+ATTR static int cb_dw_fwd_cf_same3_##SUF(const T *x, ptrdiff_t H, ptrdiff_t W, const T *k, \
+        ptrdiff_t ks, T *y, const T *zero, T bias, int act) {                             \
+    V b0 = (V){0} + bias, w[9];                                                           \
+    ptrdiff_t t;                                                                          \
+    if (!CB_DW_SHUFFLE || !cb_dw_same3_state || H < 3 || W < VL) return 0;                \
+    for (t = 0; t < 9; t++) w[t] = (V){0} + k[t * ks];                                    \
+    if (W == VL) cb_dw_s3_one_##SUF(x, H, W, w, y, zero, b0, act);                        \
+    else if (W <= 2 * VL) cb_dw_s3_two_##SUF(x, H, W, w, y, zero, b0, act);               \
+    else cb_dw_s3_wide_##SUF(x, H, W, w, y, zero, b0, act);                               \
+    return 1;                                                                             \
+}
+
 /* channels_first kernel gradient: taps [t0, t0 + NK) of kernel row ky
  * (columns co[j] + ow), each with two sums in registers, over the
  * whole plane. The last vector of a row overlaps the one before; keep masks
@@ -733,7 +838,7 @@ ATTR static void cb_dw_transpose_##SUF(const T *src, ptrdiff_t ls, T *dst, ptrdi
     CB_DW_SCALAR_CL(T, SUF, ATTR) CB_DW_CF_SCALAR(T, SUF, ATTR)                           \
     CB_DW_FWD_CL(T, V, VL, SUF, ATTR) CB_DW_KGRAD_CL(T, V, VL, SUF, ATTR)                 \
     CB_DW_PAD_HALVES(T, V, VL, SUF, ATTR) CB_DW_PAD_CF(T, V, VL, SUF, ATTR)               \
-    CB_DW_FWD_CF(T, V, VL, SUF, ATTR)                                                     \
+    CB_DW_FWD_CF(T, V, VL, SUF, ATTR) CB_DW_FWD_CF_SAME3(T, V, VL, SUF, ATTR)             \
     CB_DW_KGRAD_CF(T, V, VL, SUF, ATTR)                                                   \
     CB_DW_TRANSPOSE_REST(T, SUF, ATTR) CB_DW_TRANSPOSE(T, V, VL, SUF, ATTR)
 
@@ -770,6 +875,10 @@ static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *k, ptrdi
         ptrdiff_t dw, ptrdiff_t KH, ptrdiff_t KW, int accumulate, T bias, int act) {      \
     CB_DW_PICK(cb_dw_fwd_cf_plane_, SUF)(x, rs, k, ks, y, OH, OW, sh, sw, dh, dw, KH, KW, \
                                          accumulate, bias, act);                          \
+}                                                                                         \
+static int cb_dw_fwd_cf_same3_##SUF(const T *x, ptrdiff_t H, ptrdiff_t W, const T *k,     \
+        ptrdiff_t ks, T *y, const T *zero, T bias, int act) {                             \
+    return CB_DW_PICK(cb_dw_fwd_cf_same3_, SUF)(x, H, W, k, ks, y, zero, bias, act);      \
 }                                                                                         \
 static void cb_dw_kgrad_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *dy,             \
         ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh, ptrdiff_t dw, \
@@ -809,6 +918,8 @@ CB_DW_PLAIN(double, d)
 #define cb_dw_pad_plane_d cb_dw_pad_phases_d
 #define cb_dw_fwd_cf_plane_f cb_dw_fwd_cf_scalar_f
 #define cb_dw_fwd_cf_plane_d cb_dw_fwd_cf_scalar_d
+#define cb_dw_fwd_cf_same3_f(x, H, W, k, ks, y, zero, bias, act) 0
+#define cb_dw_fwd_cf_same3_d(x, H, W, k, ks, y, zero, bias, act) 0
 #define cb_dw_kgrad_cf_plane_f cb_dw_kgrad_cf_scalar_f
 #define cb_dw_kgrad_cf_plane_d cb_dw_kgrad_cf_scalar_d
 #define cb_dw_transpose_f(src, ls, dst, ld, R, S) \

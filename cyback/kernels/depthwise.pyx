@@ -30,6 +30,12 @@ cnp.import_array()
 cdef extern from "cyback_depthwise.h" nogil:
     int cb_simd_use_avx2(int on)
     int cb_dw_use_k3(int on)
+    int cb_dw_read_edges(int on)
+    bint cb_dw_fwd_cf_same3_f(const float* x, Py_ssize_t H, Py_ssize_t W, const float* k,
+                              Py_ssize_t ks, float* y, const float* zero, float bias, int act)
+    bint cb_dw_fwd_cf_same3_d(const double* x, Py_ssize_t H, Py_ssize_t W, const double* k,
+                              Py_ssize_t ks, double* y, const double* zero, double bias,
+                              int act)
     void cb_dw_transpose_f(const float* src, Py_ssize_t ls, float* dst, Py_ssize_t ld,
                            Py_ssize_t R, Py_ssize_t S)
     void cb_dw_transpose_d(const double* src, Py_ssize_t ls, double* dst, Py_ssize_t ld,
@@ -597,6 +603,18 @@ cdef inline void _cf_plane(const floating* rows, Py_ssize_t rs, const floating* 
                              bias, act)
 
 
+cdef inline bint _cf_same3(const floating* plane, Py_ssize_t H, Py_ssize_t W,
+                           const floating* k, Py_ssize_t ks, floating* dst, const floating* zero,
+                           floating bias, int act) noexcept nogil:
+    # dst (H, W) = act(bias + the 3x3 "same" correlation of the unpadded
+    # plane), when the kernel takes the plane (see cyback_depthwise.h); zero
+    # holds a row of W zeros.
+    if floating is float:
+        return cb_dw_fwd_cf_same3_f(plane, H, W, k, ks, dst, zero, bias, act)
+    else:
+        return cb_dw_fwd_cf_same3_d(plane, H, W, k, ks, dst, zero, bias, act)
+
+
 cdef void _planes_cf(const floating[:, :, :, ::1] src, const floating[:, :, :, ::1] k,
                      floating[:, :, :, ::1] dst, bint fan_in, _Geom g, Py_ssize_t uh,
                      Py_ssize_t uw, const floating* bias, int act, cb_intr* intr) noexcept nogil:
@@ -605,15 +623,22 @@ cdef void _planes_cf(const floating[:, :, :, ::1] src, const floating[:, :, :, :
     # plane src[n, c] into its M planes dst[n, c*M + m] (bias: C*M values or
     # NULL, then the activation act). The input gradient (fan_in: src is dy
     # upsampled by the forward strides (uh, uw), k the flipped kernel, stride
-    # 1) sums the M planes src[n, c*M + m], filtered, into dst[n, c].
+    # 1) sums the M planes src[n, c*M + m], filtered, into dst[n, c]. 3x3
+    # "same" planes at stride 1 skip the padding where nothing accumulates:
+    # the kernel reads their edges (its zero row is the buffer's first row,
+    # which padding never writes).
     cdef Py_ssize_t N = dst.shape[0], SH = src.shape[2], SW = src.shape[3]
     cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], C = k.shape[2], M = k.shape[3]
     cdef Py_ssize_t OH = dst.shape[2], OW = dst.shape[3]
     cdef Py_ssize_t Hp = (OH - 1) * g.sh + (KH - 1) * g.dh + 1
     cdef Py_ssize_t Wp = (OW - 1) * g.sw + (KW - 1) * g.dw + 1, span = _row_span(Wp, g.sw)
     cdef Py_ssize_t t, n, c, m, rs = 0
+    cdef bint same3 = (KH == 3 and KW == 3 and g.sh == 1 and g.sw == 1 and g.dh == 1
+                       and g.dw == 1 and g.ph == 1 and g.pw == 1 and uh == 1 and uw == 1
+                       and OH == SH and OW == SW)
     cdef floating* buf = NULL
-    cdef const floating* plane
+    cdef floating* out
+    cdef const floating* plane = NULL
     cdef const floating* rows = NULL
     cdef int nt = threads_for(2.0 * N * OH * OW * C * M * KH * KW)
     with parallel(num_threads=nt):
@@ -623,13 +648,20 @@ cdef void _planes_cf(const floating[:, :, :, ::1] src, const floating[:, :, :, :
                 continue
             n = t // C
             c = t % C
+            rows = NULL
             for m in range(M):
                 if fan_in or m == 0:
                     plane = &src[n, c * M + m if fan_in else c, 0, 0]
+                    rows = NULL
+                out = &dst[n, c if fan_in else c * M + m, 0, 0]
+                if (same3 and not (fan_in and m > 0)
+                        and _cf_same3(plane, SH, SW, &k[0, 0, c, m], C * M, out, buf,
+                                      bias[c * M + m] if bias != NULL else 0, act)):
+                    continue
+                if rows == NULL:
                     rows = _padded(plane, SH, SW, buf, Hp, Wp, g.ph, g.pw, g.sw, uh, uw)
                     rs = SW if rows == plane else span
-                _cf_plane(rows, rs, &k[0, 0, c, m], C * M,
-                          &dst[n, c if fan_in else c * M + m, 0, 0], OH, OW, g.sh, g.sw, g.dh,
+                _cf_plane(rows, rs, &k[0, 0, c, m], C * M, out, OH, OW, g.sh, g.sw, g.dh,
                           g.dw, KH, KW, fan_in and m > 0,
                           bias[c * M + m] if bias != NULL else 0, act)
         free(buf)
@@ -910,6 +942,13 @@ def _stage_rows(bint on):
     global _staging
     _staging = on
     return bool(_staging)
+
+
+def _read_edges(bint on):
+    """Let the 3x3 "same" channels_first plane kernel read the planes' edges
+    (the default), or pad every plane into a buffer first (for tests).
+    Returns the new setting."""
+    return bool(cb_dw_read_edges(on))
 
 
 def _use_k3(bint on):

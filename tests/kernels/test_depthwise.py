@@ -382,6 +382,41 @@ def test_3x3_row_reuse_equals_general_tiles(isa, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_same3_planes_read_edges_as_padded_planes(isa, dtype):
+    # channels_first 3x3 "same" planes at stride 1 are read in place, their
+    # edges by shuffles and a zero row; they must give the bits of the
+    # padded planes, forward (bias, relu6) and input gradient, over heights
+    # with every remainder of 3 rows (and too few rows), widths under, at and
+    # between vector widths (tiles overlapping at either end), M = 2 (whose
+    # input gradient accumulates through the padded planes), and the
+    # reference values.
+    rng = np.random.default_rng(zlib.crc32(repr(dtype).encode()) + 3)
+    for h in (1, 2, 3, 4, 5, 7):
+        for w in (1, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 23, 24, 31, 32, 33, 40, 47, 49, 56, 65):
+            for m in (1, 2):
+                x = rng.standard_normal((2, 3, h, w)).astype(dtype)
+                k = rng.standard_normal((3, 3, 3, m)).astype(dtype)
+                b = rng.standard_normal(3 * m).astype(dtype)
+                ps = ((1, 1), (1, 1))
+                got = []
+                try:
+                    for on in (True, False):
+                        dw_module._read_edges(on)
+                        y = depthwise_forward(x, k, 1, 1, ps, False, bias=b, activation="relu6")
+                        dx = depthwise_backward_input(y, k, x.shape, 1, 1, ps, False)
+                        got.append((y, dx))
+                finally:
+                    dw_module._read_edges(True)
+                np.testing.assert_array_equal(got[0][0], got[1][0])
+                np.testing.assert_array_equal(got[0][1], got[1][1])
+                want = np.clip(ref_forward(x, k.astype(np.float64), (1, 1), (1, 1), ps, False)
+                               + b[:, None, None], 0, 6)
+                np.testing.assert_allclose(got[0][0], want, **tol(dtype))
+                want_dx, _ = ref_grads(x, k, got[0][0], (1, 1), (1, 1), ps, False)
+                np.testing.assert_allclose(got[0][1], want_dx, **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_3tap_column_reuse_equals_general_tiles(isa, dtype):
     # channels_last rows of 3-tap stride-1 kernels run in blocks of 8 pixels
     # that load each input column once; they sum each output's taps in the
