@@ -124,6 +124,31 @@ ATTR static inline void cb_dw_transpose_rest_##SUF(const T *src, ptrdiff_t ls, T
 CB_DW_TRANSPOSE_REST(float, f, )
 CB_DW_TRANSPOSE_REST(double, d, )
 
+/* d[i] = t[i*M] + t[i*M + 1] + ... (in that order) for i < n: the input
+ * gradient's sum over the depth multiplier. A constant M lets the compiler
+ * vectorise; the general loop (M and the pointers unknown) ran at about 3 ns
+ * an element and took 3/4 of a channels_last M = 2 input gradient. */
+#define CB_DW_SUM_GROUPS(T, SUF)                                                          \
+static void cb_dw_sum_groups_##SUF(const T *restrict t, T *restrict d, ptrdiff_t n,      \
+                                   ptrdiff_t M) {                                         \
+    ptrdiff_t i, m;                                                                       \
+    if (M == 2) {                                                                         \
+        for (i = 0; i < n; i++) d[i] = t[2 * i] + t[2 * i + 1];                           \
+    } else if (M == 4) {                                                                  \
+        for (i = 0; i < n; i++)                                                           \
+            d[i] = ((t[4 * i] + t[4 * i + 1]) + t[4 * i + 2]) + t[4 * i + 3];             \
+    } else {                                                                              \
+        for (i = 0; i < n; i++) {                                                         \
+            T s = t[i * M];                                                               \
+            for (m = 1; m < M; m++) s += t[i * M + m];                                    \
+            d[i] = s;                                                                     \
+        }                                                                                 \
+    }                                                                                     \
+}
+
+CB_DW_SUM_GROUPS(float, f)
+CB_DW_SUM_GROUPS(double, d)
+
 /* channels_first kernels work on whole planes that the caller pads once
  * (cb_dw_pad_plane): padded row i, column j holds input (i - pt, j - pl),
  * zero outside the input, for Hp rows and Wp columns; with upsampling

@@ -31,6 +31,8 @@ cdef extern from "cyback_depthwise.h" nogil:
     int cb_simd_use_avx2(int on)
     int cb_dw_use_k3(int on)
     int cb_dw_read_edges(int on)
+    void cb_dw_sum_groups_f(const float* t, float* d, Py_ssize_t n, Py_ssize_t M)
+    void cb_dw_sum_groups_d(const double* t, double* d, Py_ssize_t n, Py_ssize_t M)
     bint cb_dw_fwd_cf_same3_f(const float* x, Py_ssize_t H, Py_ssize_t W, const float* k,
                               Py_ssize_t ks, float* y, const float* zero, float bias, int act)
     bint cb_dw_fwd_cf_same3_d(const double* x, Py_ssize_t H, Py_ssize_t W, const double* k,
@@ -475,13 +477,12 @@ cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
     cdef Py_ssize_t OW = dy.shape[2]
     # dy has C*M channels: read as a channels_last image with M == 1.
     cdef _Rows rp = _row_plan(OW, C * M, 1, W, KH, KW, 1, g.dw, g.pw, sizeof(floating))
-    cdef Py_ssize_t r, n, ih, i, m
+    cdef Py_ssize_t r, n, ih
     cdef const floating** xr = NULL
     cdef floating* ring = NULL
     cdef Py_ssize_t* tags = NULL
     cdef floating* t = NULL
     cdef floating* dxp
-    cdef floating s
     cdef int nt = threads_for(2.0 * N * H * W * C * M * KH * KW)
     with parallel(num_threads=nt):
         xr = <const floating**>malloc(KH * sizeof(floating*))
@@ -504,11 +505,10 @@ cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
             else:
                 _cl_row(xr, &kf[0, 0, 0, 0], t, C * M, rp.xs, rp.Ws, KH, KW, W, 1, g.dw,
                         g.pw - rp.pl)
-                for i in range(W * C):
-                    s = t[i * M]
-                    for m in range(1, M):
-                        s = s + t[i * M + m]
-                    dxp[i] = s
+                if floating is float:
+                    cb_dw_sum_groups_f(t, dxp, W * C, M)
+                else:
+                    cb_dw_sum_groups_d(t, dxp, W * C, M)
         free(t)
         free(tags)
         free(ring)

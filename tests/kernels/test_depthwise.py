@@ -145,12 +145,15 @@ def test_reference_adjoint_is_right():
     # Rows long enough for the vector paths of the row kernels (4-pixel
     # blocks channels_last; two-vector, overlapping-last and scalar-tail
     # columns channels_first), channel counts with a vector tail, and depth
-    # multipliers > 1 at stride 1 (expanded rows; flipped-kernel gradient).
+    # multipliers > 1 at stride 1 (expanded rows; flipped-kernel gradient,
+    # summed over the multiplier: M = 2 and 3 here, M = 4 below).
     (2, 5, 37, 9, 1, 3, 3, (1, 1), (1, 1), 'same'),
     (1, 4, 19, 13, 2, 3, 3, (1, 1), (1, 1), 'same'),
     (2, 6, 23, 8, 3, 3, 3, (1, 1), (1, 2), 'same'),
     (1, 7, 21, 16, 2, 2, 5, (1, 1), (2, 1), 'valid'),
     (1, 3, 9, 24, 1, 3, 3, (1, 3), (1, 1), 'same'),
+    # M = 4: its own sum over the multiplier in the input gradient.
+    (2, 5, 17, 6, 4, 3, 3, (1, 1), (1, 1), 'same'),
 ])
 def test_configs(isa, cfg, cl, dtype):
     rng = np.random.default_rng(zlib.crc32(repr(cfg).encode()))
