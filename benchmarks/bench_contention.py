@@ -89,10 +89,18 @@ def main():
     ap.add_argument("--env", action="append", default=[],
                     help="VAR=value set for the default-policy runs only (e.g. "
                          "OMP_WAIT_POLICY=active to see the old behaviour)")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME:VAR=value[,VAR=value...]: one more default-policy "
+                         "configuration with these variables, alternated with the rest "
+                         "(e.g. spin4000:GOMP_SPINCOUNT=4000)")
     args = ap.parse_args()
     fixed = [int(t) for t in args.threads.split(",") if t]
     extra = dict(e.split("=", 1) for e in args.env)
-    configs = [("default", None, extra)] + [("%d threads" % t, t, {}) for t in fixed]
+    configs = [("default", None, extra)]
+    for v in args.variant:
+        name, _, assigns = v.partition(":")
+        configs.append((name, None, dict(a.split("=", 1) for a in assigns.split(",") if a)))
+    configs += [("%d threads" % t, t, {}) for t in fixed]
     workloads = [("keras demo training (%d epochs)" % args.epochs,
                   TRAIN % dict(epochs=args.epochs)),
                  ("conv2d 3x3 32ch fwd+bwd x%d" % args.conv_iters,

@@ -112,16 +112,21 @@ def default_threads(root=_CGROUP_ROOT, proc_cgroup="/proc/self/cgroup"):
     return n
 
 
-#: Rounds (a pause instruction each, whose latency differs between CPUs)
-#: libgomp's idle threads spin before they sleep. On a 2-core Xeon VM
-#: (benchmarks/bench_contention.py, bench_models.py, 2026-11-24): with a busy
-#: loop on one core, the demo's training at the default took 1.05x the best
-#: fixed thread count sleeping at once, 1.09-1.11x at 1000 rounds (three
-#: runs), 1.17x at 2000, 1.18x at 5000, 1.85x at 20000; on an idle machine
-#: 1000 rounds took a small convnet at batch 1 from 188 to 142 us a call and
-#: three MobileNet blocks at batch 32 from 2.3 to 1.8 ms (5000 rounds: 101 us
-#: and 1.56 ms).
-SPIN_ROUNDS = 1000
+#: Rounds (a pause instruction each, whose latency differs between CPUs:
+#: about 25 ns on an EPYC VM, 50 on a Xeon one) libgomp's idle threads spin
+#: before they sleep. On a 2-core Xeon VM (2026-11-24), with a busy loop on
+#: one core, the demo's training at the default took 1.05x the best fixed
+#: thread count sleeping at once, 1.09-1.11x at 1000 rounds, 1.17x at 2000,
+#: 1.18x at 5000, 1.85x at 20000. On a 2-core Zen 4 EPYC VM (2026-11-26,
+#: benchmarks/bench_contention.py --variant, alternated in one run), busy
+#: loop on one core, demo training / conv workload: 1.04 / 1.01x at 1000
+#: rounds, 1.14 / 1.05x at 2000, 1.16 / 1.09x at 4000, 1.97 / 1.28x at 10000;
+#: idle, bench_models.py at batch 1, cyback's geomean speed-up over ONNX
+#: Runtime: 0.99 and 0.98x at 1000 rounds, 1.17 and 1.19x at 4000, 1.16x at
+#: 10000 (runs alternated; ResNet blocks 0.61-0.72 -> 0.89-1.03x, the small
+#: CNN 0.89-0.98 -> 1.37-1.41x): on the EPYC 1000 rounds (25 us) did not
+#: bridge the Python between a call's ops and calls.
+SPIN_ROUNDS = 4000
 
 
 def set_openmp_environment(environ=os.environ):
