@@ -432,6 +432,58 @@ cdef void _fwd_cf_narrow(const floating[:, :, :, ::1] x, const floating[:, :, :,
     team_done(nt)
 
 
+cdef void _bwd_k_cf_narrow(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] dy,
+                           floating[:, :, :, ::1] dk, _Geom g, cb_intr* intr) noexcept nogil:
+    # The kernel gradient of channels_first planes (M == 1) through the
+    # channels_last kernel-gradient rows: one task per block of CB channels,
+    # which owns dk's values for them and sums over the samples in order
+    # (the same result for any thread count). For each sample a thread
+    # transposes the block's planes of x and dy into (H*W, CB) and (OH*OW,
+    # CB) buffers (no zero columns: they would change the sums' rounding)
+    # and adds each output row's taps into its (KH*KW, cb) sums. A thread's
+    # buffers hold H*W + OH*OW pixels of 256 bytes (depthwise_backward_kernel
+    # keeps that within STAGE_MAX_BYTES).
+    cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
+    cdef Py_ssize_t KH = dk.shape[0], KW = dk.shape[1], T = KH * KW
+    cdef Py_ssize_t OH = dy.shape[2], OW = dy.shape[3]
+    cdef Py_ssize_t CB = 256 // sizeof(floating)
+    cdef Py_ssize_t nb = _cdiv(C, CB)
+    cdef Py_ssize_t task, n, c0, cb, j, t, ky, ih, oh
+    cdef const floating** xr = NULL
+    cdef floating* xt = NULL
+    cdef floating* dyt = NULL
+    cdef floating* acc = NULL
+    cdef int nt = threads_for(2.0 * N * OH * OW * C * T)
+    with parallel(num_threads=nt):
+        xr = <const floating**>malloc(KH * sizeof(floating*))
+        xt = <floating*>malloc(H * W * CB * sizeof(floating))
+        dyt = <floating*>malloc(OH * OW * CB * sizeof(floating))
+        acc = <floating*>malloc(T * CB * sizeof(floating))
+        for task in prange(nb, schedule='static'):
+            c0 = task * CB
+            cb = _imin(CB, C - c0)
+            memset(acc, 0, T * cb * sizeof(floating))
+            for n in range(N):
+                if intr.stop or cb_intr_poll(intr):
+                    break
+                _transpose(&x[n, c0, 0, 0], H * W, xt, CB, cb, H * W)
+                _transpose(&dy[n, c0, 0, 0], OH * OW, dyt, CB, cb, OH * OW)
+                for oh in range(OH):
+                    for ky in range(KH):
+                        ih = oh * g.sh - g.ph + ky * g.dh
+                        xr[ky] = xt + ih * W * CB if 0 <= ih < H else NULL
+                    _kg_row(xr, dyt + oh * OW * CB, acc, cb, CB, CB, W, KH, KW, OW, g.sw, g.dw,
+                            g.pw)
+            for t in range(T):
+                for j in range(cb):
+                    dk[t // KW, t % KW, c0 + j, 0] = acc[t * cb + j]
+        free(acc)
+        free(dyt)
+        free(xt)
+        free(<void*>xr)
+    team_done(nt)
+
+
 cdef void _swap_layout(const floating[:, :, :, ::1] src, floating[:, :, :, ::1] dst,
                        bint to_last) noexcept nogil:
     # dst = src moved between (N, C, H, W) and (N, H, W, C) (to_last: from
@@ -927,6 +979,16 @@ def _backward_kernel(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1
     check_interrupt(&intr)
 
 
+def _backward_kernel_cf_narrow(const floating[:, :, :, ::1] x,
+                               const floating[:, :, :, ::1] dy, floating[:, :, :, ::1] dk,
+                               tuple geom):
+    cdef cb_intr intr
+    cdef _Geom g = _geom(geom)
+    cb_intr_init(&intr)
+    _bwd_k_cf_narrow(x, dy, dk, g, &intr)
+    check_interrupt(&intr)
+
+
 # ---------------------------------------------------------------- Python API
 
 def _use_avx2(bint on):
@@ -1191,15 +1253,24 @@ def depthwise_backward_input(dy, kernel, x_shape, strides, dilation, pads, chann
     if dx.size == 0:
         return dx
     dyv, kv, dxv = _img(dy, nd, channels_last), _ker(kernel, nd), _img(dx, nd, channels_last)
+    spans = ((kv.shape[0] - 1) * ds[0], (kv.shape[1] - 1) * ds[1])
+    before = all(a <= e for (a, b), e in zip(ps, spans))
+    after = all(b <= e for (a, b), e in zip(ps, spans))
     if _narrow_cf(channels_last, dyv.shape[3], M):
-        # Through channels_last, as the forward pass (_fwd_cf_narrow).
+        if before and ss == (1, 1):
+            # The forward pass over dy with the flipped kernel, whose narrow
+            # planes go through the channels_last rows a block of channels
+            # at a time, in cache (_fwd_cf_narrow); transposing dy and dx
+            # whole took two more passes over memory.
+            _forward(dyv, np.ascontiguousarray(kv[::-1, ::-1]), dxv, False,
+                     ss + ds + (spans[0] - ps[0][0], spans[1] - ps[1][0]),
+                     np.empty(0, dtype=dy.dtype), 0)
+            return dx
+        # Strided: through channels_last.
         dxl = depthwise_backward_input(_to_layout(dyv, True), kv, _cl_shape(dxv.shape), ss,
                                        ds, ps)
         _to_layout(dxl, False, dxv)
         return dx
-    spans = ((kv.shape[0] - 1) * ds[0], (kv.shape[1] - 1) * ds[1])
-    before = all(a <= e for (a, b), e in zip(ps, spans))
-    after = all(b <= e for (a, b), e in zip(ps, spans))
     if before and (not channels_last or ss == (1, 1) and after):
         # A forward pass over dy with the flipped kernel (_bwd_in_cl_s1 at
         # stride 1; _planes_cf, over dy upsampled by the strides), at forward
@@ -1239,8 +1310,13 @@ def depthwise_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, chan
     xv, dyv = _img(x, nd, channels_last), _img(dy, nd, channels_last)
     dkv = _ker(dk, nd)
     if _narrow_cf(channels_last, dyv.shape[3], M):
-        dkv[...] = depthwise_backward_kernel(_to_layout(xv, True), _to_layout(dyv, True),
-                                             dkv.shape, ss, ds, ps)
+        if (xv.shape[2] * xv.shape[3] + dyv.shape[2] * dyv.shape[3]) * 256 <= STAGE_MAX_BYTES:
+            # A block of channels at a time, in cache: transposing x and dy
+            # whole took two more passes over memory.
+            _backward_kernel_cf_narrow(xv, dyv, dkv, ss + ds + (ps[0][0], ps[1][0]))
+        else:
+            dkv[...] = depthwise_backward_kernel(_to_layout(xv, True), _to_layout(dyv, True),
+                                                 dkv.shape, ss, ds, ps)
         return dk
     P = min(x.shape[0] * out[0], KGRAD_CHUNKS) if channels_last else 0
     part = np.empty((P,) + dkv.shape, dtype=x.dtype)

@@ -503,9 +503,11 @@ def test_narrow_channels_first_rows_equal_plane_kernels(isa, dtype):
     # the channels_last row kernel in blocks of 256 bytes of channels: the
     # same bits as the plane kernels (rows read in place), over strides,
     # dilations, pads, a tail block, bias + relu6, batch 1 and several
-    # samples and threads; and the reference values. Their gradients run
-    # through the channels_last ones (the arrays transposed): the same bits
-    # on 1 and 2 threads, and the reference values.
+    # samples and threads; and the reference values. The input gradient at
+    # stride 1 is that forward pass with the flipped kernel (dilated, pads
+    # past the kernel's span after), the other gradients run through the
+    # channels_last ones (the arrays transposed): the same bits on 1 and 2
+    # threads, and the reference values.
     wide = 256 // np.dtype(dtype).itemsize
     rng = np.random.default_rng(zlib.crc32(repr(dtype).encode()) + 1)
     old = runtime.get_max_threads()
@@ -513,7 +515,9 @@ def test_narrow_channels_first_rows_equal_plane_kernels(isa, dtype):
             (2, wide + 6, 7, 7, 3, 3, (1, 1), (1, 1), ((1, 1), (1, 1))),
             (1, 2 * wide + 1, 4, 5, 3, 3, (2, 2), (1, 1), ((1, 1), (1, 0))),
             (3, 5, 6, 9, 2, 3, (1, 2), (2, 1), ((0, 1), (2, 2))),
-            (1, wide, 3, 4, 1, 5, (1, 1), (1, 1), ((0, 0), (2, 2)))]:
+            (1, wide, 3, 4, 1, 5, (1, 1), (1, 1), ((0, 0), (2, 2))),
+            (2, 7, 5, 6, 3, 2, (1, 1), (2, 1), ((2, 1), (1, 0))),
+            (1, 9, 5, 6, 3, 3, (1, 1), (1, 1), ((1, 1), (0, 3)))]:
         x = rng.standard_normal((n, c, h, w)).astype(dtype)
         k = rng.standard_normal((kh, kw, c, 1)).astype(dtype)
         b = rng.standard_normal(c).astype(dtype)
