@@ -9,7 +9,8 @@
  *   - channels_first, one (n, c) plane: vectors run along the row (stride 1)
  *     over a plane that the caller has zero-padded all around, so no pixel
  *     needs a bounds check; blocks of 4 rows by 2 vectors share each
- *     kernel-tap load and keep 8 multiply-add chains in flight.
+ *     kernel-tap load and keep 8 multiply-add chains in flight. 3x3 "same"
+ *     planes at stride 1 are read in place (cb_dw_fwd_cf_same3).
  *
  * The wheels are built for baseline x86-64 (SSE2, 16-byte vectors). On x86
  * with GCC or clang every kernel is compiled a second time for AVX2 + FMA
@@ -149,8 +150,8 @@ static void cb_dw_sum_groups_##SUF(const T *restrict t, T *restrict d, ptrdiff_t
 CB_DW_SUM_GROUPS(float, f)
 CB_DW_SUM_GROUPS(double, d)
 
-/* channels_first kernels work on whole planes that the caller pads once
- * (cb_dw_pad_plane): padded row i, column j holds input (i - pt, j - pl),
+/* channels_first kernels (but cb_dw_fwd_cf_same3, below) work on whole
+ * planes that the caller pads once (cb_dw_pad_plane): padded row i, column j holds input (i - pt, j - pl),
  * zero outside the input, for Hp rows and Wp columns; with upsampling
  * factors uh, uw (for the input gradient of a strided convolution) it holds
  * input ((i - pt) / uh, (j - pl) / uw) where both divide, else zero. With a
@@ -671,9 +672,10 @@ ATTR static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *k, 
  * shuffle with a zero lane. The flags are constants: a multiply-add whose
  * operand depended on a run-time branch was left unfused, which changed the
  * bits. Tiles overlap at the plane's ends instead of taking narrower
- * shapes, so the function takes
- * planes of at least 3 rows and VL columns, without accumulation; it returns
- * 0 (nothing done) for any other plane and on compilers without shuffles. */
+ * shapes, so the function takes planes of at least 3 rows and VL columns,
+ * without accumulation; it returns 0 (nothing done) for any other plane, on
+ * compilers without shuffles, and while a test turns the row-reuse tiles or
+ * this kernel off (cb_dw_use_k3, cb_dw_read_edges). */
 #define CB_DW_FWD_CF_SAME3(T, V, VL, SUF, ATTR)                                           \
 ATTR static inline __attribute__((always_inline)) void cb_dw_s3_tile_##SUF(               \
         const T *const *p, const V *w, T *y, ptrdiff_t W, ptrdiff_t oh, ptrdiff_t ow,     \
@@ -750,7 +752,8 @@ ATTR static int cb_dw_fwd_cf_same3_##SUF(const T *x, ptrdiff_t H, ptrdiff_t W, c
         ptrdiff_t ks, T *y, const T *zero, T bias, int act) {                             \
     V b0 = (V){0} + bias, w[9];                                                           \
     ptrdiff_t t;                                                                          \
-    if (!CB_DW_SHUFFLE || !cb_dw_same3_state || H < 3 || W < VL) return 0;                \
+    if (!CB_DW_SHUFFLE || !cb_dw_same3_state || !cb_dw_k3_state || H < 3 || W < VL)      \
+        return 0;                                                                         \
     for (t = 0; t < 9; t++) w[t] = (V){0} + k[t * ks];                                    \
     if (W == VL) cb_dw_s3_one_##SUF(x, H, W, w, y, zero, b0, act);                        \
     else if (W <= 2 * VL) cb_dw_s3_two_##SUF(x, H, W, w, y, zero, b0, act);               \

@@ -368,6 +368,13 @@ cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
 cdef Py_ssize_t CF_NARROW_OW = 8
 
 
+# Narrow channels_first planes go through the channels_last kernels in
+# blocks of this many bytes of channels (64 floats, 32 doubles); their
+# kernel gradient block by block (one task each) from this many blocks on.
+cdef Py_ssize_t NARROW_BLOCK_BYTES = 256
+cdef Py_ssize_t NARROW_KGRAD_MIN_BLOCKS = 4
+
+
 cdef inline Py_ssize_t _cf_narrow_width(Py_ssize_t W, Py_ssize_t OW, Py_ssize_t KW,
                                         _Geom g) noexcept nogil:
     # Pixels of a staged row of _fwd_cf_narrow: g.pw zeros, W, then zeros as
@@ -379,18 +386,18 @@ cdef void _fwd_cf_narrow(const floating[:, :, :, ::1] x, const floating[:, :, :,
                          floating[:, :, :, ::1] y, _Geom g, const floating* bias, int act,
                          floating* kp, cb_intr* intr) noexcept nogil:
     # The forward pass of channels_first planes (M == 1) as channels_last
-    # rows: one task per (sample, block of CB channels), whose planes a
-    # thread transposes into its (H, Ws, CB) buffer (zero columns around
+    # rows: one task per (sample, block of BC channels), whose planes a
+    # thread transposes into its (H, Ws, BC) buffer (zero columns around
     # each row, as _row_plan stages them), filters with the row kernel into
     # (OH, OW, cb) and transposes back. Tail blocks keep the buffer's pixel
     # stride, so that the zero columns stay zero. kp: room for C*KH*KW
-    # values. A thread's buffers hold H * Ws pixels of 256 bytes (_forward
+    # values. A thread's buffers hold H * Ws pixels of NARROW_BLOCK_BYTES (_forward
     # keeps that within STAGE_MAX_BYTES).
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], T = KH * KW
     cdef Py_ssize_t OH = y.shape[2], OW = y.shape[3]
-    cdef Py_ssize_t CB = 256 // sizeof(floating)
-    cdef Py_ssize_t nb = _cdiv(C, CB)
+    cdef Py_ssize_t BC = NARROW_BLOCK_BYTES // sizeof(floating)
+    cdef Py_ssize_t nb = _cdiv(C, BC)
     cdef Py_ssize_t Ws = _cf_narrow_width(W, OW, KW, g)
     cdef Py_ssize_t task, n, c0, cb, j, r, t, ky, ih, oh
     cdef const floating** xr = NULL
@@ -398,32 +405,33 @@ cdef void _fwd_cf_narrow(const floating[:, :, :, ::1] x, const floating[:, :, :,
     cdef floating* yt = NULL
     # The kernel's block of channels from c0, (T, cb) values from kp + c0*T:
     # the row kernel's layout for that block.
-    for c0 in range(0, C, CB):
-        cb = _imin(CB, C - c0)
+    for task in range(nb):
+        c0 = task * BC
+        cb = _imin(BC, C - c0)
         for t in range(T):
             for j in range(cb):
                 kp[c0 * T + t * cb + j] = k[t // KW, t % KW, c0 + j, 0]
     cdef int nt = threads_for(2.0 * N * OH * OW * C * T)
     with parallel(num_threads=nt):
         xr = <const floating**>malloc(KH * sizeof(floating*))
-        xt = <floating*>calloc(H * Ws * CB, sizeof(floating))
-        yt = <floating*>malloc(_imax(H * W, OH * OW) * CB * sizeof(floating))
+        xt = <floating*>calloc(H * Ws * BC, sizeof(floating))
+        yt = <floating*>malloc(_imax(H * W, OH * OW) * BC * sizeof(floating))
         for task in prange(N * nb, schedule='static'):
             if intr.stop or (task % 8 == 0 and cb_intr_poll(intr)):
                 continue
             n = task // nb
-            c0 = (task % nb) * CB
-            cb = _imin(CB, C - c0)
-            # The planes as (H*W, CB) in yt (free until the rows are
+            c0 = (task % nb) * BC
+            cb = _imin(BC, C - c0)
+            # The planes as (H*W, BC) in yt (free until the rows are
             # filtered), then each row to its place between zero columns.
-            _transpose(&x[n, c0, 0, 0], H * W, yt, CB, cb, H * W)
+            _transpose(&x[n, c0, 0, 0], H * W, yt, BC, cb, H * W)
             for r in range(H):
-                memcpy(xt + (r * Ws + g.pw) * CB, yt + r * W * CB, W * CB * sizeof(floating))
+                memcpy(xt + (r * Ws + g.pw) * BC, yt + r * W * BC, W * BC * sizeof(floating))
             for oh in range(OH):
                 for ky in range(KH):
                     ih = oh * g.sh - g.ph + ky * g.dh
-                    xr[ky] = xt + ih * Ws * CB if 0 <= ih < H else NULL
-                _cl_row(xr, kp + c0 * T, yt + oh * OW * cb, cb, CB, Ws, KH, KW, OW, g.sw,
+                    xr[ky] = xt + ih * Ws * BC if 0 <= ih < H else NULL
+                _cl_row(xr, kp + c0 * T, yt + oh * OW * cb, cb, BC, Ws, KH, KW, OW, g.sw,
                         g.dw, 0, bias + c0 if bias != NULL else NULL, act)
             _transpose(yt, cb, &y[n, c0, 0, 0], OH * OW, OH * OW, cb)
         free(yt)
@@ -435,19 +443,19 @@ cdef void _fwd_cf_narrow(const floating[:, :, :, ::1] x, const floating[:, :, :,
 cdef void _bwd_k_cf_narrow(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] dy,
                            floating[:, :, :, ::1] dk, _Geom g, cb_intr* intr) noexcept nogil:
     # The kernel gradient of channels_first planes (M == 1) through the
-    # channels_last kernel-gradient rows: one task per block of CB channels,
+    # channels_last kernel-gradient rows: one task per block of BC channels,
     # which owns dk's values for them and sums over the samples in order
     # (the same result for any thread count). For each sample a thread
-    # transposes the block's planes of x and dy into (H*W, CB) and (OH*OW,
-    # CB) buffers (no zero columns: they would change the sums' rounding)
+    # transposes the block's planes of x and dy into (H*W, BC) and (OH*OW,
+    # BC) buffers (no zero columns: they would change the sums' rounding)
     # and adds each output row's taps into its (KH*KW, cb) sums. A thread's
-    # buffers hold H*W + OH*OW pixels of 256 bytes (depthwise_backward_kernel
+    # buffers hold H*W + OH*OW pixels of NARROW_BLOCK_BYTES (depthwise_backward_kernel
     # keeps that within STAGE_MAX_BYTES).
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t KH = dk.shape[0], KW = dk.shape[1], T = KH * KW
     cdef Py_ssize_t OH = dy.shape[2], OW = dy.shape[3]
-    cdef Py_ssize_t CB = 256 // sizeof(floating)
-    cdef Py_ssize_t nb = _cdiv(C, CB)
+    cdef Py_ssize_t BC = NARROW_BLOCK_BYTES // sizeof(floating)
+    cdef Py_ssize_t nb = _cdiv(C, BC)
     cdef Py_ssize_t task, n, c0, cb, j, t, ky, ih, oh
     cdef const floating** xr = NULL
     cdef floating* xt = NULL
@@ -456,23 +464,23 @@ cdef void _bwd_k_cf_narrow(const floating[:, :, :, ::1] x, const floating[:, :, 
     cdef int nt = threads_for(2.0 * N * OH * OW * C * T)
     with parallel(num_threads=nt):
         xr = <const floating**>malloc(KH * sizeof(floating*))
-        xt = <floating*>malloc(H * W * CB * sizeof(floating))
-        dyt = <floating*>malloc(OH * OW * CB * sizeof(floating))
-        acc = <floating*>malloc(T * CB * sizeof(floating))
+        xt = <floating*>malloc(H * W * BC * sizeof(floating))
+        dyt = <floating*>malloc(OH * OW * BC * sizeof(floating))
+        acc = <floating*>malloc(T * BC * sizeof(floating))
         for task in prange(nb, schedule='static'):
-            c0 = task * CB
-            cb = _imin(CB, C - c0)
+            c0 = task * BC
+            cb = _imin(BC, C - c0)
             memset(acc, 0, T * cb * sizeof(floating))
             for n in range(N):
                 if intr.stop or cb_intr_poll(intr):
                     break
-                _transpose(&x[n, c0, 0, 0], H * W, xt, CB, cb, H * W)
-                _transpose(&dy[n, c0, 0, 0], OH * OW, dyt, CB, cb, OH * OW)
+                _transpose(&x[n, c0, 0, 0], H * W, xt, BC, cb, H * W)
+                _transpose(&dy[n, c0, 0, 0], OH * OW, dyt, BC, cb, OH * OW)
                 for oh in range(OH):
                     for ky in range(KH):
                         ih = oh * g.sh - g.ph + ky * g.dh
-                        xr[ky] = xt + ih * W * CB if 0 <= ih < H else NULL
-                    _kg_row(xr, dyt + oh * OW * CB, acc, cb, CB, CB, W, KH, KW, OW, g.sw, g.dw,
+                        xr[ky] = xt + ih * W * BC if 0 <= ih < H else NULL
+                    _kg_row(xr, dyt + oh * OW * BC, acc, cb, BC, BC, W, KH, KW, OW, g.sw, g.dw,
                             g.pw)
             for t in range(T):
                 for j in range(cb):
@@ -491,16 +499,16 @@ cdef void _swap_layout(const floating[:, :, :, ::1] src, floating[:, :, :, ::1] 
     cdef bint cf = to_last
     cdef Py_ssize_t N = src.shape[0], C = src.shape[1] if cf else src.shape[3]
     cdef Py_ssize_t P = src.shape[2] * src.shape[3] if cf else src.shape[1] * src.shape[2]
-    cdef Py_ssize_t CB = 256 // sizeof(floating), nb = _cdiv(C, CB)
+    cdef Py_ssize_t BC = NARROW_BLOCK_BYTES // sizeof(floating), nb = _cdiv(C, BC)
     cdef Py_ssize_t task, n, c0
     cdef int nt = threads_for(0.5 * N * C * P)
     for task in prange(N * nb, num_threads=nt, schedule='static'):
         n = task // nb
-        c0 = (task % nb) * CB
+        c0 = (task % nb) * BC
         if cf:
-            _transpose(&src[n, c0, 0, 0], P, &dst[n, 0, 0, c0], C, _imin(CB, C - c0), P)
+            _transpose(&src[n, c0, 0, 0], P, &dst[n, 0, 0, c0], C, _imin(BC, C - c0), P)
         else:
-            _transpose(&src[n, 0, 0, c0], C, &dst[n, c0, 0, 0], P, P, _imin(CB, C - c0))
+            _transpose(&src[n, 0, 0, c0], C, &dst[n, c0, 0, 0], P, P, _imin(BC, C - c0))
     team_done(nt)
 
 
@@ -671,7 +679,8 @@ cdef void _planes_cf(const floating[:, :, :, ::1] src, const floating[:, :, :, :
                      floating[:, :, :, ::1] dst, bint fan_in, _Geom g, Py_ssize_t uh,
                      Py_ssize_t uw, const floating* bias, int act, cb_intr* intr) noexcept nogil:
     # The channels_first correlations, one task per (n, c), each plane padded
-    # once into a per-thread buffer. The forward pass (not fan_in) filters
+    # once into a per-thread buffer (unless read in place, below). The
+    # forward pass (not fan_in) filters
     # plane src[n, c] into its M planes dst[n, c*M + m] (bias: C*M values or
     # NULL, then the activation act). The input gradient (fan_in: src is dy
     # upsampled by the forward strides (uh, uw), k the flipped kernel, stride
@@ -929,7 +938,8 @@ def _forward(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
     if channels_last:
         _fwd_cl(x, k, y, g, bias, act, &intr)
     elif (_narrow_cf(False, y.shape[3], k.shape[3])
-          and x.shape[2] * _cf_narrow_width(x.shape[3], y.shape[3], k.shape[1], g) * 256
+          and x.shape[2] * _cf_narrow_width(x.shape[3], y.shape[3], k.shape[1], g)
+          * NARROW_BLOCK_BYTES
           <= STAGE_MAX_BYTES):
         kp = np.empty(max(1, k.shape[0] * k.shape[1] * k.shape[2]),
                       np.float32 if floating is float else np.float64)
@@ -1258,15 +1268,17 @@ def depthwise_backward_input(dy, kernel, x_shape, strides, dilation, pads, chann
     after = all(b <= e for (a, b), e in zip(ps, spans))
     if _narrow_cf(channels_last, dyv.shape[3], M):
         if before and ss == (1, 1):
-            # The forward pass over dy with the flipped kernel, whose narrow
-            # planes go through the channels_last rows a block of channels
-            # at a time, in cache (_fwd_cf_narrow); transposing dy and dx
-            # whole took two more passes over memory.
+            # The forward pass over dy with the flipped kernel: narrow
+            # planes through the channels_last rows a block of channels at
+            # a time, in cache (_fwd_cf_narrow; dx 8 or more wide, or past
+            # the staging budget: _planes_cf). Transposing dy and dx whole
+            # took two more passes over memory.
             _forward(dyv, np.ascontiguousarray(kv[::-1, ::-1]), dxv, False,
                      ss + ds + (spans[0] - ps[0][0], spans[1] - ps[1][0]),
                      np.empty(0, dtype=dy.dtype), 0)
             return dx
-        # Strided: through channels_last.
+        # Strided, or a leading pad past the kernel's span: through
+        # channels_last.
         dxl = depthwise_backward_input(_to_layout(dyv, True), kv, _cl_shape(dxv.shape), ss,
                                        ds, ps)
         _to_layout(dxl, False, dxv)
@@ -1310,9 +1322,13 @@ def depthwise_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, chan
     xv, dyv = _img(x, nd, channels_last), _img(dy, nd, channels_last)
     dkv = _ker(dk, nd)
     if _narrow_cf(channels_last, dyv.shape[3], M):
-        if (xv.shape[2] * xv.shape[3] + dyv.shape[2] * dyv.shape[3]) * 256 <= STAGE_MAX_BYTES:
+        if ((xv.shape[2] * xv.shape[3] + dyv.shape[2] * dyv.shape[3]) * NARROW_BLOCK_BYTES
+                <= STAGE_MAX_BYTES
+                and C * x.itemsize >= NARROW_KGRAD_MIN_BLOCKS * NARROW_BLOCK_BYTES):
             # A block of channels at a time, in cache: transposing x and dy
-            # whole took two more passes over memory.
+            # whole took two more passes over memory. Its tasks are the
+            # blocks: with fewer, the whole-array path below splits the
+            # rows over the team instead.
             _backward_kernel_cf_narrow(xv, dyv, dkv, ss + ds + (ps[0][0], ps[1][0]))
         else:
             dkv[...] = depthwise_backward_kernel(_to_layout(xv, True), _to_layout(dyv, True),

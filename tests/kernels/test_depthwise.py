@@ -357,7 +357,9 @@ def test_3x3_row_reuse_equals_general_tiles(isa, dtype):
     # the same bits, forward (bias, relu) and input gradient (M > 1 sums
     # into its planes), over heights leaving each remainder of 3 rows,
     # rows with vector tails, column dilation, stride 2 along the row, row
-    # stride 2 (and the unit-stride pass of its input gradient).
+    # stride 2 (and the unit-stride pass of its input gradient). The first
+    # case's "same" planes are read in place (cb_dw_fwd_cf_same3), which
+    # the switch turns off with the row-reuse tiles.
     rng = np.random.default_rng(zlib.crc32(repr(dtype).encode()))
     for h, w, m, ss, ds, ps in [(9, 40, 1, (1, 1), (1, 1), ((1, 1), (1, 1))),
                                 (7, 33, 2, (1, 1), (1, 2), ((1, 1), (2, 2))),
@@ -505,9 +507,11 @@ def test_narrow_channels_first_rows_equal_plane_kernels(isa, dtype):
     # dilations, pads, a tail block, bias + relu6, batch 1 and several
     # samples and threads; and the reference values. The input gradient at
     # stride 1 is that forward pass with the flipped kernel (dilated, pads
-    # past the kernel's span after), the other gradients run through the
-    # channels_last ones (the arrays transposed): the same bits on 1 and 2
-    # threads, and the reference values.
+    # past the kernel's span after); the kernel gradient runs the
+    # channels_last gradient rows a block of channels at a time from 4
+    # blocks on, else the whole arrays transposed, as does the strided
+    # input gradient: the same bits on 1 and 2 threads, and the reference
+    # values.
     wide = 256 // np.dtype(dtype).itemsize
     rng = np.random.default_rng(zlib.crc32(repr(dtype).encode()) + 1)
     old = runtime.get_max_threads()
@@ -517,7 +521,8 @@ def test_narrow_channels_first_rows_equal_plane_kernels(isa, dtype):
             (3, 5, 6, 9, 2, 3, (1, 2), (2, 1), ((0, 1), (2, 2))),
             (1, wide, 3, 4, 1, 5, (1, 1), (1, 1), ((0, 0), (2, 2))),
             (2, 7, 5, 6, 3, 2, (1, 1), (2, 1), ((2, 1), (1, 0))),
-            (1, 9, 5, 6, 3, 3, (1, 1), (1, 1), ((1, 1), (0, 3)))]:
+            (1, 9, 5, 6, 3, 3, (1, 1), (1, 1), ((1, 1), (0, 3))),
+            (2, 4 * wide + 3, 3, 5, 3, 3, (1, 1), (1, 1), ((1, 1), (1, 1)))]:
         x = rng.standard_normal((n, c, h, w)).astype(dtype)
         k = rng.standard_normal((kh, kw, c, 1)).astype(dtype)
         b = rng.standard_normal(c).astype(dtype)
