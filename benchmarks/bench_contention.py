@@ -5,6 +5,7 @@ counts.
 
 Run: python benchmarks/bench_contention.py [--epochs 2] [--repeats 2] [--threads 1,2]
      [--no-busy] [--env OMP_WAIT_POLICY=active ...]
+     [--variant spin2000:GOMP_SPINCOUNT=2000 ...]
 
 Every configuration runs in a fresh process (OpenMP reads its environment when
 it starts), the configurations alternate, and each is repeated; the table
@@ -99,6 +100,8 @@ def main():
     configs = [("default", None, extra)]
     for v in args.variant:
         name, _, assigns = v.partition(":")
+        if not name or name in [c[0] for c in configs] or name.endswith(" threads"):
+            ap.error("--variant %r: give each variant a name of its own" % v)
         configs.append((name, None, dict(a.split("=", 1) for a in assigns.split(",") if a)))
     configs += [("%d threads" % t, t, {}) for t in fixed]
     workloads = [("keras demo training (%d epochs)" % args.epochs,
@@ -133,7 +136,8 @@ def main():
     print_table(rows, ["workload", "config", "team", "seconds", "runs", "vs_best_fixed"],
                 title=title)
     path = write_json("contention", rows, busy=busy is not None, load_before=load,
-                      default_env=extra)
+                      default_env=extra,
+                      variants={name: env for name, t, env in configs[1:] if t is None})
     print("wrote", path)
 
 
