@@ -6,7 +6,7 @@
  * after a region they still spin (GOMP_SPINCOUNT rounds) and a fork/join takes
  * under a microsecond; once they sleep it takes 5-30 us on a VM (2-core EPYC
  * at 1000 spin rounds: 0.6 us within 25 us of the last region, 6 us after
- * 30-200 us, 28-35 us after 1 ms; 4000 rounds stretch the first window). So the cutoff depends on the team's state: a cold team is woken only
+ * 30-200 us, 28-35 us after 1 ms; 2000 rounds stretch the first window). So the cutoff depends on the team's state: a cold team is woken only
  * for `min_work`, a warm one for a fraction of it. Between the ops of one
  * compiled call the gaps are a few microseconds, so once one op has woken the
  * team the ops after it find it warm; a batch-1 model whose layers are each
