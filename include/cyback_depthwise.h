@@ -151,8 +151,9 @@ CB_DW_SUM_GROUPS(float, f)
 CB_DW_SUM_GROUPS(double, d)
 
 /* channels_first kernels (but cb_dw_fwd_cf_same3, below) work on whole
- * planes that the caller pads once (cb_dw_pad_plane): padded row i, column j holds input (i - pt, j - pl),
- * zero outside the input, for Hp rows and Wp columns; with upsampling
+ * planes that the caller pads once (cb_dw_pad_plane): padded row i, column
+ * j holds input (i - pt, j - pl), zero outside the input, for Hp rows and
+ * Wp columns; with upsampling
  * factors uh, uw (for the input gradient of a strided convolution) it holds
  * input ((i - pt) / uh, (j - pl) / uw) where both divide, else zero. With a
  * stride sw > 1 along the row, each padded row is stored as sw phases of
@@ -664,9 +665,9 @@ ATTR static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *k, 
 
 /* channels_first 3x3 forward at stride 1, dilation 1 and pads (1, 1) on
  * both axes ("same"), straight from the unpadded plane (H, W): padding each
- * plane into a buffer first had cost a quarter of the call on (32, 16, 32, 32).
- * Tiles of 3 output rows by 2 vectors as in cb_dw_cf_tile (same loads, taps and
- * order, so the same bits as the padded plane): rows above or below the
+ * plane into a buffer first had cost a quarter of a (32, 16, 32, 32) call.
+ * Tiles of 3 output rows by 2 vectors as in cb_dw_cf_tile (same loads, taps
+ * and order, so the same bits as the padded plane): rows above or below the
  * plane read the zero row, and the one column outside the plane at either
  * end comes into the tile's first vector (LEFT) or last one (RIGHT) by a
  * shuffle with a zero lane. The flags are constants: a multiply-add whose

@@ -391,22 +391,22 @@ cdef void _fwd_cf_narrow(const floating[:, :, :, ::1] x, const floating[:, :, :,
     # each row, as _row_plan stages them), filters with the row kernel into
     # (OH, OW, cb) and transposes back. Tail blocks keep the buffer's pixel
     # stride, so that the zero columns stay zero. kp: room for C*KH*KW
-    # values. A thread's buffers hold H * Ws pixels of NARROW_BLOCK_BYTES (_forward
-    # keeps that within STAGE_MAX_BYTES).
+    # values. A thread's buffers hold H * Ws pixels of NARROW_BLOCK_BYTES
+    # (_forward keeps that within STAGE_MAX_BYTES).
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], T = KH * KW
     cdef Py_ssize_t OH = y.shape[2], OW = y.shape[3]
     cdef Py_ssize_t BC = NARROW_BLOCK_BYTES // sizeof(floating)
     cdef Py_ssize_t nb = _cdiv(C, BC)
     cdef Py_ssize_t Ws = _cf_narrow_width(W, OW, KW, g)
-    cdef Py_ssize_t task, n, c0, cb, j, r, t, ky, ih, oh
+    cdef Py_ssize_t task, blk, n, c0, cb, j, r, t, ky, ih, oh
     cdef const floating** xr = NULL
     cdef floating* xt = NULL
     cdef floating* yt = NULL
     # The kernel's block of channels from c0, (T, cb) values from kp + c0*T:
     # the row kernel's layout for that block.
-    for task in range(nb):
-        c0 = task * BC
+    for blk in range(nb):
+        c0 = blk * BC
         cb = _imin(BC, C - c0)
         for t in range(T):
             for j in range(cb):
@@ -449,8 +449,8 @@ cdef void _bwd_k_cf_narrow(const floating[:, :, :, ::1] x, const floating[:, :, 
     # transposes the block's planes of x and dy into (H*W, BC) and (OH*OW,
     # BC) buffers (no zero columns: they would change the sums' rounding)
     # and adds each output row's taps into its (KH*KW, cb) sums. A thread's
-    # buffers hold H*W + OH*OW pixels of NARROW_BLOCK_BYTES (depthwise_backward_kernel
-    # keeps that within STAGE_MAX_BYTES).
+    # buffers hold H*W + OH*OW pixels of NARROW_BLOCK_BYTES
+    # (depthwise_backward_kernel keeps that within STAGE_MAX_BYTES).
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t KH = dk.shape[0], KW = dk.shape[1], T = KH * KW
     cdef Py_ssize_t OH = dy.shape[2], OW = dy.shape[3]
@@ -680,9 +680,9 @@ cdef void _planes_cf(const floating[:, :, :, ::1] src, const floating[:, :, :, :
                      Py_ssize_t uw, const floating* bias, int act, cb_intr* intr) noexcept nogil:
     # The channels_first correlations, one task per (n, c), each plane padded
     # once into a per-thread buffer (unless read in place, below). The
-    # forward pass (not fan_in) filters
-    # plane src[n, c] into its M planes dst[n, c*M + m] (bias: C*M values or
-    # NULL, then the activation act). The input gradient (fan_in: src is dy
+    # forward pass (not fan_in) filters plane src[n, c] into its M planes
+    # dst[n, c*M + m] (bias: C*M values or NULL, then the activation act).
+    # The input gradient (fan_in: src is dy
     # upsampled by the forward strides (uh, uw), k the flipped kernel, stride
     # 1) sums the M planes src[n, c*M + m], filtered, into dst[n, c]. 3x3
     # "same" planes at stride 1 skip the padding where nothing accumulates:
