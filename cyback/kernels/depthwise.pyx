@@ -973,29 +973,22 @@ def _backward_input(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::1
 
 def _backward_kernel(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] dy,
                      floating[:, :, :, ::1] dk, floating[:, :, :, :, ::1] part,
-                     bint channels_last, tuple geom):
+                     bint channels_last, tuple geom, bint narrow=False):
     # channels_last sums into the fixed number of partial kernels part, then
-    # adds them up in order.
+    # adds them up in order; narrow channels_first planes go a block of
+    # channels at a time through the channels_last rows (part unused).
     cdef cb_intr intr
     cdef _Geom g = _geom(geom)
     cb_intr_init(&intr)
-    if channels_last:
+    if narrow:
+        _bwd_k_cf_narrow(x, dy, dk, g, &intr)
+    elif channels_last:
         _bwd_k_cl(x, dy, part, g, &intr)
         if not intr.stop:
             _reduce_parts(&part[0, 0, 0, 0, 0], part.shape[0],
                           dk.shape[0] * dk.shape[1] * dk.shape[2] * dk.shape[3], &dk[0, 0, 0, 0])
     else:
         _bwd_k_cf(x, dy, dk, g, &intr)
-    check_interrupt(&intr)
-
-
-def _backward_kernel_cf_narrow(const floating[:, :, :, ::1] x,
-                               const floating[:, :, :, ::1] dy, floating[:, :, :, ::1] dk,
-                               tuple geom):
-    cdef cb_intr intr
-    cdef _Geom g = _geom(geom)
-    cb_intr_init(&intr)
-    _bwd_k_cf_narrow(x, dy, dk, g, &intr)
     check_interrupt(&intr)
 
 
@@ -1329,7 +1322,8 @@ def depthwise_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, chan
             # whole took two more passes over memory. Its tasks are the
             # blocks: with fewer, the whole-array path below splits the
             # rows over the team instead.
-            _backward_kernel_cf_narrow(xv, dyv, dkv, ss + ds + (ps[0][0], ps[1][0]))
+            _backward_kernel(xv, dyv, dkv, np.empty((0,) + dkv.shape, dtype=x.dtype), False,
+                             ss + ds + (ps[0][0], ps[1][0]), True)
         else:
             dkv[...] = depthwise_backward_kernel(_to_layout(xv, True), _to_layout(dyv, True),
                                                  dkv.shape, ss, ds, ps)
