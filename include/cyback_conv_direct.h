@@ -118,22 +118,21 @@ static ptrdiff_t cb_cd_block(int dbl) {
 static ptrdiff_t cb_cd_block_for(int dbl, ptrdiff_t F);
 
 #define CB_CD_COMMON(T, SUF)                                                              \
-/* wp[b][r][kw][c][j] = k[r][kw][c][b*FB + j] (0 past F); bp likewise for bias. */        \
-static void cb_cd_pack_##SUF(const T *k, const T *bias, T *wp, T *bp,                    \
-                             const cb_cd_geom *g) {                                       \
-    ptrdiff_t taps = g->KD * g->KH * g->KW * g->C, b, t, f, nf;                           \
-    /* row copies: a batch-1 call packs its kernel every time */                         \
-    for (b = 0; b < g->nfb; b++) {                                                        \
-        nf = g->F - b * g->FB < g->FB ? g->F - b * g->FB : g->FB;                         \
-        for (t = 0; t < taps; t++) {                                                      \
-            T *dst = wp + (b * taps + t) * g->FB;                                         \
-            memcpy(dst, k + t * g->F + b * g->FB, nf * sizeof(T));                        \
-            if (nf < g->FB) memset(dst + nf, 0, (g->FB - nf) * sizeof(T));                \
-        }                                                                                 \
+/* Block b of the packed kernel: wp[b][r][kw][c][j] = k[r][kw][c][b*FB + j] (0 past   \
+ * F); bp likewise for bias. Blocks are independent, so a region's threads pack        \
+ * them in parallel before the tiles read them. */                                     \
+static void cb_cd_pack_block_##SUF(const T *k, const T *bias, T *wp, T *bp,              \
+                                   const cb_cd_geom *g, ptrdiff_t b) {                    \
+    ptrdiff_t taps = g->KD * g->KH * g->KW * g->C, t, j;                                  \
+    ptrdiff_t nf = g->F - b * g->FB < g->FB ? g->F - b * g->FB : g->FB;                   \
+    for (t = 0; t < taps; t++) {                                                          \
+        T *dst = wp + (b * taps + t) * g->FB;                                             \
+        memcpy(dst, k + t * g->F + b * g->FB, nf * sizeof(T));                            \
+        if (nf < g->FB) memset(dst + nf, 0, (g->FB - nf) * sizeof(T));                    \
     }                                                                                     \
     if (bp)                                                                               \
-        for (f = 0; f < g->nfb * g->FB; f++)                                              \
-            bp[f] = f < g->F ? bias[f] : (T)0;                                            \
+        for (j = 0; j < g->FB; j++)                                                       \
+            bp[b * g->FB + j] = j < nf ? bias[b * g->FB + j] : (T)0;                      \
 }                                                                                         \
                                                                                           \
 /* Row `row` (over N * D * H) of the input, zero-padded along W into xp. */               \

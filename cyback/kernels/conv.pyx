@@ -53,10 +53,12 @@ from libc.string cimport memcpy, memset
 
 from cyback.kernels._blas cimport floating, gemm
 from contextlib import nullcontext
-from cyback.kernels._omp cimport cb_parallel_min_work
+from cyback.kernels._omp cimport cb_get_num_threads, cb_parallel_min_work
 from cyback.kernels.runtime cimport team_done, threads_for
 from cyback.kernels._arrays cimport fits
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
+from cyback.kernels._tiles cimport (CB_TILES_JOIN_SECONDS, cb_tiles, cb_tiles_finish, cb_tiles_init,
+                                   cb_tiles_join, cb_tiles_take, cb_tiles_wait_done)
 from cyback.kernels._checks import remembered
 from cyback.kernels.blas_threads import blas_threads
 from cyback.kernels import winograd
@@ -81,10 +83,10 @@ cdef extern from "cyback_conv_direct.h" nogil:
     int cb_cd_use_quad_blocks(int on)
     int cb_cd_wide_tiles()
     void cb_cd_prepare(cb_cd_geom* g, Py_ssize_t xw0)
-    void cb_cd_pack_f(const float* k, const float* bias, float* wp, float* bp,
-                      const cb_cd_geom* g)
-    void cb_cd_pack_d(const double* k, const double* bias, double* wp, double* bp,
-                      const cb_cd_geom* g)
+    void cb_cd_pack_block_f(const float* k, const float* bias, float* wp, float* bp,
+                            const cb_cd_geom* g, Py_ssize_t b)
+    void cb_cd_pack_block_d(const double* k, const double* bias, double* wp, double* bp,
+                            const cb_cd_geom* g, Py_ssize_t b)
     void cb_cd_pad_row_f(const float* x, float* xp, const cb_cd_geom* g, Py_ssize_t row)
     void cb_cd_pad_row_d(const double* x, double* xp, const cb_cd_geom* g, Py_ssize_t row)
     void cb_cd_item_f(const float* x, const float* wp, const float* bp, const float* res,
@@ -854,7 +856,8 @@ _TUNE = _Tuning({"winograd": _env_winograd(), "winograd_channels_first": True,
          "tap_min_c": 32, "tap_mnk": 1000000, "tap_min_rows": 96, "tap_rows": 1024,
          "tap_last_packed": False, "direct_skip_pad": None,
          "phase_split": None, "phase_max_c": 512, "phase_min_w": 24,
-         "direct_dw": True, "direct_dw_max_c": 64, "direct_dw_max_bytes": 192 << 10})
+         "direct_dw": True, "direct_dw_max_c": 64, "direct_dw_max_bytes": 192 << 10,
+         "join_seconds": CB_TILES_JOIN_SECONDS})
 
 
 # ---------------------------------------------------------------- Winograd (channels_last)
@@ -954,36 +957,56 @@ def _run_winograd(w, x, kernel, y, bias, residual, int act, int nt, cache, bint 
     leaves a residual, and so the bias and activation after it, to the
     caller)."""
     if last:
-        w.run(x, kernel, y, bias, residual, act, nt, cache)
+        w.run(x, kernel, y, bias, residual, act, nt, cache, True, _TUNE["join_seconds"])
         return True
     if residual is None:
-        w.run(x, kernel, y, bias, None, act, nt, cache, False)
+        w.run(x, kernel, y, bias, None, act, nt, cache, False, _TUNE["join_seconds"])
         return True
-    w.run(x, kernel, y, None, None, 0, nt, cache, False)
+    w.run(x, kernel, y, None, None, 0, nt, cache, False, _TUNE["join_seconds"])
     return False
 
 
 # ---------------------------------------------------------------- direct (channels_last)
 
-cdef void _forward_direct(const floating* x, floating* xp, bint copy, const floating* wp,
-                          const floating* bp, const floating* res, int act, floating* y,
-                          cb_cd_geom g, int nt, cb_intr* intr) noexcept:
+cdef void _forward_direct(const floating* x, floating* xp, bint copy, const floating* k,
+                          const floating* bias, floating* wp, floating* bp, const floating* res,
+                          int act, floating* y, cb_cd_geom g, int nt, cb_intr* intr,
+                          double join_seconds) noexcept:
     """include/cyback_conv_direct.h over work items of one output row and
-    one block of output channels; xp is the W-padded input when copy, bp
-    and res are NULL without a bias or residual."""
+    one block of output channels, after packing the kernel (and bias) into
+    wp (and bp) and, when copy, padding the input along W into xp; bias,
+    bp and res are NULL without a bias or residual."""
     cdef Py_ssize_t row, it
+    cdef Py_ssize_t pad_rows = g.N * g.D * g.H if copy else 0
     cdef const floating* src = x
+    cdef cb_tiles prepared, joined
+    cb_tiles_init(&prepared)
+    cb_tiles_init(&joined)
     if copy:
         src = xp
     # One parallel region: waking a sleeping team costs more than a small
-    # convolution, so the padding and the rows share one wake-up.
+    # convolution, so the packing, the padding and the rows share one
+    # wake-up. Packed in the region, the kernel also leaves no serial gap
+    # before it: on a 1x1 128 -> 512 at batch 1 that gap (30-40 us of
+    # packing, then the call's Python) outlasted the idle thread's spin,
+    # which slept once a call. Cython's prange loops are "omp for nowait",
+    # so the rows wait for the packed kernel and padded input by count
+    # (GCC happens to put a barrier at each loop's start too, for the index
+    # that is both firstprivate and lastprivate; that is not a promise), and
+    # end with a bounded spin (include/cyback_tiles.h).
     with nogil, parallel(num_threads=nt):
-        if copy:
-            for row in prange(g.N * g.D * g.H, schedule='static'):
+        for row in prange(g.nfb + pad_rows, schedule='static'):
+            if row < g.nfb:
                 if floating is float:
-                    cb_cd_pad_row_f(x, xp, &g, row)
+                    cb_cd_pack_block_f(k, bias, wp, bp, &g, row)
                 else:
-                    cb_cd_pad_row_d(x, xp, &g, row)
+                    cb_cd_pack_block_d(k, bias, wp, bp, &g, row)
+            elif floating is float:
+                cb_cd_pad_row_f(x, xp, &g, row - g.nfb)
+            else:
+                cb_cd_pad_row_d(x, xp, &g, row - g.nfb)
+            cb_tiles_finish(&prepared)
+        cb_tiles_wait_done(&prepared, g.nfb + pad_rows)
         for it in prange(g.N * g.OD * g.OH * g.nfb, schedule='static'):
             if cb_intr_poll(intr):
                 continue
@@ -991,14 +1014,7 @@ cdef void _forward_direct(const floating* x, floating* xp, bint copy, const floa
                 cb_cd_item_f(src, wp, bp, res, act, y, &g, it)
             else:
                 cb_cd_item_d(src, wp, bp, res, act, y, &g, it)
-
-
-cdef void _pack_direct(const floating* k, const floating* bias, floating* wp, floating* bp,
-                       cb_cd_geom* g) noexcept:
-    if floating is float:
-        cb_cd_pack_f(k, bias, wp, bp, g)
-    else:
-        cb_cd_pack_d(k, bias, wp, bp, g)
+        cb_tiles_join(&joined, cb_get_num_threads(), join_seconds)
 
 
 @cython.wraparound(True)
@@ -1123,9 +1139,9 @@ def _direct(_DirectGeom d, floating[::1] x, floating[::1] xp, floating[::1] k,
     cdef cb_intr intr
     cdef floating* b = &bp[0] if has_bias else NULL
     cb_intr_init(&intr)
-    _pack_direct[floating](&k[0], &bias[0] if has_bias else NULL, &wp[0], b, &d.g)
-    _forward_direct[floating](&x[0], &xp[0], d.copy, &wp[0], b, &res[0] if has_res else NULL,
-                              act, &y[0], d.g, nt, &intr)
+    _forward_direct[floating](&x[0], &xp[0], d.copy, &k[0], &bias[0] if has_bias else NULL,
+                              &wp[0], b, &res[0] if has_res else NULL, act, &y[0], d.g, nt,
+                              &intr, _TUNE["join_seconds"])
     check_interrupt(&intr)
 
 
@@ -1492,6 +1508,7 @@ cdef class ForwardCall:
         cdef char* xp
         cdef const void* b = cnp.PyArray_DATA(<cnp.ndarray> bias) if self.has_bias else NULL
         cdef const void* r = cnp.PyArray_DATA(<cnp.ndarray> res) if self.has_res else NULL
+        cdef double join = _TUNE["join_seconds"]
         # one block for the packed kernel, the packed bias and the padded input
         scratch = <char*> malloc((d.wp_size + d.bp_size + (d.xp_size if d.copy else 0))
                                  * self.itemsize)
@@ -1502,20 +1519,17 @@ cdef class ForwardCall:
         xp = bp + d.bp_size * self.itemsize
         cb_intr_init(&intr)
         if self.itemsize == 4:
-            _pack_direct[float](<const float*> cnp.PyArray_DATA(k), <const float*> b,
-                                <float*> wp, <float*> bp if b != NULL else NULL, &d.g)
             _forward_direct[float](<const float*> cnp.PyArray_DATA(x), <float*> xp, d.copy,
-                                   <const float*> wp, <const float*> bp if b != NULL else NULL,
+                                   <const float*> cnp.PyArray_DATA(k), <const float*> b,
+                                   <float*> wp, <float*> bp if b != NULL else NULL,
                                    <const float*> r, self.act, <float*> cnp.PyArray_DATA(y),
-                                   d.g, nt, &intr)
+                                   d.g, nt, &intr, join)
         else:
-            _pack_direct[double](<const double*> cnp.PyArray_DATA(k), <const double*> b,
-                                 <double*> wp, <double*> bp if b != NULL else NULL, &d.g)
             _forward_direct[double](<const double*> cnp.PyArray_DATA(x), <double*> xp, d.copy,
-                                    <const double*> wp,
-                                    <const double*> bp if b != NULL else NULL,
+                                    <const double*> cnp.PyArray_DATA(k), <const double*> b,
+                                    <double*> wp, <double*> bp if b != NULL else NULL,
                                     <const double*> r, self.act,
-                                    <double*> cnp.PyArray_DATA(y), d.g, nt, &intr)
+                                    <double*> cnp.PyArray_DATA(y), d.g, nt, &intr, join)
         team_done(nt)
         free(scratch)
         check_interrupt(&intr)
@@ -1700,27 +1714,33 @@ cdef void _tile_epilogue(floating* y, Py_ssize_t m, Py_ssize_t n, Py_ssize_t ld,
 def _forward_pointwise(floating[::1] x, floating[::1] w, floating[::1] y,
                        floating[::1] bias, bint has_bias, floating[::1] res, bint has_res,
                        int act, Py_ssize_t M, Py_ssize_t K, Py_ssize_t F, Py_ssize_t mb,
-                       Py_ssize_t fb, int nt):
+                       Py_ssize_t fb, int nt, double join_seconds):
     """y (M, F) = x (M, K) @ w (K, F) in tiles of mb x fb outputs, one
-    single-threaded GEMM each, with the epilogue per tile."""
-    cdef Py_ssize_t nf = _ceil_div(F, fb), it, r0, f0, m, n
+    single-threaded GEMM each, with the epilogue per tile; the threads meet
+    at the end with a bounded spin (include/cyback_tiles.h)."""
+    cdef Py_ssize_t nf = _ceil_div(F, fb), total = _ceil_div(M, mb) * nf
+    cdef Py_ssize_t it, r0, f0, m, n
     cdef const floating* b = &bias[0] if has_bias else NULL
     cdef const floating* r = &res[0] if has_res else NULL
     cdef cb_intr intr
+    cdef cb_tiles tiles
     cb_intr_init(&intr)
-    with nogil:
-        for it in prange(_ceil_div(M, mb) * nf, num_threads=nt, schedule='dynamic'):
-            if cb_intr_poll(&intr):
-                continue
-            r0 = (it // nf) * mb
-            f0 = (it % nf) * fb
-            m = min(mb, M - r0)
-            n = min(fb, F - f0)
-            gemm(False, False, <int>m, <int>n, <int>K, <floating>1, &x[r0 * K], <int>K,
-                 &w[f0], <int>F, <floating>0, &y[r0 * F + f0], <int>F)
-            if b != NULL or r != NULL or act != 0:
-                _tile_epilogue(&y[r0 * F + f0], m, n, F, b + f0 if b != NULL else NULL,
-                               r + r0 * F + f0 if r != NULL else NULL, act)
+    cb_tiles_init(&tiles)
+    with nogil, parallel(num_threads=nt):
+        it = cb_tiles_take(&tiles)
+        while it < total:
+            if not cb_intr_poll(&intr):
+                r0 = (it // nf) * mb
+                f0 = (it % nf) * fb
+                m = min(mb, M - r0)
+                n = min(fb, F - f0)
+                gemm(False, False, <int>m, <int>n, <int>K, <floating>1, &x[r0 * K], <int>K,
+                     &w[f0], <int>F, <floating>0, &y[r0 * F + f0], <int>F)
+                if b != NULL or r != NULL or act != 0:
+                    _tile_epilogue(&y[r0 * F + f0], m, n, F, b + f0 if b != NULL else NULL,
+                                   r + r0 * F + f0 if r != NULL else NULL, act)
+            it = cb_tiles_take(&tiles)
+        cb_tiles_join(&tiles, cb_get_num_threads(), join_seconds)
     check_interrupt(&intr)
 
 
@@ -1773,7 +1793,7 @@ def _run_pointwise(x, kernel, y, g, bias, residual, int act, int nt):
     _forward_pointwise(_flat(x), _flat(kernel), _flat(y),
                        dummy if bias is None else bias, bias is not None,
                        dummy if residual is None else _flat(residual), residual is not None,
-                       act, M, K, F, mb, fb, nt)
+                       act, M, K, F, mb, fb, nt, _TUNE["join_seconds"])
     team_done(nt)
 
 
@@ -1975,7 +1995,7 @@ def _use_phases(g, bint last, bint dbl):
 
 cdef void _pack_phase(const floating* k, floating* wp, const Phases* plan,
                       Py_ssize_t ph) noexcept nogil:
-    """Phase ph's sub-kernel, packed for the direct kernel (as cb_cd_pack):
+    """Phase ph's sub-kernel, packed for the direct kernel (as cb_cd_pack_block):
     wp[b][t][c][j] = k[tap t][b * FB + j][c], the taps reversed and the
     channels swapped (dy's are the phase's inputs), 0 past the dx channels."""
     cdef const cb_cd_geom* pg = &plan.geoms[ph]

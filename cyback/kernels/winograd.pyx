@@ -19,6 +19,9 @@ from libc.string cimport memcmp, memcpy, memset
 import numpy as np
 
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
+from cyback.kernels._omp cimport cb_get_num_threads
+from cyback.kernels._tiles cimport (CB_TILES_JOIN_SECONDS, cb_tiles, cb_tiles_finish, cb_tiles_init,
+                                   cb_tiles_join, cb_tiles_wait_all, cb_tiles_wait_done)
 
 cnp.import_array()
 
@@ -115,7 +118,8 @@ cdef class Winograd:
         g.TH, g.TW = (OH + 1) // 2, (OW + 1) // 2
 
     def run(self, cnp.ndarray x, cnp.ndarray kernel, cnp.ndarray y, object bias, object residual,
-            int act, int nt, KernelCache cache=None, bint channels_last=True):
+            int act, int nt, KernelCache cache=None, bint channels_last=True,
+            double join_seconds=CB_TILES_JOIN_SECONDS):
         """x (N, H, W, C), kernel (3, 3, C, F), y (N, OH, OW, F) (in 3-D x
         (N, D, H, W, C), kernel (KD, 3, 3, C, F), y (N, OD, OH, OW, F)), bias
         (F,) or None, residual like y or None: C-contiguous float32 arrays the
@@ -125,8 +129,11 @@ cdef class Winograd:
         residual None: x goes through a channels_last copy, and so does y
         (the layout copies run on the team in the same parallel region;
         NumPy's moveaxis copies took 4.4 and 9.3 ms on one thread for the
-        25 MB of (32, 64, 56, 56), a third of the convolution)."""
+        25 MB of (32, 64, 56, 56), a third of the convolution).
+        ``join_seconds`` bounds the spin at the end of the items
+        (include/cyback_tiles.h; 0 leaves the wait to libgomp)."""
         cdef cb_intr intr
+        cdef cb_tiles prepared, joined
         # A copy: the block width follows the kernel set that runs now (tests
         # switch sets) and the work items the thread count, per call.
         cdef cb_wg_geom g = self.g
@@ -202,15 +209,23 @@ cdef class Winograd:
             memset(bp, 0, g.nfb * g.FB * sizeof(float))
             memcpy(bp, cnp.PyArray_DATA(<cnp.ndarray> bias), g.F * sizeof(float))
         cb_intr_init(&intr)
+        cb_tiles_init(&prepared)
+        cb_tiles_init(&joined)
         # One parallel region: the kernel transform (serial, it took a tenth
         # of a batch-1 256-channel layer) and the tiles share one wake-up.
         with nogil, parallel(num_threads=nt):
             if xfirst != NULL:
                 for it in prange(xcopies, schedule='static'):
                     cb_wg_relayout(xfirst, xlast, g.C, P, it, 1)
+                    cb_tiles_finish(&prepared)
             if fresh:
                 for it in prange(parts, schedule='static'):
                     cb_wg_kernel_part(ks, u, &g, it)
+                    cb_tiles_finish(&prepared)
+            # Cython's prange is "omp for nowait": the items wait for the
+            # copies and the transform by count.
+            cb_tiles_wait_done(&prepared, (xcopies if xfirst != NULL else 0) +
+                               (parts if fresh else 0))
             scratch = <float*> malloc(scratch_size * sizeof(float))
             for it in prange(g.items, schedule='static'):
                 if scratch == NULL:
@@ -220,7 +235,12 @@ cdef class Winograd:
                     continue
                 cb_wg_item(xs, u, bp, rs, act, ys, &g, it, scratch)
             free(scratch)
+            # A bounded spin before the region's end (include/cyback_tiles.h):
+            # the thread done first does not fall asleep while the other
+            # finishes its items, and is awake for the next region.
+            cb_tiles_join(&joined, cb_get_num_threads(), join_seconds)
             if yfirst != NULL:
+                cb_tiles_wait_all(&joined, cb_get_num_threads())
                 for it in prange(ycopies, schedule='static'):
                     cb_wg_relayout(ys, yfirst, g.F, OP, it, 0)
         free(own)

@@ -1322,3 +1322,72 @@ def test_wide_pointwise_convolutions_take_the_direct_kernel(c, f):
                                                   activation="relu"))
     ref = np.maximum(x.astype(np.float64) @ w.reshape(c, f).astype(np.float64), 0)
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-4)
+
+
+# ---------------------------------------------------------------- the regions' joins
+
+# (x shape, kernel shape, strides, pads, channels_last, tune): one case per
+# region that ends in include/cyback_tiles.h's join. The direct kernel packs
+# its kernel (a block width that does not divide F, with a bias) and pads
+# its input in the region before the rows; Winograd transforms its kernel
+# (and, channels_first, copies x and y) around the items.
+JOIN_CASES = [
+    ((1, 9, 9, 64), (1, 1, 64, 200), (1, 1), [(0, 0), (0, 0)], True, "tiles",
+     {"pointwise_gemm": True}),
+    ((2, 7, 9, 12), (3, 3, 12, 40), (1, 1), [(1, 1), (0, 1)], True, "direct",
+     {"direct_skip_pad": False, "winograd": False}),
+    ((2, 11, 10, 24), (3, 3, 24, 20), (2, 2), [(1, 1), (1, 1)], True, "direct",
+     {"winograd": False}),
+    ((2, 10, 12, 32), (3, 3, 32, 24), (1, 1), [(1, 1), (1, 1)], True, "winograd",
+     {"winograd": True}),
+    ((2, 32, 10, 12), (3, 3, 32, 24), (1, 1), [(1, 1), (1, 1)], False, "winograd",
+     {"winograd": True}),
+]
+
+
+def _forward_path(x_shape, k_shape, strides, pads, last):
+    g, _, pointwise = conv._geometry(x_shape, k_shape, strides, (1,) * len(strides), pads,
+                                     last, "test")
+    if conv._use_winograd(g, last, np.float32):
+        return "winograd"
+    if conv._use_pointwise_gemm(g, last, pointwise):
+        return "tiles"
+    return "direct" if conv._use_direct(g, last) else "other"
+
+
+@pytest.mark.parametrize("case", range(len(JOIN_CASES)))
+def test_region_joins_same_bits_for_any_spin_and_team(case):
+    # The join's spin bound (0: libgomp's barrier alone; the default; a long
+    # one) and the team size (4 threads outnumber a 2-core machine, where
+    # the join does not spin) change when threads wait, never what they
+    # compute: every combination gives the same bits, and the reference.
+    xs, ks, strides, pads, last, path, tune = JOIN_CASES[case]
+    rng = np.random.default_rng(700 + case)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal(ks) * 0.2).astype(np.float32)
+    bias = rng.standard_normal(ks[-1]).astype(np.float32)
+    x_last = x if last else np.moveaxis(x, 1, -1)
+    ref = ref_forward(x_last.astype(np.float64), w.astype(np.float64), strides, (1, 1), pads)
+    ref = ref + bias
+    if not last:
+        ref = np.moveaxis(ref, -1, 1)
+    old, nmax = dict(conv._TUNE), get_max_threads()
+    outs = []
+    try:
+        conv._TUNE.update(tune)
+        conv._DIRECT_GEOMS.clear()
+        assert _forward_path(xs, ks, strides, pads, last) == path
+        for join in (0.0, old["join_seconds"], 5e-3):
+            conv._TUNE["join_seconds"] = join
+            for nt in (1, 2, 4):
+                set_num_threads(nt)
+                outs.append(conv.conv_forward(x, w, strides, (1, 1), pads, channels_last=last,
+                                              bias=bias))
+    finally:
+        set_num_threads(nmax)
+        conv._TUNE.clear()
+        conv._TUNE.update(old)
+        conv._DIRECT_GEOMS.clear()
+    np.testing.assert_allclose(outs[0], ref, rtol=1e-4, atol=1e-4)
+    for y in outs[1:]:
+        assert np.array_equal(y, outs[0])
