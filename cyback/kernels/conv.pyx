@@ -54,7 +54,7 @@ from libc.string cimport memcpy, memset
 from cyback.kernels._blas cimport floating, gemm
 from contextlib import nullcontext
 from cyback.kernels._omp cimport cb_get_num_threads, cb_parallel_min_work
-from cyback.kernels.runtime cimport team_done, threads_for
+from cyback.kernels.runtime cimport team_done, team_host_busy, threads_for
 from cyback.kernels._arrays cimport fits
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 from cyback.kernels._tiles cimport (CB_TILES_JOIN_SECONDS, cb_tiles, cb_tiles_finish, cb_tiles_init,
@@ -844,6 +844,20 @@ def _env_winograd():
     return value != "0"
 
 
+def _env_join_seconds():
+    value = os.environ.get("CYBACK_JOIN_SECONDS", "").strip()
+    if not value:
+        return CB_TILES_JOIN_SECONDS
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0.0 <= seconds <= 1.0:
+        raise ValueError("CYBACK_JOIN_SECONDS must be a number of seconds from 0 to 1, got %r"
+                         % (value,))
+    return seconds
+
+
 # Patch-buffer size per thread, a dict so that benchmarks can sweep it.
 _TUNE = _Tuning({"winograd": _env_winograd(), "winograd_channels_first": True,
          "winograd_min_c": None, "winograd_min_f": 16,
@@ -857,7 +871,14 @@ _TUNE = _Tuning({"winograd": _env_winograd(), "winograd_channels_first": True,
          "tap_last_packed": False, "direct_skip_pad": None,
          "phase_split": None, "phase_max_c": 512, "phase_min_w": 24,
          "direct_dw": True, "direct_dw_max_c": 64, "direct_dw_max_bytes": 192 << 10,
-         "join_seconds": CB_TILES_JOIN_SECONDS})
+         "join_seconds": _env_join_seconds()})
+
+
+cdef double _join_seconds():
+    """The bound of the spin that ends a region starting now
+    (include/cyback_tiles.h): none while other processes take our cores,
+    where the spinning thread would take time from the one it waits for."""
+    return 0.0 if team_host_busy() else _TUNE["join_seconds"]
 
 
 # ---------------------------------------------------------------- Winograd (channels_last)
@@ -957,12 +978,12 @@ def _run_winograd(w, x, kernel, y, bias, residual, int act, int nt, cache, bint 
     leaves a residual, and so the bias and activation after it, to the
     caller)."""
     if last:
-        w.run(x, kernel, y, bias, residual, act, nt, cache, True, _TUNE["join_seconds"])
+        w.run(x, kernel, y, bias, residual, act, nt, cache, True, _join_seconds())
         return True
     if residual is None:
-        w.run(x, kernel, y, bias, None, act, nt, cache, False, _TUNE["join_seconds"])
+        w.run(x, kernel, y, bias, None, act, nt, cache, False, _join_seconds())
         return True
-    w.run(x, kernel, y, None, None, 0, nt, cache, False, _TUNE["join_seconds"])
+    w.run(x, kernel, y, None, None, 0, nt, cache, False, _join_seconds())
     return False
 
 
@@ -1141,7 +1162,7 @@ def _direct(_DirectGeom d, floating[::1] x, floating[::1] xp, floating[::1] k,
     cb_intr_init(&intr)
     _forward_direct[floating](&x[0], &xp[0], d.copy, &k[0], &bias[0] if has_bias else NULL,
                               &wp[0], b, &res[0] if has_res else NULL, act, &y[0], d.g, nt,
-                              &intr, _TUNE["join_seconds"])
+                              &intr, _join_seconds())
     check_interrupt(&intr)
 
 
@@ -1508,7 +1529,7 @@ cdef class ForwardCall:
         cdef char* xp
         cdef const void* b = cnp.PyArray_DATA(<cnp.ndarray> bias) if self.has_bias else NULL
         cdef const void* r = cnp.PyArray_DATA(<cnp.ndarray> res) if self.has_res else NULL
-        cdef double join = _TUNE["join_seconds"]
+        cdef double join = _join_seconds()
         # one block for the packed kernel, the packed bias and the padded input
         scratch = <char*> malloc((d.wp_size + d.bp_size + (d.xp_size if d.copy else 0))
                                  * self.itemsize)
@@ -1793,7 +1814,7 @@ def _run_pointwise(x, kernel, y, g, bias, residual, int act, int nt):
     _forward_pointwise(_flat(x), _flat(kernel), _flat(y),
                        dummy if bias is None else bias, bias is not None,
                        dummy if residual is None else _flat(residual), residual is not None,
-                       act, M, K, F, mb, fb, nt, _TUNE["join_seconds"])
+                       act, M, K, F, mb, fb, nt, _join_seconds())
     team_done(nt)
 
 

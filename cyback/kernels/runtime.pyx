@@ -29,6 +29,11 @@ cdef void team_done(int threads) noexcept nogil:
     cb_team_done(threads)
 
 
+cdef bint team_host_busy() noexcept nogil:
+    """Whether other processes take this one's cores (include/cyback_team.h)."""
+    return cb_team_host_busy_now() != 0
+
+
 def openmp_enabled():
     """True when the kernels were built with OpenMP."""
     return bool(cb_openmp_enabled())

@@ -1391,3 +1391,14 @@ def test_region_joins_same_bits_for_any_spin_and_team(case):
     np.testing.assert_allclose(outs[0], ref, rtol=1e-4, atol=1e-4)
     for y in outs[1:]:
         assert np.array_equal(y, outs[0])
+
+
+def test_join_seconds_from_the_environment(monkeypatch):
+    default = conv._env_join_seconds()
+    for value, seconds in [("", default), ("0", 0.0), (" 0.0005 ", 5e-4), ("1", 1.0)]:
+        monkeypatch.setenv("CYBACK_JOIN_SECONDS", value)
+        assert conv._env_join_seconds() == seconds
+    for bad in ("-1", "2", "soon", "nan"):
+        monkeypatch.setenv("CYBACK_JOIN_SECONDS", bad)
+        with pytest.raises(ValueError, match="CYBACK_JOIN_SECONDS must be a number of seconds"):
+            conv._env_join_seconds()
