@@ -844,6 +844,10 @@ def _env_winograd():
     return value != "0"
 
 
+cdef enum:
+    IM2COL_ROWS = 8    # patches per task of _im2col_rows
+
+
 def _env_join_seconds():
     value = os.environ.get("CYBACK_JOIN_SECONDS", "").strip()
     if not value:
@@ -871,6 +875,7 @@ _TUNE = _Tuning({"winograd": _env_winograd(), "winograd_channels_first": True,
          "tap_last_packed": False, "direct_skip_pad": None,
          "phase_split": None, "phase_max_c": 512, "phase_min_w": 24,
          "direct_dw": True, "direct_dw_max_c": 64, "direct_dw_max_bytes": 192 << 10,
+         "short_im2col": True, "short_im2col_bytes": 4 << 20,
          "join_seconds": _env_join_seconds()})
 
 
@@ -1844,10 +1849,49 @@ def _run_forward(x, kernel, y, g, bint last, bint pointwise, bias=None, residual
                           nt)
         return False
     B = _block_rows(g, x.itemsize)
+    if _use_short_im2col(g, last, pointwise, B, x.itemsize):
+        cols = np.empty(g["N"] * g["P"] * g["K"], dtype=x.dtype)
+        _im2col_rows(_flat(x), cols, g, nt)
+        with limit:
+            _run_pointwise(cols, kernel, y, {"N": 1, "P": g["N"] * g["P"], "C": g["K"],
+                                             "F": g["F"]}, bias, residual, act, nt)
+        return True
     bufs, stride = _work_bufs(g, 1 if pointwise else B, x.dtype, nt)
     with limit:
         _forward(_flat(x), _flat(kernel), _flat(y), bufs, stride, g, last, pointwise, B, nt)
     return False
+
+
+@cython.wraparound(True)
+@cython.boundscheck(True)
+def _use_short_im2col(g, bint last, bint pointwise, Py_ssize_t B, Py_ssize_t itemsize):
+    """Whether a channels_last im2col forward with few output positions
+    builds its whole patch matrix first and then multiplies it in the 1x1
+    convolution's GEMM tiles (_run_pointwise), rather than in row blocks of
+    B patches, one GEMM each on one thread.
+
+    A batch-1 3x3 512 -> 512 on (1, 7, 7) (a ResNet-50 stage-4 layer, too
+    few tiles for Winograd) has 49 patches, one block: the whole product ran
+    on one thread (5.6 ms). The tiles split its columns over the team (2.7
+    ms). Only single-block calls take them (the choice depends on the
+    shape alone, so results do not depend on the thread count): where there
+    are blocks for the team, the tiles' uneven rows (64, 64, 64 and 4
+    patches on (1, 14, 14) 3x3 256 -> 256) ran 0.66x as fast. The patch
+    matrix is kept to _TUNE["short_im2col_bytes"]."""
+    if not last or pointwise or not _TUNE["short_im2col"]:
+        return False
+    rows = g["N"] * g["P"]
+    return rows <= B and rows * g["K"] * itemsize <= _TUNE["short_im2col_bytes"]
+
+
+def _im2col_rows(floating[::1] x, floating[::1] cols, Geom g, int nt):
+    """cols (N * P, K) = every output position's patch (channels_last)."""
+    cdef Py_ssize_t rows = g.N * g.P, it, r0
+    cdef Py_ssize_t nblk = (rows + IM2COL_ROWS - 1) // IM2COL_ROWS
+    with nogil:
+        for it in prange(nblk, num_threads=nt, schedule='static'):
+            r0 = it * IM2COL_ROWS
+            _im2col_last(&x[0], &cols[r0 * g.K], &g, r0, min(IM2COL_ROWS, rows - r0))
 
 
 # ---------------------------------------------------------------- phases of a strided input gradient

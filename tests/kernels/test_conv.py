@@ -1402,3 +1402,45 @@ def test_join_seconds_from_the_environment(monkeypatch):
         monkeypatch.setenv("CYBACK_JOIN_SECONDS", bad)
         with pytest.raises(ValueError, match="CYBACK_JOIN_SECONDS must be a number of seconds"):
             conv._env_join_seconds()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("xs, ks, strides, pads", [
+    ((1, 5, 6, 80), (3, 3, 80, 72), (1, 1), [(1, 1), (1, 1)]),
+    ((2, 9, 9, 70), (3, 3, 70, 40), (2, 2), [(0, 1), (1, 0)]),
+    ((1, 12, 70), (5, 70, 130), (1,), [(2, 2)]),
+])
+def test_short_im2col_tiles(dtype, xs, ks, strides, pads):
+    # Few output positions (one row block): the whole patch matrix, then the
+    # 1x1 GEMM tiles with the epilogue in them; against the row blocks and
+    # the reference, and the same bits on 1 and 2 threads.
+    rng = np.random.default_rng(sum(xs) + sum(ks))
+    x = rng.standard_normal(xs).astype(dtype)
+    w = (rng.standard_normal(ks) * 0.1).astype(dtype)
+    dil = (1,) * len(strides)
+    yshape = ref_forward(x, w, strides, dil, pads).shape
+    bias = rng.standard_normal(ks[-1]).astype(dtype)
+    res = rng.standard_normal(yshape).astype(dtype)
+    ref = _ref_epilogue(ref_forward(x.astype(np.float64), w.astype(np.float64), strides, dil,
+                                    pads), bias, "relu6", res)
+    g = conv._geometry(xs, ks, strides, dil, pads, True, "test")[0]
+    B = conv._block_rows(g, np.dtype(dtype).itemsize)
+    old, nmax = dict(conv._TUNE), get_max_threads()
+    outs = {}
+    try:
+        conv._TUNE.update(winograd=False, direct=False)
+        for short in (True, False):
+            conv._TUNE["short_im2col"] = short
+            assert conv._use_short_im2col(g, True, False, B, np.dtype(dtype).itemsize) is short
+            for nt in (1, 2):
+                set_num_threads(nt)
+                outs[short, nt] = conv.conv_forward(x, w, strides, dil, pads, bias=bias,
+                                                    residual=res, activation="relu6")
+    finally:
+        set_num_threads(nmax)
+        conv._TUNE.clear()
+        conv._TUNE.update(old)
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    for y in outs.values():
+        np.testing.assert_allclose(y, ref, rtol=tol, atol=tol)
+    assert np.array_equal(outs[True, 1], outs[True, 2])
