@@ -328,6 +328,7 @@ def _init_threads():
     from cyback.kernels.blas_threads import set_blas_threads
     _check_amount_env("CYBACK_PARALLEL_MIN_WORK", "flops (default 1e6)")
     _check_amount_env("CYBACK_TEAM_WARM_US", "microseconds")
+    _check_amount_env("CYBACK_JOIN_US", "microseconds")
     n = _positive_env("CYBACK_NUM_THREADS")
     if n is None and not os.environ.get("OMP_NUM_THREADS"):
         # OpenMP counts the affinity mask but not a container's CPU quota.

@@ -371,10 +371,13 @@ def _import_with_env(**env):
                                     "of microseconds"),
     ("CYBACK_TEAM_WARM_US", "-5", "CYBACK_TEAM_WARM_US must be"),
     ("CYBACK_TEAM_WARM_US", "inf", "CYBACK_TEAM_WARM_US must be"),
+    ("CYBACK_JOIN_US", "later", "CYBACK_JOIN_US must be a finite non-negative number "
+                                "of microseconds"),
+    ("CYBACK_JOIN_US", "-1", "CYBACK_JOIN_US must be"),
 ])
 def test_bad_thread_settings_in_the_environment(monkeypatch, var, value, msg):
     for name in ("CYBACK_PARALLEL_MIN_WORK", "CYBACK_NUM_THREADS", "CYBACK_BLAS_THREADS",
-                 "CYBACK_TEAM_WARM_US"):
+                 "CYBACK_TEAM_WARM_US", "CYBACK_JOIN_US"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(var, value)
     n0 = K.get_num_threads()

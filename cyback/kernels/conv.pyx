@@ -54,11 +54,11 @@ from libc.string cimport memcpy, memset
 from cyback.kernels._blas cimport floating, gemm
 from contextlib import nullcontext
 from cyback.kernels._omp cimport cb_get_num_threads, cb_parallel_min_work
-from cyback.kernels.runtime cimport team_done, team_host_busy, threads_for
+from cyback.kernels.runtime cimport join_seconds, team_done, threads_for
 from cyback.kernels._arrays cimport fits
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
-from cyback.kernels._tiles cimport (CB_TILES_JOIN_SECONDS, cb_tiles, cb_tiles_finish, cb_tiles_init,
-                                   cb_tiles_join, cb_tiles_take, cb_tiles_wait_done)
+from cyback.kernels._tiles cimport (cb_tiles, cb_tiles_finish, cb_tiles_init, cb_tiles_join,
+                                   cb_tiles_take, cb_tiles_wait_done)
 from cyback.kernels._checks import remembered
 from cyback.kernels.blas_threads import blas_threads
 from cyback.kernels import winograd
@@ -848,20 +848,6 @@ cdef enum:
     IM2COL_ROWS = 8    # patches per task of _im2col_rows
 
 
-def _env_join_seconds():
-    value = os.environ.get("CYBACK_JOIN_SECONDS", "").strip()
-    if not value:
-        return CB_TILES_JOIN_SECONDS
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not 0.0 <= seconds <= 1.0:
-        raise ValueError("CYBACK_JOIN_SECONDS must be a number of seconds from 0 to 1, got %r"
-                         % (value,))
-    return seconds
-
-
 # Patch-buffer size per thread, a dict so that benchmarks can sweep it.
 _TUNE = _Tuning({"winograd": _env_winograd(), "winograd_channels_first": True,
          "winograd_min_c": None, "winograd_min_f": 16,
@@ -875,15 +861,7 @@ _TUNE = _Tuning({"winograd": _env_winograd(), "winograd_channels_first": True,
          "tap_last_packed": False, "direct_skip_pad": None,
          "phase_split": None, "phase_max_c": 512, "phase_min_w": 24,
          "direct_dw": True, "direct_dw_max_c": 64, "direct_dw_max_bytes": 192 << 10,
-         "short_im2col": True, "short_im2col_bytes": 4 << 20,
-         "join_seconds": _env_join_seconds()})
-
-
-cdef double _join_seconds():
-    """The bound of the spin that ends a region starting now
-    (include/cyback_tiles.h): none while other processes take our cores,
-    where the spinning thread would take time from the one it waits for."""
-    return 0.0 if team_host_busy() else _TUNE["join_seconds"]
+         "short_im2col": True, "short_im2col_bytes": 4 << 20})
 
 
 # ---------------------------------------------------------------- Winograd (channels_last)
@@ -983,12 +961,12 @@ def _run_winograd(w, x, kernel, y, bias, residual, int act, int nt, cache, bint 
     leaves a residual, and so the bias and activation after it, to the
     caller)."""
     if last:
-        w.run(x, kernel, y, bias, residual, act, nt, cache, True, _join_seconds())
+        w.run(x, kernel, y, bias, residual, act, nt, cache, True, join_seconds())
         return True
     if residual is None:
-        w.run(x, kernel, y, bias, None, act, nt, cache, False, _join_seconds())
+        w.run(x, kernel, y, bias, None, act, nt, cache, False, join_seconds())
         return True
-    w.run(x, kernel, y, None, None, 0, nt, cache, False, _join_seconds())
+    w.run(x, kernel, y, None, None, 0, nt, cache, False, join_seconds())
     return False
 
 
@@ -997,7 +975,7 @@ def _run_winograd(w, x, kernel, y, bias, residual, int act, int nt, cache, bint 
 cdef void _forward_direct(const floating* x, floating* xp, bint copy, const floating* k,
                           const floating* bias, floating* wp, floating* bp, const floating* res,
                           int act, floating* y, cb_cd_geom g, int nt, cb_intr* intr,
-                          double join_seconds) noexcept:
+                          double join) noexcept:
     """include/cyback_conv_direct.h over work items of one output row and
     one block of output channels, after packing the kernel (and bias) into
     wp (and bp) and, when copy, padding the input along W into xp; bias,
@@ -1040,7 +1018,7 @@ cdef void _forward_direct(const floating* x, floating* xp, bint copy, const floa
                 cb_cd_item_f(src, wp, bp, res, act, y, &g, it)
             else:
                 cb_cd_item_d(src, wp, bp, res, act, y, &g, it)
-        cb_tiles_join(&joined, cb_get_num_threads(), join_seconds)
+        cb_tiles_join(&joined, cb_get_num_threads(), join)
 
 
 @cython.wraparound(True)
@@ -1167,7 +1145,7 @@ def _direct(_DirectGeom d, floating[::1] x, floating[::1] xp, floating[::1] k,
     cb_intr_init(&intr)
     _forward_direct[floating](&x[0], &xp[0], d.copy, &k[0], &bias[0] if has_bias else NULL,
                               &wp[0], b, &res[0] if has_res else NULL, act, &y[0], d.g, nt,
-                              &intr, _join_seconds())
+                              &intr, join_seconds())
     check_interrupt(&intr)
 
 
@@ -1534,7 +1512,7 @@ cdef class ForwardCall:
         cdef char* xp
         cdef const void* b = cnp.PyArray_DATA(<cnp.ndarray> bias) if self.has_bias else NULL
         cdef const void* r = cnp.PyArray_DATA(<cnp.ndarray> res) if self.has_res else NULL
-        cdef double join = _join_seconds()
+        cdef double join = join_seconds()
         # one block for the packed kernel, the packed bias and the padded input
         scratch = <char*> malloc((d.wp_size + d.bp_size + (d.xp_size if d.copy else 0))
                                  * self.itemsize)
@@ -1740,7 +1718,7 @@ cdef void _tile_epilogue(floating* y, Py_ssize_t m, Py_ssize_t n, Py_ssize_t ld,
 def _forward_pointwise(floating[::1] x, floating[::1] w, floating[::1] y,
                        floating[::1] bias, bint has_bias, floating[::1] res, bint has_res,
                        int act, Py_ssize_t M, Py_ssize_t K, Py_ssize_t F, Py_ssize_t mb,
-                       Py_ssize_t fb, int nt, double join_seconds):
+                       Py_ssize_t fb, int nt, double join):
     """y (M, F) = x (M, K) @ w (K, F) in tiles of mb x fb outputs, one
     single-threaded GEMM each, with the epilogue per tile; the threads meet
     at the end with a bounded spin (include/cyback_tiles.h)."""
@@ -1766,7 +1744,7 @@ def _forward_pointwise(floating[::1] x, floating[::1] w, floating[::1] y,
                     _tile_epilogue(&y[r0 * F + f0], m, n, F, b + f0 if b != NULL else NULL,
                                    r + r0 * F + f0 if r != NULL else NULL, act)
             it = cb_tiles_take(&tiles)
-        cb_tiles_join(&tiles, cb_get_num_threads(), join_seconds)
+        cb_tiles_join(&tiles, cb_get_num_threads(), join)
     check_interrupt(&intr)
 
 
@@ -1819,7 +1797,7 @@ def _run_pointwise(x, kernel, y, g, bias, residual, int act, int nt):
     _forward_pointwise(_flat(x), _flat(kernel), _flat(y),
                        dummy if bias is None else bias, bias is not None,
                        dummy if residual is None else _flat(residual), residual is not None,
-                       act, M, K, F, mb, fb, nt, _join_seconds())
+                       act, M, K, F, mb, fb, nt, join_seconds())
     team_done(nt)
 
 
@@ -1894,7 +1872,7 @@ def _im2col_rows(floating[::1] x, floating[::1] cols, Geom g, int nt):
             _im2col_last(&x[0], &cols[r0 * g.K], &g, r0, min(IM2COL_ROWS, rows - r0))
 
 
-# ---------------------------------------------------------------- phases of a strided input gradient
+# ------------------------------------------------------------ phases of a strided input gradient
 
 cdef struct Phases:
     Py_ssize_t nph, most, wp_size

@@ -44,7 +44,8 @@ from scipy.linalg.cython_blas cimport sgemv, dgemv
 from cyback.kernels._blas cimport floating, gemm
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 from cyback.kernels._omp cimport cb_get_num_threads, cb_get_thread_num
-from cyback.kernels.runtime cimport threads_for
+from cyback.kernels.runtime cimport join_seconds, threads_for
+from cyback.kernels._tiles cimport cb_tiles, cb_tiles_init, cb_tiles_join
 from cyback.kernels.runtime import host_busy
 
 cnp.import_array()
@@ -628,15 +629,22 @@ cdef void _lstm_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef Py_ssize_t T = pj.T if pj != NULL else zx.shape[0]
     cdef Py_ssize_t B = zx.shape[1], u = R.shape[0], G = R.shape[1]
     cdef Py_ssize_t ci, nchunk = _row_blocks(2.0 * T * B * G * u, B)
+    cdef cb_tiles joined
+    cdef double join = join_seconds()
     if nchunk <= 1:
         _lstm_fwd_rows(0, B, 0, u, 0, T, zx, h0, c0, y0, R, Wp, FB, 0, rmask, mask, use_rmask,
                        use_mask, act, ract, hs, cs, ys, gates, &hm[0, 0], keep, intr, NULL, lanes,
                        pj)
         return
-    for ci in prange(nchunk, schedule='static', num_threads=nchunk):
-        _lstm_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, 0, u, 0, T, zx, h0, c0, y0, R,
-                       Wp, FB, 0, rmask, mask, use_rmask, use_mask, act, ract, hs, cs, ys, gates,
-                       &hm[ci * B // nchunk, 0], keep, intr, NULL, lanes, pj)
+    # The thread done first with its rows spins for the others before the
+    # region ends (include/cyback_tiles.h).
+    cb_tiles_init(&joined)
+    with parallel(num_threads=nchunk):
+        for ci in prange(nchunk, schedule='static'):
+            _lstm_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, 0, u, 0, T, zx, h0, c0, y0,
+                           R, Wp, FB, 0, rmask, mask, use_rmask, use_mask, act, ract, hs, cs, ys,
+                           gates, &hm[ci * B // nchunk, 0], keep, intr, NULL, lanes, pj)
+        cb_tiles_join(&joined, cb_get_num_threads(), join)
 
 
 cdef void _lstm_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floating[:, ::1] h0,
@@ -928,14 +936,21 @@ cdef void _lstm_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating
     # only its rows, not every step of the others).
     cdef Py_ssize_t T = dys.shape[0], B = dys.shape[1], u = R.shape[0], G = R.shape[1]
     cdef Py_ssize_t ci, nchunk = _row_blocks(2.0 * T * B * G * u, B)
+    cdef cb_tiles joined
+    cdef double join = join_seconds()
     if nchunk <= 1:
         _lstm_bwd_rows(0, B, dys, dh, dc, dy, h0, c0, R, Wp, FB, rmask, mask, use_rmask,
                        use_mask, act, ract, hs, cs, gates, dz, dhm, tcs, intr)
         return
-    for ci in prange(nchunk, schedule='static', num_threads=nchunk):
-        _lstm_bwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, dys, dh, dc, dy, h0, c0, R, Wp, FB,
-                       rmask,
-                       mask, use_rmask, use_mask, act, ract, hs, cs, gates, dz, dhm, tcs, intr)
+    # The thread done first with its rows spins for the others before the
+    # region ends (include/cyback_tiles.h).
+    cb_tiles_init(&joined)
+    with parallel(num_threads=nchunk):
+        for ci in prange(nchunk, schedule='static'):
+            _lstm_bwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, dys, dh, dc, dy, h0, c0, R,
+                           Wp, FB, rmask, mask, use_rmask, use_mask, act, ract, hs, cs, gates, dz,
+                           dhm, tcs, intr)
+        cb_tiles_join(&joined, cb_get_num_threads(), join)
 
 def lstm_backward(const floating[:, :, ::1] dys, dhT, dcT, dyT, const floating[:, ::1] h0,
                   const floating[:, ::1] c0, const floating[:, ::1] R, rmask, mask, int act,
@@ -1017,13 +1032,20 @@ cdef void _simple_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     # only its rows, not every step of the others).
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0], G = R.shape[1]
     cdef Py_ssize_t ci, nchunk = _row_blocks(2.0 * T * B * G * u, B)
+    cdef cb_tiles joined
+    cdef double join = join_seconds()
     if nchunk <= 1:
         _simple_fwd_rows(0, B, zx, h0, y0, R, Wp, FB, rmask, mask, use_rmask, use_mask, act, hs,
                          ys, pre, hm, keep, intr)
         return
-    for ci in prange(nchunk, schedule='static', num_threads=nchunk):
-        _simple_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, zx, h0, y0, R, Wp, FB,
-                         rmask, mask, use_rmask, use_mask, act, hs, ys, pre, hm, keep, intr)
+    # The thread done first with its rows spins for the others before the
+    # region ends (include/cyback_tiles.h).
+    cb_tiles_init(&joined)
+    with parallel(num_threads=nchunk):
+        for ci in prange(nchunk, schedule='static'):
+            _simple_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, zx, h0, y0, R, Wp, FB,
+                             rmask, mask, use_rmask, use_mask, act, hs, ys, pre, hm, keep, intr)
+        cb_tiles_join(&joined, cb_get_num_threads(), join)
 
 def simple_forward(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
                    const floating[:, ::1] y0, const floating[:, ::1] R, rmask, mask, int act,
@@ -1102,13 +1124,20 @@ cdef void _simple_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floati
     # only its rows, not every step of the others).
     cdef Py_ssize_t T = dys.shape[0], B = dys.shape[1], u = R.shape[0], G = R.shape[1]
     cdef Py_ssize_t ci, nchunk = _row_blocks(2.0 * T * B * G * u, B)
+    cdef cb_tiles joined
+    cdef double join = join_seconds()
     if nchunk <= 1:
         _simple_bwd_rows(0, B, dys, dh, dy, R, Wp, FB, rmask, mask, use_rmask, use_mask, act,
                          acts, dz, dhm, intr)
         return
-    for ci in prange(nchunk, schedule='static', num_threads=nchunk):
-        _simple_bwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, dys, dh, dy, R, Wp, FB,
-                         rmask, mask, use_rmask, use_mask, act, acts, dz, dhm, intr)
+    # The thread done first with its rows spins for the others before the
+    # region ends (include/cyback_tiles.h).
+    cb_tiles_init(&joined)
+    with parallel(num_threads=nchunk):
+        for ci in prange(nchunk, schedule='static'):
+            _simple_bwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, dys, dh, dy, R, Wp, FB,
+                             rmask, mask, use_rmask, use_mask, act, acts, dz, dhm, intr)
+        cb_tiles_join(&joined, cb_get_num_threads(), join)
 
 def simple_backward(const floating[:, :, ::1] dys, dhT, dyT, const floating[:, ::1] h0,
                     const floating[:, ::1] R, rmask, mask, int act, const floating[:, :, ::1] hs,
@@ -1358,16 +1387,23 @@ cdef void _gru_fwd(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     # One block of batch rows per thread, all steps (see _lstm_fwd).
     cdef Py_ssize_t T = pj.T if pj != NULL else zx.shape[0], B = zx.shape[1], u = h0.shape[1]
     cdef Py_ssize_t ci, nchunk = _row_blocks(2.0 * T * B * 3 * u * u, B)
+    cdef cb_tiles joined
+    cdef double join = join_seconds()
     if nchunk <= 1:
         _gru_fwd_rows(0, B, 0, u, 0, T, zx, h0, y0, R, Wp, Rh, Whp, FB, 0, rb, rmask, mask,
                       use_rb, use_rmask, use_mask, reset_after, mix_masked, act, ract, hs, ys,
                       gates, ph, &hm[0, 0], P, Q, keep, intr, NULL, pj)
         return
-    for ci in prange(nchunk, schedule='static', num_threads=nchunk):
-        _gru_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, 0, u, 0, T, zx, h0, y0, R, Wp,
-                      Rh, Whp, FB, 0, rb, rmask, mask, use_rb, use_rmask, use_mask, reset_after,
-                      mix_masked, act, ract, hs, ys, gates, ph, &hm[ci * B // nchunk, 0], P, Q,
-                      keep, intr, NULL, pj)
+    # The thread done first with its rows spins for the others before the
+    # region ends (include/cyback_tiles.h).
+    cb_tiles_init(&joined)
+    with parallel(num_threads=nchunk):
+        for ci in prange(nchunk, schedule='static'):
+            _gru_fwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, 0, u, 0, T, zx, h0, y0, R, Wp,
+                          Rh, Whp, FB, 0, rb, rmask, mask, use_rb, use_rmask, use_mask, reset_after,
+                          mix_masked, act, ract, hs, ys, gates, ph, &hm[ci * B // nchunk, 0], P, Q,
+                          keep, intr, NULL, pj)
+        cb_tiles_join(&joined, cb_get_num_threads(), join)
 
 
 cdef void _gru_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floating[:, ::1] h0,
@@ -1640,15 +1676,22 @@ cdef void _gru_bwd(const floating[:, :, ::1] dys, floating[:, ::1] dh, floating[
     # One block of batch rows per thread, all steps (see _lstm_fwd).
     cdef Py_ssize_t T = dys.shape[0], B = dys.shape[1], u = h0.shape[1]
     cdef Py_ssize_t ci, nchunk = _row_blocks(2.0 * T * B * 3 * u * u, B)
+    cdef cb_tiles joined
+    cdef double join = join_seconds()
     if nchunk <= 1:
         _gru_bwd_rows(0, B, dys, dh, dy, h0, R, Wp, Rh, Whp, FB, rmask, mask, use_rmask,
                       use_mask, reset_after, mix_masked, act, ract, hs, gates, ph, D, Dh, dhm,
                       dq, dx, intr)
         return
-    for ci in prange(nchunk, schedule='static', num_threads=nchunk):
-        _gru_bwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, dys, dh, dy, h0, R, Wp, Rh, Whp,
-                      FB, rmask, mask, use_rmask, use_mask, reset_after, mix_masked, act, ract,
-                      hs, gates, ph, D, Dh, dhm, dq, dx, intr)
+    # The thread done first with its rows spins for the others before the
+    # region ends (include/cyback_tiles.h).
+    cb_tiles_init(&joined)
+    with parallel(num_threads=nchunk):
+        for ci in prange(nchunk, schedule='static'):
+            _gru_bwd_rows(ci * B // nchunk, (ci + 1) * B // nchunk, dys, dh, dy, h0, R, Wp, Rh, Whp,
+                          FB, rmask, mask, use_rmask, use_mask, reset_after, mix_masked, act, ract,
+                          hs, gates, ph, D, Dh, dhm, dq, dx, intr)
+        cb_tiles_join(&joined, cb_get_num_threads(), join)
 
 
 def gru_backward(const floating[:, :, ::1] dys, dhT, dyT, const floating[:, ::1] h0,

@@ -6,6 +6,10 @@ from cyback.kernels._omp cimport (cb_get_max_threads, cb_openmp_enabled, cb_para
                                   cb_set_num_threads)
 
 
+cdef extern from "cyback_tiles.h" nogil:
+    double CB_TILES_JOIN_SECONDS
+
+
 cdef extern from "cyback_team.h" nogil:
     double cb_team_warm_seconds
     double cb_team_busy_switches
@@ -32,6 +36,17 @@ cdef void team_done(int threads) noexcept nogil:
 cdef bint team_host_busy() noexcept nogil:
     """Whether other processes take this one's cores (include/cyback_team.h)."""
     return cb_team_host_busy_now() != 0
+
+
+cdef double _join_window = CB_TILES_JOIN_SECONDS
+
+
+cdef double join_seconds() noexcept nogil:
+    """The bound of the spin that ends a region starting now
+    (include/cyback_tiles.h): the join window, or none while other processes
+    take our cores, where the spinning thread would take time from the one
+    it waits for."""
+    return 0.0 if cb_team_host_busy_now() else _join_window
 
 
 def openmp_enabled():
@@ -152,3 +167,27 @@ def get_warm_window():
 
 
 set_warm_window(warm_window())
+
+
+def join_window(environ=os.environ):
+    """Seconds a thread done with its part of a region spins for the others
+    before libgomp's barrier takes over (include/cyback_tiles.h; at most 1):
+    CYBACK_JOIN_US when set (0 leaves every wait to libgomp), else 300 us."""
+    try:
+        return min(1.0, max(0.0, float(environ["CYBACK_JOIN_US"]) * 1e-6))
+    except (KeyError, ValueError):
+        pass        # unset; a bad value is config's error to raise
+    return CB_TILES_JOIN_SECONDS
+
+
+def set_join_window(seconds):
+    """Set the join window (tests and benchmarks; 0 turns the spin off)."""
+    global _join_window
+    _join_window = min(1.0, max(0.0, float(seconds)))
+
+
+def get_join_window():
+    return _join_window
+
+
+set_join_window(join_window())

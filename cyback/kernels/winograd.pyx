@@ -119,7 +119,7 @@ cdef class Winograd:
 
     def run(self, cnp.ndarray x, cnp.ndarray kernel, cnp.ndarray y, object bias, object residual,
             int act, int nt, KernelCache cache=None, bint channels_last=True,
-            double join_seconds=CB_TILES_JOIN_SECONDS):
+            double join=CB_TILES_JOIN_SECONDS):
         """x (N, H, W, C), kernel (3, 3, C, F), y (N, OH, OW, F) (in 3-D x
         (N, D, H, W, C), kernel (KD, 3, 3, C, F), y (N, OD, OH, OW, F)), bias
         (F,) or None, residual like y or None: C-contiguous float32 arrays the
@@ -130,7 +130,7 @@ cdef class Winograd:
         (the layout copies run on the team in the same parallel region;
         NumPy's moveaxis copies took 4.4 and 9.3 ms on one thread for the
         25 MB of (32, 64, 56, 56), a third of the convolution).
-        ``join_seconds`` bounds the spin at the end of the items
+        ``join`` (seconds) bounds the spin at the end of the items
         (include/cyback_tiles.h; 0 leaves the wait to libgomp)."""
         cdef cb_intr intr
         cdef cb_tiles prepared, joined
@@ -238,7 +238,7 @@ cdef class Winograd:
             # A bounded spin before the region's end (include/cyback_tiles.h):
             # the thread done first does not fall asleep while the other
             # finishes its items, and is awake for the next region.
-            cb_tiles_join(&joined, cb_get_num_threads(), join_seconds)
+            cb_tiles_join(&joined, cb_get_num_threads(), join)
             if yfirst != NULL:
                 cb_tiles_wait_all(&joined, cb_get_num_threads())
                 for it in prange(ycopies, schedule='static'):

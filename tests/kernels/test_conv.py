@@ -9,7 +9,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cyback.kernels import conv, conv_utils
-from cyback.kernels.runtime import get_max_threads, set_num_threads
+from cyback.kernels.runtime import (
+    get_join_window,
+    get_max_threads,
+    set_join_window,
+    set_num_threads,
+)
 
 from instruction_sets import instruction_set
 
@@ -1371,37 +1376,27 @@ def test_region_joins_same_bits_for_any_spin_and_team(case):
     ref = ref + bias
     if not last:
         ref = np.moveaxis(ref, -1, 1)
-    old, nmax = dict(conv._TUNE), get_max_threads()
+    old, nmax, window = dict(conv._TUNE), get_max_threads(), get_join_window()
     outs = []
     try:
         conv._TUNE.update(tune)
         conv._DIRECT_GEOMS.clear()
         assert _forward_path(xs, ks, strides, pads, last) == path
-        for join in (0.0, old["join_seconds"], 5e-3):
-            conv._TUNE["join_seconds"] = join
+        for join in (0.0, window, 5e-3):
+            set_join_window(join)
             for nt in (1, 2, 4):
                 set_num_threads(nt)
                 outs.append(conv.conv_forward(x, w, strides, (1, 1), pads, channels_last=last,
                                               bias=bias))
     finally:
         set_num_threads(nmax)
+        set_join_window(window)
         conv._TUNE.clear()
         conv._TUNE.update(old)
         conv._DIRECT_GEOMS.clear()
     np.testing.assert_allclose(outs[0], ref, rtol=1e-4, atol=1e-4)
     for y in outs[1:]:
         assert np.array_equal(y, outs[0])
-
-
-def test_join_seconds_from_the_environment(monkeypatch):
-    default = conv._env_join_seconds()
-    for value, seconds in [("", default), ("0", 0.0), (" 0.0005 ", 5e-4), ("1", 1.0)]:
-        monkeypatch.setenv("CYBACK_JOIN_SECONDS", value)
-        assert conv._env_join_seconds() == seconds
-    for bad in ("-1", "2", "soon", "nan"):
-        monkeypatch.setenv("CYBACK_JOIN_SECONDS", bad)
-        with pytest.raises(ValueError, match="CYBACK_JOIN_SECONDS must be a number of seconds"):
-            conv._env_join_seconds()
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

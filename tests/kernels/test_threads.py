@@ -227,3 +227,22 @@ def test_warm_window_follows_the_spin_settings():
         pytest.approx(40e-6)
     # the process's own window comes from the settings cyback made at import
     assert runtime.get_warm_window() == pytest.approx(runtime.warm_window())
+
+
+def test_join_window_from_the_environment():
+    from cyback.kernels import runtime
+    default = runtime.join_window({})
+    assert 0 < default <= 1e-3
+    assert runtime.join_window({"CYBACK_JOIN_US": "0"}) == 0
+    assert runtime.join_window({"CYBACK_JOIN_US": " 500 "}) == pytest.approx(500e-6)
+    assert runtime.join_window({"CYBACK_JOIN_US": "5e9"}) == 1.0
+    assert runtime.join_window({"CYBACK_JOIN_US": "junk"}) == default   # config raises
+    assert runtime.get_join_window() == pytest.approx(runtime.join_window())
+    old = runtime.get_join_window()
+    try:
+        runtime.set_join_window(-3)
+        assert runtime.get_join_window() == 0
+        runtime.set_join_window(2e-4)
+        assert runtime.get_join_window() == pytest.approx(2e-4)
+    finally:
+        runtime.set_join_window(old)
