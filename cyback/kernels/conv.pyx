@@ -1219,10 +1219,22 @@ def _geometry(x_shape, k_shape, strides, dilation, pads, channels_last, fname):
     """Validated Geom fields as a dict (shared: read it, never write it), the
     output spatial shape and whether the convolution is pointwise;
     remembered per argument tuple."""
-    return remembered(_GEOMETRIES, (x_shape, k_shape, strides, dilation, pads,
+    return remembered(_GEOMETRIES, (x_shape, k_shape, strides, dilation, _pads_key(pads),
                                     bool(channels_last)),
                       _compute_geometry, x_shape, k_shape, strides, dilation, pads,
                       channels_last, fname)
+
+
+def _pads_key(pads):
+    """pads as a hashable key: Keras and the benchmarks pass a list of
+    (before, after) pairs, which _geometry would otherwise validate anew at
+    every call (8 us, a tenth of a batch-1 layer's time outside its kernel)."""
+    if isinstance(pads, list):
+        try:
+            return tuple([tuple(p) if isinstance(p, (list, tuple)) else p for p in pads])
+        except TypeError:
+            return pads
+    return pads
 
 
 @cython.wraparound(True)
@@ -2030,8 +2042,8 @@ def _use_phases(g, bint last, bint dbl):
             g["F"] <= _TUNE["direct_max_c"] and g["K"] // g["C"] * g["F"] <= _TUNE["direct_max_k"]
             or last and g["F"] <= _TUNE["phase_max_c"] and g["OW"] >= _TUNE["phase_min_w"])):
         return None
-    # keyed by the geometry's values: g itself is rebuilt on every call whose
-    # pads come as a list (_geometry cannot remember those)
+    # keyed by the geometry's values, not by g's identity: _GEOMETRIES may be
+    # cleared and g rebuilt
     FB = cb_cd_block_for(dbl, g["C"])     # the phases' outputs are dx's C channels
     return remembered(_PHASE_PLANS, (tuple(g.values()), FB), _phase_plan, g, FB)
 

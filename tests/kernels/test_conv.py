@@ -1439,3 +1439,15 @@ def test_short_im2col_tiles(dtype, xs, ks, strides, pads):
     for y in outs.values():
         np.testing.assert_allclose(y, ref, rtol=tol, atol=tol)
     assert np.array_equal(outs[True, 1], outs[True, 2])
+
+
+def test_geometry_with_list_pads_is_remembered():
+    # Keras passes pads as a list of pairs: the validated geometry is kept
+    # for the next call all the same, and a bad list is refused every time.
+    args = ((2, 9, 9, 4), (3, 3, 4, 5), (1, 1), (1, 1))
+    first = conv._geometry(*args, [(1, 1), [0, 2]], True, "test")
+    assert conv._geometry(*args, [(1, 1), (0, 2)], True, "test") is first
+    assert conv._geometry(*args, ((1, 1), (0, 2)), True, "test")[0] == first[0]
+    for bad in ([(1, 1, 1), (0, 2)], [(1, 1, 1), (0, 2)], [({}, 1), (0, 2)]):
+        with pytest.raises(TypeError, match="pads must be 2 .before, after. pairs"):
+            conv._geometry(*args, bad, True, "test")
