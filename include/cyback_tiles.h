@@ -20,7 +20,8 @@
  * the way a longer GOMP_SPINCOUNT would. Past the bound the thread goes on
  * into libgomp's barrier and sleeps there. A team larger than the CPUs the
  * process may run on does not spin at all: the thread it waits for may be
- * waiting for its core. */
+ * waiting for its core. Kernels take the bound from runtime's join_seconds
+ * (CYBACK_JOIN_US), which is 0 while other processes take our cores. */
 #ifndef CYBACK_TILES_H
 #define CYBACK_TILES_H
 
