@@ -113,12 +113,11 @@ static inline void cb_tiles_finish(cb_tiles *t) {
     __atomic_add_fetch(&t->done, 1, __ATOMIC_ACQ_REL);
 }
 
-/* Until `total` tiles are done. Waits for the work, not for the threads: a
- * thread that joins the region late and finds every tile done (or taken
- * and finished by the others) goes straight on. */
-static inline void cb_tiles_wait_done(cb_tiles *t, long total) {
+/* Until *count reaches n: a spin, then yields (the thread waited for may
+ * be waiting for this one's core). */
+static inline void cb_tiles_wait_for(long *count, long n) {
     long spins = 0;
-    while (__atomic_load_n(&t->done, __ATOMIC_ACQUIRE) < total) {
+    while (__atomic_load_n(count, __ATOMIC_ACQUIRE) < n) {
         if (++spins < 4000)
             cb_tiles_pause();
         else
@@ -126,16 +125,17 @@ static inline void cb_tiles_wait_done(cb_tiles *t, long total) {
     }
 }
 
+/* Until `total` tiles are done. Waits for the work, not for the threads: a
+ * thread that joins the region late and finds every tile done (or taken
+ * and finished by the others) goes straight on. */
+static inline void cb_tiles_wait_done(cb_tiles *t, long total) {
+    cb_tiles_wait_for(&t->done, total);
+}
+
 /* Until every thread of the `nth` has joined (after cb_tiles_join): a
  * barrier, for a region that goes on to read what the others wrote. */
 static inline void cb_tiles_wait_all(cb_tiles *t, int nth) {
-    long spins = 0;
-    while (__atomic_load_n(&t->arrived, __ATOMIC_ACQUIRE) < nth) {
-        if (++spins < 4000)
-            cb_tiles_pause();
-        else
-            sched_yield();
-    }
+    cb_tiles_wait_for(&t->arrived, nth);
 }
 
 #endif
