@@ -29,6 +29,9 @@ Special cases, chosen per geometry by the Python entries below:
   patches; channels_last with a wide kernel or many pixels runs as fixed
   tiles of the (N*P, C) @ (C, F) product, one single-threaded GEMM and the
   epilogue each, on OpenMP (_use_pointwise_gemm, _pointwise_tiles);
+- few output positions (channels_last, one block of patches, up to 4 MB of
+  them): the whole patch matrix, then the pointwise tiles, so that its
+  columns split over the team (_use_short_im2col);
 - stride-1 taps (forward and kernel gradient, C >= 32): with stride 1 each
   kernel tap reads a zero-padded copy of the input at a constant offset, so
   one K = C GEMM per tap runs straight on its rows and no patch matrix is
