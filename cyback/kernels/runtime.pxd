@@ -2,5 +2,4 @@
 # module: they cimport these instead of reading their own copy of the state.
 cdef int threads_for(double work) noexcept nogil
 cdef void team_done(int threads) noexcept nogil
-cdef bint team_host_busy() noexcept nogil
 cdef double join_seconds() noexcept nogil

@@ -33,11 +33,6 @@ cdef void team_done(int threads) noexcept nogil:
     cb_team_done(threads)
 
 
-cdef bint team_host_busy() noexcept nogil:
-    """Whether other processes take this one's cores (include/cyback_team.h)."""
-    return cb_team_host_busy_now() != 0
-
-
 cdef double _join_window = CB_TILES_JOIN_SECONDS
 
 
