@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (median_time, print_table, reference_blas, sgemm_gflops,  # noqa
                      try_import_torch, write_json)
 
-from cyback.bench.timing import settle as settle_idle, time_alternated  # noqa: E402
+from cyback.bench.timing import paired_ratio, settle as settle_idle, time_alternated  # noqa: E402
 from cyback.kernels import conv  # noqa: E402
 from cyback.kernels.conv_utils import conv_pads  # noqa: E402
 from cyback.kernels.runtime import get_max_threads, set_num_threads  # noqa: E402
@@ -205,7 +205,11 @@ def pointwise_vs_sgemm():
     that OpenBLAS's spinning threads do not steal the next block's cores:
     after a block of sgemm calls its other thread ran on for 100-110 ms of
     CPU time, and with the former 0.1 s pause the batch-1 cyback block that
-    followed ran its first 60 calls at 0.9 ms against a steady 0.55)."""
+    followed ran its first 60 calls at 0.9 ms against a steady 0.55).
+    x_vs_sgemm is the median over rounds of the time of a round's block
+    over its sgemm block, with the quartiles of default's
+    (cyback.bench.timing.paired_ratio): the host slows down in spells that
+    hit either engine's blocks at random."""
     rng = np.random.default_rng(2)
     rows = []
     for n, hw, c, f in ((32, 56, 64, 64), (32, 56, 64, 256), (32, 28, 128, 512),
@@ -229,14 +233,16 @@ def pointwise_vs_sgemm():
                 np.matmul(x2, w2, out=y2)
         engines = {"default": default, "untiled": _tuned(default, pointwise_gemm=False),
                    "sgemm": sgemm}
-        st = time_alternated(engines, blocks=3 if QUICK else 7, block_seconds=0.15,
+        st = time_alternated(engines, blocks=3 if QUICK else 15, block_seconds=0.08,
                              settle_seconds=0.25)
         med = {k: v["median_s"] for k, v in st.items()}
+        pair = paired_ratio(st, "default", "sgemm")
         rows.append(dict(case="1x1 %d->%d (%d,%d,%d)" % (c, f, n, hw, hw),
                          default_ms=med["default"] * 1e3, untiled_ms=med["untiled"] * 1e3,
                          sgemm_ms=med["sgemm"] * 1e3,
-                         default_vs_sgemm=med["default"] / med["sgemm"],
-                         untiled_vs_sgemm=med["untiled"] / med["sgemm"]))
+                         default_vs_sgemm=pair["median"],
+                         vs_sgemm_iqr="%.2f-%.2f" % (pair["q25"], pair["q75"]),
+                         untiled_vs_sgemm=paired_ratio(st, "untiled", "sgemm")["median"]))
     return rows
 
 
@@ -511,13 +517,17 @@ def print_phases():
                       % os.getloadavg()[0])
 
 
-def print_pointwise():
-    print_table(pointwise_vs_sgemm(), ["case", "default_ms", "untiled_ms", "sgemm_ms",
-                                       "default_vs_sgemm", "untiled_vs_sgemm"],
-                title="1x1 NHWC forward against the same-shape sgemm (x_vs_sgemm: time / "
-                      "sgemm time, below 1.1: within 10%%; untiled: _TUNE['pointwise_gemm'] = "
-                      "False, the direct kernel or row blocks); load average %.1f"
-                      % os.getloadavg()[0])
+def print_pointwise(rows=None):
+    """Print the 1x1 table (measured now unless ``rows`` are given); returns its rows."""
+    rows = pointwise_vs_sgemm() if rows is None else rows
+    print_table(rows, ["case", "default_ms", "untiled_ms", "sgemm_ms", "default_vs_sgemm",
+                       "vs_sgemm_iqr", "untiled_vs_sgemm"],
+                title="1x1 NHWC forward against the same-shape sgemm (x_vs_sgemm: median over "
+                      "rounds of a block's time / its round's sgemm block time, below 1.1: "
+                      "within 10%%; vs_sgemm_iqr: default's quartiles; untiled: "
+                      "_TUNE['pointwise_gemm'] = False, the direct kernel or row blocks); "
+                      "load average %.1f" % os.getloadavg()[0])
+    return rows
 
 
 def print_vs_torch(torch):
@@ -622,13 +632,8 @@ def main():
     print("\nresnet3x3 NHWC forward: %d threads %.1f ms, 1 thread %.1f ms, speedup %.2fx"
           % (nthreads, times[nthreads] * 1e3, times[1] * 1e3, speedup))
     settle()
-    pw_rows = pointwise_vs_sgemm()
     print()
-    print_table(pw_rows, ["case", "default_ms", "untiled_ms", "sgemm_ms", "default_vs_sgemm",
-                          "untiled_vs_sgemm"],
-                title="1x1 NHWC forward against the same-shape sgemm (x_vs_sgemm: time / "
-                      "sgemm time, below 1.1: within 10%; untiled: _TUNE['pointwise_gemm'] = "
-                      "False, the direct kernel or row blocks)")
+    pw_rows = print_pointwise()
     settle()
     d_rows = direct_vs_gemm(nthreads)
     print()

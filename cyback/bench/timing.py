@@ -25,6 +25,27 @@ def summarize(block_means):
             "blocks": len(block_means)}
 
 
+def paired_ratio(stats, num, den):
+    """The ratio of engine ``num``'s time to ``den``'s from stats of
+    time_alternated: its median and quartiles over rounds, each round's
+    ratio taken between the two blocks that round ran (a few hundred
+    milliseconds apart). The host's speed drifts in spells longer than a
+    block: on a 2-core VM both threads of a batch-1 1x1 convolution and of
+    sgemm alike ran at 1.6-1.7x their usual time, for whole 150 ms blocks,
+    with full CPU time and no run-queue wait (a host-side slowdown), so the
+    ratio of two medians taken over 7 blocks each came out 1.28 in one run
+    and 0.94 in the next; a round's ratio compares like with like as long
+    as the spell spans both blocks, and the median over rounds discards
+    the rounds where it did not."""
+    a, b = stats[num]["block_means_s"], stats[den]["block_means_s"]
+    if len(a) != len(b) or not a:
+        raise ValueError("paired_ratio needs the same number of blocks for %r and %r, "
+                         "got %d and %d" % (num, den, len(a), len(b)))
+    r = [x / y for x, y in zip(a, b)]
+    return {"median": statistics.median(r), "q25": percentile(r, 25), "q75": percentile(r, 75),
+            "rounds": len(r)}
+
+
 def calls_per_block(fn, block_seconds, warmup_seconds, min_warmup=2):
     """Warm ``fn`` up and return how many calls fill one block."""
     calls, t0 = 0, time.perf_counter()
@@ -86,6 +107,7 @@ def time_alternated(engines, blocks=7, block_seconds=0.02, warmup_seconds=0.05,
     for name in names:
         s = summarize(means[name])
         s["calls"] = counts[name]
+        s["block_means_s"] = means[name]
         if keep_latencies:
             s["latencies_s"] = lat[name]
         out[name] = s

@@ -40,6 +40,28 @@ def test_time_alternated_rotates_engines_and_keeps_latencies():
     assert firsts == ["a", "b"]
 
 
+def test_paired_ratio_takes_each_round_apart():
+    # slow spells over both blocks of round 0 and over "a" alone in rounds
+    # 1 and 4: the ratio of the two medians says 3, the rounds mostly 1
+    stats = {"a": {"block_means_s": [3.0, 3.0, 1.0, 1.0, 3.0]},
+             "b": {"block_means_s": [3.0, 1.0, 1.0, 1.0, 1.0]}}
+    r = timing.paired_ratio(stats, "a", "b")
+    assert r == {"median": 1.0, "q25": 1.0, "q75": 3.0, "rounds": 5}
+    assert timing.paired_ratio(stats, "b", "a")["median"] == 1.0
+    with pytest.raises(ValueError, match="same number of blocks"):
+        timing.paired_ratio({"a": {"block_means_s": [1.0]}, "b": {"block_means_s": []}},
+                            "a", "b")
+
+
+def test_time_alternated_keeps_block_means_for_paired_ratios():
+    stats = timing.time_alternated({"a": lambda: None, "b": lambda: None}, blocks=3,
+                                   block_seconds=1e-4, warmup_seconds=0, max_calls=2,
+                                   settle_seconds=0)
+    for s in stats.values():
+        assert len(s["block_means_s"]) == 3 and min(s["block_means_s"]) > 0
+    assert timing.paired_ratio(stats, "a", "b")["rounds"] == 3
+
+
 def test_percentile_and_summary():
     s = timing.summarize([1.0, 2.0, 3.0, 4.0, 100.0])
     assert s["median_s"] == 3.0
