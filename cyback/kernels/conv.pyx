@@ -45,6 +45,7 @@ Special cases, chosen per geometry by the Python entries below:
   col2im over slabs of output rows that never touch the same input element
   at the same time.
 """
+import functools
 import os
 
 import numpy as np
@@ -1668,11 +1669,14 @@ def forward_call(x_shape, k_shape, strides, dilation, pads, channels_last, dtype
 
 # ---------------------------------------------------------------- pointwise (1x1) as GEMM tiles
 
+@functools.lru_cache(maxsize=512)
 @cython.wraparound(True)
 @cython.boundscheck(True)
 def _pointwise_tiles(Py_ssize_t M, Py_ssize_t K, Py_ssize_t F):
-    """(rows, columns) of the output tiles of a 1x1 channels_last
-    convolution run as single-threaded GEMMs on the (M, K) view of x.
+    """The output tiles of a 1x1 channels_last convolution run as
+    single-threaded GEMMs on the (M, K) view of x: an (n, 4) array of
+    (first row, rows, first column, columns), largest first, in the order
+    the threads take them.
 
     OpenBLAS's result for one element depends on the shape of the call that
     computes it (threaded calls and every split tested differ in the last
@@ -1680,12 +1684,27 @@ def _pointwise_tiles(Py_ssize_t M, Py_ssize_t K, Py_ssize_t F):
     count. Each GEMM call packs its rows of x (nf times over all: M K
     values each) and its columns of the kernel (nr times: K F), so tiles are
     as large as they can be: rows (times K) within 512 KB, and at least 4
-    tiles, each of 64 rows and columns or more, split evenly, the split
-    that packs the fewest values (a batch-1 call with few rows splits its
-    columns, a call with many rows its rows). 2 threads, alternated against
-    NumPy's threaded sgemm of the same shape: 2 tiles per thread ran at
-    0.98-1.02x of it where 8 ran at 1.16-1.34x."""
-    cdef Py_ssize_t nr0 = _ceil_div(M, max(64, min(2048, (1 << 17) // max(1, K))))
+    tiles, each of 64 rows and columns or more, the split that packs the
+    fewest values (a batch-1 call with few rows splits its columns, a call
+    with many rows its rows). 2 threads, alternated against NumPy's
+    threaded sgemm of the same shape: 2 tiles per thread ran at 0.98-1.02x
+    of it where 8 ran at 1.16-1.34x.
+
+    An axis cut in 2-4 parts is cut unevenly, its first half of the parts
+    twice the size of the others (4 tiles: 1/3, 1/3, 1/6, 1/6): on equal
+    threads the halves end together, as with even tiles, but when one
+    thread runs at half speed (the host slows one virtual CPU for spells of
+    a few hundred milliseconds, and the same call then took 1.7x its time)
+    the fast one takes both small tiles and the call ends with the slow
+    one's large tile, at the best split of the work between the two,
+    instead of waiting for whichever thread took the last even tile.
+    Batch-1 1x1s on 2 threads, alternated with even tiles and NumPy's sgemm
+    (median over 21 rounds of a block's time over its round's sgemm block,
+    two runs): 256 -> 1024 on (1, 14, 14) 1.01-1.02x against 1.06-1.14x,
+    64 -> 256 on (1, 56, 56) 0.96x against 0.97-0.99x, 512 -> 2048 on
+    (1, 7, 7) 1.05 and 1.18x against 1.12 and 1.04x (both with spells)."""
+    cdef Py_ssize_t most_rows = max(64, min(2048, (1 << 17) // max(1, K)))
+    cdef Py_ssize_t nr0 = _ceil_div(M, most_rows)
     cdef Py_ssize_t nr = nr0, nf = 1, r, f
     cdef double cost, best = -1
     if nr0 < 4:
@@ -1696,7 +1715,36 @@ def _pointwise_tiles(Py_ssize_t M, Py_ssize_t K, Py_ssize_t F):
             cost = <double>f * M + <double>r * F
             if best < 0 or cost < best:
                 best, nr, nf = cost, r, f
-    return _round16(_ceil_div(M, nr)), _round16(_ceil_div(F, nf))
+    rows = _tile_edges(M, nr, nr >= nf, most_rows)
+    cols = _tile_edges(F, nf, nf > nr, F)
+    tiles = np.array([(r0, r1 - r0, f0, f1 - f0)
+                      for f0, f1 in zip(cols[:-1], cols[1:])
+                      for r0, r1 in zip(rows[:-1], rows[1:])], dtype=np.intp)
+    tiles = np.ascontiguousarray(tiles[np.argsort(-tiles[:, 1] * tiles[:, 3], kind="stable")])
+    tiles.flags.writeable = False       # remembered for the shape's next call
+    return tiles
+
+
+@cython.wraparound(True)
+@cython.boundscheck(True)
+def _tile_edges(Py_ssize_t n, Py_ssize_t parts, bint uneven, Py_ssize_t most):
+    """Where an axis of n is cut into `parts` (at multiples of 16): evenly,
+    or, `uneven` and 2-4 parts, the first half of the parts twice as large
+    as the others if those stay within `most` (rounded up to 16)."""
+    weights = [1] * parts
+    if uneven and 2 <= parts <= 4:
+        weights = [2] * ((parts + 1) // 2) + [1] * (parts // 2)
+        if _round16(_ceil_div(2 * n, sum(weights))) > _round16(most):
+            weights = [1] * parts
+    cdef double total = sum(weights), acc = 0
+    edges = [0]
+    for wgt in weights[:-1]:
+        acc += wgt
+        cut = _round16(<Py_ssize_t>(n * acc / total + 0.5))
+        if edges[-1] < cut < n:
+            edges.append(cut)
+    edges.append(n)
+    return edges
 
 
 cdef inline Py_ssize_t _round16(Py_ssize_t n) noexcept nogil:
@@ -1732,34 +1780,31 @@ cdef void _tile_epilogue(floating* y, Py_ssize_t m, Py_ssize_t n, Py_ssize_t ld,
 
 def _forward_pointwise(floating[::1] x, floating[::1] w, floating[::1] y,
                        floating[::1] bias, bint has_bias, floating[::1] res, bint has_res,
-                       int act, Py_ssize_t M, Py_ssize_t K, Py_ssize_t F, Py_ssize_t mb,
-                       Py_ssize_t fb, int nt, double join):
-    """y (M, F) = x (M, K) @ w (K, F) in tiles of mb x fb outputs, one
+                       int act, const Py_ssize_t[:, ::1] tiles, Py_ssize_t K, Py_ssize_t F,
+                       int nt, double join):
+    """y (M, F) = x (M, K) @ w (K, F) in `tiles` (_pointwise_tiles), one
     single-threaded GEMM each, with the epilogue per tile; the threads meet
     at the end with a bounded spin (include/cyback_tiles.h)."""
-    cdef Py_ssize_t nf = _ceil_div(F, fb), total = _ceil_div(M, mb) * nf
+    cdef Py_ssize_t total = tiles.shape[0]
     cdef Py_ssize_t it, r0, f0, m, n
     cdef const floating* b = &bias[0] if has_bias else NULL
     cdef const floating* r = &res[0] if has_res else NULL
     cdef cb_intr intr
-    cdef cb_tiles tiles
+    cdef cb_tiles tiles_left
     cb_intr_init(&intr)
-    cb_tiles_init(&tiles)
+    cb_tiles_init(&tiles_left)
     with nogil, parallel(num_threads=nt):
-        it = cb_tiles_take(&tiles)
+        it = cb_tiles_take(&tiles_left)
         while it < total:
             if not cb_intr_poll(&intr):
-                r0 = (it // nf) * mb
-                f0 = (it % nf) * fb
-                m = min(mb, M - r0)
-                n = min(fb, F - f0)
+                r0, m, f0, n = tiles[it, 0], tiles[it, 1], tiles[it, 2], tiles[it, 3]
                 gemm(False, False, <int>m, <int>n, <int>K, <floating>1, &x[r0 * K], <int>K,
                      &w[f0], <int>F, <floating>0, &y[r0 * F + f0], <int>F)
                 if b != NULL or r != NULL or act != 0:
                     _tile_epilogue(&y[r0 * F + f0], m, n, F, b + f0 if b != NULL else NULL,
                                    r + r0 * F + f0 if r != NULL else NULL, act)
-            it = cb_tiles_take(&tiles)
-        cb_tiles_join(&tiles, cb_get_num_threads(), join)
+            it = cb_tiles_take(&tiles_left)
+        cb_tiles_join(&tiles_left, cb_get_num_threads(), join)
     check_interrupt(&intr)
 
 
@@ -1804,7 +1849,7 @@ def _use_pointwise_gemm(g, bint last, bint pointwise):
 
 def _run_pointwise(x, kernel, y, g, bias, residual, int act, int nt):
     M, K, F = g["N"] * g["P"], g["C"], g["F"]
-    mb, fb = _pointwise_tiles(M, K, F)
+    tiles = _pointwise_tiles(M, K, F)
     if residual is not None and np.may_share_memory(residual, y):
         # the GEMMs write y before the epilogue reads the residual
         residual = residual.copy()
@@ -1812,7 +1857,7 @@ def _run_pointwise(x, kernel, y, g, bias, residual, int act, int nt):
     _forward_pointwise(_flat(x), _flat(kernel), _flat(y),
                        dummy if bias is None else bias, bias is not None,
                        dummy if residual is None else _flat(residual), residual is not None,
-                       act, M, K, F, mb, fb, nt, join_seconds())
+                       act, tiles, K, F, nt, join_seconds())
     team_done(nt)
 
 

@@ -522,23 +522,39 @@ def test_pointwise_gemm_tiles_and_blocks(tiles, dtype):
 
 @pytest.mark.parametrize("m, k, f", [(1, 3, 1), (15, 2, 17), (196, 256, 1024), (49, 512, 2048),
                                      (3136, 64, 256), (100352, 64, 64), (1000, 7, 5000),
-                                     (63, 1024, 63)])
-def test_pointwise_tiles_cover_the_output_evenly(m, k, f):
-    # Tiles depend on the shape only; they cover every output, at least 4
-    # of them whenever each still keeps 64 rows or columns, in near-equal
-    # sizes (the last tile of an axis is never less than half of the others
-    # unless the axis has a single tile).
-    mb, fb = conv._pointwise_tiles(m, k, f)
-    nr, nf = -(-m // mb), -(-f // fb)
-    assert mb >= 1 and fb >= 1
-    assert (nr - 1) * mb < m and (nf - 1) * fb < f
+                                     (63, 1024, 63), (300, 64, 200), (6000, 64, 64),
+                                     (8000, 64, 64)])
+def test_pointwise_tiles_cover_the_output_once(m, k, f):
+    # Tiles depend on the shape only; they cover every output once, at
+    # least 4 of them whenever each still keeps 64 rows or columns, largest
+    # first; an axis cut in 2-4 parts has its first half of the parts about
+    # twice the size of the rest, unless that would take a tile's rows of x
+    # past 512 KB.
+    tiles = conv._pointwise_tiles(m, k, f)
+    assert tiles.dtype == np.intp and tiles.ndim == 2 and tiles.shape[1] == 4
+    assert not tiles.flags.writeable and conv._pointwise_tiles(m, k, f) is tiles
+    covered = np.zeros((m, f), np.int32)
+    for r0, rows, f0, cols in tiles:
+        assert rows >= 1 and cols >= 1
+        covered[r0:r0 + rows, f0:f0 + cols] += 1
+    assert (covered == 1).all()
+    sizes = tiles[:, 1] * tiles[:, 3]
+    assert (np.diff(sizes) <= 0).all()
     if f >= 256 or m >= 512:
-        assert nr * nf >= 4
-    # a tile's rows of x stay within 512 KB (rounded up to 16 rows)
-    assert mb <= max(64, min(2048, (1 << 17) // k)) + 15
-    for count, size, total in ((nr, mb, m), (nf, fb, f)):
-        if count > 1:
-            assert 2 * (total - (count - 1) * size) >= size - 16
+        assert len(tiles) >= 4
+    most_rows = max(64, min(2048, (1 << 17) // k))
+    assert tiles[:, 1].max() <= most_rows + 15
+    for axis in (0, 2):
+        starts = np.unique(tiles[:, axis])
+        lengths = np.unique(tiles[:, axis:axis + 2], axis=0)[:, 1]
+        if 2 <= len(starts) <= 4 and lengths.max() > 1.5 * lengths.min():
+            # uneven: the large parts come first and are about twice the small
+            assert 1.6 <= lengths.max() / lengths.min() <= 2.4
+            assert (np.diff(lengths) <= 16).all()
+    if (m, k, f) == (196, 256, 1024):
+        assert tiles[:, 3].tolist() == [352, 336, 176, 160] and (tiles[:, 1] == 196).all()
+    if (m, k, f) == (8000, 64, 64):
+        assert (tiles[:, 1] == 2000).all()          # 2x would pass 2048 rows of 64 values
 
 
 def _pointwise_case(rng, dtype, n=2, hw=(7, 9), c=128, f=160):
