@@ -64,7 +64,7 @@ from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, chec
 from cyback.kernels._tiles cimport (cb_tiles, cb_tiles_finish, cb_tiles_init, cb_tiles_join,
                                    cb_tiles_take, cb_tiles_wait_done)
 from cyback.kernels._checks import remembered
-from cyback.kernels.blas_threads import blas_threads
+from cyback.kernels.blas_threads import blas_limit
 from cyback.kernels import winograd
 
 
@@ -1350,7 +1350,7 @@ def _threads(g):
     # after a short spin) took longer than a 4.7 MFLOP batch-1 3x3 conv on one thread
     # (94 us on 2 threads, 80 us on 1; benchmarks/bench_conv.py, batch-1 rows).
     return (threads_for(work / _TUNE["flops_per_byte"]),
-            nullcontext() if work < cb_parallel_min_work() else blas_threads(1))
+            nullcontext() if work < cb_parallel_min_work() else blas_limit(1))
 
 
 def _flat(a):

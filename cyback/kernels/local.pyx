@@ -28,7 +28,7 @@ from cyback.kernels._checks import check_float
 from cyback.kernels._omp cimport cb_parallel_min_work
 from cyback.kernels.runtime cimport threads_for
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
-from cyback.kernels.blas_threads import blas_threads
+from cyback.kernels.blas_threads import blas_limit
 
 
 cdef struct Runs:
@@ -190,7 +190,7 @@ cdef int _run_gemms(int which, a, b, g, Py_ssize_t g_pstride, int g_ld) except -
     if not g.flags.writeable:
         g = g.copy()
     if over_p:
-        with blas_threads(1):
+        with blas_limit(1):
             _gemm_positions(which, a, b, g.reshape(-1), g_pstride, g_ld, threads_for(total))
     else:
         _gemm_positions(which, a, b, g.reshape(-1), g_pstride, g_ld, 0)
