@@ -66,6 +66,7 @@ def test_percentile_and_summary():
     s = timing.summarize([1.0, 2.0, 3.0, 4.0, 100.0])
     assert s["median_s"] == 3.0
     assert s["p90_s"] == pytest.approx(np.percentile([1, 2, 3, 4, 100], 90))
+    assert s["q25_s"] == 2.0 and s["blocks"] == 5
 
 
 @pytest.mark.parametrize("make", ops.CASES, ids=lambda f: f.__name__)
