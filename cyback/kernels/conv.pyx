@@ -858,6 +858,7 @@ _TUNE = _Tuning({"winograd": _env_winograd(), "winograd_channels_first": True,
          "winograd_min_tiles": 16, "winograd_kernel_per_tile": 8192,
 "buf_bytes": BUF_BYTES, "pointwise_gemm": None, "pointwise_gemm_min_cf": 1 << 14,
          "pointwise_gemm_min_macs": 1 << 27, "pointwise_gemm_short_tiles_max_rows": 512,
+         "pointwise_gemm_stream_outputs": 8 << 20, "pointwise_gemm_stream_max_c": 64,
          "direct": True, "direct_max_c": 64, "direct_max_k": 1024,
          "direct_wide_max_c": 1024, "direct_wide_max_k": 4608, "direct_wide_min_pixels": 512,
          "flops_per_byte": 8.0,
@@ -1832,7 +1833,16 @@ def _use_pointwise_gemm(g, bint last, bint pointwise):
     alternated through prepared calls, direct time / tiles time: 256 x 1024
     on (1, 14, 14) 1.63x and 512 x 512 on (1, 7, 7) 1.58x, but 128 x 512 on
     (1, 28, 28) 0.91x, 256 x 1024 on (4, 14, 14) 0.91x, 512 x 2048 on
-    (32, 7, 7) 0.81x, and every other shape from 784 rows 0.90-0.97x."""
+    (32, 7, 7) 0.81x, and every other shape from 784 rows 0.90-0.97x.
+    Except for few input channels and a large output, where the direct
+    kernel does little work per output it writes: from
+    _TUNE["pointwise_gemm_stream_outputs"] outputs (8M, 32 MB in float32)
+    and up to _TUNE["pointwise_gemm_stream_max_c"] channels (64) the tiles
+    run (Zen 4, 2 threads, alternated with sgemm, direct time / tiles time
+    after the uneven tiles: 64 x 256 on (32, 56, 56) 1.10-1.18x, 32 x 128
+    1.22x, 64 x 128 1.08x, 32 x 256 1.13x, 64 x 512 on (32, 28, 28) 1.04x;
+    below 8M outputs 64 x 256 on (32, 28, 28) 0.97x, on (8, 56, 56)
+    0.92-1.06x, 64 x 64 on (32, 56, 56) 0.99x)."""
     if not (pointwise and last):
         return False
     force = _TUNE["pointwise_gemm"]
@@ -1842,7 +1852,8 @@ def _use_pointwise_gemm(g, bint last, bint pointwise):
     rows = g["N"] * g["P"]
     if rows >= _TUNE["pointwise_gemm_short_tiles_max_rows"] and _short_avx512_tiles() and \
             _use_direct(g, last):
-        return False
+        return g["C"] <= _TUNE["pointwise_gemm_stream_max_c"] and \
+            rows * g["F"] >= _TUNE["pointwise_gemm_stream_outputs"]
     return cf > _TUNE["pointwise_gemm_min_cf"] or \
         rows * cf >= _TUNE["pointwise_gemm_min_macs"]
 
