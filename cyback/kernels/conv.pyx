@@ -985,45 +985,52 @@ cdef void _forward_direct(const floating* x, floating* xp, bint copy, const floa
     one block of output channels, after packing the kernel (and bias) into
     wp (and bp) and, when copy, padding the input along W into xp; bias,
     bp and res are NULL without a bias or residual."""
-    cdef Py_ssize_t row, it
-    cdef Py_ssize_t pad_rows = g.N * g.D * g.H if copy else 0
-    cdef const floating* src = x
-    cdef cb_tiles prepared, joined
+    cdef Py_ssize_t nprep = g.nfb + (g.N * g.D * g.H if copy else 0)
+    cdef Py_ssize_t total = g.N * g.OD * g.OH * g.nfb, it, c, last
+    # Runs of consecutive items (rows that share input rows, blocks that
+    # share a row), about 4 per thread, taken as threads come free.
+    cdef Py_ssize_t run = max(1, (total + 4 * nt - 1) // (4 * nt))
+    cdef const floating* src = xp if copy else x
+    cdef cb_tiles prepared, items
     cb_tiles_init(&prepared)
-    cb_tiles_init(&joined)
-    if copy:
-        src = xp
+    cb_tiles_init(&items)
     # One parallel region: waking a sleeping team costs more than a small
     # convolution, so the packing, the padding and the rows share one
     # wake-up. Packed in the region, the kernel also leaves no serial gap
     # before it: on a 1x1 128 -> 512 at batch 1 that gap (30-40 us of
     # packing, then the call's Python) outlasted the idle thread's spin,
-    # which slept once a call. Cython's prange loops are "omp for nowait",
-    # so the rows wait for the packed kernel and padded input by count
-    # (GCC happens to put a barrier at each loop's start too, for the index
-    # that is both firstprivate and lastprivate; that is not a promise), and
-    # end with a bounded spin (include/cyback_tiles.h).
+    # which slept once a call. Both phases hand out their work as threads
+    # come free, with no barrier at their start (a prange has one, for the
+    # index GCC makes firstprivate and lastprivate): a thread that joins late
+    # finds its share taken instead of holding the others at a barrier or
+    # in the join. The rows wait for the packed kernel and padded input by
+    # count, and the region ends with a bounded spin (include/cyback_tiles.h).
     with nogil, parallel(num_threads=nt):
-        for row in prange(g.nfb + pad_rows, schedule='static'):
-            if row < g.nfb:
+        it = cb_tiles_take(&prepared)
+        while it < nprep:
+            if it < g.nfb:
                 if floating is float:
-                    cb_cd_pack_block_f(k, bias, wp, bp, &g, row)
+                    cb_cd_pack_block_f(k, bias, wp, bp, &g, it)
                 else:
-                    cb_cd_pack_block_d(k, bias, wp, bp, &g, row)
+                    cb_cd_pack_block_d(k, bias, wp, bp, &g, it)
             elif floating is float:
-                cb_cd_pad_row_f(x, xp, &g, row - g.nfb)
+                cb_cd_pad_row_f(x, xp, &g, it - g.nfb)
             else:
-                cb_cd_pad_row_d(x, xp, &g, row - g.nfb)
+                cb_cd_pad_row_d(x, xp, &g, it - g.nfb)
             cb_tiles_finish(&prepared)
-        cb_tiles_wait_done(&prepared, g.nfb + pad_rows)
-        for it in prange(g.N * g.OD * g.OH * g.nfb, schedule='static'):
-            if cb_intr_poll(intr):
-                continue
-            if floating is float:
-                cb_cd_item_f(src, wp, bp, res, act, y, &g, it)
-            else:
-                cb_cd_item_d(src, wp, bp, res, act, y, &g, it)
-        cb_tiles_join(&joined, cb_get_num_threads(), join)
+            it = cb_tiles_take(&prepared)
+        cb_tiles_wait_done(&prepared, nprep)
+        c = cb_tiles_take(&items) * run
+        while c < total:
+            last = min(c + run, total)
+            while c < last and not cb_intr_poll(intr):
+                if floating is float:
+                    cb_cd_item_f(src, wp, bp, res, act, y, &g, c)
+                else:
+                    cb_cd_item_d(src, wp, bp, res, act, y, &g, c)
+                c = c + 1
+            c = cb_tiles_take(&items) * run
+        cb_tiles_join(&items, cb_get_num_threads(), join)
 
 
 @cython.wraparound(True)
