@@ -103,10 +103,9 @@ def numpy_local_threads():
 class blas_threads:
     """Run the block with the kernels' BLAS limited to ``n`` threads.
 
-    A class rather than a generator context: every convolution above the
-    team's cutoff enters one, and the generator's machinery took 1.7 us a
-    call against 0.4 for this (2-core EPYC VM; BLAS is usually at the limit
-    already, so a call only reads the count)."""
+    A class rather than a generator context, whose machinery took 1.7 us
+    a call against 1.3 for this (2-core EPYC VM, BLAS already at ``n``);
+    the kernels use blas_limit."""
 
     __slots__ = ("n", "old", "changed")
 
@@ -167,8 +166,11 @@ _shared = {}
 
 def blas_limit(n):
     """The kernels' context holding their BLAS at ``n`` threads, shared by
-    all threads that use it (0.5 us a call against blas_threads' 1.3; a
-    generator context took 1.7 and, after a long kernel call, 10-30 us)."""
+    all threads that use it. Every convolution above the team's cutoff
+    enters it: 0.9 us a call where a generator context took 1.7, and
+    after a long kernel call (the interpreter's caches cold) the Python
+    between two 1x1 regions went from 35-47 us to 13-17 us, back inside
+    libgomp's spin (2-core EPYC VM)."""
     if _libs is None:
         _load()
     if not _libs:
