@@ -986,7 +986,8 @@ cdef void _forward_direct(const floating* x, floating* xp, bint copy, const floa
     wp (and bp) and, when copy, padding the input along W into xp; bias,
     bp and res are NULL without a bias or residual."""
     cdef Py_ssize_t nprep = g.nfb + (g.N * g.D * g.H if copy else 0)
-    cdef Py_ssize_t total = g.N * g.OD * g.OH * g.nfb, it, c, last
+    # (set here: the parallel block copies them in, firstprivate)
+    cdef Py_ssize_t total = g.N * g.OD * g.OH * g.nfb, it = 0, c = 0, last = 0
     # Runs of consecutive items (rows that share input rows, blocks that
     # share a row), about 4 per thread, taken as threads come free.
     cdef Py_ssize_t run = max(1, (total + 4 * nt - 1) // (4 * nt))
@@ -1794,7 +1795,7 @@ def _forward_pointwise(floating[::1] x, floating[::1] w, floating[::1] y,
     single-threaded GEMM each, with the epilogue per tile; the threads meet
     at the end with a bounded spin (include/cyback_tiles.h)."""
     cdef Py_ssize_t total = tiles.shape[0]
-    cdef Py_ssize_t it, r0, f0, m, n
+    cdef Py_ssize_t it = 0, r0 = 0, f0 = 0, m = 0, n = 0     # firstprivate in the block
     cdef const floating* b = &bias[0] if has_bias else NULL
     cdef const floating* r = &res[0] if has_res else NULL
     cdef cb_intr intr
