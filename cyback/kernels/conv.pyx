@@ -1708,10 +1708,10 @@ def _pointwise_tiles(Py_ssize_t M, Py_ssize_t K, Py_ssize_t F):
     one's large tile, at the best split of the work between the two,
     instead of waiting for whichever thread took the last even tile.
     Batch-1 1x1s on 2 threads, alternated with even tiles and NumPy's sgemm
-    (median over 21 rounds of a block's time over its round's sgemm block,
-    two runs): 256 -> 1024 on (1, 14, 14) 1.01-1.02x against 1.06-1.14x,
-    64 -> 256 on (1, 56, 56) 0.96x against 0.97-0.99x, 512 -> 2048 on
-    (1, 7, 7) 1.05 and 1.18x against 1.12 and 1.04x (both with spells)."""
+    (median over 15-21 rounds of a block's time over its round's sgemm
+    block, three runs): 256 -> 1024 on (1, 14, 14) 1.01-1.05x against
+    1.06-1.14x, 64 -> 256 on (1, 56, 56) 0.96-0.98x against 0.97-1.12x,
+    512 -> 2048 on (1, 7, 7) 1.05-1.18x against 1.04-1.12x (no gain there)."""
     cdef Py_ssize_t most_rows = max(64, min(2048, (1 << 17) // max(1, K)))
     cdef Py_ssize_t nr0 = _ceil_div(M, most_rows)
     cdef Py_ssize_t nr = nr0, nf = 1, r, f
