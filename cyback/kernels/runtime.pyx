@@ -139,14 +139,23 @@ def spin_rounds(environ=os.environ):
     return 3e5
 
 
+def _env_window(environ, name):
+    """Seconds (0 to 1) from the microseconds in environment variable
+    `name`, or None when it is unset or malformed (config raises on a bad
+    value)."""
+    try:
+        return min(1.0, max(0.0, float(environ[name]) * 1e-6))
+    except (KeyError, ValueError):
+        return None
+
+
 def warm_window(environ=os.environ):
     """Seconds after a region during which the team counts as awake (at most
     1): CYBACK_TEAM_WARM_US when set (0 turns the warm and dense-run rules
     off: only work above the cutoff takes the team), else libgomp's spin."""
-    try:
-        return min(1.0, max(0.0, float(environ["CYBACK_TEAM_WARM_US"]) * 1e-6))
-    except (KeyError, ValueError):
-        pass        # unset; a bad value is config's error to raise
+    seconds = _env_window(environ, "CYBACK_TEAM_WARM_US")
+    if seconds is not None:
+        return seconds
     rounds = spin_rounds(environ)
     return 1.0 if rounds is None else min(1.0, rounds * SPIN_ROUND_SECONDS)
 
@@ -168,11 +177,8 @@ def join_window(environ=os.environ):
     """Seconds a thread done with its part of a region spins for the others
     before libgomp's barrier takes over (include/cyback_tiles.h; at most 1):
     CYBACK_JOIN_US when set (0 leaves every wait to libgomp), else 300 us."""
-    try:
-        return min(1.0, max(0.0, float(environ["CYBACK_JOIN_US"]) * 1e-6))
-    except (KeyError, ValueError):
-        pass        # unset; a bad value is config's error to raise
-    return CB_TILES_JOIN_SECONDS
+    seconds = _env_window(environ, "CYBACK_JOIN_US")
+    return CB_TILES_JOIN_SECONDS if seconds is None else seconds
 
 
 def set_join_window(seconds):
