@@ -1,7 +1,9 @@
-# Row-major GEMM on top of SciPy's Fortran BLAS (the OpenBLAS SciPy ships).
+# Row-major GEMM on top of SciPy's Fortran BLAS (the OpenBLAS SciPy ships), or
+# for float32 products NumPy's OpenBLAS when kernels/blas_threads.py chose it.
 # Declared inline in a .pxd so that every kernel module gets its own copy and
 # calls BLAS with no Python in between.
 from scipy.linalg.cython_blas cimport sgemm, dgemm, sgemv, dgemv
+from cyback.kernels.runtime cimport cblas_sgemm64_t, kernel_sgemm64
 
 ctypedef fused floating:
     float
@@ -20,6 +22,7 @@ cdef inline void gemm(bint trans_a, bint trans_b, int m, int n, int k,
     cdef char ta = b'T' if trans_a else b'N'
     cdef char tb = b'T' if trans_b else b'N'
     cdef int inc = lda if trans_a else 1, one = 1
+    cdef cblas_sgemm64_t sgemm64
     if m <= 0 or n <= 0:
         return
     if m == 1 and k > 0:
@@ -40,6 +43,12 @@ cdef inline void gemm(bint trans_a, bint trans_b, int m, int n, int k,
                 dgemv(&tb, &n, &k, &alpha, <double*>b, &ldb, <double*>a, &inc, &beta, c, &one)
         return
     if floating is float:
+        sgemm64 = kernel_sgemm64()
+        if sgemm64 != NULL:
+            # CBLAS row-major (101), no transpose (111) or transpose (112)
+            sgemm64(101, 112 if trans_a else 111, 112 if trans_b else 111, m, n, k, alpha,
+                    a, lda, b, ldb, beta, c, ldc)
+            return
         sgemm(&tb, &ta, &n, &m, &k, &alpha, <float*>b, &ldb, <float*>a, &lda,
               &beta, c, &ldc)
     else:

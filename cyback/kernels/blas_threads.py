@@ -1,9 +1,19 @@
-"""Control of the BLAS thread pools.
+"""Control of the BLAS thread pools, and which BLAS the kernels' float32
+GEMMs call.
 
 Two OpenBLAS libraries do cyback's matrix products: SciPy's (the kernels call
 it through ``scipy.linalg.cython_blas``) and NumPy's (``np.dot`` in the ops).
 ``set_blas_threads`` sets both, so ``K.set_num_threads(1)`` really means one
 thread.
+
+The kernels' float32 GEMMs go to NumPy's OpenBLAS instead when it is the
+newer of the two (``CYBACK_SGEMM``: ``auto``, ``scipy`` or ``numpy``). The
+wheels of NumPy 2.4 and SciPy 1.17 ship OpenBLAS 0.3.31 and 0.3.30, and on
+products with few rows the older one is slower: one thread, alternated, on a
+2-core Zen 4 VM, SciPy's time over NumPy's for (rows, inner, columns) =
+(49, 512, 1024) 1.56, (196, 256, 1024) 1.23, (32, 512, 512) 1.21,
+(32, 128, 512) 1.11, but (3136, 64, 256), (3136, 576, 64) and (784, 64, 64)
+1.01-1.02, and float64 0.99-1.00 (which stays on SciPy's).
 
 The kernels either run one large GEMM on BLAS's threads or many small GEMMs on
 OpenMP threads; running both pools at once oversubscribes the cores, so the
@@ -13,11 +23,19 @@ import contextlib
 import ctypes
 import glob
 import os
+import re
 import threading
 
 _lock = threading.Lock()
 _libs = None          # [(path, set, get, config)] for every OpenBLAS found
 _set_local = None     # NumPy's per-thread setter: set(n) -> previous n
+_held = []            # [(set, get)] of the libraries the kernels call (SciPy's first)
+_sgemm_path = None    # the library of the kernels' float32 GEMMs when not SciPy's
+
+# CBLAS sgemm with 64-bit integers (runtime.cblas_sgemm64_t): NumPy's build
+# and a plain 64-bit-integer OpenBLAS.
+_SGEMM64_NAMES = ("scipy_cblas_sgemm64_", "cblas_sgemm64_")
+_SGEMM_CHOICES = ("auto", "scipy", "numpy")
 
 # (set, get, config) symbol names across OpenBLAS builds: SciPy's own, the
 # 64-bit-integer build NumPy ships, and a plain OpenBLAS.
@@ -53,9 +71,9 @@ def _load():
     import scipy
     import scipy.linalg  # noqa: F401  (loads SciPy's BLAS)
 
-    found = []
+    found, sgemm64 = [], {}
     for package, sub in ((scipy, "scipy.libs"), (numpy, "numpy.libs")):
-        root = os.path.join(os.path.dirname(package.__file__), os.pardir, sub)
+        root = os.path.normpath(os.path.join(os.path.dirname(package.__file__), os.pardir, sub))
         for path in sorted(glob.glob(os.path.join(root, "*openblas*"))):
             opened = _open(path)
             if opened is None:
@@ -66,7 +84,54 @@ def _load():
                 local = lib.openblas_set_num_threads_local
                 local.argtypes, local.restype = [ctypes.c_int], ctypes.c_int
                 _set_local = local
+            if package is numpy:
+                for name in _SGEMM64_NAMES:
+                    if hasattr(lib, name):
+                        sgemm64[path] = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+                        break
     _libs = found
+    _route_sgemm(found, sgemm64, sgemm_choice())
+
+
+def sgemm_choice(environ=os.environ):
+    """CYBACK_SGEMM: ``auto`` (the default), ``scipy`` or ``numpy``."""
+    choice = environ.get("CYBACK_SGEMM", "").strip().lower() or "auto"
+    if choice not in _SGEMM_CHOICES:
+        raise ValueError("CYBACK_SGEMM must be one of %s, got %r"
+                         % (", ".join(_SGEMM_CHOICES), environ["CYBACK_SGEMM"]))
+    return choice
+
+
+def openblas_version(config):
+    """(0, 3, 31, ...) from an OpenBLAS config string, () if it has none."""
+    m = re.search(r"OpenBLAS (\d+(?:\.\d+)*)", config or "")
+    return tuple(int(v) for v in m.group(1).split(".")) if m else ()
+
+
+def _route_sgemm(found, sgemm64, choice):
+    # SciPy's library comes first in `found` when there is one; NumPy's
+    # takes the float32 GEMMs when asked for, or in `auto` when newer.
+    global _sgemm_path
+    from cyback.kernels import runtime
+
+    scipy_lib = found[0] if found and found[0][0] not in sgemm64 else None
+    numpy_lib = next((lib for lib in found if lib[0] in sgemm64), None)
+    use = numpy_lib is not None and choice != "scipy"
+    if use and choice == "auto" and scipy_lib is not None:
+        versions = [openblas_version(lib[3]().decode() if lib[3] is not None else "")
+                    for lib in (scipy_lib, numpy_lib)]
+        use = bool(versions[0]) and versions[1] > versions[0]
+    _held[:] = [(lib[1], lib[2]) for lib in (scipy_lib, numpy_lib if use else None)
+                if lib is not None]
+    _sgemm_path = numpy_lib[0] if use else None
+    runtime.set_kernel_sgemm64(sgemm64[numpy_lib[0]] if use else 0)
+
+
+def sgemm_library():
+    """The file of the OpenBLAS the kernels' float32 GEMMs call, or None
+    for SciPy's (through scipy.linalg.cython_blas)."""
+    _load()
+    return _sgemm_path
 
 
 def blas_info():
@@ -78,7 +143,8 @@ def blas_info():
     for path, _, _, config in _libs:
         cfg = config().decode() if config is not None else ""
         parts.append("%s %s" % (os.path.basename(path), cfg))
-    return "; ".join(parts)
+    where = "SciPy's" if _sgemm_path is None else os.path.basename(_sgemm_path)
+    return "; ".join(parts) + "; the kernels' float32 GEMMs: %s" % where
 
 
 def get_blas_threads():
@@ -100,6 +166,24 @@ def numpy_local_threads():
     return _set_local
 
 
+def _hold(n):
+    """Set the libraries the kernels call to ``n`` threads; what each had,
+    None where it was at ``n`` already."""
+    saved = []
+    for setter, getter in _held:
+        was = getter()
+        saved.append(None if was == n else was)
+        if was != n:
+            setter(n)
+    return saved
+
+
+def _restore(saved):
+    for (setter, _), was in zip(_held, saved):
+        if was is not None:
+            setter(was)
+
+
 class blas_threads:
     """Run the block with the kernels' BLAS limited to ``n`` threads.
 
@@ -107,56 +191,50 @@ class blas_threads:
     a call against 1.3 for this (2-core EPYC VM, BLAS already at ``n``);
     the kernels use blas_limit."""
 
-    __slots__ = ("n", "old", "changed")
+    __slots__ = ("n", "saved")
 
     def __init__(self, n):
         self.n = n
-        self.changed = False
+        self.saved = None
 
     def __enter__(self):
         if _libs is None:
             _load()
-        if _libs:
-            lib = _libs[0]
-            with _lock:
-                self.old = old = lib[2]()
-                if old != self.n:
-                    lib[1](self.n)
-                    self.changed = True
+        with _lock:
+            self.saved = _hold(self.n)
         return self
 
     def __exit__(self, *exc):
-        if self.changed:
-            _libs[0][1](self.old)
-            self.changed = False
+        saved, self.saved = self.saved, None
+        if saved is not None:
+            with _lock:
+                _restore(saved)
         return False
 
 
 class _SharedLimit:
     """BLAS held at ``n`` threads while any thread is inside: the first to
-    enter saves the count and sets it, the last to leave puts it back (one
-    context per thread, each restoring what it found, would let a thread
-    that leaves first restore the count under another one's GEMMs)."""
+    enter saves the counts and sets them, the last to leave puts them back
+    (one context per thread, each restoring what it found, would let a
+    thread that leaves first restore a count under another one's GEMMs)."""
 
     __slots__ = ("n", "inside", "saved")
 
     def __init__(self, n):
-        self.n, self.inside, self.saved = n, 0, n
+        self.n, self.inside, self.saved = n, 0, []
 
     def __enter__(self):
         with _lock:
             if self.inside == 0:
-                self.saved = _libs[0][2]()
-                if self.saved != self.n:
-                    _libs[0][1](self.n)
+                self.saved = _hold(self.n)
             self.inside += 1
         return self
 
     def __exit__(self, *exc):
         with _lock:
             self.inside -= 1
-            if self.inside == 0 and self.saved != self.n:
-                _libs[0][1](self.saved)
+            if self.inside == 0:
+                _restore(self.saved)
         return False
 
 

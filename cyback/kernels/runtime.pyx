@@ -192,3 +192,28 @@ def get_join_window():
 
 
 set_join_window(join_window())
+
+
+# ---------------------------------------------------------------- the kernels' sgemm
+
+cdef cblas_sgemm64_t _sgemm64 = NULL
+
+
+cdef cblas_sgemm64_t kernel_sgemm64() noexcept nogil:
+    """The CBLAS sgemm the kernels' float32 products go to, or NULL for
+    SciPy's Fortran one (kernels/blas_threads.py chooses)."""
+    return _sgemm64
+
+
+def set_kernel_sgemm64(size_t address):
+    """Send the kernels' float32 GEMMs to the CBLAS row-major sgemm with
+    64-bit integers at ``address`` (0: back to SciPy's). Only
+    kernels/blas_threads.py calls this, with a function it found by name in
+    an OpenBLAS whose thread count it also holds."""
+    global _sgemm64
+    _sgemm64 = <cblas_sgemm64_t><void*>address
+
+
+def kernel_sgemm64_address():
+    """The address set_kernel_sgemm64 installed (0: SciPy's sgemm)."""
+    return <size_t><void*>_sgemm64
