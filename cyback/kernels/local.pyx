@@ -74,10 +74,16 @@ def _im2col(const floating[:, :, :, ::1] x, floating[:, :, ::1] pt, Py_ssize_t k
     cdef floating* dst
     # Work: bytes copied (read and written).
     cdef int nt = threads_for(2.0 * P * N * pt.shape[2] * sizeof(floating))
+    cdef cb_intr intr
+    cb_intr_init(&intr)
+    # Polled per position and sample: a batch-2048 layer's patches (300 MB)
+    # took 0.4-0.5 s, past Ctrl-C's 0.2 s.
     with nogil:
         for p in prange(P, schedule='static', num_threads=nt):
             base = _start(&r, p)
             for n in range(N):
+                if cb_intr_poll(&intr):
+                    break
                 src = &x[n, 0, 0, 0] + base
                 dst = &pt[p, n, 0]
                 for a in range(groups):
@@ -85,6 +91,7 @@ def _im2col(const floating[:, :, :, ::1] x, floating[:, :, ::1] pt, Py_ssize_t k
                         for j in range(L):
                             dst[j] = src[a * plane + ky * row + j]
                         dst = dst + L
+    check_interrupt(&intr)
 
 
 def _col2im(const floating[:, :, ::1] pt, floating[:, :, :, ::1] dx, Py_ssize_t kh,
@@ -103,12 +110,16 @@ def _col2im(const floating[:, :, ::1] pt, floating[:, :, :, ::1] dx, Py_ssize_t 
     cdef floating* dst
     # Work: bytes moved zeroing dx, then reading pt and updating dx.
     cdef int nt = threads_for((<double>N * S + 3.0 * P * N * pt.shape[2]) * sizeof(floating))
+    cdef cb_intr intr
+    cb_intr_init(&intr)
     with nogil:
         for n in prange(N, schedule='static', num_threads=nt):
             dst = &dx[n, 0, 0, 0]
             for i in range(S):
                 dst[i] = 0
             for p in range(P):
+                if cb_intr_poll(&intr):
+                    break
                 base = _start(&r, p)
                 src = &pt[p, n, 0]
                 for a in range(groups):
@@ -117,6 +128,7 @@ def _col2im(const floating[:, :, ::1] pt, floating[:, :, :, ::1] dx, Py_ssize_t 
                         for j in range(L):
                             dst[j] = dst[j] + src[j]
                         src = src + L
+    check_interrupt(&intr)
 
 
 cdef void _gemms(int which, floating[:, :, ::1] a, floating[:, :, ::1] b,
