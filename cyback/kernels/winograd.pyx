@@ -12,7 +12,7 @@ module only runs it.
 """
 cimport cython
 cimport numpy as cnp
-from cython.parallel cimport parallel, prange
+from cython.parallel cimport parallel
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcmp, memcpy, memset
 
@@ -21,7 +21,8 @@ import numpy as np
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 from cyback.kernels._omp cimport cb_get_num_threads
 from cyback.kernels._tiles cimport (CB_TILES_JOIN_SECONDS, cb_tiles, cb_tiles_finish, cb_tiles_init,
-                                   cb_tiles_join, cb_tiles_wait_all, cb_tiles_wait_done)
+                                   cb_tiles_join, cb_tiles_take, cb_tiles_wait_all,
+                                   cb_tiles_wait_done)
 
 cnp.import_array()
 
@@ -133,14 +134,15 @@ cdef class Winograd:
         ``join`` (seconds) bounds the spin at the end of the items
         (include/cyback_tiles.h; 0 leaves the wait to libgomp)."""
         cdef cb_intr intr
-        cdef cb_tiles prepared, joined
+        cdef cb_tiles prepared, joined, copied
         # A copy: the block width follows the kernel set that runs now (tests
         # switch sets) and the work items the thread count, per call.
         cdef cb_wg_geom g = self.g
-        cdef Py_ssize_t tiles = g.N * g.OD * g.TH * g.TW, it, parts, u_size, scratch_size
+        cdef Py_ssize_t tiles = g.N * g.OD * g.TH * g.TW, parts, u_size, scratch_size
+        cdef Py_ssize_t it = 0, nprep, ncopies   # it: firstprivate in the block
         cdef Py_ssize_t kbytes = g.KD * 9 * g.C * g.F * sizeof(float)
         cdef int failed = 0
-        cdef int* no_scratch = &failed    # shared: written through a pointer in prange
+        cdef int* no_scratch = &failed    # shared: written through a pointer in the block
         cdef float* u
         cdef float* own = NULL
         cdef cnp.ndarray kept = None
@@ -177,9 +179,9 @@ cdef class Winograd:
         g.FB = cb_wg_block(g.F)
         g.nfb = (g.F + g.FB - 1) // g.FB
         # Items of at most TILES_PER_ITEM tiles, as many as make equal rounds
-        # of the team (a static schedule then gives every thread the same
-        # number of tiles, within one): a (1, 14, 14) layer has 49 tiles, 5
-        # items of 12 ran 36 tiles on one thread and 13 on the other. Each
+        # of the team (threads of equal speed then take the same number of
+        # tiles, within one): a (1, 14, 14) layer has 49 tiles, 5 items of
+        # 12 ran 36 tiles on one thread and 13 on the other. Each
         # tile's sums are the same whatever item holds it, so results do
         # not depend on the thread count.
         g.items = nt * ((tiles + TILES_PER_ITEM * nt - 1) // (TILES_PER_ITEM * nt))
@@ -211,38 +213,46 @@ cdef class Winograd:
         cb_intr_init(&intr)
         cb_tiles_init(&prepared)
         cb_tiles_init(&joined)
+        cb_tiles_init(&copied)
+        nprep = (xcopies if xfirst != NULL else 0) + (parts if fresh else 0)
+        ncopies = xcopies if xfirst != NULL else 0
         # One parallel region: the kernel transform (serial, it took a tenth
         # of a batch-1 256-channel layer) and the tiles share one wake-up.
+        # Every phase hands its pieces out as threads come free (no barrier
+        # at a phase's start, and a thread the host slows down takes fewer
+        # of them); each piece writes its own outputs, so the bits do not
+        # depend on which thread ran it.
         with nogil, parallel(num_threads=nt):
-            if xfirst != NULL:
-                for it in prange(xcopies, schedule='static'):
+            it = cb_tiles_take(&prepared)
+            while it < nprep:
+                if it < ncopies:
                     cb_wg_relayout(xfirst, xlast, g.C, P, it, 1)
-                    cb_tiles_finish(&prepared)
-            if fresh:
-                for it in prange(parts, schedule='static'):
-                    cb_wg_kernel_part(ks, u, &g, it)
-                    cb_tiles_finish(&prepared)
-            # Cython's prange is "omp for nowait": the items wait for the
-            # copies and the transform by count.
-            cb_tiles_wait_done(&prepared, (xcopies if xfirst != NULL else 0) +
-                               (parts if fresh else 0))
+                else:
+                    cb_wg_kernel_part(ks, u, &g, it - ncopies)
+                cb_tiles_finish(&prepared)
+                it = cb_tiles_take(&prepared)
+            # the items read the copies and the transform: wait for them by count
+            cb_tiles_wait_done(&prepared, nprep)
             scratch = <float*> malloc(scratch_size * sizeof(float))
-            for it in prange(g.items, schedule='static'):
-                if scratch == NULL:
-                    no_scratch[0] = 1
-                    continue
-                if cb_intr_poll(&intr):
-                    continue
-                cb_wg_item(xs, u, bp, rs, act, ys, &g, it, scratch)
-            free(scratch)
+            if scratch == NULL:
+                no_scratch[0] = 1     # the others take the items; the call then raises
+            else:
+                it = cb_tiles_take(&joined)
+                while it < g.items:
+                    if not cb_intr_poll(&intr):
+                        cb_wg_item(xs, u, bp, rs, act, ys, &g, it, scratch)
+                    it = cb_tiles_take(&joined)
+                free(scratch)
             # A bounded spin before the region's end (include/cyback_tiles.h):
             # the thread done first does not fall asleep while the other
             # finishes its items, and is awake for the next region.
             cb_tiles_join(&joined, cb_get_num_threads(), join)
             if yfirst != NULL:
                 cb_tiles_wait_all(&joined, cb_get_num_threads())
-                for it in prange(ycopies, schedule='static'):
+                it = cb_tiles_take(&copied)
+                while it < ycopies:
                     cb_wg_relayout(ys, yfirst, g.F, OP, it, 0)
+                    it = cb_tiles_take(&copied)
         free(own)
         free(xlast)
         free(ylast)
