@@ -1,4 +1,4 @@
-"""Compiled kernels on NumPy arrays (Cython + OpenMP, BLAS from SciPy).
+"""Compiled kernels on NumPy arrays (Cython + OpenMP, BLAS from SciPy or NumPy: blas_threads).
 
 Each kernel module has a Python entry that takes NumPy arrays, so benchmarks
 and the ops call the same code. Kernels know arrays only: they import
