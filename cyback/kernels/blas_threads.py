@@ -245,10 +245,11 @@ _shared = {}
 def blas_limit(n):
     """The kernels' context holding their BLAS at ``n`` threads, shared by
     all threads that use it. Every convolution above the team's cutoff
-    enters it: 0.9 us a call where a generator context took 1.7, and
-    after a long kernel call (the interpreter's caches cold) the Python
-    between two 1x1 regions went from 35-47 us to 13-17 us, back inside
-    libgomp's spin (2-core EPYC VM)."""
+    enters it: 0.9 us a call holding one library, 1.25 holding two (a
+    ctypes call reads each one's count), where a generator context took 1.7
+    for one; and after a long kernel call (the interpreter's caches cold)
+    the Python between two 1x1 regions went from 35-47 us to 13-17 us, back
+    inside libgomp's spin (2-core EPYC VM)."""
     if _libs is None:
         _load()
     if not _libs:
