@@ -1711,7 +1711,12 @@ def _pointwise_tiles(Py_ssize_t M, Py_ssize_t K, Py_ssize_t F):
     (median over 15-21 rounds of a block's time over its round's sgemm
     block, three runs): 256 -> 1024 on (1, 14, 14) 1.01-1.05x against
     1.06-1.14x, 64 -> 256 on (1, 56, 56) 0.96-0.98x against 0.97-1.12x,
-    512 -> 2048 on (1, 7, 7) 1.05-1.18x against 1.04-1.12x (no gain there)."""
+    512 -> 2048 on (1, 7, 7) 1.05-1.18x against 1.04-1.12x (no gain there).
+    Those ran the tiles on SciPy's OpenBLAS 0.3.30; on NumPy's 0.3.31 (the
+    kernels' float32 GEMMs since, kernels/blas_threads.py) the same tiles
+    ran at 1.03x, 0.95x and 0.94x of the sgemm for those three shapes (one
+    run of 15 rounds, the host slow), where even halves of the columns ran
+    at 1.00x, 0.94x and 1.14x."""
     cdef Py_ssize_t most_rows = max(64, min(2048, (1 << 17) // max(1, K)))
     cdef Py_ssize_t nr0 = _ceil_div(M, most_rows)
     cdef Py_ssize_t nr = nr0, nf = 1, r, f
