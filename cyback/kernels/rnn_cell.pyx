@@ -660,9 +660,9 @@ cdef void _lstm_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floati
     # 0 runs whole steps (Wfull, FBfull: the row path's operand) until the
     # others are there. Wp: 4 * ps values per thread, hm B * u per thread.
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = R.shape[0]
-    cdef Py_ssize_t j0, j1, q, t
+    cdef Py_ssize_t j0 = 0, j1 = 0, q = 0, t = 0     # firstprivate in the block
     cdef int stops[2]
-    cdef int tid, nth
+    cdef int tid = 0, nth = 0
     cdef Split sp
     cdef cb_step_join join
     cdef cb_step_count *counts = cb_step_counts_new(nsplit)
@@ -1420,9 +1420,9 @@ cdef void _gru_fwd_split(int nsplit, const floating[:, :, ::1] zx, const floatin
     # The units split of a GRU, joined late (see _lstm_fwd_split); Wfull,
     # Whfull: the row path's operands for the steps thread 0 runs alone.
     cdef Py_ssize_t T = zx.shape[0], B = zx.shape[1], u = h0.shape[1], NR = R.shape[1]
-    cdef Py_ssize_t j0, j1, q, t
+    cdef Py_ssize_t j0 = 0, j1 = 0, q = 0, t = 0     # firstprivate in the block
     cdef int stops[2]
-    cdef int tid, nth
+    cdef int tid = 0, nth = 0
     cdef Split sp
     cdef cb_step_join join
     cdef cb_step_count *counts = cb_step_counts_new(nsplit)
