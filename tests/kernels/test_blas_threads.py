@@ -173,10 +173,13 @@ import numpy as np
 import cyback
 from cyback.kernels import blas_threads, conv, runtime
 rng = np.random.default_rng(0)
-x = rng.standard_normal((1, 7, 7, 96), dtype=np.float32)
-w = rng.standard_normal((1, 1, 96, 160), dtype=np.float32)
+# a batch-1 1x1 wide enough for the GEMM tiles
+x = rng.standard_normal((1, 7, 7, 256), dtype=np.float32)
+w = rng.standard_normal((1, 1, 256, 256), dtype=np.float32)
+g = conv._geometry(x.shape, w.shape, (1, 1), (1, 1), [(0, 0), (0, 0)], True, "probe")[0]
+assert conv._use_pointwise_gemm(g, True, True)
 y = conv.conv_forward(x, w, (1, 1), (1, 1), [(0, 0), (0, 0)])
-ref = x.astype(np.float64).reshape(-1, 96) @ w.astype(np.float64).reshape(96, 160)
+ref = x.astype(np.float64).reshape(-1, 256) @ w.astype(np.float64).reshape(256, 256)
 err = np.abs(y.reshape(ref.shape) - ref).max() / np.abs(ref).max()
 print(runtime.kernel_sgemm64_address() != 0, blas_threads.sgemm_library() is not None, err < 1e-5)
 print(blas_threads.blas_info())
