@@ -31,6 +31,7 @@ _libs = None          # [(path, set, get, config)] for every OpenBLAS found
 _set_local = None     # NumPy's per-thread setter: set(n) -> previous n
 _held = []            # [(set, get)] of the libraries the kernels call (SciPy's first)
 _sgemm_path = None    # the library of the kernels' float32 GEMMs when not SciPy's
+_sgemm64 = {}         # {path: address} of the CBLAS 64-bit sgemm of each NumPy OpenBLAS
 
 # CBLAS sgemm with 64-bit integers (runtime.cblas_sgemm64_t): NumPy's build
 # and a plain 64-bit-integer OpenBLAS.
@@ -71,7 +72,7 @@ def _load():
     import scipy
     import scipy.linalg  # noqa: F401  (loads SciPy's BLAS)
 
-    found, sgemm64 = [], {}
+    found = []
     for package, sub in ((scipy, "scipy.libs"), (numpy, "numpy.libs")):
         root = os.path.normpath(os.path.join(os.path.dirname(package.__file__), os.pardir, sub))
         for path in sorted(glob.glob(os.path.join(root, "*openblas*"))):
@@ -87,10 +88,10 @@ def _load():
             if package is numpy:
                 for name in _SGEMM64_NAMES:
                     if hasattr(lib, name):
-                        sgemm64[path] = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+                        _sgemm64[path] = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
                         break
     _libs = found
-    _route_sgemm(found, sgemm64, sgemm_choice())
+    _route_sgemm(found, _sgemm64, sgemm_choice())
 
 
 def sgemm_choice(environ=os.environ):
@@ -100,6 +101,10 @@ def sgemm_choice(environ=os.environ):
         raise ValueError("CYBACK_SGEMM must be one of %s, got %r"
                          % (", ".join(_SGEMM_CHOICES), environ["CYBACK_SGEMM"]))
     return choice
+
+
+def _config_text(config):
+    return config().decode() if config is not None else ""
 
 
 def openblas_version(config):
@@ -118,8 +123,7 @@ def _route_sgemm(found, sgemm64, choice):
     numpy_lib = next((lib for lib in found if lib[0] in sgemm64), None)
     use = numpy_lib is not None and choice != "scipy"
     if use and choice == "auto" and scipy_lib is not None:
-        versions = [openblas_version(lib[3]().decode() if lib[3] is not None else "")
-                    for lib in (scipy_lib, numpy_lib)]
+        versions = [openblas_version(_config_text(lib[3])) for lib in (scipy_lib, numpy_lib)]
         use = bool(versions[0]) and versions[1] > versions[0]
     _held[:] = [(lib[1], lib[2]) for lib in (scipy_lib, numpy_lib if use else None)
                 if lib is not None]
@@ -141,8 +145,7 @@ def blas_info():
         return "scipy.linalg.cython_blas and numpy (thread control unavailable)"
     parts = []
     for path, _, _, config in _libs:
-        cfg = config().decode() if config is not None else ""
-        parts.append("%s %s" % (os.path.basename(path), cfg))
+        parts.append("%s %s" % (os.path.basename(path), _config_text(config)))
     where = "SciPy's" if _sgemm_path is None else os.path.basename(_sgemm_path)
     return "; ".join(parts) + "; the kernels' float32 GEMMs: %s" % where
 
