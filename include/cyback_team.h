@@ -25,18 +25,23 @@
  * rises (cb_team_busy_factor): a team thread then waits for a time slice,
  * and the more regions a call has the more such waits (demo training with a
  * busy loop on one core: 1.30x the best fixed thread count with the rules,
- * 1.15x without). Preemptions tell: the
- * process's involuntary context switches (getrusage) ran at 24-31/s on an
- * idle 2-core VM and 1650-1900/s with a busy loop on one core, in bursts at
- * the scheduler's slice boundaries; sampled every 100 ms (10 ms windows held
- * too few of them to tell, and a busy loop's switches came in every other
- * 50 ms window), two windows in a row above cb_team_busy_switches per
- * second make the host busy, for half a second. One such window is a burst,
- * not a neighbour: the worker threads of another library in the process
- * still spinning after its last call (ONNX Runtime's, PyTorch's), which
- * took 300-400 switches/s for the first 100-250 ms of cyback's next calls;
- * held for half a second, that one window ran a MobileNet block at batch 32
- * single-threaded for 0.5-0.75 s (3-5 ms a call instead of 1.6).
+ * 1.15x without). The calling thread's time spent runnable but waiting for
+ * a CPU tells (the scheduler's run delay, /proc/thread-self/schedstat): on
+ * an idle 2-core VM 0-1% of the wall time, with a busy loop on one core
+ * 30-47% while the team ran. Counting preemptions instead (getrusage's
+ * involuntary context switches, still the test where the kernel keeps no
+ * run delay) mistook the process for its own neighbour: a parallel region
+ * that wakes a sleeping team thread may preempt the caller for a few
+ * microseconds, once a call, and at 600-750 such calls a second (a 1x1
+ * convolution after NumPy's threaded sgemm) the count reached a busy
+ * loop's 450-2000/s while the run delay stayed under 1%. Sampled every
+ * 100 ms, two windows in a row above the bound make the host busy, for
+ * half a second. One such window is a burst, not a neighbour: the worker
+ * threads of another library in the process still spinning after its last
+ * call (ONNX Runtime's, PyTorch's), which took 300-400 switches/s for the
+ * first 100-250 ms of cyback's next calls; held for half a second, that one
+ * window ran a MobileNet block at batch 32 single-threaded for 0.5-0.75 s
+ * (3-5 ms a call instead of 1.6).
  *
  * Warmth is per calling thread (each one has its own OpenMP team) and is a
  * guess on the safe side: it counts from the end of the last region when the
@@ -44,7 +49,10 @@
 #ifndef CYBACK_TEAM_H
 #define CYBACK_TEAM_H
 
+#include <fcntl.h>
+#include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 #include <sys/resource.h>
 #include "cyback_omp.h"
 
@@ -71,27 +79,58 @@ static inline double cb_team_now(void) {
 /* A busy sample holds for this long: with a busy loop on one core the
  * switches came in every other 50 ms window (125-190, then 0-10). */
 #define CB_TEAM_BUSY_HOLD_SECONDS 0.5
+/* A window is above the bound when the calling thread waited for a CPU for
+ * more than this fraction of it, or, without run delays, was preempted more
+ * than cb_team_busy_switches times a second (20-60/s idle, 1350-1900/s with
+ * a busy loop on one core). */
+static double cb_team_busy_wait = 0.1;
 static double cb_team_busy_switches = 150.0;
 static __thread double cb_team_sampled_at = -1.0e30, cb_team_busy_until = -1.0e30;
+static __thread double cb_team_waited = 0.0;
 static __thread long cb_team_switches = 0;
-/* Whether the last sample window was above the rate. */
+/* Whether the last sample window was above the bound. */
 static __thread int cb_team_hot = 0;
 
-/* Whether other processes preempt ours: involuntary context switches per
- * second over two sample periods in a row (a first or stale sample says
- * no; see above). */
+/* Seconds the calling thread has spent runnable but not running, or -1 where
+ * the kernel does not say (no /proc, or built without its schedstats). */
+static inline double cb_team_run_delay(void) {
+    char buf[96];
+    char *end;
+    ssize_t n;
+    double delay;
+    int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1.0;
+    n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return -1.0;
+    buf[n] = 0;
+    strtoull(buf, &end, 10);                /* time on a CPU */
+    delay = (double)strtoull(end, &end, 10);
+    return end == buf ? -1.0 : 1.0e-9 * delay;
+}
+
+/* Whether other processes take our cores: two sample periods in a row above
+ * the bound (a first or stale sample says no; see above). */
 static inline int cb_team_host_busy(double now) {
     struct rusage u;
-    double dt = now - cb_team_sampled_at;
-    if (dt >= CB_TEAM_SAMPLE_SECONDS && getrusage(RUSAGE_SELF, &u) == 0) {
-        int hot = dt < 10.0 * CB_TEAM_SAMPLE_SECONDS &&
-            (double)(u.ru_nivcsw - cb_team_switches) > cb_team_busy_switches * dt;
-        if (hot && cb_team_hot)
-            cb_team_busy_until = now + CB_TEAM_BUSY_HOLD_SECONDS;
-        cb_team_hot = hot;
+    double dt = now - cb_team_sampled_at, waited;
+    int hot, fresh;
+    if (dt < CB_TEAM_SAMPLE_SECONDS) return now < cb_team_busy_until;
+    fresh = dt < 10.0 * CB_TEAM_SAMPLE_SECONDS;
+    waited = cb_team_run_delay();
+    if (waited >= 0.0) {
+        hot = fresh && waited - cb_team_waited > cb_team_busy_wait * dt;
+        cb_team_waited = waited;
+    } else if (getrusage(RUSAGE_SELF, &u) == 0) {
+        hot = fresh && (double)(u.ru_nivcsw - cb_team_switches) > cb_team_busy_switches * dt;
         cb_team_switches = u.ru_nivcsw;
-        cb_team_sampled_at = now;
+    } else {
+        return now < cb_team_busy_until;
     }
+    if (hot && cb_team_hot)
+        cb_team_busy_until = now + CB_TEAM_BUSY_HOLD_SECONDS;
+    cb_team_hot = hot;
+    cb_team_sampled_at = now;
     return now < cb_team_busy_until;
 }
 

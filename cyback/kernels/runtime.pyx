@@ -12,9 +12,11 @@ cdef extern from "cyback_tiles.h" nogil:
 
 cdef extern from "cyback_team.h" nogil:
     double cb_team_warm_seconds
+    double cb_team_busy_wait
     double cb_team_busy_switches
     double cb_team_busy_factor
     int cb_team_host_busy_now()
+    double cb_team_run_delay()
     int cb_team_threads_for(double work)
     void cb_team_done(int threads)
     void cb_team_forget()
@@ -87,9 +89,11 @@ def team_rest():
 
 
 def host_busy():
-    """Whether other processes preempt this one (involuntary context switches
-    above the busy rate over the last sample): the team then takes only work
-    from set_busy_work_factor times the cutoff."""
+    """Whether other processes take this one's cores (the calling thread
+    waited for a CPU over set_busy_wait's share of the last two sample
+    windows, or where the kernel keeps no such time was preempted more often
+    than set_busy_rate): the team then takes only work from
+    set_busy_work_factor times the cutoff."""
     return bool(cb_team_host_busy_now())
 
 
@@ -104,11 +108,38 @@ def get_busy_work_factor():
     return cb_team_busy_factor
 
 
+def run_delay():
+    """Seconds the calling thread has spent runnable but waiting for a CPU
+    since it started (what host_busy samples), or None where the kernel
+    does not keep it."""
+    cdef double d = cb_team_run_delay()
+    return None if d < 0 else d
+
+
+def set_busy_wait(fraction):
+    """The share of a sample window the calling thread may wait for a CPU
+    before the host counts as busy (tests; the default is 0.1; below zero
+    every window counts, above one none)."""
+    global cb_team_busy_wait
+    cb_team_busy_wait = float(fraction)
+
+
 def set_busy_rate(switches_per_second):
-    """The preemption rate above which the host counts as busy (tests; the
-    default is 150 a second)."""
+    """The preemption rate above which the host counts as busy where the
+    kernel keeps no run delays (tests; the default is 150 a second)."""
     global cb_team_busy_switches
     cb_team_busy_switches = float(switches_per_second)
+
+
+def force_host_busy(state):
+    """Tests and benchmarks: every sample window from now on counts as busy
+    (True), none does (False), or the default bounds judge (None)."""
+    if state is None:
+        set_busy_wait(0.1)
+        set_busy_rate(150.0)
+    else:
+        set_busy_wait(-1.0 if state else 1e12)
+        set_busy_rate(-1.0 if state else 1e12)
 
 
 #: Seconds one round of libgomp's idle spin takes at the least (a pause

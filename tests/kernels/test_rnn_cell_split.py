@@ -20,11 +20,11 @@ def split_on():
     R or the host's load; the tests' team takes any work)."""
     saved = dict(rc._TUNE)
     rc._TUNE.update(split_min_bytes=0, split_max_rows=6, split_lead_steps=0)
-    runtime.set_busy_rate(1e9)
+    runtime.force_host_busy(False)
     yield
     rc._TUNE.clear()
     rc._TUNE.update(saved)
-    runtime.set_busy_rate(150.0)
+    runtime.force_host_busy(None)
 
 
 def _threads(n):
@@ -162,7 +162,7 @@ def test_split_choice(split_on):
         assert rc._split_threads(50, 1, 24, 4, 4) == 1
         # a busy host: a thread waiting for its time slice would stall the
         # other at every step
-        runtime.set_busy_rate(-1.0)
+        runtime.force_host_busy(True)
         runtime.team_rest()
         runtime.host_busy()
         time.sleep(0.11)
@@ -172,5 +172,5 @@ def test_split_choice(split_on):
         assert rc._split_threads(50, 1, 128, 4, 4) == 1
     finally:
         config.set_num_threads(old)
-        runtime.set_busy_rate(150.0)
+        runtime.force_host_busy(None)
         runtime.team_rest()

@@ -121,7 +121,7 @@ _TEAM = """
 import time, cyback
 from cyback.kernels import runtime as r
 cyback.set_num_threads(2)
-r.set_busy_rate(%(busy)r)
+r.force_host_busy(%(busy)r)
 r.set_warm_window(%(warm)r)
 r.team_rest()
 out = []
@@ -130,7 +130,7 @@ print(*out)
 """
 
 
-def _team(body, warm=1.0, busy=1e12):
+def _team(body, warm=1.0, busy=False):
     full = dict(os.environ)
     for var in ("CYBACK_PARALLEL_MIN_WORK", "CYBACK_NUM_THREADS", "CYBACK_TEAM_WARM_US"):
         full.pop(var, None)
@@ -170,35 +170,69 @@ def test_team_rules_off_without_spin():
 
 @needs_openmp
 def test_team_rules_off_on_a_busy_host():
-    # busy rate below zero: every sample window (100 ms) counts as above the
-    # rate (a first sample does not); two such windows in a row make the host
-    # busy, which holds for half a second after the rate drops; while busy
-    # only work from 16 cutoffs takes the team (set_busy_work_factor)
+    # forced busy: every sample window (100 ms) counts as above the bound (a
+    # first sample does not); two such windows in a row make the host busy,
+    # which holds for half a second after the windows fall below it again;
+    # while busy only work from 16 cutoffs takes the team
+    # (set_busy_work_factor)
     body = ("r.host_busy(); time.sleep(0.11)\n"
             "out.append(int(r.host_busy())); time.sleep(0.11)\n"
             "out += [int(r.host_busy())] + [r.team_threads(3e5) for _ in range(6)]\n"
             "out += [r.team_threads(2e6), r.team_threads(1.5e7), r.team_threads(1.6e7)]\n"
             "r.set_busy_work_factor(1)\n"
             "out.append(r.team_threads(2e6))\n"
-            "r.set_busy_rate(1e12); time.sleep(0.11)\n"
+            "r.force_host_busy(False); time.sleep(0.11)\n"
             "out.append(int(r.host_busy())); time.sleep(0.6)\n"
             "out.append(int(r.host_busy()))")
-    assert _team(body, busy=-1.0) == [0, 1] + [1] * 6 + [1, 1, 2, 2, 1, 0]
+    assert _team(body, busy=True) == [0, 1] + [1] * 6 + [1, 1, 2, 2, 1, 0]
 
 
 @needs_openmp
-def test_one_window_above_the_rate_is_a_burst_not_a_busy_host():
-    # a window above the rate between windows below it (another library's
+def test_one_window_above_the_bound_is_a_burst_not_a_busy_host():
+    # a window above the bound between windows below it (another library's
     # threads spinning a little after their last call) leaves the rules on
     body = ("r.host_busy(); time.sleep(0.11)\n"
             "out.append(int(r.host_busy()))\n"
-            "r.set_busy_rate(1e12); time.sleep(0.11)\n"
+            "r.force_host_busy(False); time.sleep(0.11)\n"
             "out.append(int(r.host_busy()))\n"
-            "r.set_busy_rate(-1.0); time.sleep(0.11)\n"
+            "r.force_host_busy(True); time.sleep(0.11)\n"
             "out.append(int(r.host_busy()))\n"
-            "r.set_busy_rate(1e12); time.sleep(0.11)\n"
+            "r.force_host_busy(False); time.sleep(0.11)\n"
             "out += [int(r.host_busy())] + [r.team_threads(3e5) for _ in range(6)]")
-    assert _team(body, busy=-1.0) == [0, 0, 0, 0] + [1, 1, 1, 2, 2, 2]
+    assert _team(body, busy=True) == [0, 0, 0, 0] + [1, 1, 1, 2, 2, 2]
+
+
+_SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+@pytest.mark.skipif(not os.path.exists(_SCHEDSTAT), reason="the kernel keeps no run delays")
+def test_run_delay_is_the_calling_threads_wait_for_a_cpu():
+    from cyback.kernels import runtime
+    before = runtime.run_delay()
+    with open(_SCHEDSTAT) as f:
+        between = int(f.read().split()[1]) * 1e-9
+    after = runtime.run_delay()
+    assert 0 <= before <= between + 1e-9 and between <= after + 1e-9
+
+
+@needs_openmp
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no affinity masks")
+def test_a_busy_loop_on_our_cpu_makes_the_host_busy():
+    # the default bounds, a real neighbour: this process and a busy loop
+    # pinned to one CPU wait for each other about half the time
+    body = ("import os, subprocess, sys\n"
+            "cpu = sorted(os.sched_getaffinity(0))[0]\n"
+            "os.sched_setaffinity(0, {cpu})\n"
+            "loop = ('import os, time\\nos.sched_setaffinity(0, {%d})\\n'\n"
+            "        't = time.time()\\nwhile time.time() - t < 5: pass' % cpu)\n"
+            "p = subprocess.Popen([sys.executable, '-c', loop])\n"
+            "time.sleep(0.3)\n"
+            "seen, t0 = [], time.time()\n"
+            "while time.time() - t0 < 1.0:\n"
+            "    sum(range(20000)); seen.append(int(r.host_busy()))\n"
+            "p.kill(); p.wait()\n"
+            "out.append(max(seen))")
+    assert _team(body, busy=None) == [1]
 
 
 @needs_openmp
