@@ -25,23 +25,27 @@
  * rises (cb_team_busy_factor): a team thread then waits for a time slice,
  * and the more regions a call has the more such waits (demo training with a
  * busy loop on one core: 1.30x the best fixed thread count with the rules,
- * 1.15x without). The calling thread's time spent runnable but waiting for
- * a CPU tells (the scheduler's run delay, /proc/thread-self/schedstat): on
- * an idle 2-core VM 0-1% of the wall time, with a busy loop on one core
- * 30-47% while the team ran. Counting preemptions instead (getrusage's
- * involuntary context switches, still the test where the kernel keeps no
- * run delay) mistook the process for its own neighbour: a parallel region
- * that wakes a sleeping team thread may preempt the caller for a few
+ * 1.15x without). What tells is the CPUs of the affinity mask that were
+ * idle or ran this process over the last window (/proc/stat's idle times
+ * and getrusage): on an idle 2-core VM the demo's training had 1.91-2.04 of
+ * them, with a busy loop on one core 0.99-1.05. Two other tests missed: the
+ * process's involuntary context switches (the test where there is no
+ * /proc/stat) mistook the process for its own neighbour, as a region that
+ * wakes a sleeping team thread may preempt the caller for a few
  * microseconds, once a call, and at 600-750 such calls a second (a 1x1
- * convolution after NumPy's threaded sgemm) the count reached a busy
- * loop's 450-2000/s while the run delay stayed under 1%. Sampled every
- * 100 ms, two windows in a row above the bound make the host busy, for
- * half a second. One such window is a burst, not a neighbour: the worker
- * threads of another library in the process still spinning after its last
- * call (ONNX Runtime's, PyTorch's), which took 300-400 switches/s for the
- * first 100-250 ms of cyback's next calls; held for half a second, that one
- * window ran a MobileNet block at batch 32 single-threaded for 0.5-0.75 s
- * (3-5 ms a call instead of 1.6).
+ * convolution after NumPy's threaded sgemm) the count reached a busy loop's
+ * 450-2000/s; the calling thread's wait for a CPU (its run delay) caught
+ * only half the busy windows of the demo's training, where the team thread
+ * waits and the caller runs on the free core (median 7% of the window,
+ * against 0-1% idle). Sampled every 100 ms, two windows in a row short of
+ * the team by more than cb_team_busy_margin CPUs make the host busy, for
+ * half a second. Another library's threads in the process still spinning
+ * after its last call (ONNX Runtime's, PyTorch's) count as this process;
+ * under the switch count, which saw them at 300-400/s for the first
+ * 100-250 ms of cyback's next calls, one window above the bound is taken for
+ * such a burst, not a neighbour (held for half a second, that one window ran
+ * a MobileNet block at batch 32 single-threaded for 0.5-0.75 s, 3-5 ms a
+ * call instead of 1.6).
  *
  * Warmth is per calling thread (each one has its own OpenMP team) and is a
  * guess on the safe side: it counts from the end of the last region when the
@@ -50,7 +54,9 @@
 #define CYBACK_TEAM_H
 
 #include <fcntl.h>
+#include <sched.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 #include <sys/resource.h>
@@ -79,54 +85,86 @@ static inline double cb_team_now(void) {
 /* A busy sample holds for this long: with a busy loop on one core the
  * switches came in every other 50 ms window (125-190, then 0-10). */
 #define CB_TEAM_BUSY_HOLD_SECONDS 0.5
-/* A window is above the bound when the calling thread waited for a CPU for
- * more than this fraction of it, or, without run delays, was preempted more
- * than cb_team_busy_switches times a second (20-60/s idle, 1350-1900/s with
- * a busy loop on one core). */
-static double cb_team_busy_wait = 0.1;
+/* A window is above the bound when the CPUs of the affinity mask that were
+ * idle or ran this process fall short of the team by more than
+ * cb_team_busy_margin; without /proc/stat, when the process was preempted
+ * more than cb_team_busy_switches times a second (20-60/s idle, 1350-1900/s
+ * with a busy loop on one core). */
+static double cb_team_busy_margin = 0.5;
 static double cb_team_busy_switches = 150.0;
 static __thread double cb_team_sampled_at = -1.0e30, cb_team_busy_until = -1.0e30;
-static __thread double cb_team_waited = 0.0;
+static __thread double cb_team_free = 0.0, cb_team_own = 0.0;
 static __thread long cb_team_switches = 0;
 /* Whether the last sample window was above the bound. */
 static __thread int cb_team_hot = 0;
 
-/* Seconds the calling thread has spent runnable but not running, or -1 where
- * the kernel does not say (no /proc, or built without its schedstats). */
-static inline double cb_team_run_delay(void) {
-    char buf[96];
-    char *end;
-    ssize_t n;
-    double delay;
-    int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+/* Idle seconds of the CPUs in this process's affinity mask since boot
+ * (/proc/stat: idle and iowait, in USER_HZ ticks), or -1 where unknown. The
+ * cpu lines come first; the rest of the file (the interrupt counts, long on
+ * a large host) is not read. */
+static inline double cb_team_idle_seconds(void) {
+    char buf[4096];
+    cpu_set_t mask;
+    size_t have = 0;
+    ssize_t got;
+    long hz = sysconf(_SC_CLK_TCK);
+    double idle = 0.0;
+    int fd, lines = 0, all = sched_getaffinity(0, sizeof mask, &mask) != 0;
+    if (hz <= 0) return -1.0;
+    fd = open("/proc/stat", O_RDONLY | O_CLOEXEC);
     if (fd < 0) return -1.0;
-    n = read(fd, buf, sizeof buf - 1);
+    for (;;) {
+        char *line = buf, *nl;
+        got = read(fd, buf + have, sizeof buf - 1 - have);
+        if (got <= 0) break;
+        have += (size_t)got;
+        buf[have] = 0;
+        while ((nl = strchr(line, '\n')) != NULL) {
+            unsigned long long v[5];
+            char *p;
+            long cpu;
+            int i;
+            if (strncmp(line, "cpu", 3) != 0) goto done;
+            if (line[3] >= '0' && line[3] <= '9') {
+                cpu = strtol(line + 3, &p, 10);
+                for (i = 0; i < 5; i++) v[i] = strtoull(p, &p, 10);
+                if (all || (cpu < CPU_SETSIZE && CPU_ISSET((int)cpu, &mask))) {
+                    idle += (double)(v[3] + v[4]);
+                    lines++;
+                }
+            }
+            line = nl + 1;
+        }
+        have -= (size_t)(line - buf);
+        memmove(buf, line, have);
+        if (have >= sizeof buf - 1) break;      /* a line longer than the buffer */
+    }
+done:
     close(fd);
-    if (n <= 0) return -1.0;
-    buf[n] = 0;
-    strtoull(buf, &end, 10);                /* time on a CPU */
-    delay = (double)strtoull(end, &end, 10);
-    return end == buf ? -1.0 : 1.0e-9 * delay;
+    return lines > 0 ? idle / (double)hz : -1.0;
 }
 
 /* Whether other processes take our cores: two sample periods in a row above
  * the bound (a first or stale sample says no; see above). */
 static inline int cb_team_host_busy(double now) {
     struct rusage u;
-    double dt = now - cb_team_sampled_at, waited;
+    double dt = now - cb_team_sampled_at, idle, own;
     int hot, fresh;
     if (dt < CB_TEAM_SAMPLE_SECONDS) return now < cb_team_busy_until;
+    if (getrusage(RUSAGE_SELF, &u) != 0) return now < cb_team_busy_until;
     fresh = dt < 10.0 * CB_TEAM_SAMPLE_SECONDS;
-    waited = cb_team_run_delay();
-    if (waited >= 0.0) {
-        hot = fresh && waited - cb_team_waited > cb_team_busy_wait * dt;
-        cb_team_waited = waited;
-    } else if (getrusage(RUSAGE_SELF, &u) == 0) {
-        hot = fresh && (double)(u.ru_nivcsw - cb_team_switches) > cb_team_busy_switches * dt;
-        cb_team_switches = u.ru_nivcsw;
+    idle = cb_team_idle_seconds();
+    if (idle >= 0.0) {
+        own = (double)u.ru_utime.tv_sec + (double)u.ru_stime.tv_sec +
+            1.0e-6 * ((double)u.ru_utime.tv_usec + (double)u.ru_stime.tv_usec);
+        hot = fresh && (idle - cb_team_free) + (own - cb_team_own) <
+            ((double)cb_get_max_threads() - cb_team_busy_margin) * dt;
+        cb_team_free = idle;
+        cb_team_own = own;
     } else {
-        return now < cb_team_busy_until;
+        hot = fresh && (double)(u.ru_nivcsw - cb_team_switches) > cb_team_busy_switches * dt;
     }
+    cb_team_switches = u.ru_nivcsw;
     if (hot && cb_team_hot)
         cb_team_busy_until = now + CB_TEAM_BUSY_HOLD_SECONDS;
     cb_team_hot = hot;

@@ -12,11 +12,11 @@ cdef extern from "cyback_tiles.h" nogil:
 
 cdef extern from "cyback_team.h" nogil:
     double cb_team_warm_seconds
-    double cb_team_busy_wait
+    double cb_team_busy_margin
     double cb_team_busy_switches
     double cb_team_busy_factor
     int cb_team_host_busy_now()
-    double cb_team_run_delay()
+    double cb_team_idle_seconds()
     int cb_team_threads_for(double work)
     void cb_team_done(int threads)
     void cb_team_forget()
@@ -89,12 +89,20 @@ def team_rest():
 
 
 def host_busy():
-    """Whether other processes take this one's cores (the calling thread
-    waited for a CPU over set_busy_wait's share of the last two sample
-    windows, or where the kernel keeps no such time was preempted more often
-    than set_busy_rate): the team then takes only work from
-    set_busy_work_factor times the cutoff."""
+    """Whether other processes take this one's cores: over the last two
+    sample windows the CPUs of the affinity mask that were idle or ran this
+    process fell short of the team by more than set_busy_margin (without
+    /proc/stat: the process was preempted more often than set_busy_rate).
+    The team then takes only work from set_busy_work_factor times the
+    cutoff."""
     return bool(cb_team_host_busy_now())
+
+
+def idle_cpu_seconds():
+    """Idle seconds since boot of the CPUs in the calling thread's affinity
+    mask (what host_busy samples), or None where /proc/stat does not say."""
+    cdef double d = cb_team_idle_seconds()
+    return None if d < 0 else d
 
 
 def set_busy_work_factor(factor):
@@ -108,25 +116,18 @@ def get_busy_work_factor():
     return cb_team_busy_factor
 
 
-def run_delay():
-    """Seconds the calling thread has spent runnable but waiting for a CPU
-    since it started (what host_busy samples), or None where the kernel
-    does not keep it."""
-    cdef double d = cb_team_run_delay()
-    return None if d < 0 else d
-
-
-def set_busy_wait(fraction):
-    """The share of a sample window the calling thread may wait for a CPU
-    before the host counts as busy (tests; the default is 0.1; below zero
-    every window counts, above one none)."""
-    global cb_team_busy_wait
-    cb_team_busy_wait = float(fraction)
+def set_busy_margin(cpus):
+    """How many CPUs short of the team the idle and own CPUs of a sample
+    window may fall before the host counts as busy (tests; the default is
+    0.5; a large negative margin makes every window busy, a large one
+    none)."""
+    global cb_team_busy_margin
+    cb_team_busy_margin = float(cpus)
 
 
 def set_busy_rate(switches_per_second):
-    """The preemption rate above which the host counts as busy where the
-    kernel keeps no run delays (tests; the default is 150 a second)."""
+    """The preemption rate above which the host counts as busy where there
+    is no /proc/stat (tests; the default is 150 a second)."""
     global cb_team_busy_switches
     cb_team_busy_switches = float(switches_per_second)
 
@@ -135,10 +136,10 @@ def force_host_busy(state):
     """Tests and benchmarks: every sample window from now on counts as busy
     (True), none does (False), or the default bounds judge (None)."""
     if state is None:
-        set_busy_wait(0.1)
+        set_busy_margin(0.5)
         set_busy_rate(150.0)
     else:
-        set_busy_wait(-1.0 if state else 1e12)
+        set_busy_margin(-1e12 if state else 1e12)
         set_busy_rate(-1.0 if state else 1e12)
 
 

@@ -202,29 +202,55 @@ def test_one_window_above_the_bound_is_a_burst_not_a_busy_host():
     assert _team(body, busy=True) == [0, 0, 0, 0] + [1, 1, 1, 2, 2, 2]
 
 
-_SCHEDSTAT = "/proc/thread-self/schedstat"
+def _idle_seconds_of_mask():
+    cpus = os.sched_getaffinity(0)
+    idle = 0
+    with open("/proc/stat") as f:
+        for line in f:
+            fields = line.split()
+            if fields[0][:3] == "cpu" and fields[0][3:].isdigit() and int(fields[0][3:]) in cpus:
+                idle += int(fields[4]) + int(fields[5])
+    return idle / os.sysconf("SC_CLK_TCK")
 
 
-@pytest.mark.skipif(not os.path.exists(_SCHEDSTAT), reason="the kernel keeps no run delays")
-def test_run_delay_is_the_calling_threads_wait_for_a_cpu():
+@pytest.mark.skipif(not os.path.exists("/proc/stat") or not hasattr(os, "sched_getaffinity"),
+                    reason="no /proc/stat")
+def test_idle_cpu_seconds_are_the_masks_cpus_of_proc_stat():
     from cyback.kernels import runtime
-    before = runtime.run_delay()
-    with open(_SCHEDSTAT) as f:
-        between = int(f.read().split()[1]) * 1e-9
-    after = runtime.run_delay()
-    assert 0 <= before <= between + 1e-9 and between <= after + 1e-9
+    before = runtime.idle_cpu_seconds()
+    between = _idle_seconds_of_mask()
+    after = runtime.idle_cpu_seconds()
+    assert 0 < before <= between <= after
+
+
+def test_idle_cpu_seconds_follow_the_affinity_mask():
+    # on one CPU of the mask, the idle time is that CPU's alone
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2 or \
+            not os.path.exists("/proc/stat"):
+        pytest.skip("needs /proc/stat and two CPUs in the affinity mask")
+    code = ("import os\n"
+            "from cyback.kernels import runtime as r\n"
+            "full = r.idle_cpu_seconds()\n"
+            "os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})\n"
+            "print(full, r.idle_cpu_seconds())")
+    full, one = [float(v) for v in subprocess.run(
+        [sys.executable, "-c", code], check=True, stdout=subprocess.PIPE,
+        text=True).stdout.split()]
+    assert 0 < one < full
 
 
 @needs_openmp
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no affinity masks")
-def test_a_busy_loop_on_our_cpu_makes_the_host_busy():
-    # the default bounds, a real neighbour: this process and a busy loop
-    # pinned to one CPU wait for each other about half the time
+def test_a_busy_loop_on_one_of_our_cpus_makes_the_host_busy():
+    # the default bounds and a real neighbour: a team of two on two CPUs, a
+    # busy loop pinned to one of them, so that about one CPU is left
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs in the affinity mask")
     body = ("import os, subprocess, sys\n"
-            "cpu = sorted(os.sched_getaffinity(0))[0]\n"
-            "os.sched_setaffinity(0, {cpu})\n"
+            "cpus = sorted(os.sched_getaffinity(0))[:2]\n"
+            "os.sched_setaffinity(0, cpus)\n"
             "loop = ('import os, time\\nos.sched_setaffinity(0, {%d})\\n'\n"
-            "        't = time.time()\\nwhile time.time() - t < 5: pass' % cpu)\n"
+            "        't = time.time()\\nwhile time.time() - t < 5: pass' % cpus[0])\n"
             "p = subprocess.Popen([sys.executable, '-c', loop])\n"
             "time.sleep(0.3)\n"
             "seen, t0 = [], time.time()\n"
