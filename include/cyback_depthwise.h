@@ -266,12 +266,15 @@ ATTR static void cb_dw_kgrad_cf_scalar_##SUF(const T *x, ptrdiff_t rs, const T *
  * loaded once and used by the (up to) three pixels that need it, taps summed
  * in (ky, kx) order as in every path. Columns j outside [JL, JH) (constants:
  * 0 and 10 inside the row) are padding, read as zeros; ACT is the activation
- * code. Expanded inside cb_dw_fwd_cl_row, whose variables it uses. */
+ * code. Each vector of channels also asks for pfn lines of the memory the
+ * next row will read (pfp up to pfe). Expanded inside cb_dw_fwd_cl_row,
+ * whose variables it uses. */
 #define CB_DW_X(V, j, JL, JH)                                                             \
     ((j) >= (JL) && (j) < (JH) ? *(const V *)(xb + (j) * xs) : (V){0})
 #define CB_DW_K3_BLOCK(T, V, VL, o, JL, JH, ACT)                                          \
     for (c = 0; c < CV; c += VL) {                                                        \
         V a0 = (V){0}, a1, a2, a3, a4, a5, a6, a7;                                        \
+        for (q_ = 0; q_ < pfn && pfp < pfe; q_++, pfp += 64) __builtin_prefetch(pfp, 0, 3); \
         if (bias) a0 = *(const V *)(bias + c);                                            \
         a1 = a0; a2 = a0; a3 = a0; a4 = a0; a5 = a0; a6 = a0; a7 = a0;                    \
         for (ky = 0; ky < KH; ky++) {                                                     \
@@ -367,13 +370,19 @@ ATTR static void cb_dw_kgrad_cf_scalar_##SUF(const T *x, ptrdiff_t rs, const T *
 #define CB_DW_FWD_CL(T, V, VL, SUF, ATTR)                                                 \
 ATTR static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y,             \
         ptrdiff_t C, ptrdiff_t xs, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, \
-        ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw, const T *bias, int act) {               \
+        ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw, const T *bias, int act,                 \
+        const void *pf, ptrdiff_t pfb) {                                                  \
     ptrdiff_t lo, hi, c, ow, ky, kx, iw, CV = C - C % VL;                                 \
     ptrdiff_t sC = sw * xs;                                                               \
+    const char *pfp = (const char *)pf, *pfe = pf ? pfp + pfb : pfp;                      \
+    ptrdiff_t pfn = 0, q_;                                                                \
     cb_dw_interior(W, KW, OW, sw, dw, pw, &lo, &hi);                                      \
     /* Pixels outer, channels inner: the kernel (KH*KW*C) stays in L1 while   */          \
     /* the input streams through once.                                        */          \
     if (KW == 3 && sw == 1 && dw == 1 && cb_dw_k3_state && OW >= 8) {                     \
+        /* The next row's lines spread over this row's vectors of channels. */            \
+        if (pf && CV > 0)                                                                 \
+            pfn = cb_dw_cdiv(cb_dw_cdiv(pfb, 64), cb_dw_cdiv(OW, 8) * (CV / VL));         \
         /* The activation a constant in the blocks: its tests leave the loops. */         \
         if (act == CB_ACT_NONE) {                                                         \
             CB_DW_K3_ROW(T, V, VL, SUF, CB_ACT_NONE);                                     \
@@ -884,9 +893,10 @@ CB_DW_INSTANCE(double, cb_v4d, 4, d_avx2, CB_AVX2_ATTR)
 #define CB_DW_DISPATCH(T, SUF)                                                            \
 static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y, ptrdiff_t C,     \
         ptrdiff_t xs, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, \
-        ptrdiff_t dw, ptrdiff_t pw, const T *bias, int act) {                             \
+        ptrdiff_t dw, ptrdiff_t pw, const T *bias, int act, const void *pf,               \
+        ptrdiff_t pfb) {                                                                  \
     CB_DW_PICK(cb_dw_fwd_cl_row_, SUF)(xr, k, y, C, xs, W, KH, KW, OW, sw, dw, pw, bias,  \
-                                       act);                                              \
+                                       act, pf, pfb);                                     \
 }                                                                                         \
 static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy, T *part,            \
         ptrdiff_t C, ptrdiff_t xs, ptrdiff_t ys, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, \
@@ -927,8 +937,10 @@ CB_DW_DISPATCH(double, d)
 #define CB_DW_PLAIN(T, SUF)                                                               \
 static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y, ptrdiff_t C,     \
         ptrdiff_t xs, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, \
-        ptrdiff_t dw, ptrdiff_t pw, const T *bias, int act) {                             \
+        ptrdiff_t dw, ptrdiff_t pw, const T *bias, int act, const void *pf,               \
+        ptrdiff_t pfb) {                                                                  \
     ptrdiff_t ow;                                                                         \
+    (void)pf; (void)pfb;                                                                  \
     for (ow = 0; ow < OW; ow++)                                                           \
         cb_dw_pixel_##SUF(xr, k, y + ow * C, C, xs, W, KH, KW, ow * sw - pw, dw, 0, C,    \
                           bias, act);                                                     \

@@ -45,11 +45,13 @@ cdef extern from "cyback_depthwise.h" nogil:
     void cb_dw_fwd_cl_row_f(const float** xr, const float* k, float* y, Py_ssize_t C,
                             Py_ssize_t xs, Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW,
                             Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw,
-                            const float* bias, int act)
+                            const float* bias, int act, const void* pf,
+                            Py_ssize_t pfb)
     void cb_dw_fwd_cl_row_d(const double** xr, const double* k, double* y, Py_ssize_t C,
                             Py_ssize_t xs, Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW,
                             Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw,
-                            const double* bias, int act)
+                            const double* bias, int act, const void* pf,
+                            Py_ssize_t pfb)
     void cb_dw_kgrad_cl_row_f(const float** xr, const float* dy, float* part, Py_ssize_t C,
                               Py_ssize_t xs, Py_ssize_t ys, Py_ssize_t W, Py_ssize_t KH,
                               Py_ssize_t KW, Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dw,
@@ -139,12 +141,14 @@ cdef inline void _tap_t(floating* dx, const floating* dy, const floating* k,
 cdef inline void _cl_row(const floating** xr, const floating* k, floating* y, Py_ssize_t C,
                          Py_ssize_t xs, Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW,
                          Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw,
-                         const floating* bias=NULL, int act=0) noexcept nogil:
-    # Input pixels are xs values apart (C when read in place).
+                         const floating* bias=NULL, int act=0, const void* pf=NULL,
+                         Py_ssize_t pfb=0) noexcept nogil:
+    # Input pixels are xs values apart (C when read in place). pf: pfb bytes
+    # the next row will read, prefetched while this one computes.
     if floating is float:
-        cb_dw_fwd_cl_row_f(xr, k, y, C, xs, W, KH, KW, OW, sw, dw, pw, bias, act)
+        cb_dw_fwd_cl_row_f(xr, k, y, C, xs, W, KH, KW, OW, sw, dw, pw, bias, act, pf, pfb)
     else:
-        cb_dw_fwd_cl_row_d(xr, k, y, C, xs, W, KH, KW, OW, sw, dw, pw, bias, act)
+        cb_dw_fwd_cl_row_d(xr, k, y, C, xs, W, KH, KW, OW, sw, dw, pw, bias, act, pf, pfb)
 
 
 cdef inline void _kg_row(const floating** xr, const floating* dy, floating* part, Py_ssize_t C,
@@ -325,6 +329,55 @@ cdef inline void _rows_of(const floating** xr, const floating[:, :, :, ::1] x, _
         _cl_rows(xr, x, n, ih0, dh, KH)
 
 
+# From this many bytes of input and output on, and input rows of
+# PREFETCH_MIN_ROW_BYTES or more, a channels_last forward asks for the input
+# rows of a thread's next output row while the row kernel runs (tests turn it
+# off to compare). The hardware's prefetchers follow each
+# row's stream but not the jump to the next one: a call from DRAM ran at a
+# third of its speed from cache, where the channels_first planes ran at the
+# same speed. A burst of prefetches before the row saved nothing (the
+# requests queue behind each other, as the row's copy does); spread over
+# the row's vectors of channels they took (32, 28, 28, 256) from 2.98 to
+# 2.57 ms, (32, 112, 112, 32) from 5.74 to 5.19 and (32, 14, 14, 512) from
+# 1.19 to 1.05 (2 threads, alternated); but calls whose data stay in the
+# caches ran 5% slower, and (32, 32, 32, 16) (4 MB) 14%. Rows of 2 kB, the
+# next one as near as the stream's own prefetch reaches, gained nothing from
+# DRAM either: (128, 32, 32, 16) 1.15x the time, (256, 32, 32, 16) 0.99x.
+cdef bint _prefetch_rows = True
+cdef Py_ssize_t PREFETCH_MIN_BYTES = 16 << 20, PREFETCH_MIN_ROW_BYTES = 8 << 10
+
+
+def _use_prefetch(bint on, min_bytes=None, min_row_bytes=None):
+    """Whether the channels_last forward prefetches the next row's input
+    (tests, benchmarks), and from which sizes; returns the old setting."""
+    global _prefetch_rows, PREFETCH_MIN_BYTES, PREFETCH_MIN_ROW_BYTES
+    old = (_prefetch_rows, PREFETCH_MIN_BYTES, PREFETCH_MIN_ROW_BYTES)
+    _prefetch_rows = on
+    if min_bytes is not None:
+        PREFETCH_MIN_BYTES = min_bytes
+    if min_row_bytes is not None:
+        PREFETCH_MIN_ROW_BYTES = min_row_bytes
+    return old
+
+
+cdef inline const void* _next_rows(const floating[:, :, :, ::1] x, Py_ssize_t r, Py_ssize_t OH,
+                                   _Geom g, Py_ssize_t KH, Py_ssize_t* nbytes) noexcept nogil:
+    # The input rows output row r (n * OH + oh) reads that row r - 1 did not
+    # (one at stride 1), as one contiguous range: its start, and its length
+    # in *nbytes; NULL when there are none.
+    cdef Py_ssize_t H = x.shape[1], n = r // OH, oh = r % OH
+    cdef Py_ssize_t lo = oh * g.sh - g.ph + max(0, KH - g.sh) * g.dh
+    cdef Py_ssize_t hi = oh * g.sh - g.ph + (KH - 1) * g.dh
+    if n >= x.shape[0]:
+        return NULL
+    lo = max(lo, 0)
+    hi = min(hi, H - 1)
+    if hi < lo:
+        return NULL
+    nbytes[0] = (hi - lo + 1) * x.shape[2] * x.shape[3] * sizeof(floating)
+    return &x[n, lo, 0, 0]
+
+
 cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
                   floating[:, :, :, ::1] y, _Geom g, const floating[::1] bias, int act,
                   cb_intr* intr) noexcept nogil:
@@ -336,8 +389,11 @@ cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
     cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], M = k.shape[3]
     cdef Py_ssize_t OH = y.shape[1], OW = y.shape[2]
     cdef _Rows rp = _row_plan(W, C * M, M, OW, KH, KW, g.sw, g.dw, g.pw, sizeof(floating))
-    cdef Py_ssize_t r, n, oh
+    cdef Py_ssize_t r, n, oh, pfb = 0
+    cdef bint prefetch = _prefetch_rows and W * C * sizeof(floating) >= PREFETCH_MIN_ROW_BYTES and \
+        (N * x.shape[1] * W * C + N * OH * OW * C * M) * sizeof(floating) >= PREFETCH_MIN_BYTES
     cdef const floating** xr = NULL
+    cdef const void* pf = NULL
     cdef floating* ring = NULL
     cdef Py_ssize_t* tags = NULL
     cdef int nt = threads_for(2.0 * N * OH * OW * C * M * KH * KW)
@@ -353,8 +409,9 @@ cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
             n = r // OH
             oh = r % OH
             _rows_of(xr, x, rp, ring, tags, n, oh * g.sh - g.ph, g.dh, KH, M)
+            pf = _next_rows(x, r + 1, OH, g, KH, &pfb) if prefetch else NULL
             _cl_row(xr, &k[0, 0, 0, 0], &y[n, oh, 0, 0], C * M, rp.xs, rp.Ws, KH, KW, OW, g.sw,
-                    g.dw, g.pw - rp.pl, &bias[0] if bias.shape[0] > 0 else NULL, act)
+                    g.dw, g.pw - rp.pl, &bias[0] if bias.shape[0] > 0 else NULL, act, pf, pfb)
         free(tags)
         free(ring)
         free(<void*>xr)

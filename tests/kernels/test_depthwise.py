@@ -551,6 +551,38 @@ def test_narrow_channels_first_rows_equal_plane_kernels(isa, dtype):
         np.testing.assert_allclose(dk, dkr, rtol=tol(dtype)["rtol"], atol=10 * tol(dtype)["atol"])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_prefetching_the_next_rows_changes_no_bits(isa, dtype):
+    # The channels_last forward asks for the next output row's input rows
+    # while a row computes (from 16 MB of data and 8 kB rows; here from any
+    # size): the same bits as without, the reference values, over strides,
+    # dilations, pads, M > 1, a thread's last row of a sample and of the
+    # call, and 1 to 3 threads.
+    rng = np.random.default_rng(zlib.crc32(b"prefetch" + repr(dtype).encode()))
+    old_threads = runtime.get_max_threads()
+    for n, h, w, c, m, kh, kw, ss, ds, ps in [
+            (2, 9, 12, 24, 1, 3, 3, (1, 1), (1, 1), ((1, 1), (1, 1))),
+            (3, 8, 11, 70, 1, 3, 3, (2, 2), (1, 1), ((1, 1), (1, 1))),
+            (2, 10, 9, 16, 2, 3, 3, (1, 1), (2, 2), ((2, 2), (2, 2))),
+            (1, 7, 16, 8, 1, 5, 3, (3, 1), (1, 1), ((0, 2), (1, 1)))]:
+        x = rng.standard_normal((n, h, w, c)).astype(dtype)
+        k = rng.standard_normal((kh, kw, c, m)).astype(dtype)
+        got = []
+        old = dw_module._use_prefetch(True, 0, 0)
+        try:
+            for on, nt in [(False, 1), (True, 1), (True, 2), (True, 3)]:
+                dw_module._use_prefetch(on)
+                runtime.set_num_threads(nt)
+                got.append(depthwise_forward(x, k, ss, ds, ps, True, activation="relu"))
+        finally:
+            dw_module._use_prefetch(*old)
+            runtime.set_num_threads(old_threads)
+        for y in got[1:]:
+            np.testing.assert_array_equal(y, got[0])
+        ref = np.maximum(ref_forward(x, k.astype(np.float64), ss, ds, ps, True), 0)
+        np.testing.assert_allclose(got[0], ref, **tol(dtype))
+
+
 @pytest.mark.parametrize("cl", [True, False])
 def test_long_rows_past_the_staging_budget(cl):
     # Rows whose staged copies would take more than a few MB per thread (a
