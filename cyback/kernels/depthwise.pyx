@@ -330,9 +330,10 @@ cdef inline void _rows_of(const floating** xr, const floating[:, :, :, ::1] x, _
 
 
 # From this many bytes of input and output on, and input rows of
-# PREFETCH_MIN_ROW_BYTES or more, a channels_last forward asks for the input
-# rows of a thread's next output row while the row kernel runs (tests turn it
-# off to compare). The hardware's prefetchers follow each
+# PREFETCH_MIN_ROW_BYTES or more, the channels_last forward (and the input
+# gradient at stride 1, the same row kernel) asks for the input rows of a
+# thread's next output row while the row kernel runs (tests turn it off to
+# compare). The hardware's prefetchers follow each
 # row's stream but not the jump to the next one: a call from DRAM ran at a
 # third of its speed from cache, where the channels_first planes ran at the
 # same speed. A burst of prefetches before the row saved nothing (the
@@ -358,6 +359,15 @@ def _use_prefetch(bint on, min_bytes=None, min_row_bytes=None):
     if min_row_bytes is not None:
         PREFETCH_MIN_ROW_BYTES = min_row_bytes
     return old
+
+
+cdef inline bint _prefetch_big(const floating[:, :, :, ::1] x,
+                               const floating[:, :, :, ::1] y) noexcept nogil:
+    # Whether a channels_last pass from rows of x to rows of y prefetches.
+    return _prefetch_rows and x.shape[2] * x.shape[3] * sizeof(floating) >= \
+        PREFETCH_MIN_ROW_BYTES and (x.shape[0] * x.shape[1] * x.shape[2] * x.shape[3] +
+                                    y.shape[0] * y.shape[1] * y.shape[2] * y.shape[3]) * \
+        sizeof(floating) >= PREFETCH_MIN_BYTES
 
 
 cdef inline const void* _next_rows(const floating[:, :, :, ::1] x, Py_ssize_t r, Py_ssize_t OH,
@@ -390,8 +400,7 @@ cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
     cdef Py_ssize_t OH = y.shape[1], OW = y.shape[2]
     cdef _Rows rp = _row_plan(W, C * M, M, OW, KH, KW, g.sw, g.dw, g.pw, sizeof(floating))
     cdef Py_ssize_t r, n, oh, pfb = 0
-    cdef bint prefetch = _prefetch_rows and W * C * sizeof(floating) >= PREFETCH_MIN_ROW_BYTES and \
-        (N * x.shape[1] * W * C + N * OH * OW * C * M) * sizeof(floating) >= PREFETCH_MIN_BYTES
+    cdef bint prefetch = _prefetch_big(x, y)
     cdef const floating** xr = NULL
     cdef const void* pf = NULL
     cdef floating* ring = NULL
@@ -594,7 +603,9 @@ cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
     cdef Py_ssize_t OW = dy.shape[2]
     # dy has C*M channels: read as a channels_last image with M == 1.
     cdef _Rows rp = _row_plan(OW, C * M, 1, W, KH, KW, 1, g.dw, g.pw, sizeof(floating))
-    cdef Py_ssize_t r, n, ih
+    cdef Py_ssize_t r, n, ih, pfb = 0
+    cdef bint prefetch = _prefetch_big(dy, dx)
+    cdef const void* pf = NULL
     cdef const floating** xr = NULL
     cdef floating* ring = NULL
     cdef Py_ssize_t* tags = NULL
@@ -615,13 +626,14 @@ cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
             n = r // H
             ih = r % H
             _rows_of(xr, dy, rp, ring, tags, n, ih - g.ph, g.dh, KH, 1)
+            pf = _next_rows(dy, r + 1, H, g, KH, &pfb) if prefetch else NULL
             dxp = &dx[n, ih, 0, 0]
             if M == 1:
                 _cl_row(xr, &kf[0, 0, 0, 0], dxp, C, rp.xs, rp.Ws, KH, KW, W, 1, g.dw,
-                        g.pw - rp.pl)
+                        g.pw - rp.pl, NULL, 0, pf, pfb)
             else:
                 _cl_row(xr, &kf[0, 0, 0, 0], t, C * M, rp.xs, rp.Ws, KH, KW, W, 1, g.dw,
-                        g.pw - rp.pl)
+                        g.pw - rp.pl, NULL, 0, pf, pfb)
                 if floating is float:
                     cb_dw_sum_groups_f(t, dxp, W * C, M)
                 else:
