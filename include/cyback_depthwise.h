@@ -444,8 +444,16 @@ ATTR static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y,   
 #define CB_DW_KGRAD_CL(T, V, VL, SUF, ATTR)                                               \
 ATTR static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy,                \
         T *part, ptrdiff_t C, ptrdiff_t xs, ptrdiff_t ys, ptrdiff_t W, ptrdiff_t KH,      \
-        ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw) {           \
+        ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw,             \
+        const void *pf, ptrdiff_t pfb, const void *pf2, ptrdiff_t pf2b) {                 \
     ptrdiff_t c, c0, c1, ow, ky, kx, lo, hi, off, CV = C - C % VL;                        \
+    const char *pfp = (const char *)pf, *pfe = pf ? pfp + pfb : pfp;                      \
+    const char *pfq = (const char *)pf2, *pfqe = pf2 ? pfq + pf2b : pfq;                  \
+    ptrdiff_t pfn = 0, q_;                                                                \
+    /* The next row's input and output-gradient lines (pf, pf2), spread over */           \
+    /* this row's vectors of channels and taps, as in the forward row.       */           \
+    if ((pf || pf2) && CV > 0)                                                            \
+        pfn = cb_dw_cdiv(cb_dw_cdiv(pfb + pf2b, 64), KH * KW * (CV / VL));                \
     /* Blocks of 64 channels: the strided walks along the row then stay in */             \
     /* L1 for all taps even when C is large.                                */            \
     for (c0 = 0; c0 < CV; c0 += 64) {                                                     \
@@ -459,6 +467,10 @@ ATTR static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy,      
                 for (c = c0; c < c1; c += VL) {                                           \
                     /* Two accumulators: the adds of one row are not one chain. */        \
                     V a0 = (V){0}, a1 = a0;                                               \
+                    for (q_ = 0; q_ < pfn; q_++) {                                        \
+                        if (pfp < pfe) { __builtin_prefetch(pfp, 0, 3); pfp += 64; }      \
+                        else if (pfq < pfqe) { __builtin_prefetch(pfq, 0, 3); pfq += 64; } \
+                    }                                                                     \
                     for (ow = lo; ow + 1 < hi; ow += 2) {                                 \
                         a0 += *(const V *)(dy + ow * ys + c)                              \
                               * *(const V *)(xr[ky] + (ow * sw + off) * xs + c);          \
@@ -900,9 +912,10 @@ static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y, ptrdiff
 }                                                                                         \
 static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy, T *part,            \
         ptrdiff_t C, ptrdiff_t xs, ptrdiff_t ys, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, \
-        ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw) {                         \
+        ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw, const void *pf,           \
+        ptrdiff_t pfb, const void *pf2, ptrdiff_t pf2b) {                                 \
     CB_DW_PICK(cb_dw_kgrad_cl_row_, SUF)(xr, dy, part, C, xs, ys, W, KH, KW, OW, sw, dw,  \
-                                         pw);                                             \
+                                         pw, pf, pfb, pf2, pf2b);                         \
 }                                                                                         \
 static void cb_dw_pad_plane_##SUF(const T *src, ptrdiff_t H, ptrdiff_t W, T *buf,         \
         ptrdiff_t Hp, ptrdiff_t Wp, ptrdiff_t pt, ptrdiff_t pl, ptrdiff_t sw, ptrdiff_t uh, \
@@ -947,7 +960,9 @@ static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y, ptrdiff
 }                                                                                         \
 static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy, T *part,            \
         ptrdiff_t C, ptrdiff_t xs, ptrdiff_t ys, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, \
-        ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw) {                         \
+        ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw, const void *pf,           \
+        ptrdiff_t pfb, const void *pf2, ptrdiff_t pf2b) {                                 \
+    (void)pf; (void)pfb; (void)pf2; (void)pf2b;                                           \
     cb_dw_kgrad_cl_scalar_##SUF(xr, dy, part, C, xs, ys, W, KH, KW, OW, sw, dw, pw, 0, C); \
 }
 

@@ -553,8 +553,8 @@ def test_narrow_channels_first_rows_equal_plane_kernels(isa, dtype):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_prefetching_the_next_rows_changes_no_bits(isa, dtype):
-    # The channels_last forward and stride-1 input gradient ask for the next
-    # output row's input rows while a row computes (from 16 MB of data and
+    # The channels_last forward, stride-1 input gradient and kernel gradient
+    # ask for the next output row's rows while a row computes (from 16 MB of data and
     # 8 kB rows; here from any size): the same bits as without, the
     # reference values, over strides, dilations, pads, M > 1, a thread's last
     # row of a sample and of the call, and 1 to 3 threads.
@@ -574,18 +574,20 @@ def test_prefetching_the_next_rows_changes_no_bits(isa, dtype):
                 dw_module._use_prefetch(on)
                 runtime.set_num_threads(nt)
                 y = depthwise_forward(x, k, ss, ds, ps, True, activation="relu")
-                got.append((y, depthwise_backward_input(y, k, x.shape, ss, ds, ps, True)))
+                got.append((y, depthwise_backward_input(y, k, x.shape, ss, ds, ps, True),
+                            depthwise_backward_kernel(x, y, k.shape, ss, ds, ps, True)))
         finally:
             dw_module._use_prefetch(*old)
             runtime.set_num_threads(old_threads)
-        for y, dx in got[1:]:
-            np.testing.assert_array_equal(y, got[0][0])
-            np.testing.assert_array_equal(dx, got[0][1])
-        y, dx = got[0]
+        for r in got[1:]:
+            for a, b in zip(r, got[0]):
+                np.testing.assert_array_equal(a, b)
+        y, dx, dk = got[0]
         ref = np.maximum(ref_forward(x, k.astype(np.float64), ss, ds, ps, True), 0)
         np.testing.assert_allclose(y, ref, **tol(dtype))
-        dxr, _ = ref_grads(x, k.astype(np.float64), y.astype(np.float64), ss, ds, ps, True)
+        dxr, dkr = ref_grads(x, k.astype(np.float64), y.astype(np.float64), ss, ds, ps, True)
         np.testing.assert_allclose(dx, dxr, **tol(dtype))
+        np.testing.assert_allclose(dk, dkr, rtol=tol(dtype)["rtol"], atol=10 * tol(dtype)["atol"])
 
 
 @pytest.mark.parametrize("cl", [True, False])
