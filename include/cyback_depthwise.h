@@ -531,7 +531,7 @@ ATTR static void cb_dw_kgrad_cl_row_##SUF(const T *const *xr, const T *dy,      
                 for (c = c0; c < c1; c += VL) {                                           \
                     /* Two accumulators: the adds of one row are not one chain. */        \
                     V a0 = (V){0}, a1 = a0;                                               \
-                    for (q_ = 0; q_ < pfn; q_++) {                                        \
+                    for (q_ = 0; q_ < pfn && (pfp < pfe || pfq < pfqe); q_++) {          \
                         if (pfp < pfe) { __builtin_prefetch(pfp, 0, 3); pfp += 64; }      \
                         else if (pfq < pfqe) { __builtin_prefetch(pfq, 0, 3); pfq += 64; } \
                     }                                                                     \

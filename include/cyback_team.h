@@ -53,13 +53,15 @@
 #ifndef CYBACK_TEAM_H
 #define CYBACK_TEAM_H
 
-#include <fcntl.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 #include <sys/resource.h>
+#ifdef __linux__
+#include <fcntl.h>
+#include <sched.h>
+#include <unistd.h>
+#endif
 #include "cyback_omp.h"
 
 /* A warm team takes work from min_work / CB_TEAM_WARM_DIVISOR: 250 kB moved
@@ -106,6 +108,7 @@ static __thread int cb_team_hot = 0;
  * whole file for it, which takes longer on a host with hundreds of CPUs. A
  * file that does not list every CPU of the mask (a container's renumbered
  * view, as lxcfs gives) leaves the test to the switch count. */
+#ifdef __linux__
 static inline double cb_team_idle_seconds(void) {
     char buf[4096];
     cpu_set_t mask;
@@ -148,6 +151,9 @@ done:
     if (lines == 0 || (!all && lines < CPU_COUNT(&mask))) return -1.0;
     return idle / (double)hz;
 }
+#else
+static inline double cb_team_idle_seconds(void) { return -1.0; }
+#endif
 
 /* Whether other processes take our cores: two sample periods in a row above
  * the bound (a first or stale sample says no; see above). */

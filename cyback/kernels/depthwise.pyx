@@ -335,29 +335,30 @@ cdef inline void _rows_of(const floating** xr, const floating[:, :, :, ::1] x, _
         _cl_rows(xr, x, n, ih0, dh, KH)
 
 
-# From this many bytes of input and output on, and input rows of
-# PREFETCH_MIN_ROW_BYTES or more, the channels_last forward (and the input
-# gradient at stride 1, the same row kernel, and the kernel gradient, which
-# also asks for the next output-gradient row) asks for the input rows of a
-# thread's next output row while the row kernel runs (tests turn it off to
-# compare). The kernel gradient gained most: (32, 56, 56, 64) 5.00 -> 2.87
-# ms, (32, 112, 112, 32) 8.53 -> 5.92. The hardware's prefetchers follow each
-# row's stream but not the jump to the next one: a call from DRAM ran at a
-# third of its speed from cache, where the channels_first planes ran at the
-# same speed. A burst of prefetches before the row saved nothing (the
-# requests queue behind each other, as the row's copy does); spread over
-# the row's vectors of channels they took (32, 28, 28, 256) from 2.98 to
-# 2.57 ms, (32, 112, 112, 32) from 5.74 to 5.19 and (32, 14, 14, 512) from
-# 1.19 to 1.05 (2 threads, alternated); but calls whose data stay in the
-# caches ran 5% slower, and (32, 32, 32, 16) (4 MB) 14%. Rows of 2 kB, the
-# next one as near as the stream's own prefetch reaches, gained nothing from
-# DRAM either: (128, 32, 32, 16) 1.15x the time, (256, 32, 32, 16) 0.99x.
+# From PREFETCH_MIN_BYTES of input and output on, and input rows of
+# PREFETCH_MIN_ROW_BYTES or more, the channels_last row passes (the forward,
+# the stride-1 input gradient through the same row kernel, and the kernel
+# gradient, which also asks for the next output-gradient row) ask for the
+# rows of a thread's next output row while the row kernel runs, a few lines
+# per vector of channels (tests turn it off to compare). The hardware's
+# prefetchers follow each row's stream but not the jump to the next one: a
+# call from DRAM ran at a third of its speed from cache, where the
+# channels_first planes ran at the same speed. A burst of prefetches before
+# the row saved nothing (the requests queue behind each other, as the row's
+# copy does). Spread over the row, 2 threads, alternated: forward
+# (32, 28, 28, 256) 2.98 -> 2.57 ms, (32, 112, 112, 32) 5.74 -> 5.19,
+# (32, 14, 14, 512) 1.19 -> 1.05; kernel gradient (32, 56, 56, 64)
+# 5.00 -> 2.87, (32, 112, 112, 32) 8.53 -> 5.92. Calls whose data stay in the
+# caches ran 5% slower with it, (32, 32, 32, 16) (4 MB) 14%; rows of 2 kB,
+# the next one as near as the stream's own prefetch reaches, gained nothing
+# from DRAM either ((128, 32, 32, 16) 1.15x the time, (256, 32, 32, 16)
+# 0.99x).
 cdef bint _prefetch_rows = True
 cdef Py_ssize_t PREFETCH_MIN_BYTES = 16 << 20, PREFETCH_MIN_ROW_BYTES = 8 << 10
 
 
 def _use_prefetch(bint on, min_bytes=None, min_row_bytes=None):
-    """Whether the channels_last forward prefetches the next row's input
+    """Whether the channels_last row passes prefetch the next row's rows
     (tests, benchmarks), and from which sizes; returns the old setting."""
     global _prefetch_rows, PREFETCH_MIN_BYTES, PREFETCH_MIN_ROW_BYTES
     old = (_prefetch_rows, PREFETCH_MIN_BYTES, PREFETCH_MIN_ROW_BYTES)
@@ -426,6 +427,7 @@ cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
             n = r // OH
             oh = r % OH
             _rows_of(xr, x, rp, ring, tags, n, oh * g.sh - g.ph, g.dh, KH, M)
+            pfb = 0     # assigned here: each thread's own
             pf = _next_rows(x, r + 1, OH, g, KH, &pfb) if prefetch else NULL
             _cl_row(xr, &k[0, 0, 0, 0], &y[n, oh, 0, 0], C * M, rp.xs, rp.Ws, KH, KW, OW, g.sw,
                     g.dw, g.pw - rp.pl, &bias[0] if bias.shape[0] > 0 else NULL, act, pf, pfb)
@@ -634,6 +636,7 @@ cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
             n = r // H
             ih = r % H
             _rows_of(xr, dy, rp, ring, tags, n, ih - g.ph, g.dh, KH, 1)
+            pfb = 0     # assigned here: each thread's own
             pf = _next_rows(dy, r + 1, H, g, KH, &pfb) if prefetch else NULL
             dxp = &dx[n, ih, 0, 0]
             if M == 1:
@@ -694,6 +697,7 @@ cdef void _bwd_k_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
                 _rows_of(xr, x, rp, ring, tags, n, oh * g.sh - g.ph, g.dh, KH, M)
                 dyp = &dy[n, oh, 0, 0]
                 pf = pf2 = NULL
+                pfb = pf2b = 0      # assigned here: each thread's own
                 if prefetch and r + 1 < (p + 1) * rows // P:
                     pf = _next_rows(x, r + 1, OH, g, KH, &pfb)
                     pf2, pf2b = &dy[(r + 1) // OH, (r + 1) % OH, 0, 0], dy_row

@@ -554,10 +554,10 @@ def test_narrow_channels_first_rows_equal_plane_kernels(isa, dtype):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_prefetching_the_next_rows_changes_no_bits(isa, dtype):
     # The channels_last forward, stride-1 input gradient and kernel gradient
-    # ask for the next output row's rows while a row computes (from 16 MB of data and
-    # 8 kB rows; here from any size): the same bits as without, the
-    # reference values, over strides, dilations, pads, M > 1, a thread's last
-    # row of a sample and of the call, and 1 to 3 threads.
+    # ask for the next output row's rows while a row computes (from 16 MB of
+    # data and 8 kB rows; here from any size): the same bits as without, the
+    # reference values, over strides, dilations, pads, M > 1, a thread's
+    # last row of a sample and of the call, and 1 to 3 threads.
     rng = np.random.default_rng(zlib.crc32(b"prefetch" + repr(dtype).encode()))
     old_threads = runtime.get_max_threads()
     for n, h, w, c, m, kh, kw, ss, ds, ps in [
