@@ -271,6 +271,18 @@ ATTR static void cb_dw_kgrad_cf_scalar_##SUF(const T *x, ptrdiff_t rs, const T *
  * whose variables it uses. */
 #define CB_DW_X(V, j, JL, JH)                                                             \
     ((j) >= (JL) && (j) < (JH) ? *(const V *)(xb + (j) * xs) : (V){0})
+/* One kernel row's three taps over the ten columns of an 8-pixel block. */
+#define CB_DW_K3_TAPS(V, JL, JH)                                                          \
+    xv = CB_DW_X(V, 0, JL, JH); a0 += xv * k0;                                            \
+    xv = CB_DW_X(V, 1, JL, JH); a0 += xv * k1; a1 += xv * k0;                             \
+    xv = CB_DW_X(V, 2, JL, JH); a0 += xv * k2; a1 += xv * k1; a2 += xv * k0;              \
+    xv = CB_DW_X(V, 3, JL, JH); a1 += xv * k2; a2 += xv * k1; a3 += xv * k0;              \
+    xv = CB_DW_X(V, 4, JL, JH); a2 += xv * k2; a3 += xv * k1; a4 += xv * k0;              \
+    xv = CB_DW_X(V, 5, JL, JH); a3 += xv * k2; a4 += xv * k1; a5 += xv * k0;              \
+    xv = CB_DW_X(V, 6, JL, JH); a4 += xv * k2; a5 += xv * k1; a6 += xv * k0;              \
+    xv = CB_DW_X(V, 7, JL, JH); a5 += xv * k2; a6 += xv * k1; a7 += xv * k0;              \
+    xv = CB_DW_X(V, 8, JL, JH); a6 += xv * k2; a7 += xv * k1;                             \
+    xv = CB_DW_X(V, 9, JL, JH); a7 += xv * k2
 #define CB_DW_K3_BLOCK(T, V, VL, o, JL, JH, ACT)                                          \
     for (c = 0; c < CV; c += VL) {                                                        \
         V a0 = (V){0}, a1, a2, a3, a4, a5, a6, a7;                                        \
@@ -287,16 +299,7 @@ ATTR static void cb_dw_kgrad_cf_scalar_##SUF(const T *x, ptrdiff_t rs, const T *
             k0 = *(const V *)kb;                                                          \
             k1 = *(const V *)(kb + C);                                                    \
             k2 = *(const V *)(kb + 2 * C);                                                \
-            xv = CB_DW_X(V, 0, JL, JH); a0 += xv * k0;                                    \
-            xv = CB_DW_X(V, 1, JL, JH); a0 += xv * k1; a1 += xv * k0;                     \
-            xv = CB_DW_X(V, 2, JL, JH); a0 += xv * k2; a1 += xv * k1; a2 += xv * k0;      \
-            xv = CB_DW_X(V, 3, JL, JH); a1 += xv * k2; a2 += xv * k1; a3 += xv * k0;      \
-            xv = CB_DW_X(V, 4, JL, JH); a2 += xv * k2; a3 += xv * k1; a4 += xv * k0;      \
-            xv = CB_DW_X(V, 5, JL, JH); a3 += xv * k2; a4 += xv * k1; a5 += xv * k0;      \
-            xv = CB_DW_X(V, 6, JL, JH); a4 += xv * k2; a5 += xv * k1; a6 += xv * k0;      \
-            xv = CB_DW_X(V, 7, JL, JH); a5 += xv * k2; a6 += xv * k1; a7 += xv * k0;      \
-            xv = CB_DW_X(V, 8, JL, JH); a6 += xv * k2; a7 += xv * k1;                     \
-            xv = CB_DW_X(V, 9, JL, JH); a7 += xv * k2;                                    \
+            CB_DW_K3_TAPS(V, JL, JH);                                                     \
         }                                                                                 \
         CB_VACT(a0, ACT); CB_VACT(a1, ACT); CB_VACT(a2, ACT); CB_VACT(a3, ACT);           \
         CB_VACT(a4, ACT); CB_VACT(a5, ACT); CB_VACT(a6, ACT); CB_VACT(a7, ACT);           \
@@ -342,7 +345,6 @@ ATTR static void cb_dw_kgrad_cf_scalar_##SUF(const T *x, ptrdiff_t rs, const T *
  * 0.64-0.73x the time (2 threads, alternated); 4 columns took 1.12x, and
  * stay on the general path. Expanded inside cb_dw_fwd_cl_row, whose
  * variables it uses. */
-#define CB_DW_XR(V, j) ((j) >= jl && (j) < jh ? *(const V *)(xb + (j) * xs) : (V){0})
 #define CB_DW_K3_SHORT(T, V, VL, SUF, ACT)                                                \
     {                                                                                     \
         const ptrdiff_t jl = pw, jh = W + pw;                                             \
@@ -362,16 +364,7 @@ ATTR static void cb_dw_kgrad_cf_scalar_##SUF(const T *x, ptrdiff_t rs, const T *
                 k0 = *(const V *)kb;                                                      \
                 k1 = *(const V *)(kb + C);                                                \
                 k2 = *(const V *)(kb + 2 * C);                                            \
-                xv = CB_DW_XR(V, 0); a0 += xv * k0;                                       \
-                xv = CB_DW_XR(V, 1); a0 += xv * k1; a1 += xv * k0;                        \
-                xv = CB_DW_XR(V, 2); a0 += xv * k2; a1 += xv * k1; a2 += xv * k0;         \
-                xv = CB_DW_XR(V, 3); a1 += xv * k2; a2 += xv * k1; a3 += xv * k0;         \
-                xv = CB_DW_XR(V, 4); a2 += xv * k2; a3 += xv * k1; a4 += xv * k0;         \
-                xv = CB_DW_XR(V, 5); a3 += xv * k2; a4 += xv * k1; a5 += xv * k0;         \
-                xv = CB_DW_XR(V, 6); a4 += xv * k2; a5 += xv * k1; a6 += xv * k0;         \
-                xv = CB_DW_XR(V, 7); a5 += xv * k2; a6 += xv * k1; a7 += xv * k0;         \
-                xv = CB_DW_XR(V, 8); a6 += xv * k2; a7 += xv * k1;                        \
-                xv = CB_DW_XR(V, 9); a7 += xv * k2;                                       \
+                CB_DW_K3_TAPS(V, jl, jh);                                                 \
             }                                                                             \
             CB_VACT(a0, ACT); CB_VACT(a1, ACT); CB_VACT(a2, ACT); CB_VACT(a3, ACT);       \
             CB_VACT(a4, ACT); CB_VACT(a5, ACT); CB_VACT(a6, ACT); CB_VACT(a7, ACT);       \
@@ -417,6 +410,17 @@ ATTR static void cb_dw_kgrad_cf_scalar_##SUF(const T *x, ptrdiff_t rs, const T *
                                   1, CV, C, bias, act);                                   \
     }
 
+/* BLOCK with the activation code act as a constant, so that its tests leave
+ * the loops. */
+#define CB_DW_BY_ACT(BLOCK, T, V, VL, SUF)                                                \
+    if (act == CB_ACT_NONE) {                                                             \
+        BLOCK(T, V, VL, SUF, CB_ACT_NONE);                                                \
+    } else if (act == CB_ACT_RELU) {                                                      \
+        BLOCK(T, V, VL, SUF, CB_ACT_RELU);                                                \
+    } else {                                                                              \
+        BLOCK(T, V, VL, SUF, CB_ACT_RELU6);                                               \
+    }
+
 /* channels_last forward row: y[ow, c] for ow in [0, OW), c in [0, C).
  * xr[ky]: input row read by kernel row ky (W pixels of C values, xs >= C apart),
  * or NULL when it is padding. k: (KH, KW, C). Input column of tap kx of output
@@ -437,24 +441,11 @@ ATTR static void cb_dw_fwd_cl_row_##SUF(const T *const *xr, const T *k, T *y,   
         /* The next row's lines spread over this row's vectors of channels. */            \
         if (pf && CV > 0)                                                                 \
             pfn = cb_dw_cdiv(cb_dw_cdiv(pfb, 64), cb_dw_cdiv(OW, 8) * (CV / VL));         \
-        /* The activation a constant in the blocks: its tests leave the loops. */         \
-        if (act == CB_ACT_NONE) {                                                         \
-            CB_DW_K3_ROW(T, V, VL, SUF, CB_ACT_NONE);                                     \
-        } else if (act == CB_ACT_RELU) {                                                  \
-            CB_DW_K3_ROW(T, V, VL, SUF, CB_ACT_RELU);                                     \
-        } else {                                                                          \
-            CB_DW_K3_ROW(T, V, VL, SUF, CB_ACT_RELU6);                                    \
-        }                                                                                 \
+        CB_DW_BY_ACT(CB_DW_K3_ROW, T, V, VL, SUF);                                        \
         return;                                                                           \
     }                                                                                     \
     if (KW == 3 && sw == 1 && dw == 1 && cb_dw_k3_state && OW >= 5) {                     \
-        if (act == CB_ACT_NONE) {                                                         \
-            CB_DW_K3_SHORT(T, V, VL, SUF, CB_ACT_NONE);                                   \
-        } else if (act == CB_ACT_RELU) {                                                  \
-            CB_DW_K3_SHORT(T, V, VL, SUF, CB_ACT_RELU);                                   \
-        } else {                                                                          \
-            CB_DW_K3_SHORT(T, V, VL, SUF, CB_ACT_RELU6);                                  \
-        }                                                                                 \
+        CB_DW_BY_ACT(CB_DW_K3_SHORT, T, V, VL, SUF);                                      \
         return;                                                                           \
     }                                                                                     \
     for (ow = 0; ow < OW; ow++) {                                                         \
