@@ -283,26 +283,30 @@ ATTR static void cb_dw_kgrad_cf_scalar_##SUF(const T *x, ptrdiff_t rs, const T *
     xv = CB_DW_X(V, 7, JL, JH); a5 += xv * k2; a6 += xv * k1; a7 += xv * k0;              \
     xv = CB_DW_X(V, 8, JL, JH); a6 += xv * k2; a7 += xv * k1;                             \
     xv = CB_DW_X(V, 9, JL, JH); a7 += xv * k2
+/* a0..a7: the eight pixels from o, channels from c, bias and taps summed and
+ * the activation applied. */
+#define CB_DW_K3_SUMS(T, V, o, JL, JH, ACT)                                               \
+    V a0 = (V){0}, a1, a2, a3, a4, a5, a6, a7;                                            \
+    if (bias) a0 = *(const V *)(bias + c);                                                \
+    a1 = a0; a2 = a0; a3 = a0; a4 = a0; a5 = a0; a6 = a0; a7 = a0;                        \
+    for (ky = 0; ky < KH; ky++) {                                                         \
+        const T *xb, *kb;                                                                 \
+        V k0, k1, k2, xv;                                                                 \
+        if (!xr[ky]) continue;                                                            \
+        /* Before the row at its left edge: CB_DW_X reads only inside it. */              \
+        xb = xr[ky] + ((o) - pw) * xs + c;                                                \
+        kb = k + ky * 3 * C + c;                                                          \
+        k0 = *(const V *)kb;                                                              \
+        k1 = *(const V *)(kb + C);                                                        \
+        k2 = *(const V *)(kb + 2 * C);                                                    \
+        CB_DW_K3_TAPS(V, JL, JH);                                                         \
+    }                                                                                     \
+    CB_VACT(a0, ACT); CB_VACT(a1, ACT); CB_VACT(a2, ACT); CB_VACT(a3, ACT);               \
+    CB_VACT(a4, ACT); CB_VACT(a5, ACT); CB_VACT(a6, ACT); CB_VACT(a7, ACT)
 #define CB_DW_K3_BLOCK(T, V, VL, o, JL, JH, ACT)                                          \
     for (c = 0; c < CV; c += VL) {                                                        \
-        V a0 = (V){0}, a1, a2, a3, a4, a5, a6, a7;                                        \
         for (q_ = 0; q_ < pfn && pfp < pfe; q_++, pfp += 64) __builtin_prefetch(pfp, 0, 3); \
-        if (bias) a0 = *(const V *)(bias + c);                                            \
-        a1 = a0; a2 = a0; a3 = a0; a4 = a0; a5 = a0; a6 = a0; a7 = a0;                    \
-        for (ky = 0; ky < KH; ky++) {                                                     \
-            const T *xb, *kb;                                                             \
-            V k0, k1, k2, xv;                                                             \
-            if (!xr[ky]) continue;                                                        \
-            /* Before the row at its left edge: CB_DW_X reads only inside it. */          \
-            xb = xr[ky] + ((o) - pw) * xs + c;                                            \
-            kb = k + ky * 3 * C + c;                                                      \
-            k0 = *(const V *)kb;                                                          \
-            k1 = *(const V *)(kb + C);                                                    \
-            k2 = *(const V *)(kb + 2 * C);                                                \
-            CB_DW_K3_TAPS(V, JL, JH);                                                     \
-        }                                                                                 \
-        CB_VACT(a0, ACT); CB_VACT(a1, ACT); CB_VACT(a2, ACT); CB_VACT(a3, ACT);           \
-        CB_VACT(a4, ACT); CB_VACT(a5, ACT); CB_VACT(a6, ACT); CB_VACT(a7, ACT);           \
+        CB_DW_K3_SUMS(T, V, o, JL, JH, ACT);                                              \
         *(V *)(y + (o) * C + c) = a0;                                                     \
         *(V *)(y + ((o) + 1) * C + c) = a1;                                               \
         *(V *)(y + ((o) + 2) * C + c) = a2;                                               \
@@ -351,23 +355,8 @@ ATTR static void cb_dw_kgrad_cf_scalar_##SUF(const T *x, ptrdiff_t rs, const T *
         V *out[8];                                                                        \
         V sink[8];                                                                        \
         for (c = 0; c < CV; c += VL) {                                                    \
-            V a0 = (V){0}, a1, a2, a3, a4, a5, a6, a7;                                    \
             int p_;                                                                       \
-            if (bias) a0 = *(const V *)(bias + c);                                        \
-            a1 = a0; a2 = a0; a3 = a0; a4 = a0; a5 = a0; a6 = a0; a7 = a0;                \
-            for (ky = 0; ky < KH; ky++) {                                                 \
-                const T *xb, *kb;                                                         \
-                V k0, k1, k2, xv;                                                         \
-                if (!xr[ky]) continue;                                                    \
-                xb = xr[ky] - pw * xs + c;                                                \
-                kb = k + ky * 3 * C + c;                                                  \
-                k0 = *(const V *)kb;                                                      \
-                k1 = *(const V *)(kb + C);                                                \
-                k2 = *(const V *)(kb + 2 * C);                                            \
-                CB_DW_K3_TAPS(V, jl, jh);                                                 \
-            }                                                                             \
-            CB_VACT(a0, ACT); CB_VACT(a1, ACT); CB_VACT(a2, ACT); CB_VACT(a3, ACT);       \
-            CB_VACT(a4, ACT); CB_VACT(a5, ACT); CB_VACT(a6, ACT); CB_VACT(a7, ACT);       \
+            CB_DW_K3_SUMS(T, V, 0, jl, jh, ACT);                                          \
             /* Outputs past the row go to a scratch vector, not past y. */                \
             for (p_ = 0; p_ < 8; p_++)                                                    \
                 out[p_] = p_ < OW ? (V *)(y + p_ * C + c) : &sink[p_];                    \
