@@ -9,6 +9,10 @@ below it (``lint-imports`` checks this, contracts in pyproject.toml):
 
 - ``python -m cyback``, ``cyback.demo``, ``cyback.bench``, ``cyback.dask``:
   programs and integrations built on the backend;
+- ``cyback.saving``: ``load_model`` for files written by tf.keras 2.x, Keras 3
+  and Keras 2.2/2.3 (config translation, weight mapping, safe mode);
+- ``cyback.layers``: the Keras layers and activations Keras 2.3.1 lacks
+  (LayerNormalization, MultiHeadAttention, gelu, ...), written on the backend;
 - ``cyback._keras_compat``: the patches multi-backend Keras needs;
 - ``cyback.api``: the Keras backend functions (argument checks, Keras
   conventions), written with ops;
@@ -50,6 +54,22 @@ from cyback.api.rnn import *  # noqa: E402,F401,F403
 from cyback.api.ctc import *  # noqa: E402,F401,F403
 
 from cyback import config as _config  # noqa: E402
+
+
+def load_model(filepath, custom_objects=None, compile=False, safe_mode=True):
+    """Load a Keras model file as a Keras 2.3.1 model running on cyback.
+
+    Reads what tf.keras / tf_keras 2.x (HDF5), Keras 3 (``.keras`` archives and
+    legacy HDF5) and Keras 2.2/2.3 write; ``filepath`` may also be an open
+    ``h5py.File`` or a binary file object. A model file is data: with
+    ``safe_mode=True`` (the default) a file holding Python code (a ``Lambda``
+    layer) is refused. Imports Keras with the cyback backend if it is not
+    imported yet. See docs/model-files.md.
+    """
+    from cyback.saving import load_model as _load
+    return _load(filepath, custom_objects=custom_objects, compile=compile,
+                 safe_mode=safe_mode)
+
 
 _config._init_threads()
 del _config
