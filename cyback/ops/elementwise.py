@@ -184,6 +184,8 @@ UNARY = {
     "sigmoid": (_sigmoid, lambda x, y, g: g * y * (1 - y)),
     "softplus": (_softplus, lambda x, y, g: g * sigmoid(x)),
     "softsign": (_softsign, lambda x, y, g: g / square(abs_(x) + 1)),
+    # d/dx erf(x) = 2/sqrt(pi) exp(-x^2); cyback.layers' exact gelu needs it.
+    "erf": (scipy.special.erf, lambda x, y, g: g * exp(-square(x)) * (2 / np.sqrt(np.pi))),
     "reciprocal": (np.reciprocal, lambda x, y, g: -g * square(y)),
     "round": (np.round, None),
     "floor": (np.floor, None),
@@ -282,6 +284,7 @@ tanh = _unary("tanh")
 sigmoid = _unary("sigmoid")
 softplus = _unary("softplus")
 softsign = _unary("softsign")
+erf = _unary("erf")
 reciprocal = _unary("reciprocal")
 round_ = _unary("round")
 floor = _unary("floor")

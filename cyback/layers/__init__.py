@@ -1,0 +1,36 @@
+"""Keras layers and activations that models saved by tf.keras 2.x and Keras 3
+use and Keras 2.3.1 lacks, as Keras 2.3.1 layers written on cyback's ops.
+
+``custom_objects()`` returns them under the names those frameworks write in
+configs (class names such as ``"LayerNormalization"``, activation names such
+as ``"gelu"``); pass it to Keras's deserialisation, e.g.
+``keras.models.load_model(path, custom_objects=cyback.layers.custom_objects())``
+for a model that Keras 2.3.1 saved with these layers.
+
+Weight names, shapes and creation order follow tf.keras 2.x (each class's
+docstring lists them), so a loader can map a file's weights by name.
+
+Importing this package imports Keras: with the cyback backend if Keras is not
+imported yet, and an ImportError if it runs on another backend.
+"""
+from cyback.layers._keras import import_keras
+
+import_keras()
+
+from cyback.layers import activations  # noqa: E402
+
+__all__ = ['custom_objects', 'activations']
+
+
+def custom_objects(keras3=False):
+    """Name -> class or function, for every layer and activation here.
+
+    ``keras3=True`` gives Keras 3's meaning to the names whose meaning changed
+    (``"hard_sigmoid"`` is ``relu6(x + 3) / 6`` there, ``clip(0.2x + 0.5)`` in
+    Keras 2 and tf.keras 2.x): use it for files Keras 3 wrote. A new dict each
+    call, so the caller may add to it.
+    """
+    objects = dict(activations.ACTIVATIONS)
+    if keras3:
+        objects['hard_sigmoid'] = activations.hard_sigmoid_keras3
+    return objects
