@@ -18,8 +18,25 @@ from cyback.layers._keras import import_keras
 import_keras()
 
 from cyback.layers import activations  # noqa: E402
+from cyback.layers.attention import MultiHeadAttention  # noqa: E402
+from cyback.layers.einsum_dense import EinsumDense  # noqa: E402
+from cyback.layers.normalization import (  # noqa: E402
+    GroupNormalization,
+    LayerNormalization,
+    UnitNormalization,
+)
 
-__all__ = ['custom_objects', 'activations']
+__all__ = [
+    'custom_objects', 'activations', 'LAYERS',
+    'EinsumDense', 'MultiHeadAttention',
+    'LayerNormalization', 'GroupNormalization', 'UnitNormalization',
+]
+
+# Class name as configs write it -> class.
+LAYERS = {cls.__name__: cls for cls in (
+    EinsumDense, MultiHeadAttention,
+    LayerNormalization, GroupNormalization, UnitNormalization,
+)}
 
 
 def custom_objects(keras3=False):
@@ -30,7 +47,8 @@ def custom_objects(keras3=False):
     Keras 2 and tf.keras 2.x): use it for files Keras 3 wrote. A new dict each
     call, so the caller may add to it.
     """
-    objects = dict(activations.ACTIVATIONS)
+    objects = dict(LAYERS)
+    objects.update(activations.ACTIVATIONS)
     if keras3:
         objects['hard_sigmoid'] = activations.hard_sigmoid_keras3
     return objects

@@ -1,0 +1,106 @@
+"""Write tests/layers/data/reference.npz: small outputs of tf.keras 2.x (tf_keras)
+and Keras 3 layers, for the tests to compare cyback.layers with.
+
+Run by hand in an environment with TensorFlow, tf_keras and Keras 3 (not needed by
+the tests):
+
+    /work/tfenv/bin/python tests/layers/data/make_reference.py
+
+Each case stores its inputs (``<case>/in<i>``), the layer's weights by tf.keras
+weight name (``<case>/w/<name>``) and the outputs (``<case>/out<i>``).
+"""
+import os
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+os.environ['TF_USE_LEGACY_KERAS'] = '1'
+
+import keras as keras3  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+rs = np.random.RandomState(1234)
+out = {}
+
+
+def record(case, layer, inputs, call, weights_scale=0.5):
+    """Build ``layer`` by calling it, give it random weights, record everything."""
+    call(layer, *inputs)
+    values = []
+    for w in layer.weights:
+        values.append((rs.standard_normal(tuple(w.shape)) * weights_scale).astype('float32'))
+    layer.set_weights(values)
+    results = call(layer, *inputs)
+    if not isinstance(results, (list, tuple)):
+        results = [results]
+    for i, x in enumerate(inputs):
+        out['%s/in%d' % (case, i)] = np.asarray(x)
+    for w, v in zip(layer.weights, values):
+        name = w.path if hasattr(w, 'path') else w.name
+        name = name.split(':')[0].split('/', 1)[1]
+        out['%s/w/%s' % (case, name)] = v
+    for i, r in enumerate(results):
+        out['%s/out%d' % (case, i)] = np.asarray(r)
+
+
+def f32(*shape):
+    return rs.standard_normal(shape).astype('float32')
+
+
+tk = tf_keras.layers
+
+# MultiHeadAttention: self-attention with a query-padding mask and a causal mask.
+q = f32(2, 4, 6)
+pad = np.array([[1, 1, 1, 0], [1, 1, 0, 0]], bool)
+record('mha_causal', tk.MultiHeadAttention(num_heads=2, key_dim=3, name='mha'),
+       [q, pad],
+       lambda layer, x, m: layer(x, x, attention_mask=m[:, None, :] & np.ones((1, 4, 1), bool),
+                                 use_causal_mask=True, return_attention_scores=True))
+# Cross attention with a key, value_dim, output_shape and no bias.
+record('mha_cross', tk.MultiHeadAttention(num_heads=3, key_dim=2, value_dim=4, use_bias=False,
+                                          output_shape=(5,), name='mha'),
+       [f32(2, 3, 6), f32(2, 5, 7), f32(2, 5, 4)],
+       lambda layer, qq, vv, kk: layer(qq, vv, kk))
+# Attention over two axes of an image-like query.
+record('mha_axes', tk.MultiHeadAttention(num_heads=2, key_dim=2, attention_axes=(1, 2),
+                                         name='mha'),
+       [f32(1, 3, 2, 4), f32(1, 3, 2, 5)],
+       lambda layer, qq, vv: layer(qq, vv, return_attention_scores=True))
+# Keras 3: gated attention with a sliding window.
+record('mha_k3_gate', keras3.layers.MultiHeadAttention(num_heads=2, key_dim=2, use_gate=True,
+                                                       sliding_window=2, name='mha'),
+       [f32(2, 5, 4)],
+       lambda layer, x: layer(x, x, return_attention_scores=True))
+
+record('einsum_dense', tk.EinsumDense('abc,cde->abde', output_shape=(None, 3, 2),
+                                      bias_axes='de', activation='gelu', name='ed'),
+       [f32(2, 4, 5)], lambda layer, x: layer(x))
+record('einsum_dense_left', tk.EinsumDense('...b,bc->...c', output_shape=3, bias_axes='c',
+                                           name='ed'),
+       [f32(2, 3, 4)], lambda layer, x: layer(x))
+record('einsum_dense_right', tk.EinsumDense('ab...,bc->ac...', output_shape=3, bias_axes='c',
+                                            name='ed'),
+       [f32(2, 4, 5)], lambda layer, x: layer(x))
+
+record('layer_norm', tk.LayerNormalization(axis=[1, 2], epsilon=1e-3, name='ln'),
+       [f32(2, 3, 4) * 3 + 1], lambda layer, x: layer(x))
+record('group_norm', tk.GroupNormalization(groups=2, name='gn'),
+       [f32(2, 3, 4) * 2 + 1], lambda layer, x: layer(x))
+record('layer_norm_k3_rms', keras3.layers.LayerNormalization(rms_scaling=True, name='ln'),
+       [f32(2, 3, 4) * 2 + 1], lambda layer, x: layer(x))
+
+x = np.linspace(-7, 7, 29).astype('float32')
+xt = tf.constant(x)
+out['activations/x'] = x
+for name in ['gelu', 'swish', 'mish', 'hard_sigmoid', 'elu', 'selu', 'softplus']:
+    out['activations/tf_keras/%s' % name] = np.asarray(tf_keras.activations.get(name)(xt))
+out['activations/tf_keras/gelu_approximate'] = np.asarray(
+    tf_keras.activations.gelu(xt, approximate=True))
+for name in ['gelu', 'silu', 'mish', 'hard_sigmoid', 'hard_silu', 'relu6', 'leaky_relu',
+             'celu', 'hard_tanh', 'log_sigmoid']:
+    out['activations/keras3/%s' % name] = np.asarray(keras3.activations.get(name)(x))
+
+np.savez_compressed(os.path.join(HERE, 'reference.npz'), **out)
+print('wrote %d arrays; tf_keras %s, keras %s' % (len(out), tf_keras.__version__,
+                                                  keras3.__version__))
