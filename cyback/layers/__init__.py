@@ -25,17 +25,25 @@ from cyback.layers.normalization import (  # noqa: E402
     LayerNormalization,
     UnitNormalization,
 )
+from cyback.layers.preprocessing import (  # noqa: E402
+    CenterCrop,
+    Normalization,
+    Rescaling,
+    Resizing,
+)
 
 __all__ = [
     'custom_objects', 'activations', 'LAYERS',
     'EinsumDense', 'MultiHeadAttention',
     'LayerNormalization', 'GroupNormalization', 'UnitNormalization',
+    'Rescaling', 'Normalization', 'Resizing', 'CenterCrop',
 ]
 
 # Class name as configs write it -> class.
 LAYERS = {cls.__name__: cls for cls in (
     EinsumDense, MultiHeadAttention,
     LayerNormalization, GroupNormalization, UnitNormalization,
+    Rescaling, Normalization, Resizing, CenterCrop,
 )}
 
 

@@ -101,6 +101,27 @@ for name in ['gelu', 'silu', 'mish', 'hard_sigmoid', 'hard_silu', 'relu6', 'leak
              'celu', 'hard_tanh', 'log_sigmoid']:
     out['activations/keras3/%s' % name] = np.asarray(keras3.activations.get(name)(x))
 
+# Preprocessing: resizing (TensorFlow 2 half-pixel centres), crops, normalization.
+img = (rs.rand(2, 5, 7, 3) * 255).astype('float32')
+for case, layer in [
+        ('resize_bilinear_up', tk.Resizing(8, 11)),
+        ('resize_bilinear_down', tk.Resizing(3, 4)),
+        ('resize_nearest', tk.Resizing(8, 3, interpolation='nearest')),
+        ('resize_crop', tk.Resizing(4, 4, crop_to_aspect_ratio=True)),
+        ('resize_k3_pad', keras3.layers.Resizing(4, 4, pad_to_aspect_ratio=True,
+                                                 fill_value=7.0)),
+        ('center_crop', tk.CenterCrop(3, 4)),
+        ('center_crop_upsize', tk.CenterCrop(6, 6)),
+        ('rescaling_k3', keras3.layers.Rescaling([0.5, 1.0, 2.0], offset=-1.0))]:
+    out[case + '/in0'] = img
+    out[case + '/out0'] = np.asarray(layer(img))
+norm = tk.Normalization(axis=-1, name='norm')
+norm.adapt(img.reshape(-1, 3))
+out['normalization/in0'] = img[0]
+out['normalization/out0'] = np.asarray(norm(img[0]))
+for w in norm.weights:
+    out['normalization/w/%s' % w.name.split(':')[0].split('/')[-1]] = w.numpy()
+
 np.savez_compressed(os.path.join(HERE, 'reference.npz'), **out)
 print('wrote %d arrays; tf_keras %s, keras %s' % (len(out), tf_keras.__version__,
                                                   keras3.__version__))
