@@ -279,13 +279,19 @@ def scoped_name(name):
 # ------------------------------------------------------------------- threads
 
 def get_num_threads():
-    """Threads the OpenMP kernels use."""
+    """Threads cyback's kernels use: the process's setting, the same in every
+    thread."""
     from cyback.kernels import runtime
     return runtime.get_max_threads()
 
 
 def set_num_threads(n):
     """Threads for cyback's kernels (``CYBACK_NUM_THREADS`` sets the start value).
+
+    The setting is the process's: it holds in every Python thread, those
+    running now and those started later (thread pools, Dask workers).
+    Results are bit-identical from call to call at one setting; across
+    settings the last bits of matrix products may differ (docs/threads.md).
 
     All of cyback's parallelism runs on one OpenMP thread pool; BLAS (NumPy's
     and SciPy's OpenBLAS) stays at one thread, because two pools on the same
@@ -295,9 +301,18 @@ def set_num_threads(n):
     runtime.set_num_threads(n)
 
 
+# Settings read at import (keras.json above, the environment variables below)
+# follow one policy: a bad value is a ConfigWarning naming the setting, the
+# value and the default used instead, never an error. Keras imports cyback, and
+# a typo in a tuning variable must not stop a service from starting; the
+# warning still says what to fix. The same values given in code
+# (set_num_threads, set_floatx, ...) raise.
+
 def _positive_env(name):
+    """The positive integer in environment variable ``name``, or None when it
+    is unset, empty or bad (bad: a ConfigWarning)."""
     value = os.environ.get(name)
-    if not value:
+    if value is None or not value.strip():
         return None
     from cyback.kernels.runtime import MAX_THREADS
     try:
@@ -305,13 +320,16 @@ def _positive_env(name):
     except ValueError:
         n = 0
     if not 1 <= n <= MAX_THREADS:
-        raise ValueError("%s must be an integer from 1 to %d, got %r" % (name, MAX_THREADS, value))
+        _config_warning("%s must be an integer from 1 to %d, got %r; using the default"
+                        % (name, MAX_THREADS, value))
+        return None
     return n
 
 
 def _check_amount_env(name, what):
     # The kernels read these themselves (CYBACK_PARALLEL_MIN_WORK with atof,
-    # which takes 'abc' for 0): check them here, once, so that a typo is an error.
+    # which takes 'abc' for 0): a bad value is removed from the environment
+    # before any kernel reads it, so that they use their default.
     value = os.environ.get(name)
     if value is None:
         return
@@ -320,21 +338,29 @@ def _check_amount_env(name, what):
     except ValueError:
         amount = float("nan")
     if not (np.isfinite(amount) and amount >= 0):
-        raise ValueError("%s must be a finite non-negative number of %s, got %r"
-                         % (name, what, value))
+        _config_warning("%s must be a finite non-negative number of %s, got %r; using the "
+                        "default" % (name, what, value))
+        del os.environ[name]
 
 
 def _init_threads():
+    from cyback.kernels import runtime
     from cyback.kernels.blas_threads import set_blas_threads
     _check_amount_env("CYBACK_PARALLEL_MIN_WORK", "flops (default 1e6)")
-    _check_amount_env("CYBACK_TEAM_WARM_US", "microseconds")
-    _check_amount_env("CYBACK_JOIN_US", "microseconds")
+    if "CYBACK_TEAM_WARM_US" in os.environ:
+        _check_amount_env("CYBACK_TEAM_WARM_US", "microseconds")
+        runtime.set_warm_window(runtime.warm_window())
+    if "CYBACK_JOIN_US" in os.environ:
+        _check_amount_env("CYBACK_JOIN_US", "microseconds")
+        runtime.set_join_window(runtime.join_window())
     n = _positive_env("CYBACK_NUM_THREADS")
-    if n is None and not os.environ.get("OMP_NUM_THREADS"):
+    if n is None:
         # OpenMP counts the affinity mask but not a container's CPU quota.
-        n = _cpu_budget.default_threads()
-    if n is not None:
-        set_num_threads(n)
+        n = _cpu_budget.default_threads() if not os.environ.get("OMP_NUM_THREADS") else \
+            runtime.get_max_threads()
+    # Through set_num_threads even when OpenMP's own count is kept: that makes
+    # the count the process's, for every thread (not only this one).
+    set_num_threads(max(1, n))
     # CYBACK_BLAS_THREADS leaves BLAS with that many threads, for programs
     # whose own NumPy products matter more than cyback's.
     set_blas_threads(_positive_env("CYBACK_BLAS_THREADS") or 1)

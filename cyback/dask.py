@@ -401,11 +401,11 @@ def _on_worker():
 
 
 def _set_threads(n):
-    # OpenMP's thread count is per calling thread: set it in the task's.
+    # The task's thread only: other task threads (and the user's) keep theirs.
     if n is not None:
-        from cyback import config
-        if config.get_num_threads() != n:
-            config.set_num_threads(n)
+        from cyback.kernels import runtime
+        if runtime.get_thread_local_threads() != n:
+            runtime.set_thread_local_threads(n)
 
 
 # --------------------------------------------------------------- chunks
@@ -559,10 +559,10 @@ def _seconds_per_row(runner, token, sample, batch_size):
     known = _probes.get(key)
     if known is not None:
         return known
-    from cyback import config
+    from cyback.kernels import runtime
     batch = np.zeros((batch_size,) + sample.shape, sample.dtype)
-    saved = config.get_num_threads()
-    config.set_num_threads(1)
+    saved = runtime.get_thread_local_threads()
+    runtime.set_thread_local_threads(1)
     try:
         times = []
         for _ in range(2):
@@ -572,7 +572,7 @@ def _seconds_per_row(runner, token, sample, batch_size):
             if times[0] > _TASK_SECONDS:
                 break       # one batch is a task's worth already
     finally:
-        config.set_num_threads(saved)
+        runtime.set_thread_local_threads(saved)
     _probes[key] = per_row = min(times) / batch_size
     while len(_probes) > 16:
         _probes.popitem(last=False)

@@ -71,6 +71,51 @@
  * it saved (0.86x and 0.6x of one thread). */
 #define CB_TEAM_WARM_DIVISOR 4.0
 
+/* The thread count set for the whole process (0: OpenMP's own default).
+ * OpenMP keeps the count per calling thread, so a setting made in one Python
+ * thread would not reach the others: each thread applies the process's
+ * count at its next kernel call, when the generation it last saw is old. A
+ * thread may instead hold a count of its own (cb_team_set_local: a Dask task
+ * sized to its worker's share of the cores). */
+static int cb_team_setting = 0;
+static int cb_team_generation = 0;
+static __thread int cb_team_seen = 0;
+static __thread int cb_team_local = 0;
+
+static inline void cb_team_set_size(int n) {
+    cb_team_setting = n;
+    __atomic_add_fetch(&cb_team_generation, 1, __ATOMIC_RELEASE);
+}
+
+/* The calling thread's team size: its own count, else the process's.
+ * Kernels split their work into this many parts whatever number of threads
+ * then runs them, so that a result depends on the setting, never on the
+ * team's state. */
+static inline int cb_team_size(void) {
+    int gen = __atomic_load_n(&cb_team_generation, __ATOMIC_ACQUIRE);
+    if (cb_team_seen != gen) {
+        cb_team_seen = gen;
+        if (cb_team_local <= 0 && cb_team_setting > 0) cb_set_num_threads(cb_team_setting);
+    }
+    return cb_get_max_threads();
+}
+
+/* The calling thread's own count (n > 0), or back to the process's (0). */
+static inline void cb_team_set_local(int n) {
+    cb_team_local = n > 0 ? n : 0;
+    if (n > 0) {
+        cb_set_num_threads(n);
+    } else {
+        cb_team_seen = __atomic_load_n(&cb_team_generation, __ATOMIC_ACQUIRE) - 1;
+    }
+}
+
+static inline int cb_team_get_local(void) { return cb_team_local; }
+
+/* Tests: when positive, every region runs on at most this many threads, as if
+ * the team were asleep (1) or always awake. */
+static int cb_team_forced = 0;
+
 static double cb_team_warm_seconds = 0.0;
 /* When the team last ran; when the last op ended (or, from a kernel that
  * does not say, began); the work of the current dense run of ops. */
@@ -169,7 +214,7 @@ static inline int cb_team_host_busy(double now) {
         own = (double)u.ru_utime.tv_sec + (double)u.ru_stime.tv_sec +
             1.0e-6 * ((double)u.ru_utime.tv_usec + (double)u.ru_stime.tv_usec);
         hot = fresh && (idle - cb_team_free) + (own - cb_team_own) <
-            ((double)cb_get_max_threads() - cb_team_busy_margin) * dt;
+            ((double)cb_team_size() - cb_team_busy_margin) * dt;
         cb_team_free = idle;
         cb_team_own = own;
     } else {
@@ -193,10 +238,11 @@ static inline int cb_team_host_busy(double now) {
 static double cb_team_busy_factor = 16.0;
 
 static inline int cb_team_threads_for(double work) {
-    int n = cb_get_max_threads();
+    int n = cb_team_size();
     double cutoff = cb_parallel_min_work(), now;
     int dense;
     if (n <= 1) return 1;
+    if (cb_team_forced > 0) return cb_team_forced < n ? cb_team_forced : n;
     if (work < cutoff / CB_TEAM_WARM_DIVISOR) return work >= cutoff ? n : 1;
     now = cb_team_now();
     dense = now - cb_team_op_end < cb_team_warm_seconds;
@@ -215,6 +261,17 @@ static inline int cb_team_threads_for(double work) {
         return n;
     }
     return 1;
+}
+
+/* The parts a kernel splits `work` into: one where threads_for never gives
+ * such work the team (below the warm cutoff), else the team size. This is a
+ * function of the shapes and the settings alone; threads_for then decides how
+ * many threads run the parts. */
+static inline int cb_team_parts(double work) {
+    int n = cb_team_size();
+    double cutoff = cb_parallel_min_work();
+    if (n <= 1 || (work < cutoff / CB_TEAM_WARM_DIVISOR && work < cutoff)) return 1;
+    return n;
 }
 
 /* A kernel's region on `threads` threads ended now. */

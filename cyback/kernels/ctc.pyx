@@ -17,8 +17,8 @@ from libc.stdlib cimport calloc, malloc, free
 from libcpp.utility cimport pair
 
 from cyback.kernels._blas cimport floating
-from cyback.kernels._omp cimport cb_get_max_threads, cb_get_thread_num
-from cyback.kernels.runtime cimport threads_for
+from cyback.kernels._omp cimport cb_get_thread_num
+from cyback.kernels.runtime cimport team_size, threads_for
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 
 cdef extern from "cyback_math.h" nogil:
@@ -226,7 +226,8 @@ def _ctc_batch(floating[:, :, ::1] x, i64[:, ::1] labels, i64[::1] in_len, i64[:
     cdef cb_intr intr
     cb_intr_init(&intr)
     with nogil:
-        for b in prange(nb, schedule='static', use_threads_if=par):
+        for b in prange(nb, schedule='static', use_threads_if=par,
+                        num_threads=dscr.shape[0]):
             tid = cb_get_thread_num()
             _ctc_one(&x[b, 0, 0], <int>in_len[b], Tmax, K, &labels[b, 0], <int>lab_len[b],
                      blank, &dscr[tid, 0], &iscr[tid, 0], &grad[b, 0, 0], &loss[b], &intr)
@@ -343,7 +344,7 @@ def ctc_loss(logits, labels, input_lengths, label_lengths, blank=-1):
     # parallel loop never allocates.
     S = 2 * int(lab_len.max()) + 1
     Tm = int(in_len.max())
-    nthreads = max(1, cb_get_max_threads())
+    nthreads = max(1, team_size())
     dscr = np.empty((nthreads, Tm * K + Tm * (S + 2) + 2 * (S + 2) + K + 1), dtype=np.float64)
     iscr = np.empty((nthreads, 2 * (S + 2)), dtype=np.intc)
     # About 30 ns per trellis cell: below ~2 ms of work one thread wins, since
@@ -371,10 +372,11 @@ def _greedy_batch(floating[:, :, ::1] x, i64[::1] in_len, int blank, bint merge,
     # An argmax pass is memory-bound and quick: below ~1M scores waking a
     # thread team costs more than it saves.
     cdef bint par = nb > 1 and <i64>nb * x.shape[1] * K > (1 << 20)
+    cdef int nt = team_size()
     cdef cb_intr intr
     cb_intr_init(&intr)
     with nogil:
-        for b in prange(nb, schedule='static', use_threads_if=par):
+        for b in prange(nb, schedule='static', use_threads_if=par, num_threads=nt):
             if cb_intr_poll(&intr):
                 continue
             prev = -1

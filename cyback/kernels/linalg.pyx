@@ -14,7 +14,7 @@ from cython.parallel cimport prange
 from libc.limits cimport INT_MAX
 
 from cyback.kernels._blas cimport floating, gemm
-from cyback.kernels.runtime cimport team_done, threads_for
+from cyback.kernels.runtime cimport team_done, team_parts, threads_for
 from cyback.kernels._arrays cimport fits_layout
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 
@@ -30,50 +30,64 @@ cdef double CHUNK_FLOPS = 2.0 ** 31
 
 
 cdef void _chunked_gemm(bint ta, bint tb, int m, int n, int k, const floating* a, int lda,
-                        const floating* b, int ldb, floating beta, floating* c, int ldc, int nt,
-                        cb_intr* intr) noexcept nogil:
+                        const floating* b, int ldb, floating beta, floating* c, int ldc,
+                        int parts, int nt, cb_intr* intr) noexcept nogil:
     """_split_gemm over blocks of rows of C (fixed by the shapes), polling for
     Ctrl-C between blocks."""
     cdef int rows = <int>(CHUNK_FLOPS / (2.0 * n * k)), r0, mr
-    if rows < 64 * nt:
-        rows = 64 * nt
+    if rows < 64 * parts:
+        rows = 64 * parts
     r0 = 0
     while r0 < m:
         if cb_intr_poll(intr):
             return
         mr = m - r0 if m - r0 < rows else rows
         _split_gemm(ta, tb, mr, n, k, a + (r0 if ta else <long>r0 * lda), lda, b, ldb, beta,
-                    c + <long>r0 * ldc, ldc, nt)
+                    c + <long>r0 * ldc, ldc, parts, nt)
         r0 += mr
 
 
 cdef void _split_gemm(bint ta, bint tb, int m, int n, int k, const floating* a, int lda,
                       const floating* b, int ldb, floating beta, floating* c, int ldc,
-                      int nt) noexcept nogil:
-    """C[m, n] = op(A) @ op(B) + beta * C (row-major) as ``nt`` single-threaded
-    GEMMs over blocks of rows of C (or of columns when C is short and wide,
-    batch 1)."""
-    cdef int t, lo, hi
-    cdef bint by_rows = m >= n or m >= 4 * nt
-    if nt <= 1:
+                      int parts, int nt) noexcept nogil:
+    """C[m, n] = op(A) @ op(B) + beta * C (row-major) as ``parts``
+    single-threaded GEMMs over blocks of rows of C (or of columns when C is
+    short and wide, batch 1), run on ``nt`` threads. BLAS rounds an element
+    differently with the block it falls in, so the blocks depend on
+    ``parts`` (the shapes and the thread setting) and never on ``nt`` (the
+    team's state)."""
+    cdef int t
+    if parts <= 1:
         gemm(ta, tb, m, n, k, <floating>1, a, lda, b, ldb, beta, c, ldc)
         return
-    for t in prange(nt, schedule='static', num_threads=nt):
-        if by_rows:
-            lo = <int>((<long>m * t) // nt)
-            hi = <int>((<long>m * (t + 1)) // nt)
-            if hi > lo:
-                # Rows lo:hi of op(A): row offset when A is stored as is,
-                # column offset when it is stored transposed.
-                gemm(ta, tb, hi - lo, n, k, <floating>1,
-                     a + (lo if ta else <long>lo * lda), lda, b, ldb, beta,
-                     c + <long>lo * ldc, ldc)
-        else:
-            lo = <int>((<long>n * t) // nt)
-            hi = <int>((<long>n * (t + 1)) // nt)
-            if hi > lo:
-                gemm(ta, tb, m, hi - lo, k, <floating>1, a, lda,
-                     b + (<long>lo * ldb if tb else lo), ldb, beta, c + lo, ldc)
+    if nt <= 1:
+        for t in range(parts):
+            _gemm_part(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc, t, parts)
+        return
+    for t in prange(parts, schedule='static', num_threads=nt):
+        _gemm_part(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc, t, parts)
+
+
+cdef inline void _gemm_part(bint ta, bint tb, int m, int n, int k, const floating* a, int lda,
+                            const floating* b, int ldb, floating beta, floating* c, int ldc,
+                            int t, int parts) noexcept nogil:
+    """Part ``t`` of ``parts`` of _split_gemm's product."""
+    cdef int lo, hi
+    if m >= n or m >= 4 * parts:
+        lo = <int>((<long>m * t) // parts)
+        hi = <int>((<long>m * (t + 1)) // parts)
+        if hi > lo:
+            # Rows lo:hi of op(A): row offset when A is stored as is,
+            # column offset when it is stored transposed.
+            gemm(ta, tb, hi - lo, n, k, <floating>1,
+                 a + (lo if ta else <long>lo * lda), lda, b, ldb, beta,
+                 c + <long>lo * ldc, ldc)
+    else:
+        lo = <int>((<long>n * t) // parts)
+        hi = <int>((<long>n * (t + 1)) // parts)
+        if hi > lo:
+            gemm(ta, tb, m, hi - lo, k, <floating>1, a, lda,
+                 b + (<long>lo * ldb if tb else lo), ldb, beta, c + lo, ldc)
 
 
 def _operand(x):
@@ -86,11 +100,22 @@ def _operand(x):
     return np.ascontiguousarray(x), False
 
 
+cdef inline double _matmul_work(double m, double n, double k) noexcept nogil:
+    # A product of a few rows (batch-1 Dense layers) streams B once: its
+    # cost is B's size, not the flops. Larger products count a quarter of
+    # their flops against the cutoff: a sleeping team's wake-up outweighs the
+    # split below about 4 MFLOP.
+    return 0.5 * m * n * k if m > 4 else n * k
+
+
 def matmul(a, b, bias=None):
     """a @ b (+ bias, a vector added to every row) for 2-D float32/float64
     arrays (either may be a transposed view), split across the OpenMP threads
     when the product is large. The bias is C's initial value: BLAS then
     accumulates onto it, with no pass of its own."""
+    if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
+        raise TypeError("matmul: expected two NumPy arrays, got %s and %s"
+                        % (type(a).__name__, type(b).__name__))
     if a.ndim != 2 or b.ndim != 2:
         raise ValueError("matmul: expected 2-D arrays, got shapes %s and %s" % (a.shape, b.shape))
     if a.dtype != b.dtype or a.dtype not in (np.float32, np.float64):
@@ -114,14 +139,8 @@ def matmul(a, b, bias=None):
         return out
     a, ta = _operand(a)
     b, tb = _operand(b)
-    # A product of a few rows (batch-1 Dense layers) streams B once: its
-    # cost is B's size, not the flops, and a woken team took longer than the
-    # CNN benchmark's 4608 x 128 one alone (73 us on 2 threads, 57 on 1).
-    # Larger products count a quarter of their flops against the cutoff: a
-    # sleeping team's wake-up outweighs the split below about 4 MFLOP (2
-    # threads against 1, quiet machine: 1.6 MFLOP, an LSTM's batch-1 input
-    # projection, 0.67x; 6.6 MFLOP 1.1-1.35x; 13 MFLOP 1.65x).
-    cdef int nt = threads_for(0.5 * m * n * k if m > 4 else 1.0 * n * k)
+    cdef double work = _matmul_work(m, n, k)
+    cdef int parts = team_parts(work), nt = threads_for(work)
     cdef float[:, ::1] af, bf, of
     cdef double[:, ::1] ad, bd, od
     cdef cb_intr intr
@@ -130,14 +149,14 @@ def matmul(a, b, bias=None):
         af, bf, of = _writable(a), _writable(b), out
         with nogil:
             _chunked_gemm[float](ta, tb, m, n, k, &af[0, 0], af.shape[1], &bf[0, 0],
-                                 bf.shape[1], 1 if bias is not None else 0, &of[0, 0], n, nt,
-                                 &intr)
+                                 bf.shape[1], 1 if bias is not None else 0, &of[0, 0], n, parts,
+                                 nt, &intr)
     else:
         ad, bd, od = _writable(a), _writable(b), out
         with nogil:
             _chunked_gemm[double](ta, tb, m, n, k, &ad[0, 0], ad.shape[1], &bd[0, 0],
-                                  bd.shape[1], 1 if bias is not None else 0, &od[0, 0], n, nt,
-                                  &intr)
+                                  bd.shape[1], 1 if bias is not None else 0, &od[0, 0], n, parts,
+                                  nt, &intr)
     team_done(nt)
     check_interrupt(&intr)
     return out
@@ -341,8 +360,9 @@ def dense(x, w, bias=None, int act=0):
     if m == 0 or k == 0 or n == 0:
         return None
     rows = m <= DENSE_MAX_ROWS and k * n <= DENSE_MAX_WEIGHTS
-    # the same cutoff as matmul's: above it the product goes to the team
-    if not rows and (threads_for(0.5 * m * n * k) > 1 or m * k > INT_MAX or
+    # matmul's split: a product it would cut into parts goes to it, so that
+    # both give the same result for the same shapes
+    if not rows and (team_parts(_matmul_work(m, n, k)) > 1 or m * k > INT_MAX or
                      k * n > INT_MAX or m * n > INT_MAX):
         return None
     return _dense_run(x, w, bias, act, typenum, m, k, n, DENSE_ROWS if rows else DENSE_GEMM)
@@ -361,7 +381,7 @@ cdef void _batch_gemm(floating[:, :, ::1] a, floating[:, :, ::1] b,
     cdef int m = out.shape[1], n = out.shape[2]
     cdef int k = a.shape[1] if trans_a else a.shape[2]
     cdef int nt = threads_for(2.0 * nb * m * n * k)
-    cdef int nt_one = threads_for(2.0 * m * n * k)
+    cdef int parts_one = team_parts(2.0 * m * n * k), nt_one = threads_for(2.0 * m * n * k)
     cdef int lda = a.shape[2], ldb = b.shape[2], ldc = n
     if lda < 1: lda = 1
     if ldb < 1: ldb = 1
@@ -375,7 +395,7 @@ cdef void _batch_gemm(floating[:, :, ::1] a, floating[:, :, ::1] b,
     else:
         for i in range(nb):
             _chunked_gemm(trans_a, trans_b, m, n, k, &a[i, 0, 0], lda, &b[i, 0, 0], ldb,
-                          <floating>0, &out[i, 0, 0], ldc, nt_one, intr)
+                          <floating>0, &out[i, 0, 0], ldc, parts_one, nt_one, intr)
             if intr.stop:
                 break
 
@@ -388,6 +408,9 @@ def batch_gemm(a, b, bint trans_a=False, bint trans_b=False, out=None):
     """
     cdef cb_intr intr
     cb_intr_init(&intr)
+    if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
+        raise TypeError("batch_gemm: expected two NumPy arrays, got %s and %s"
+                        % (type(a).__name__, type(b).__name__))
     a = _writable(np.ascontiguousarray(a))
     b = _writable(np.ascontiguousarray(b))
     if a.ndim != 3 or b.ndim != 3:

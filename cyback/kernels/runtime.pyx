@@ -2,8 +2,10 @@
 (``threads_for``, see include/cyback_team.h)."""
 import os
 
-from cyback.kernels._omp cimport (cb_get_max_threads, cb_openmp_enabled, cb_parallel_min_work,
-                                  cb_set_num_threads)
+from cython.parallel cimport parallel
+
+from cyback.kernels._omp cimport (cb_get_num_threads, cb_get_thread_num, cb_openmp_enabled,
+                                  cb_parallel_min_work, cb_set_num_threads)
 
 
 cdef extern from "cyback_tiles.h" nogil:
@@ -17,7 +19,13 @@ cdef extern from "cyback_team.h" nogil:
     double cb_team_busy_factor
     int cb_team_host_busy_now()
     double cb_team_idle_seconds()
+    int cb_team_forced
+    int cb_team_size()
+    void cb_team_set_size(int n)
+    void cb_team_set_local(int n)
+    int cb_team_get_local()
     int cb_team_threads_for(double work)
+    int cb_team_parts(double work)
     void cb_team_done(int threads)
     void cb_team_forget()
 
@@ -28,6 +36,21 @@ cdef int threads_for(double work) noexcept nogil:
     quarter of it while the team is still awake from its last region or in a
     dense run of such ops (include/cyback_team.h)."""
     return cb_team_threads_for(work)
+
+
+cdef int team_size() noexcept nogil:
+    """The process's thread count, applied to the calling thread: the number
+    of parts a kernel splits its work into, whatever threads_for then gives
+    it to run them, so that results never depend on the team's state."""
+    return cb_team_size()
+
+
+cdef int team_parts(double work) noexcept nogil:
+    """The parts a kernel of about ``work`` splits into: 1 where the team is
+    never taken for such work, else team_size(). Kernels whose result depends
+    on how the work is split split it into team_parts pieces and run them on
+    threads_for threads."""
+    return cb_team_parts(work)
 
 
 cdef void team_done(int threads) noexcept nogil:
@@ -52,7 +75,9 @@ def openmp_enabled():
 
 
 def get_max_threads():
-    return cb_get_max_threads()
+    """The process's thread count (set_num_threads), as the calling thread
+    sees it."""
+    return cb_team_size()
 
 
 # More threads than this is a mistake on any machine (and OpenMP would try to
@@ -68,7 +93,41 @@ def set_num_threads(n):
     if not 1 <= n <= MAX_THREADS:
         raise ValueError("set_num_threads: expected an integer from 1 to %d, got %r"
                          % (MAX_THREADS, n))
+    # for every Python thread, existing and new (include/cyback_team.h)
+    cb_team_set_size(n)
     cb_set_num_threads(n)
+
+
+def region_threads():
+    """The threads a parallel region of the team's size runs on when the
+    calling thread starts it (tests: the setting reaches every thread)."""
+    cdef int got[1]
+    cdef int nt = cb_team_size()
+    got[0] = 1
+    with nogil, parallel(num_threads=nt):
+        if cb_get_thread_num() == 0:
+            got[0] = cb_get_num_threads()
+    return got[0]
+
+
+def set_thread_local_threads(n):
+    """Give the calling thread a thread count of its own (``n``), or put it
+    back on the process's setting (None). For integrations that size each
+    worker thread's share of the cores (cyback.dask); users set the
+    process's count with set_num_threads."""
+    if n is None:
+        cb_team_set_local(0)
+        return
+    if isinstance(n, bool) or not hasattr(n, "__index__") or not 1 <= n <= MAX_THREADS:
+        raise ValueError("set_thread_local_threads: expected None or an integer from 1 to %d, "
+                         "got %r" % (MAX_THREADS, n))
+    cb_team_set_local(n.__index__())
+
+
+def get_thread_local_threads():
+    """The calling thread's own count, or None when it follows the process's."""
+    cdef int n = cb_team_get_local()
+    return n if n > 0 else None
 
 
 def parallel_min_work():
@@ -80,6 +139,20 @@ def team_threads(work):
     """The threads a kernel would use now for ``work`` (and, like a kernel,
     count a team it chooses as awake)."""
     return threads_for(float(work))
+
+
+def force_team_threads(threads):
+    """Tests: run every region on at most ``threads`` threads (1: as if the
+    team were always asleep), or leave it to the policy (None). Results must
+    not change: kernels split their work by team_size, not by this."""
+    global cb_team_forced
+    if threads is None:
+        cb_team_forced = 0
+    elif isinstance(threads, bool) or not hasattr(threads, "__index__") or threads < 1:
+        raise ValueError("force_team_threads: expected None or a positive integer, got %r"
+                         % (threads,))
+    else:
+        cb_team_forced = threads.__index__()
 
 
 def team_rest():
