@@ -19,11 +19,32 @@ import_keras()
 
 from cyback.layers import activations  # noqa: E402
 from cyback.layers.attention import MultiHeadAttention  # noqa: E402
+from cyback.layers.convolutional import (  # noqa: E402
+    Conv1D,
+    Conv1DTranspose,
+    Conv2D,
+    DepthwiseConv1D,
+)
+from cyback.layers.core import (  # noqa: E402
+    CustomScaleLayer,
+    Identity,
+    LayerScale,
+    LeakyReLU,
+    StochasticDepth,
+)
 from cyback.layers.einsum_dense import EinsumDense  # noqa: E402
 from cyback.layers.normalization import (  # noqa: E402
     GroupNormalization,
     LayerNormalization,
     UnitNormalization,
+)
+from cyback.layers.pooling import (  # noqa: E402
+    GlobalAveragePooling1D,
+    GlobalAveragePooling2D,
+    GlobalAveragePooling3D,
+    GlobalMaxPooling1D,
+    GlobalMaxPooling2D,
+    GlobalMaxPooling3D,
 )
 from cyback.layers.preprocessing import (  # noqa: E402
     CenterCrop,
@@ -37,6 +58,10 @@ __all__ = [
     'EinsumDense', 'MultiHeadAttention',
     'LayerNormalization', 'GroupNormalization', 'UnitNormalization',
     'Rescaling', 'Normalization', 'Resizing', 'CenterCrop',
+    'Conv1D', 'Conv2D', 'Conv1DTranspose', 'DepthwiseConv1D',
+    'GlobalAveragePooling1D', 'GlobalAveragePooling2D', 'GlobalAveragePooling3D',
+    'GlobalMaxPooling1D', 'GlobalMaxPooling2D', 'GlobalMaxPooling3D',
+    'Identity', 'LeakyReLU', 'LayerScale', 'StochasticDepth', 'CustomScaleLayer',
 ]
 
 # Class name as configs write it -> class.
@@ -44,6 +69,10 @@ LAYERS = {cls.__name__: cls for cls in (
     EinsumDense, MultiHeadAttention,
     LayerNormalization, GroupNormalization, UnitNormalization,
     Rescaling, Normalization, Resizing, CenterCrop,
+    Conv1D, Conv2D, Conv1DTranspose, DepthwiseConv1D,
+    GlobalAveragePooling1D, GlobalAveragePooling2D, GlobalAveragePooling3D,
+    GlobalMaxPooling1D, GlobalMaxPooling2D, GlobalMaxPooling3D,
+    Identity, LeakyReLU, LayerScale, StochasticDepth, CustomScaleLayer,
 )}
 
 

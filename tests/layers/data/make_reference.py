@@ -122,6 +122,25 @@ out['normalization/out0'] = np.asarray(norm(img[0]))
 for w in norm.weights:
     out['normalization/w/%s' % w.name.split(':')[0].split('/')[-1]] = w.numpy()
 
+# Convolutions tf.keras has and Keras 2.3.1 lacks.
+seq = f32(2, 9, 6)
+conv_cases = [
+    ('conv2d_groups', tk.Conv2D(4, 3, groups=2, padding='same', name='c'), f32(2, 5, 6, 4)),
+    ('conv2d_depthwise_groups', tk.Conv2D(8, (3, 2), groups=4, strides=(2, 1), name='c'),
+     f32(2, 5, 6, 4)),
+    ('conv1d_groups', tk.Conv1D(6, 3, groups=3, padding='causal', dilation_rate=2, name='c'),
+     seq),
+    ('conv1d_transpose', tk.Conv1DTranspose(4, 3, strides=2, padding='same', name='c'), seq),
+    ('conv1d_transpose_valid', tk.Conv1DTranspose(3, 4, strides=3, output_padding=1,
+                                                  name='c'), seq),
+    ('conv1d_transpose_dilated', tk.Conv1DTranspose(2, 3, dilation_rate=2, name='c'), seq),
+    ('depthwise_conv1d', tk.DepthwiseConv1D(3, depth_multiplier=2, padding='same',
+                                            name='c'), seq),
+    ('depthwise_conv1d_strided', tk.DepthwiseConv1D(4, strides=2, name='c'), seq),
+]
+for case, layer, x_in in conv_cases:
+    record(case, layer, [x_in], lambda layer, x: layer(x))
+
 np.savez_compressed(os.path.join(HERE, 'reference.npz'), **out)
 print('wrote %d arrays; tf_keras %s, keras %s' % (len(out), tf_keras.__version__,
                                                   keras3.__version__))
