@@ -39,20 +39,6 @@ class Frozen(object):
                 seen.add(id(x))
                 variables.append(x)
         self.variables = variables
-        # each step's variables, transitively
-        index = {id(v): i for i, v in enumerate(variables)}
-        deps_of = {}
-        self.deps = []
-        for _, ins, outs in steps:
-            d = set()
-            for x in ins:
-                if isinstance(x, Variable):
-                    d.add(index[id(x)])
-                else:
-                    d |= deps_of.get(x, set())
-            for o in outs:
-                deps_of[o] = d
-            self.deps.append(d)
         self.versions = [None] * len(variables)
         self.cache = {}
         self.box = [()]           # the values the plan unpacks
@@ -69,14 +55,19 @@ class Frozen(object):
             changed = {i for i, (a, b) in enumerate(zip(versions, self.versions)) if a != b}
             if changed or not self.cache and self.wanted:
                 env = self.cache
+                # the ids of the changed variables and of the values computed
+                # again: a step reading one of them is computed again too
+                dirty = set()
                 for i in changed:
                     env[self.variables[i]] = self.variables[i]._value
-                for (op, ins, outs), deps in zip(self.steps, self.deps):
-                    if outs[0] in env and not (deps & changed):
+                    dirty.add(self.variables[i].id)
+                for op, ins, outs in self.steps:
+                    if outs[0] in env and not any(x.id in dirty for x in ins):
                         continue
                     values = op.compute(*[_value_of(x, env) for x in ins])
                     for o, v in zip(outs, values):
                         env[o] = v
+                        dirty.add(o.id)
                 self.box[0] = tuple(_value_of(t, env) for t in self.wanted)
                 self.versions = versions
             self.epoch[0] = epoch

@@ -26,7 +26,7 @@ import threading
 import numpy as np
 
 from cyback import config
-from cyback.graph import optimize
+from cyback.graph import collector, optimize
 from cyback.graph import tensor as tensor_mod
 from cyback.graph.frozen import Frozen
 from cyback.graph.tensor import (
@@ -47,26 +47,28 @@ class Assign(object):
 
 
 def topo_nodes(targets, stop=()):
-    """Nodes needed by ``targets``, inputs before users (iterative DFS), not
-    walking past the tensors in ``stop``."""
+    """Nodes needed by ``targets``, inputs before users (a depth-first walk
+    taking inputs in order, iterative), not walking past the tensors in
+    ``stop``."""
     order, seen = [], set()
-    stack = [(t, False) for t in reversed(targets)]
-    while stack:
-        t, done = stack.pop()
+    for t in targets:
         node = t.node
-        if node is None or t in stop:
+        if node is None or node in seen or t in stop:
             continue
-        if done:
-            if id(node) not in seen:
-                seen.add(id(node))
+        seen.add(node)
+        # each entry: a node and the inputs of it still to look at
+        stack = [(node, iter(node.inputs))]
+        while stack:
+            node, pending = stack[-1]
+            for x in pending:
+                xn = x.node
+                if xn is not None and xn not in seen and x not in stop:
+                    seen.add(xn)
+                    stack.append((xn, iter(xn.inputs)))
+                    break
+            else:
+                stack.pop()
                 order.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        stack.append((t, True))
-        for x in reversed(node.inputs):
-            if x.node is not None and id(x.node) not in seen and x not in stop:
-                stack.append((x, False))
     return order
 
 
@@ -100,14 +102,16 @@ class _Plan(object):
 def _rewrite(targets, givens):
     """Fold, simplify and merge. Returns (steps, resolve) where steps are
     (op, resolved_inputs, outputs) and resolve maps a tensor to its replacement."""
+    # Tensors are keyed by id here and in the passes below: a tensor's own
+    # hash is a Python call, and a plan looks tensors up several times each.
     repl = {}
     for ph, value in givens.items():
-        repl[ph] = Constant(np.asarray(value, dtype=ph.dtype))
+        repl[ph.id] = Constant(np.asarray(value, dtype=ph.dtype))
 
     def resolve(t):
-        r = repl.get(t)
+        r = repl.get(t.id)
         while r is not None and r is not t:
-            t, r = r, repl.get(r)
+            t, r = r, repl.get(r.id)
         return t
 
     steps, seen = [], {}
@@ -117,12 +121,12 @@ def _rewrite(targets, givens):
         if op.pure and not isinstance(op, Assign) and all(type(x) is Constant for x in ins):
             values = op.compute(*[x.value for x in ins])
             for out, v in zip(node.outputs, values):
-                repl[out] = Constant(np.asarray(v, dtype=out.dtype))
+                repl[out.id] = Constant(np.asarray(v, dtype=out.dtype))
             continue
         forward = op.simplify(ins) if hasattr(op, "simplify") else None
         if forward is not None:
             for out, f in zip(node.outputs, forward):
-                repl[out] = resolve(f)
+                repl[out.id] = resolve(f)
             continue
         key = op.key()
         if key is not None:
@@ -130,7 +134,7 @@ def _rewrite(targets, givens):
             prev = seen.get(key)
             if prev is not None:
                 for out, p in zip(node.outputs, prev):
-                    repl[out] = p
+                    repl[out.id] = p
                 continue
             seen[key] = node.outputs
         steps.append((op, ins, node.outputs))
@@ -145,14 +149,17 @@ def rewritten_steps(targets, givens):
     producer = {}
     for i, (op, ins, outs) in enumerate(steps):
         for o in outs:
-            producer[o] = i
-    needed, stack = set(), [t for t in targets if t in producer]
+            producer[o.id] = i
+    needed, stack = set(), [producer[t.id] for t in targets if t.id in producer]
     while stack:
-        i = producer[stack.pop()]
+        i = stack.pop()
         if i in needed:
             continue
         needed.add(i)
-        stack.extend(x for x in steps[i][1] if x in producer and producer[x] not in needed)
+        for x in steps[i][1]:
+            k = producer.get(x.id)
+            if k is not None and k not in needed:
+                stack.append(k)
     return [s for i, s in enumerate(steps) if i in needed], targets
 
 
@@ -184,14 +191,14 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
     names, ns = {}, {"__builtins__": __builtins__, "ndarray": np.ndarray}
 
     def name_of(t):
-        n = names.get(t)
+        n = names.get(t.id)
         if n is None:
             if type(t) is Constant:
                 n = "c%d" % len(names)
                 ns[n] = t.value
             else:
                 n = "t%d" % len(names)
-            names[t] = n
+            names[t.id] = n
         return n
 
     feed_index = {ph: i for i, ph in enumerate(inputs)}
@@ -209,7 +216,7 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
         if leaf not in feed_index:
             if isinstance(leaf, Placeholder) and leaf.default is not None:
                 givens_value = Constant(np.asarray(leaf.default, dtype=leaf.dtype))
-                names[leaf] = name_of(givens_value)
+                names[leaf.id] = name_of(givens_value)
                 continue
             raise _missing_placeholder(name, leaf)
         feed_slots.append(feed_index[leaf])
@@ -234,14 +241,14 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
     last_use = {}
     for i, (op, ins, outs) in enumerate(steps):
         for x in ins:
-            last_use[x] = i
-    keep = set(targets)
+            last_use[x.id] = i
+    keep = {t.id for t in targets}
 
     lines = ["def run(%s):" % ", ".join(args)] + prologue
     step_lines = {}
     for i, (op, ins, outs) in enumerate(steps):
         fname = "f%d" % i
-        needed = tuple(o in last_use or o in keep for o in outs)
+        needed = tuple(o.id in last_use or o.id in keep for o in outs)
         step_lines[len(lines) + 1] = op
         inline = _inline_step(op, ins, outs, ns, name_of)
         if inline is not None:
@@ -252,8 +259,12 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
             # The comment names the op in tracebacks (see _annotate).
             args_src = ", ".join(name_of(x) for x in ins)
             lines.append("    %s, = %s(%s)  # %s" % (outs_src, fname, args_src, _op_label(op)))
-        dead = [name_of(x) for x in dict.fromkeys(ins)
-                if last_use.get(x) == i and x not in keep and type(x) is not Constant]
+        dead = []
+        for x in ins:
+            if last_use.get(x.id) == i and x.id not in keep and type(x) is not Constant:
+                x_name = name_of(x)
+                if x_name not in dead:     # an input read twice is deleted once
+                    dead.append(x_name)
         if dead:
             lines.append("    del " + ", ".join(dead))
     if n_outputs is None:
@@ -472,8 +483,9 @@ class Function(object):
                     # drop the branch of every in_train_phase that is not taken.
                     givens = dict(self._feed_dict)
                     givens[self._lp] = lp_value
-                    plan = _build_plan(self.inputs, self._targets, givens, self.name,
-                                       n_outputs=self._n_out)
+                    with collector.paused():
+                        plan = _build_plan(self.inputs, self._targets, givens, self.name,
+                                           n_outputs=self._n_out)
                     self._plans[key] = plan
         return plan
 

@@ -18,6 +18,8 @@ scalars; any other broadcast ends the group. Sizes unknown while building are
 checked when the step runs: on a mismatch the step computes its ops one by one
 as written, so fusion never changes what a plan accepts.
 """
+import collections
+
 import numpy as np
 
 from cyback.graph.op import Op
@@ -72,11 +74,15 @@ class ProgramBuilder(object):
         self.consts = []        # baked scalars, as operands after the tensors
         self.code = []          # (name, dst, srcs)
         self._tmp = 0
+        # where each operand (by tensor id) and constant is: a group may have
+        # many
+        self.operand_index = {}
+        self._const_index = {}
 
     def operand(self, t):
-        for i, x in enumerate(self.operands):
-            if x is t:
-                return ("in", i)
+        i = self.operand_index.get(t.id)
+        if i is not None:
+            return ("in", i)
         if t.dtype != self.dtype:
             raise Unfusable()
         if type(t) is Constant and t.value.size == 1:
@@ -86,17 +92,19 @@ class ProgramBuilder(object):
             if self.axis is not None and self.axis != axis:
                 raise Unfusable()
             self.axis = axis
+        self.operand_index[t.id] = len(self.operands)
         self.operands.append(t)
         self.kinds.append(kind)
         return ("in", len(self.operands) - 1)
 
     def const(self, value):
         value = np.asarray(value, dtype=self.dtype)
-        for i, v in enumerate(self.consts):
-            if v.tobytes() == value.tobytes():
-                return ("const", i)
-        self.consts.append(value)
-        return ("const", len(self.consts) - 1)
+        key = value.tobytes()
+        i = self._const_index.get(key)
+        if i is None:
+            i = self._const_index[key] = len(self.consts)
+            self.consts.append(value)
+        return ("const", i)
 
     def emit(self, name, *srcs):
         n_src = _kernel.OPCODES[name][1]
@@ -253,70 +261,133 @@ def _probe(op, ins, out, exact):
 def fuse(steps, targets, exact, skip=()):
     """The steps with element-wise groups fused. ``exact``: only opcodes whose
     results are identical to NumPy's (training plans). ``skip``: tensors
-    whose producing steps stay as they are (weights folded once per plan)."""
+    whose producing steps stay as they are (weights folded once per plan).
+
+    A group is grown from its root (the last step of it) back through
+    producers whose one output has this one reader. Every step has at most
+    one such reader, so the steps that may join form a forest, and a root's
+    group is its subtree. Roots are tried last step first; a root whose
+    group cannot be built (too many operands for the program's registers,
+    say) leaves its subtree for the roots below it, so a chain of n steps
+    may be tried n times: what a group needs is therefore worked out once,
+    bottom-up, and a root whose operands alone exceed the registers is
+    passed over without walking its subtree.
+    """
+    # keyed by tensor id: a tensor's own hash is a Python call
     producer, users = {}, {}
     for i, (op, ins, outs) in enumerate(steps):
         for o in outs:
-            producer[o] = i
+            producer[o.id] = i
         for x in ins:
-            users[x] = users.get(x, 0) + 1
-    keep = set(targets)
-    taken = {}
+            users[x.id] = users.get(x.id, 0) + 1
+    keep = {t.id for t in targets}
+    skip = {t.id for t in skip}
+    joinable = [_ewise_ok(op, ins, outs) and _probe(op, ins, outs[0], exact)
+                for op, ins, outs in steps]
+    children, n_operands = _forest(steps, joinable, producer, users, keep)
+    taken = set()
     replaced = {}
+    # a step taken as a group's base that could also be a group member makes
+    # the operand counts (taken over whole subtrees) unreliable
+    counts_valid = True
     for i in range(len(steps) - 1, -1, -1):
         op, ins, outs = steps[i]
-        if i in taken or outs[0] in skip or not _ewise_ok(op, ins, outs):
+        if i in taken or outs[0].id in skip or not joinable[i]:
             continue
-        root = outs[0]
-        if not _probe(op, ins, root, exact):
+        if counts_valid and n_operands[i] > _kernel.MAX_REGISTERS:
             continue
         members, stack = [i], [i]
         while stack:
-            j = stack.pop()
-            for x in steps[j][1]:
-                k = producer.get(x)
-                if k is None or k in taken or k in members or users.get(x) != 1 or x in keep:
-                    continue
-                kop, kins, kouts = steps[k]
-                if x.shape != root.shape or not _ewise_ok(kop, kins, kouts) or \
-                        not _probe(kop, kins, root, exact):
-                    continue
-                members.append(k)
-                stack.append(k)
+            for k in children[stack.pop()]:
+                if k not in taken:
+                    members.append(k)
+                    stack.append(k)
         members.sort()
-        group = _build(steps, members, root, exact, producer, users, keep, taken)
+        group = _build(steps, members, outs[0], exact, producer, users, keep, taken)
         if group is None:
             continue
-        fused_step, absorbed = group
-        for k in absorbed:
-            taken[k] = i
+        fused_step, base_k = group
+        taken.update(members)
+        if base_k is not None:
+            taken.add(base_k)
+            if joinable[base_k]:
+                counts_valid = False
         replaced[i] = fused_step
     return [replaced.get(i, s) for i, s in enumerate(steps) if i not in taken or i in replaced]
 
 
+def _forest(steps, joinable, producer, users, keep):
+    """``children[j]``: the steps that may join a group through their output
+    read by step ``j``; ``n_operands[j]``: how many operands (distinct
+    tensors, distinct scalar constants) the group of ``j``'s subtree has,
+    which no register allocation can go below.
+
+    The operand sets are merged into the largest child's set, so each
+    tensor is moved O(log n) times whatever the forest's shape."""
+    children = [()] * len(steps)
+    n_operands = [0] * len(steps)
+    tensors_of, consts_of = {}, {}
+    for j, (op, ins, outs) in enumerate(steps):
+        if not joinable[j]:
+            continue
+        shape, dtype = outs[0].shape, outs[0].dtype
+        kids, inner = [], []
+        for x in ins:
+            k = producer.get(x.id)
+            if k is None or not joinable[k] or users[x.id] != 1 or x.id in keep or \
+                    x.shape != shape or k in kids:
+                continue
+            kids.append(k)
+            inner.append(x)
+        children[j] = kids
+        tensors, consts = set(), set()
+        if kids:
+            sets = [(tensors_of.pop(k), consts_of.pop(k)) for k in kids]
+            tensors = max((t for t, _ in sets), key=len)
+            consts = max((c for _, c in sets), key=len)
+            for t, c in sets:
+                if t is not tensors:
+                    tensors |= t
+                if c is not consts:
+                    consts |= c
+        for x in ins:
+            if any(x is y for y in inner):
+                continue
+            if type(x) is Constant and x.value.size == 1:
+                # as ProgramBuilder.const tells constants apart
+                consts.add(np.asarray(x.value.reshape(()).item(), dtype=dtype).tobytes())
+            else:
+                tensors.add(x.id)
+        tensors_of[j], consts_of[j] = tensors, consts
+        n_operands[j] = len(tensors) + len(consts)
+    return children, n_operands
+
+
 def _build(steps, members, root, exact, producer, users, keep, taken):
+    """``(fused step, index of the step it runs as its base or None)`` for
+    the group ``members`` (step indices in order), or None."""
     b = ProgramBuilder(root.shape, root.dtype, exact)
     reg_of, refs_of = {}, []
     member_out = {}
     try:
         for k in members:
             op, ins, outs = steps[k]
-            srcs = [reg_of[x] if x in reg_of else b.operand(x) for x in ins]
+            srcs = [reg_of[x.id] if x.id in reg_of else b.operand(x) for x in ins]
             r = op.ewise(b, *srcs)
             if r is None:
                 return None
-            reg_of[outs[0]] = r
-            member_out[outs[0]] = len(refs_of)
+            reg_of[outs[0].id] = r
+            member_out[outs[0].id] = len(refs_of)
             refs_of.append((op, ins))
-        code, n_regs = b.assemble(reg_of[root])
+        code, n_regs = b.assemble(reg_of[root.id])
     except Unfusable:
         return None
     # The producer of a full-size operand that dies here: its op runs inside
     # the fused step (an epilogue), or its buffer takes the result.
     base, base_k, inplace = None, None, None
     for j, (t, kind) in enumerate(zip(b.operands, b.kinds)):
-        k = producer.get(t)
-        if kind != FULL or k is None or k in taken or users.get(t) != 1 or t in keep:
+        k = producer.get(t.id)
+        if kind != FULL or k is None or k in taken or users.get(t.id) != 1 or t.id in keep:
             continue
         if not getattr(steps[k][0], "fresh_output", False) or steps[k][2][0] is not t:
             continue
@@ -331,7 +402,7 @@ def _build(steps, members, root, exact, producer, users, keep, taken):
     operands = list(b.operands)
     members_refs = []
     for op, ins in refs_of:
-        members_refs.append((op, [_ref(x, member_out, operands) for x in ins]))
+        members_refs.append((op, [_ref(x, member_out, b.operand_index) for x in ins]))
     n_base, ins = 0, operands
     if base is not None:
         n_base = len(steps[base_k][1])
@@ -340,8 +411,7 @@ def _build(steps, members, root, exact, producer, users, keep, taken):
                members_refs, (root.shape, root.dtype))
     if base is not None:
         op.in_kernel = _in_kernel_epilogue(b, base, inplace, root)
-    absorbed = list(members) + ([base_k] if base is not None else [])
-    return (op, ins, [root]), absorbed
+    return (op, ins, [root]), base_k
 
 
 def _in_kernel_epilogue(b, base, slot, out):
@@ -353,7 +423,9 @@ def _in_kernel_epilogue(b, base, slot, out):
     hook = getattr(base, "kernel_epilogue", None)
     if hook is None:
         return None
-    code, cur = list(b.code), ("in", slot)
+    # taken from the front one instruction at a time (a long chain of relus
+    # must not be copied once per instruction)
+    code, cur = collections.deque(b.code), ("in", slot)
 
     def add_of(kind):
         # the other operand of an add of ``cur`` and an input of this kind
@@ -367,10 +439,10 @@ def _in_kernel_epilogue(b, base, slot, out):
 
     bias = add_of(CHAN)
     if bias is not None:
-        cur, code = code[0][1], code[1:]
+        cur = code.popleft()[1]
     res = add_of(FULL)
     if res is not None:
-        cur, code = code[0][1], code[1:]
+        cur = code.popleft()[1]
     act = None
     consts = [float(c) for c in b.consts]
 
@@ -379,11 +451,12 @@ def _in_kernel_epilogue(b, base, slot, out):
             consts[row[2][1][1]] == 0
 
     while code and is_max0(code[0]):    # Relu(max_value) clamps at 0 twice
-        act, cur, code = "relu", code[0][1], code[1:]
+        act, cur = "relu", code.popleft()[1]
     if act == "relu":
         if code and code[0][0] == "minimum" and code[0][2][0] == cur and \
                 code[0][2][1][0] == "const" and consts[code[0][2][1][1]] == 6:
-            act, code = "relu6", code[1:]
+            act = "relu6"
+            code.popleft()
     if code or (bias is None and res is None and act is None):
         return None
     if not hook(b.axis if bias is not None else None, act, out, residual=res is not None,
@@ -392,10 +465,10 @@ def _in_kernel_epilogue(b, base, slot, out):
     return bias, res, act
 
 
-def _ref(x, member_out, operands):
-    if x in member_out:
-        return ("m", member_out[x])
-    for i, y in enumerate(operands):
-        if y is x:
-            return ("in", i)
+def _ref(x, member_out, operand_index):
+    if x.id in member_out:
+        return ("m", member_out[x.id])
+    i = operand_index.get(x.id)
+    if i is not None:
+        return ("in", i)
     return ("v", x.value)       # a scalar Constant baked into the program

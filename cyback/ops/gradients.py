@@ -6,6 +6,7 @@ inputs (``Op.grad``) and summing the contributions that reach a tensor along
 several paths. Gradients are ordinary graph tensors, so they can be
 differentiated again.
 """
+from cyback.graph import collector
 from cyback.graph.function import topo_nodes
 from cyback.graph.tensor import Tensor, as_tensor, is_float_dtype
 from cyback.ops import elementwise as ew
@@ -13,11 +14,11 @@ from cyback.ops import reduction
 from cyback.ops import shape as shp
 
 
-def _depends_on(targets, sources):
-    """Ids of the tensors (and nodes) on some path from ``sources`` to ``targets``."""
-    source_ids = {s.id for s in sources}
-    reach = set(source_ids)
-    for node in topo_nodes(targets):
+def _depends_on(nodes, sources):
+    """Ids of the tensors on some path from ``sources`` through ``nodes`` (in
+    topological order)."""
+    reach = {s.id for s in sources}
+    for node in nodes:
         if any(x.id in reach for x in node.inputs):
             for o in node.outputs:
                 reach.add(o.id)
@@ -55,12 +56,19 @@ def gradients_with_seeds(outputs, seeds, wrt):
     for v in wrt:
         if not isinstance(v, Tensor):
             raise TypeError("gradients: expected tensors or variables, got %r" % (v,))
-    reach = _depends_on(outputs, wrt)
+    with collector.paused():
+        return _vjp(outputs, seeds, wrt)
+
+
+def _vjp(outputs, seeds, wrt):
+    # gradients_with_seeds's walk, run with the cycle collector paused
+    nodes = topo_nodes(outputs)
+    reach = _depends_on(nodes, wrt)
     grads = {}
     for o, s in zip(outputs, seeds):
         if s is not None and is_float_dtype(o.dtype):
             grads[o.id] = s if o.id not in grads else ew.add(grads[o.id], s)
-    for node in reversed(topo_nodes(outputs)):
+    for node in reversed(nodes):
         if not any(o.id in reach for o in node.outputs):
             continue
         out_grads = [grads.get(o.id) for o in node.outputs]
