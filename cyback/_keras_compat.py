@@ -358,7 +358,7 @@ def _patch_core_layers(module):
     def compute_output_shape(self, input_shape):
         if self._output_shape is not None or not _cyback_is_backend():
             return original(self, input_shape)
-        import cyback
+        from cyback.api import core as cyback
         dtypes = getattr(self, '_input_dtypes', None)
         if isinstance(input_shape, list):
             if not isinstance(dtypes, list):

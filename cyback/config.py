@@ -15,6 +15,7 @@ import numpy as np
 
 from cyback.kernels import cpu_budget as _cpu_budget
 from cyback.kernels import memory as _memory
+from cyback.kernels._checks import ConfigWarning  # noqa: F401  (re-exported)
 
 # Before any kernel module loads libgomp, which reads its environment once.
 _cpu_budget.set_openmp_environment()
@@ -38,9 +39,6 @@ def keras_home():
         base = "/tmp"
     return os.path.join(base, ".keras")
 
-
-class ConfigWarning(UserWarning):
-    """A keras.json setting cyback could not use (the warning says which value it uses)."""
 
 
 _DEFAULTS = dict(_settings)
@@ -127,8 +125,8 @@ def _defaults_str():
 
 
 def _config_warning(message):
-    import warnings
-    warnings.warn("cyback: " + message, ConfigWarning, stacklevel=3)
+    from cyback.kernels._checks import setting_warning
+    setting_warning(message)
 
 
 def _keras_common():

@@ -1,5 +1,19 @@
-"""Argument checks shared by the kernels' Python entries."""
+"""Argument checks shared by the kernels' Python entries, and the warning for
+a setting read at import that cannot be used."""
+import warnings
+
 import numpy as np
+
+
+class ConfigWarning(UserWarning):
+    """A setting read at import (keras.json, an environment variable) that
+    cyback could not use; the warning names it and the value used instead."""
+
+
+def setting_warning(message):
+    """Warn that a setting read at import is bad: one policy for all of them
+    (cyback/config.py says why)."""
+    warnings.warn("cyback: " + message, ConfigWarning, stacklevel=3)
 
 
 def check_float(name, *arrays):

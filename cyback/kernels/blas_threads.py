@@ -26,6 +26,8 @@ import os
 import re
 import threading
 
+from cyback.kernels._checks import setting_warning
+
 _lock = threading.Lock()
 _libs = None          # [(path, set, get, config)] for every OpenBLAS found
 _set_local = None     # NumPy's per-thread setter: set(n) -> previous n
@@ -98,8 +100,9 @@ def sgemm_choice(environ=os.environ):
     """CYBACK_SGEMM: ``auto`` (the default), ``scipy`` or ``numpy``."""
     choice = environ.get("CYBACK_SGEMM", "").strip().lower() or "auto"
     if choice not in _SGEMM_CHOICES:
-        raise ValueError("CYBACK_SGEMM must be one of %s, got %r"
-                         % (", ".join(_SGEMM_CHOICES), environ["CYBACK_SGEMM"]))
+        setting_warning("CYBACK_SGEMM must be one of %s, got %r; using the default (auto)"
+                        % (", ".join(_SGEMM_CHOICES), environ["CYBACK_SGEMM"]))
+        return "auto"
     return choice
 
 

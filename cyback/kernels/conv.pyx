@@ -57,6 +57,7 @@ from libc.string cimport memcpy, memset
 
 from cyback.kernels._blas cimport floating, gemm
 from contextlib import nullcontext
+from cyback.kernels._checks import setting_warning
 from cyback.kernels._omp cimport cb_get_num_threads, cb_parallel_min_work
 from cyback.kernels.runtime cimport join_seconds, team_done, threads_for
 from cyback.kernels._arrays cimport fits
@@ -844,7 +845,9 @@ class _Tuning(dict):
 def _env_winograd():
     value = os.environ.get("CYBACK_WINOGRAD", "1").strip()
     if value not in ("0", "1", ""):
-        raise ValueError("CYBACK_WINOGRAD must be 0 or 1, got %r" % (value,))
+        setting_warning("CYBACK_WINOGRAD must be 0 or 1, got %r; using the default (1)"
+                        % (value,))
+        return True
     return value != "0"
 
 

@@ -192,30 +192,41 @@ def test_kernel_scripts_are_found_in_a_checkout():
     assert set(scripts.QUICK_ARGS) <= set(names)
 
 
-def test_settle_waits_for_a_spinning_thread_to_stop():
-    import threading
-    import time
-    stop = time.perf_counter() + 0.15
+class _FakeClock:
+    """time for timing.settle: sleep advances the wall clock; the process
+    uses a whole core during each of its first ``busy_steps`` sleeps (a
+    peer's worker spinning on after its last call), none after."""
 
-    def spin():          # a peer's worker spinning on after its last call
-        while time.perf_counter() < stop:
-            pass
-    t = threading.Thread(target=spin)
-    t.start()
-    t0 = time.perf_counter()
-    assert timing.settle(0.01, most=2.0)
-    waited = time.perf_counter() - t0
-    t.join()
-    assert waited >= 0.12, waited
-    # an idle process settles at once; a thread that never stops hits the bound
-    t0 = time.perf_counter()
-    assert timing.settle(0.0)
-    assert time.perf_counter() - t0 < 0.5
-    stop = time.perf_counter() + 5.0
-    t = threading.Thread(target=spin)
-    t.start()
-    try:
-        assert not timing.settle(0.0, most=0.2)
-    finally:
-        stop = 0.0
-        t.join()
+    def __init__(self, busy_steps):
+        self.now = self.cpu = 0.0
+        self.busy_steps = busy_steps
+
+    def perf_counter(self):
+        return self.now
+
+    def process_time(self):
+        return self.cpu
+
+    def sleep(self, seconds):
+        self.now += seconds
+        if self.busy_steps > 0:
+            self.busy_steps -= 1
+            self.cpu += seconds
+
+
+def test_settle_waits_for_a_spinning_thread_to_stop(monkeypatch):
+    # no real time: a fake clock says when the process spins, so the test
+    # holds on a loaded machine
+    clock = _FakeClock(busy_steps=1 + 12)      # the first sleep, then 12 steps
+    monkeypatch.setattr(timing, "time", clock)
+    assert timing.settle(0.01, step=0.01, most=2.0)
+    assert clock.now == pytest.approx(0.01 + 13 * 0.01)
+    # an idle process settles after one step; one that never stops hits the bound
+    clock = _FakeClock(busy_steps=0)
+    monkeypatch.setattr(timing, "time", clock)
+    assert timing.settle(0.0, step=0.01)
+    assert clock.now == pytest.approx(0.01)
+    clock = _FakeClock(busy_steps=10 ** 6)
+    monkeypatch.setattr(timing, "time", clock)
+    assert not timing.settle(0.0, step=0.01, most=0.2)
+    assert clock.now == pytest.approx(0.2, abs=0.011)

@@ -138,8 +138,12 @@ def _run_child(families):
         # the signal came (a fast machine, or a parent scheduled late) had
         # nothing to interrupt.
         after = end - sent[name]
-        assert state == "interrupted" or after < 0.05, (name, results[name], after)
         assert blas_ok == "True", (name, "BLAS thread count not restored")
+        if state != "interrupted" and after >= 0.05:
+            # ran on past the signal without seeing it (or, on a loaded
+            # machine, its thread waited for a core): judged again below
+            slow.append((name, after, est))
+            continue
         # Uninterrupted, the call takes `est`; the kernels poll every 50 ms.
         # Calls too short to tell are not judged.
         if state == "interrupted" and est > 0.6 and after > max(0.25, 0.4 * est):

@@ -21,6 +21,7 @@ def split_on():
     saved = dict(rc._TUNE)
     rc._TUNE.update(split_min_bytes=0, split_max_rows=6, split_lead_steps=0)
     runtime.force_host_busy(False)
+    runtime.team_rest()     # and no busy-host hold from before
     yield
     rc._TUNE.clear()
     rc._TUNE.update(saved)
