@@ -32,6 +32,7 @@ from cyback.layers.core import (  # noqa: E402
     LeakyReLU,
     StochasticDepth,
 )
+from cyback.layers.dense_attention import AdditiveAttention, Attention  # noqa: E402
 from cyback.layers.einsum_dense import EinsumDense  # noqa: E402
 from cyback.layers.normalization import (  # noqa: E402
     GroupNormalization,
@@ -54,8 +55,8 @@ from cyback.layers.preprocessing import (  # noqa: E402
 )
 
 __all__ = [
-    'custom_objects', 'activations', 'LAYERS',
-    'EinsumDense', 'MultiHeadAttention',
+    'custom_objects', 'import_keras', 'activations', 'LAYERS',
+    'EinsumDense', 'MultiHeadAttention', 'Attention', 'AdditiveAttention',
     'LayerNormalization', 'GroupNormalization', 'UnitNormalization',
     'Rescaling', 'Normalization', 'Resizing', 'CenterCrop',
     'Conv1D', 'Conv2D', 'Conv1DTranspose', 'DepthwiseConv1D',
@@ -66,7 +67,7 @@ __all__ = [
 
 # Class name as configs write it -> class.
 LAYERS = {cls.__name__: cls for cls in (
-    EinsumDense, MultiHeadAttention,
+    EinsumDense, MultiHeadAttention, Attention, AdditiveAttention,
     LayerNormalization, GroupNormalization, UnitNormalization,
     Rescaling, Normalization, Resizing, CenterCrop,
     Conv1D, Conv2D, Conv1DTranspose, DepthwiseConv1D,

@@ -141,6 +141,18 @@ conv_cases = [
 for case, layer, x_in in conv_cases:
     record(case, layer, [x_in], lambda layer, x: layer(x))
 
+# Dense attention with masks.
+qa, va = f32(2, 3, 4), f32(2, 5, 4)
+q_mask = np.array([[1, 1, 0], [1, 1, 1]], bool)
+v_mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
+record('attention_concat', tk.Attention(use_scale=True, score_mode='concat', name='att'),
+       [qa, va, q_mask, v_mask],
+       lambda layer, q, v, qm, vm: layer([q, v], mask=[qm, vm], return_attention_scores=True))
+record('attention_causal', tk.Attention(use_scale=True, name='att'), [qa, va],
+       lambda layer, q, v: layer([q, v, v], use_causal_mask=True))
+record('additive_attention', tk.AdditiveAttention(name='att'), [qa, va, q_mask, v_mask],
+       lambda layer, q, v, qm, vm: layer([q, v], mask=[qm, vm]))
+
 np.savez_compressed(os.path.join(HERE, 'reference.npz'), **out)
 print('wrote %d arrays; tf_keras %s, keras %s' % (len(out), tf_keras.__version__,
                                                   keras3.__version__))
