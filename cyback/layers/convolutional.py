@@ -146,8 +146,8 @@ class Conv2D(_GroupedConv, keras.layers.Conv2D):
 
 
 class Conv1D(_GroupedConv, keras.layers.Conv1D):
-    """Keras 2.3.1's Conv1D, plus tf.keras's ``groups`` (kernel (k, in_channels / groups,
-    filters)); see Conv2D."""
+    """Keras 2.3.1's Conv1D, plus tf.keras's ``groups``; see Conv2D. Weights: ``kernel``
+    (k, in_channels / groups, filters), then ``bias`` (filters,)."""
 
     def __init__(self, filters, kernel_size, groups=1, **kwargs):
         super().__init__(filters, kernel_size, **kwargs)

@@ -29,7 +29,8 @@ class Identity(Layer):
 
 class LeakyReLU(keras.layers.LeakyReLU):
     """``x`` for x >= 0, else ``negative_slope * x``. Takes Keras 3's ``negative_slope``
-    (default 0.3) or tf.keras's / Keras 2's ``alpha``; the config writes both names."""
+    (default 0.3) or tf.keras's / Keras 2's ``alpha``; the config writes both names.
+    No weights."""
 
     def __init__(self, negative_slope=None, alpha=None, **kwargs):
         cls = type(self).__name__

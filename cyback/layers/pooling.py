@@ -59,7 +59,7 @@ class _GlobalPooling(Layer):
 
 class GlobalAveragePooling1D(_GlobalPooling):
     """Mean over the steps; with a Keras mask (batch, steps), the mean of the unmasked
-    steps only, as tf.keras computes it."""
+    steps only, as tf.keras computes it. No weights."""
 
     rank, mode = 1, 'mean'
 
@@ -77,6 +77,8 @@ class GlobalAveragePooling1D(_GlobalPooling):
 
 
 class GlobalMaxPooling1D(_GlobalPooling):
+    """Max over the steps (keepdims: (batch, 1, channels)). No weights."""
+
     rank, mode = 1, 'max'
 
     def __init__(self, data_format='channels_last', keepdims=False, **kwargs):
@@ -84,16 +86,24 @@ class GlobalMaxPooling1D(_GlobalPooling):
 
 
 class GlobalAveragePooling2D(_GlobalPooling):
+    """Mean over height and width. No weights."""
+
     rank, mode = 2, 'mean'
 
 
 class GlobalMaxPooling2D(_GlobalPooling):
+    """Max over height and width. No weights."""
+
     rank, mode = 2, 'max'
 
 
 class GlobalAveragePooling3D(_GlobalPooling):
+    """Mean over the three spatial axes. No weights."""
+
     rank, mode = 3, 'mean'
 
 
 class GlobalMaxPooling3D(_GlobalPooling):
+    """Max over the three spatial axes. No weights."""
+
     rank, mode = 3, 'max'
