@@ -244,3 +244,17 @@ def test_bad_arguments(make, error, match):
 def test_bad_input_shapes(layer, shape, match):
     with pytest.raises(ValueError, match=match):
         layer(keras.layers.Input(batch_shape=shape))
+
+
+def test_unknown_lengths_give_the_known_length_result():
+    x = np.random.RandomState(9).randn(2, 5, 4)
+    for make in (lambda: Conv1DTranspose(3, 3, strides=2, dtype='float64'),
+                 lambda: DepthwiseConv1D(2, padding='causal', dtype='float64'),
+                 lambda: Conv1D(4, 2, groups=2, dtype='float64')):
+        known, unknown = make(), make()
+        ph_known = K.placeholder(shape=(None, 5, 4), dtype='float64')
+        ph_unknown = K.placeholder(shape=(None, None, 4), dtype='float64')
+        out_known, out_unknown = known(ph_known), unknown(ph_unknown)
+        unknown.set_weights(known.get_weights())
+        np.testing.assert_allclose(K.function([ph_unknown], [out_unknown])([x])[0],
+                                   K.function([ph_known], [out_known])([x])[0], rtol=1e-12)

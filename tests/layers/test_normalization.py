@@ -239,3 +239,14 @@ def test_bad_arguments(make, error, match):
 def test_bad_input_shapes(layer, shape, match):
     with pytest.raises(ValueError, match=match):
         layer(keras.layers.Input(batch_shape=shape))
+
+
+def test_group_norm_with_unknown_lengths():
+    x = np.random.RandomState(6).randn(2, 5, 6)
+    layer = GroupNormalization(groups=3, dtype='float64')
+    ph = K.placeholder(shape=(None, None, 6), dtype='float64')
+    out = layer(ph)
+    assert K.int_shape(out) == (None, None, 6)
+    gamma, beta = _set_random_weights(layer)
+    np.testing.assert_allclose(K.function([ph], [out])([x])[0],
+                               group_norm_ref(x, 3, -1, 1e-3, gamma, beta), rtol=1e-10)
