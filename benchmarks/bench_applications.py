@@ -7,9 +7,9 @@ with ``cyback.load_model``: the import path users take is the one measured.
 The peers run the same weights: TF (``tf.function``), ONNX Runtime and
 OpenVINO (through tf2onnx; OpenVINO at f32 precision), LiteRT (XNNPACK).
 
-Every (engine, model, batch) runs in a process of its own, engines alternated
-in rounds; each process checks its outputs against TF's to 1e-4 before it
-times. The table gives the median per-call time over the rounds, the best
+Every engine runs in a process of its own, one per round (the engines' order
+rotating from round to round); it checks each model's outputs against TF's
+to 1e-4 before it times. The table gives the median per-call time over the rounds, the best
 peer per model and cyback's ratio to it (> 1: cyback is faster).
 
 The peers live in another Python environment, never cyback's:
@@ -138,7 +138,7 @@ def export(work, models, batches, threads):
     import tf2onnx
     for name in models:
         d = os.path.join(work, name)
-        if os.path.exists(os.path.join(d, "done")):
+        if all(os.path.exists(os.path.join(d, "y_b%d.npy" % b)) for b in batches):
             continue
         os.makedirs(d, exist_ok=True)
         model = build(name, keras)
@@ -154,7 +154,6 @@ def export(work, models, batches, threads):
             x = inputs_for(model, b)
             np.save(os.path.join(d, "x_b%d.npy" % b), x)
             np.save(os.path.join(d, "y_b%d.npy" % b), model(x, training=False).numpy())
-        open(os.path.join(d, "done"), "w").close()
 
 
 def peer_runner(engine, d, x, threads):
@@ -285,7 +284,8 @@ def main(argv=None):
     if args.role == "run":
         for model in models:
             for b in batches:
-                print(json.dumps(run_one(args.engine, args.work, model, b, args.threads)))
+                print(json.dumps(run_one(args.engine, args.work, model, b, args.threads)),
+                      flush=True)
         return 0
     if not args.tf_python:
         p.error("--tf-python is required: the peers and tf_keras live in another environment")
@@ -296,19 +296,22 @@ def main(argv=None):
     _spawn(args.tf_python, ["--role", "export", "--models", args.models,
                             "--batches", args.batches] + common)
     runs = {}
+    # One process per engine and round runs every model (TensorFlow's import
+    # alone takes seconds); the engines' order rotates from round to round.
     for r in range(args.rounds):
-        for model in models:
-            for b in batches:
-                order = engines[r % len(engines):] + engines[:r % len(engines)]
-                for engine in order:
-                    python = sys.executable if engine == "cyback" else args.tf_python
-                    line = _spawn(python, ["--role", "run", "--engine", engine, "--models", model,
-                                           "--batches", str(b)] + common).strip().splitlines()[-1]
-                    row = json.loads(line)
-                    runs.setdefault((model, b, engine), []).append(row)
-                    print("  round %d %-18s b%-2d %-9s %s" % (
-                        r + 1, model, b, engine, row.get("skipped") or
-                        "%.3f ms" % (1e3 * row["median_s"])), file=sys.stderr, flush=True)
+        order = engines[r % len(engines):] + engines[:r % len(engines)]
+        for engine in order:
+            python = sys.executable if engine == "cyback" else args.tf_python
+            out = _spawn(python, ["--role", "run", "--engine", engine, "--models", args.models,
+                                  "--batches", args.batches] + common)
+            for line in out.strip().splitlines():
+                if not line.startswith("{"):
+                    continue
+                row = json.loads(line)
+                runs.setdefault((row["model"], row["batch"], engine), []).append(row)
+                print("  round %d %-18s b%-2d %-9s %s" % (
+                    r + 1, row["model"], row["batch"], engine, row.get("skipped") or
+                    "%.3f ms" % (1e3 * row["median_s"])), file=sys.stderr, flush=True)
     table = summarize(runs, models, batches, engines)
     print_table(table, engines)
     result = {"threads": args.threads, "rounds": args.rounds, "load_average": os.getloadavg(),
