@@ -1,11 +1,20 @@
-"""``python -m cyback``: the build report, then a small network trained with
-cyback's own API (placeholders, variables, gradients, function with updates)."""
+"""``python -m cyback``: cyback's command line.
+
+Without a subcommand it prints the build report and trains a small network
+with cyback's own API (placeholders, variables, gradients, a function with
+updates), as ``python -m cyback demo`` does. ``python -m cyback --help`` lists
+the subcommands: ``info``, ``demo``, ``bench``, ``settings``,
+``set-default-backend``, ``inspect`` and ``predict``.
+"""
+import argparse
 import os
 import platform
 import sys
 import time
 
 import numpy as np
+
+from cyback.kernels import settings
 
 
 def build_report():
@@ -24,8 +33,8 @@ def build_report():
         ("compiler", BUILD_INFO.get("compiler", "unknown")),
         ("compile flags", " ".join(BUILD_INFO.get("compile_args", []))),
         ("openmp", "enabled" if runtime.openmp_enabled() else "disabled (single-threaded)"),
-        ("threads", "%d (CYBACK_NUM_THREADS=%s)" % (K.get_num_threads(),
-                                                   os.environ.get("CYBACK_NUM_THREADS", "unset"))),
+        ("threads", "%d (CYBACK_NUM_THREADS=%s)" % (
+            K.get_num_threads(), settings.raw("CYBACK_NUM_THREADS") or "unset")),
         ("blas", "%s (%d thread; cyback's parallelism is OpenMP)"
          % (blas_info(), get_blas_threads())),
         ("memory", "freed blocks kept for the next call (glibc mmap threshold %d MiB, trim "
@@ -37,6 +46,11 @@ def build_report():
         ("image_data_format", "%s (%s)" % (K.image_data_format(), src["image_data_format"])),
     ]
     rows.append(("keras backend", keras_backend_hint()))
+    chosen = sorted(n for n, s in settings.SETTINGS.items()
+                    if s.owner == settings.CYBACK and s.read != settings.BUILD
+                    and s.read != settings.TESTS and settings.is_set(n))
+    rows.append(("settings", ", ".join("%s=%s" % (n, settings.raw(n)) for n in chosen)
+                 or "no CYBACK_* variable set (python -m cyback settings lists them)"))
     width = max(len(k) for k, _ in rows)
     print("cyback build report")
     for k, v in rows:
@@ -127,13 +141,8 @@ def train_demo(epochs=60, batch=64, hidden=64, lr=0.05, verbose=True):
 def keras_json_path(environ=None):
     """Where multi-backend Keras reads keras.json: $KERAS_HOME, else ~/.keras
     (/tmp/.keras when the home directory is not writable)."""
-    environ = os.environ if environ is None else environ
-    if environ.get("KERAS_HOME"):
-        return os.path.join(environ["KERAS_HOME"], "keras.json")
-    base = os.path.expanduser("~")
-    if not os.access(base, os.W_OK):
-        base = "/tmp"
-    return os.path.join(base, ".keras", "keras.json")
+    from cyback.cli import keras_home
+    return os.path.join(keras_home(environ), "keras.json")
 
 
 def keras_backend_hint(environ=None):
@@ -142,9 +151,8 @@ def keras_backend_hint(environ=None):
     Keras writes keras.json with "backend": "tensorflow" the first time it is
     imported; afterwards a plain ``import keras`` wants TensorFlow."""
     import json
-    environ = os.environ if environ is None else environ
-    if environ.get("KERAS_BACKEND"):
-        name, source = environ["KERAS_BACKEND"], "KERAS_BACKEND"
+    if settings.is_set("KERAS_BACKEND", environ):
+        name, source = settings.raw("KERAS_BACKEND", environ), "KERAS_BACKEND"
     else:
         path = keras_json_path(environ)
         try:
@@ -156,18 +164,127 @@ def keras_backend_hint(environ=None):
     if name == "cyback":
         return "cyback (%s)" % source
     return ('%s (%s); to use cyback: export KERAS_BACKEND=cyback, or set "backend": '
-            '"cyback" in %s' % (name, source, keras_json_path(environ)))
+            '"cyback" in %s (python -m cyback set-default-backend does)'
+            % (name, source, keras_json_path(environ)))
 
 
-def main(argv=None):
+def demo(epochs=60):
+    """The build report, then the spirals network trained; 0 when it learned."""
     build_report()
     print()
     print("training a 2-64-64-1 tanh network on two spirals with K.gradients + K.function(updates)")
-    history, acc, _, _ = train_demo()
+    history, acc, _, _ = train_demo(epochs=epochs)
     ok = history[-1] < history[0] * 0.5 and acc > 0.9
     print("loss %.4f -> %.4f, test accuracy %.3f: %s"
           % (history[0], history[-1], acc, "OK" if ok else "NOT CONVERGED"))
     return 0 if ok else 1
+
+
+def _positive(text):
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a positive integer, got %r" % text) from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("expected a positive integer, got %r" % text)
+    return n
+
+
+def parser():
+    import cyback
+    p = argparse.ArgumentParser(
+        prog="python -m cyback",
+        description="cyback, a CPU backend for Keras. Without a command: the build report "
+                    "and a short training run (the demo).",
+        epilog="python -m cyback COMMAND --help describes a command.")
+    p.add_argument("--version", action="version", version="cyback " + cyback.__version__)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("info", help="the build report: version, compiler, OpenMP, threads, BLAS, "
+                                "memory, Keras settings",
+                   description="Print the build report.")
+    d = sub.add_parser("demo", help="the build report, then a small network trained with "
+                                    "cyback's own API (the default command)",
+                       description="Print the build report, then train a 2-64-64-1 network on "
+                                   "two spirals; exit status 0 when it learned.")
+    d.add_argument("--epochs", type=_positive, default=60, help="epochs (default 60)")
+    sub.add_parser("bench", add_help=False,
+                   help="benchmark cyback against the installed peers (the arguments go to "
+                        "python -m cyback.bench; bench --help lists them)")
+    st = sub.add_parser("settings", help="the environment variables cyback reads, as set now",
+                        description="List cyback's settings with their values and defaults, "
+                                    "or write the documentation's configuration page.")
+    st.add_argument("--write-docs", metavar="PATH", nargs="?", const="docs/configuration.md",
+                    help="write the configuration page (default docs/configuration.md)")
+    st.add_argument("--check-docs", metavar="PATH", nargs="?", const="docs/configuration.md",
+                    help="exit 1 if the configuration page is out of date")
+    b = sub.add_parser("set-default-backend",
+                       help="make cyback the backend a plain `import keras` loads (keras.json)",
+                       description='Set "backend": "cyback" in keras.json, keeping its other '
+                                   "keys; creates the file if it is missing.")
+    b.add_argument("--keras-home", metavar="DIR",
+                   help="the folder of keras.json (default $KERAS_HOME, else ~/.keras)")
+    i = sub.add_parser("inspect", help="a model file's layers and parameters, and whether it "
+                                       "runs on cyback",
+                       description="Load a Keras model file (tf.keras 2.x, Keras 3, Keras "
+                                   "2.2/2.3) with cyback.load_model and list its layers; exit "
+                                   "status 1 naming every unsupported layer if it does not load.")
+    i.add_argument("model", metavar="MODEL", help="a .h5 or .keras model file")
+    i.add_argument("--unsafe", action="store_true",
+                   help="load a file holding Python code (Lambda layers); only for files "
+                        "you trust")
+    r = sub.add_parser("predict", help="run a model file on a .npy input",
+                       description="Load MODEL with cyback.load_model and predict on the "
+                                   "arrays in INPUT (.npy; .npz with one array per input for "
+                                   "several inputs).")
+    r.add_argument("model", metavar="MODEL", help="a .h5 or .keras model file")
+    r.add_argument("input", metavar="INPUT.npy", help="the input batch")
+    r.add_argument("-o", "--output", metavar="OUT.npy",
+                   help="where to save the predictions (.npz for several outputs); without "
+                        "it they are printed")
+    r.add_argument("--batch-size", type=_positive, default=32, help="default 32")
+    r.add_argument("--unsafe", action="store_true",
+                   help="load a file holding Python code (Lambda layers); only for files "
+                        "you trust")
+    return p
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        # everything after "bench" is cyback.bench's, --help included
+        from cyback.bench.__main__ import main as bench_main
+        return bench_main(argv[1:])
+    args = parser().parse_args(argv)
+    from cyback import cli
+    try:
+        if args.command is None:
+            return demo()
+        if args.command == "demo":
+            return demo(args.epochs)
+        if args.command == "info":
+            build_report()
+            return 0
+        if args.command == "settings":
+            from cyback.kernels import settings as registry
+            if args.write_docs:
+                return registry.main(["-o", args.write_docs])
+            if args.check_docs:
+                return registry.main(["--check", "-o", args.check_docs])
+            cli.print_settings()
+            return 0
+        if args.command == "set-default-backend":
+            cli.set_default_backend(args.keras_home)
+            return 0
+        if args.command == "inspect":
+            cli.inspect_model(args.model, unsafe=args.unsafe)
+            return 0
+        if args.command == "predict":
+            cli.predict(args.model, args.input, args.output, args.batch_size, args.unsafe)
+            return 0
+    except cli.CommandError as e:
+        print("python -m cyback %s: %s" % (args.command, e), file=sys.stderr)
+        return 1
+    raise AssertionError("unhandled command %r" % args.command)
 
 
 if __name__ == "__main__":

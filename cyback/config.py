@@ -15,10 +15,19 @@ import numpy as np
 
 from cyback.kernels import cpu_budget as _cpu_budget
 from cyback.kernels import memory as _memory
+from cyback.kernels import settings as _registry
 from cyback.kernels._checks import ConfigWarning  # noqa: F401  (re-exported)
 
 # Before any kernel module loads libgomp, which reads its environment once.
 _cpu_budget.set_openmp_environment()
+
+# Settings the compiled kernels read themselves (getenv in the C headers, or
+# Cython at the module's import): a bad value is warned about and removed
+# here, before any kernel module loads, so that they take their default
+# instead of reading it in their own way (atof takes 'abc' for 0).
+_KERNEL_READ = ("CYBACK_PARALLEL_MIN_WORK", "CYBACK_TEAM_WARM_US", "CYBACK_JOIN_US",
+                "CYBACK_WINOGRAD", "CYBACK_AVX512")
+_registry.remove_bad(_KERNEL_READ)
 # Freed intermediate arrays stay in the process for the next call
 # (cyback/kernels/memory.py says why and how to opt out).
 _memory.keep_freed_memory()
@@ -32,8 +41,8 @@ _sources = {k: "default" for k in _settings}
 
 def keras_home():
     """The folder holding keras.json: ``$KERAS_HOME``, else ``~/.keras``."""
-    if os.environ.get("KERAS_HOME"):
-        return os.environ["KERAS_HOME"]
+    if _registry.is_set("KERAS_HOME"):
+        return _registry.raw("KERAS_HOME")
     base = os.path.expanduser("~")
     if not os.access(base, os.W_OK):
         base = "/tmp"
@@ -299,69 +308,33 @@ def set_num_threads(n):
     runtime.set_num_threads(n)
 
 
-# Settings read at import (keras.json above, the environment variables below)
-# follow one policy: a bad value is a ConfigWarning naming the setting, the
-# value and the default used instead, never an error. Keras imports cyback, and
-# a typo in a tuning variable must not stop a service from starting; the
-# warning still says what to fix. The same values given in code
-# (set_num_threads, set_floatx, ...) raise.
-
-def _positive_env(name):
-    """The positive integer in environment variable ``name``, or None when it
-    is unset, empty or bad (bad: a ConfigWarning)."""
-    value = os.environ.get(name)
-    if value is None or not value.strip():
-        return None
-    from cyback.kernels.runtime import MAX_THREADS
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= MAX_THREADS:
-        _config_warning("%s must be an integer from 1 to %d, got %r; using the default"
-                        % (name, MAX_THREADS, value))
-        return None
-    return n
-
-
-def _check_amount_env(name, what):
-    # The kernels read these themselves (CYBACK_PARALLEL_MIN_WORK with atof,
-    # which takes 'abc' for 0): a bad value is removed from the environment
-    # before any kernel reads it, so that they use their default.
-    value = os.environ.get(name)
-    if value is None:
-        return
-    try:
-        amount = float(value)
-    except ValueError:
-        amount = float("nan")
-    if not (np.isfinite(amount) and amount >= 0):
-        _config_warning("%s must be a finite non-negative number of %s, got %r; using the "
-                        "default" % (name, what, value))
-        del os.environ[name]
-
+# Settings read at import (keras.json above, the environment variables through
+# cyback/kernels/settings.py) follow one policy: a bad value is a ConfigWarning
+# naming the setting, the value and the default used instead, never an error.
+# Keras imports cyback, and a typo in a tuning variable must not stop a service
+# from starting; the warning still says what to fix. The same values given in
+# code (set_num_threads, set_floatx, ...) raise.
 
 def _init_threads():
     from cyback.kernels import runtime
     from cyback.kernels.blas_threads import set_blas_threads
-    _check_amount_env("CYBACK_PARALLEL_MIN_WORK", "flops (default 1e6)")
-    if "CYBACK_TEAM_WARM_US" in os.environ:
-        _check_amount_env("CYBACK_TEAM_WARM_US", "microseconds")
-        runtime.set_warm_window(runtime.warm_window())
-    if "CYBACK_JOIN_US" in os.environ:
-        _check_amount_env("CYBACK_JOIN_US", "microseconds")
-        runtime.set_join_window(runtime.join_window())
-    n = _positive_env("CYBACK_NUM_THREADS")
+    _registry.remove_bad(_KERNEL_READ)
+    warm = _registry.get("CYBACK_TEAM_WARM_US")
+    if warm is not None:
+        runtime.set_warm_window(min(1.0, warm * 1e-6))
+    if _registry.raw("CYBACK_JOIN_US") is not None:
+        runtime.set_join_window(_registry.get("CYBACK_JOIN_US") * 1e-6)
+    n = _registry.get("CYBACK_NUM_THREADS")
     if n is None:
         # OpenMP counts the affinity mask but not a container's CPU quota.
-        n = _cpu_budget.default_threads() if not os.environ.get("OMP_NUM_THREADS") else \
-            runtime.get_max_threads()
+        n = runtime.get_max_threads() if _registry.is_set("OMP_NUM_THREADS") else \
+            _cpu_budget.default_threads()
     # Through set_num_threads even when OpenMP's own count is kept: that makes
     # the count the process's, for every thread (not only this one).
     set_num_threads(max(1, n))
     # CYBACK_BLAS_THREADS leaves BLAS with that many threads, for programs
     # whose own NumPy products matter more than cyback's.
-    set_blas_threads(_positive_env("CYBACK_BLAS_THREADS") or 1)
+    set_blas_threads(_registry.get("CYBACK_BLAS_THREADS"))
 
 
 # ------------------------------------------------------------ learning phase

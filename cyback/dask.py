@@ -51,6 +51,8 @@ import weakref
 
 import numpy as np
 
+from cyback.kernels import settings
+
 __all__ = ["predict", "save", "from_npy_files", "cache_info", "clear_cache", "SCORING_CONFIG"]
 
 _API = "cyback.dask.predict"
@@ -344,7 +346,7 @@ def _worker_threads(threads, host_threads):
     """The cyback thread count for a task running here, or None to leave it."""
     if threads != "auto":
         return threads
-    if os.environ.get("CYBACK_NUM_THREADS"):
+    if settings.is_set("CYBACK_NUM_THREADS"):
         return None         # the worker's environment decides
     try:
         from distributed import get_worker

@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+from cyback.kernels.settings import raw
+
 # Each script's smallest command line: its own smoke options where it has them.
 QUICK_ARGS = {
     "bench_conv.py": ["--quick"], "bench_pool.py": ["--quick"], "bench_ctc.py": ["--quick"],
@@ -43,7 +45,7 @@ def run_script(name, threads, quick, timeout=900):
     env = dict(os.environ, CYBACK_NUM_THREADS=str(threads),
                PYTHONPATH=os.pathsep.join(
                    [os.path.dirname(folder)]
-                   + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+                   + [p for p in (raw("PYTHONPATH") or "").split(os.pathsep) if p]))
     cmd = [sys.executable, os.path.join(folder, name)] + (QUICK_ARGS.get(name, []) if quick else [])
     t0 = time.perf_counter()
     try:

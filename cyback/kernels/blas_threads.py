@@ -26,7 +26,7 @@ import os
 import re
 import threading
 
-from cyback.kernels._checks import setting_warning
+from cyback.kernels import settings
 
 _lock = threading.Lock()
 _libs = None          # [(path, set, get, config)] for every OpenBLAS found
@@ -38,7 +38,6 @@ _sgemm64 = {}         # {path: address} of the CBLAS 64-bit sgemm of each NumPy 
 # CBLAS sgemm with 64-bit integers (runtime.cblas_sgemm64_t): NumPy's build
 # and a plain 64-bit-integer OpenBLAS.
 _SGEMM64_NAMES = ("scipy_cblas_sgemm64_", "cblas_sgemm64_")
-_SGEMM_CHOICES = ("auto", "scipy", "numpy")
 
 # (set, get, config) symbol names across OpenBLAS builds: SciPy's own, the
 # 64-bit-integer build NumPy ships, and a plain OpenBLAS.
@@ -98,12 +97,7 @@ def _load():
 
 def sgemm_choice(environ=os.environ):
     """CYBACK_SGEMM: ``auto`` (the default), ``scipy`` or ``numpy``."""
-    choice = environ.get("CYBACK_SGEMM", "").strip().lower() or "auto"
-    if choice not in _SGEMM_CHOICES:
-        setting_warning("CYBACK_SGEMM must be one of %s, got %r; using the default (auto)"
-                        % (", ".join(_SGEMM_CHOICES), environ["CYBACK_SGEMM"]))
-        return "auto"
-    return choice
+    return settings.get("CYBACK_SGEMM", environ)
 
 
 def _config_text(config):

@@ -21,6 +21,8 @@ gaps inside one call, short enough that a busy neighbour loses little
 import math
 import os
 
+from cyback.kernels.settings import raw
+
 _CGROUP_ROOT = "/sys/fs/cgroup"
 
 
@@ -136,6 +138,6 @@ def set_openmp_environment(environ=os.environ):
     OpenMP runtimes other than libgomp (sleep at once); libgomp takes
     ``GOMP_SPINCOUNT`` over it. libgomp reads these when it is loaded, so this
     must run before the first kernel is imported."""
-    if "OMP_WAIT_POLICY" not in environ and "GOMP_SPINCOUNT" not in environ:
+    if raw("OMP_WAIT_POLICY", environ) is None and raw("GOMP_SPINCOUNT", environ) is None:
         environ["OMP_WAIT_POLICY"] = "PASSIVE"
         environ["GOMP_SPINCOUNT"] = str(SPIN_ROUNDS)

@@ -20,6 +20,8 @@ variables). Other C libraries are left alone.
 import ctypes
 import os
 
+from cyback.kernels import settings as _registry
+
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -38,11 +40,11 @@ def _glibc():
 
 
 def _user_chose(environ):
-    if environ.get("CYBACK_MALLOC", "").lower() == "system":
+    if _registry.get("CYBACK_MALLOC", environ) == "system":
         return True
-    if "glibc.malloc." in environ.get("GLIBC_TUNABLES", ""):
+    if "glibc.malloc." in (_registry.raw("GLIBC_TUNABLES", environ) or ""):
         return True
-    return any(k.startswith("MALLOC_") and k.endswith("_") for k in environ)
+    return bool(_registry.matching("MALLOC_*_", environ))
 
 
 def keep_freed_memory(environ=os.environ):
