@@ -60,18 +60,20 @@ def parse_args(argv):
                         "(their smoke sizes with --quick) and fold their tables into the report")
     p.add_argument("--no-charts", action="store_true")
     args = p.parse_args(argv)
+    args.argv = list(argv)
     if args.threads < 1:
         p.error("--threads must be positive")
     return args
 
 
-def run(args, stream=sys.stderr):
+def run(args, stream=None):
     """Run the suites named in ``args``; returns the result document (also written to disk)."""
+    stream = sys.stderr if stream is None else stream
     import numpy as np
 
     import cyback
 
-    from . import machine, ops
+    from . import found, machine, ops
     from .report import write_report
     from .timing import time_alternated
 
@@ -85,6 +87,14 @@ def run(args, stream=sys.stderr):
     if unknown:
         raise SystemExit("python -m cyback.bench: unknown suite(s) %s" % ", ".join(sorted(unknown)))
     wanted = set(args.peers.split(",")) if args.peers else set()
+    available = found.availability(wanted)
+    print("python -m cyback.bench: peers and tools", file=stream)
+    for line in found.format_availability(available):
+        print("  " + line, file=stream)
+    charts = not args.no_charts and found.have(available, "matplotlib")
+    if not args.no_charts and not charts:
+        print("  no charts: matplotlib is not installed (pip install matplotlib); the report "
+              "and results.json are written all the same", file=stream)
     torch = None
     if wanted & {"torch", "torch.jit", "ort"}:
         try:
@@ -180,21 +190,46 @@ def run(args, stream=sys.stderr):
     for name in script_names:
         script_results.append(scripts.run_script(name, args.threads, args.quick))
         bar.step(name)
-    argv = sys.argv[1:] if args is not None else []
-    doc = {"command": "python -m cyback.bench " + " ".join(argv),
+    argv = getattr(args, "argv", sys.argv[1:])
+    doc = {"command": " ".join(["python -m cyback.bench"] + argv),
            "started": started, "seconds": time.perf_counter() - t_start,
            "load_start": load_start, "load_end": machine.load_average(),
            "threads": args.threads, "scale": scale, "blocks": blocks, "block_seconds": block_s,
            "sgemm_n": sgemm_n, "sgemm_gflops": sgemm, "machine": machine.describe(args.threads),
-           "versions": versions, "rows": rows, "scripts": script_results}
+           "versions": versions, "rows": rows, "scripts": script_results, "found": available}
     if model_names:
         doc["summary"] = models_mod.summary([r for r in rows if r["suite"] == "models"])
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
+    results = os.path.join(args.out, "results.json")
+    with open(results, "w") as f:
         json.dump(doc, f, indent=1, default=float)
-    if not args.no_charts:
-        doc["report"] = write_report(args.out, doc)
+    doc["report"] = write_report(args.out, doc, charts_wanted=charts)
+    doc["files"] = [results, doc["report"]] + doc.pop("charts", [])
     return doc
+
+
+def speedup_lines(rows):
+    """A table of each peer's time against cyback's, per case or model."""
+    base = {}
+    for r in rows:
+        if "median_us" in r and r["engine"] in ("cyback", "cyback K.function"):
+            base[(r.get("case") or r.get("model"), r.get("batch"))] = r["median_us"]
+    table = []
+    for r in rows:
+        if "median_us" not in r or r["engine"].startswith("cyback"):
+            continue
+        what = r.get("case") or "%s, batch %d" % (r["model"], r["batch"])
+        mine = base.get((r.get("case") or r.get("model"), r.get("batch")))
+        table.append((what, r["engine"], "%.1f" % mine if mine else "-",
+                      "%.1f" % r["median_us"], "%.2fx" % r["cyback_speedup"]))
+    if not table:
+        return ["no peer ran: nothing to compare cyback with (see 'not found' above)"]
+    head = ("case", "peer", "cyback us", "peer us", "cyback speed-up")
+    widths = [max(len(row[i]) for row in table + [head]) for i in range(5)]
+    fmt = "  %-*s  %-*s  %*s  %*s  %*s"
+    out = [fmt % sum(zip(widths, head), ())]
+    out += [fmt % sum(zip(widths, row), ()) for row in table]
+    return out
 
 
 def main(argv=None):
@@ -204,18 +239,22 @@ def main(argv=None):
         print(format_comparison(args.compare[0], args.compare[1], args.threshold))
         return 0
     doc = run(args)
-    print("sgemm roofline: %.1f GFLOPS (%d threads); load %s -> %s" % (
-        doc["sgemm_gflops"], doc["threads"], " ".join(map(str, doc["load_start"])),
-        " ".join(map(str, doc["load_end"]))))
-    for r in doc["rows"]:
-        if "median_us" in r and not r["engine"].startswith("cyback"):
-            what = r.get("case") or "%s b%d" % (r["model"], r["batch"])
-            print("  %-45s %-10s cyback speed-up x%.2f" % (what, r["engine"], r["cyback_speedup"]))
-    for k, v in sorted(doc.get("summary", {}).items()):
-        print("%s: %.3f" % (k, v))
-    print("wrote %s" % os.path.join(args.out, "results.json"))
-    if doc.get("report"):
-        print("wrote %s" % doc["report"])
+    from .report import summary_rows
+    print("sgemm roofline: %.3g GFLOPS (%d thread%s); load average %s at the start, %s at "
+          "the end" % (doc["sgemm_gflops"], doc["threads"], "" if doc["threads"] == 1 else "s",
+                       " ".join(map(str, doc["load_start"])),
+                       " ".join(map(str, doc["load_end"]))))
+    for line in speedup_lines(doc["rows"]):
+        print(line)
+    rows = summary_rows(doc.get("summary", {}))
+    if rows:
+        print("summary:")
+        width = max(len(label) for label, _ in rows)
+        for label, value in rows:
+            print("  %-*s  %s" % (width, label, value))
+    print("wrote:")
+    for path in doc["files"]:
+        print("  " + path)
     return 0
 
 

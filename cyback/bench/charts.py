@@ -37,6 +37,12 @@ def speedup_chart(path, labels, series, title, ylabel="speed-up of cyback (x, lo
     return path
 
 
+def roofline_label(gflops):
+    """The legend of the roofline line: its value with its unit, three
+    significant digits (a quick run's small sgemm reaches well under 1 GFLOPS)."""
+    return "sgemm roofline (%s GFLOPS)" % ("%.3g" % gflops)
+
+
 def gflops_chart(path, labels, gflops, roofline, title):
     """Bars of achieved GFLOPS per case and engine against the sgemm roofline."""
     plt = _plt()
@@ -49,7 +55,7 @@ def gflops_chart(path, labels, gflops, roofline, title):
         v = [np.nan if x is None else x for x in vals]
         ax.bar(xs + (i - (len(gflops) - 1) / 2) * width, v, width, label=engine)
     if roofline:
-        ax.axhline(roofline, color="r", ls="--", lw=1, label="sgemm roofline %.0f" % roofline)
+        ax.axhline(roofline, color="r", ls="--", lw=1, label=roofline_label(roofline))
     ax.set_xticks(xs)
     ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("GFLOPS")

@@ -1,5 +1,6 @@
 """The Markdown report of a ``python -m cyback.bench`` run."""
 import os
+import re
 
 from . import charts
 
@@ -37,29 +38,64 @@ def _table(rows, columns):
     return "\n".join(out)
 
 
-def write_report(outdir, doc):
-    """Write report.md and the charts into ``outdir``; returns the report's path."""
+PEER_LABELS = {"ort": "ONNX Runtime", "torch": "PyTorch (eager)", "torch.jit": "TorchScript",
+               "tf": "TensorFlow (tf.function)", "numpy": "NumPy reference"}
+
+
+def summary_rows(summary):
+    """(label, value) pairs saying what each summary key of results.json is."""
+    out = []
+    for key, value in sorted(summary.items()):
+        m = re.match(r"geomean_vs_(.+)_b(\d+)$", key)
+        if m:
+            out.append(("cyback speed-up over %s, batch %s (geometric mean over the models)"
+                        % (PEER_LABELS.get(m.group(1), m.group(1)), m.group(2)),
+                        "%.2fx" % value))
+        elif key == "mlp_b1_kfunction_us":
+            out.append(("MLP 32-64-64-10 at batch 1, one K.function call", "%.1f us" % value))
+        else:
+            out.append((key.replace("_", " "), "%.3f" % value))
+    return out
+
+
+def speedup_series(rows, label):
+    """(labels, {peer: speed-up per label}, labels no peer ran) for a chart of
+    ``rows``; a case that ran on cyback alone gets no empty slot in the chart."""
+    keys = []
+    for r in rows:
+        if label(r) not in keys:
+            keys.append(label(r))
+    peers = sorted({r["engine"] for r in rows if not r["engine"].startswith("cyback")})
+    labels, series, alone = [], {p: [] for p in peers}, []
+    for k in keys:
+        values = {p: next((r["cyback_speedup"] for r in rows
+                           if label(r) == k and r["engine"] == p), None) for p in peers}
+        if all(v is None for v in values.values()):
+            alone.append(k)
+            continue
+        labels.append(k)
+        for p in peers:
+            series[p].append(values[p])
+    return labels, series, alone
+
+
+def write_report(outdir, doc, charts_wanted=True):
+    """Write report.md (and the charts, when wanted and matplotlib is there)
+    into ``outdir``; returns the report's path. ``doc["charts"]`` lists the
+    charts written."""
     os.makedirs(outdir, exist_ok=True)
     rows = [r for r in doc["rows"] if "median_us" in r]
     pngs = {}
     ops = [r for r in rows if r["suite"] == "ops"]
     models = [r for r in rows if r["suite"] == "models"]
+    alone = []
 
     def speedups(rs, label):
-        labels, series = [], {}
-        keys = []
-        for r in rs:
-            if label(r) not in keys:
-                keys.append(label(r))
-        peers = sorted({r["engine"] for r in rs if not r["engine"].startswith("cyback")})
-        for k in keys:
-            labels.append(k)
-            for p in peers:
-                v = [r["cyback_speedup"] for r in rs if label(r) == k and r["engine"] == p]
-                series.setdefault(p, []).append(v[0] if v else None)
+        labels, series, solo = speedup_series(rs, label)
+        alone.extend(solo)
         return labels, series
 
-    if ops:
+    if ops and charts_wanted:
         labels, series = speedups(ops, lambda r: r["case"])
         pngs["ops"] = charts.speedup_chart(
             os.path.join(outdir, "speedup_ops.png"), labels, series,
@@ -75,7 +111,7 @@ def write_report(outdir, doc):
         pngs["gflops"] = charts.gflops_chart(os.path.join(outdir, "gflops.png"), cases, g,
                                              doc.get("sgemm_gflops"),
                                              "GFLOPS against the sgemm roofline")
-    if models:
+    if models and charts_wanted:
         labels, series = speedups(models, lambda r: "%s b%d" % (r["model"], r["batch"]))
         pngs["models"] = charts.speedup_chart(os.path.join(outdir, "speedup_models.png"), labels,
                                               series, "models: speed-up of cyback (K.function) "
@@ -85,7 +121,7 @@ def write_report(outdir, doc):
         if r.get("latencies_us") and r.get("batch") in (1, None):
             case = r.get("model") or r.get("case")
             groups.setdefault(case, {})[r["engine"].replace("cyback ", "")] = r["latencies_us"]
-    if groups:
+    if groups and charts_wanted:
         pngs["latency"] = charts.latency_chart(os.path.join(outdir, "latency_b1.png"), groups,
                                                "single-call latency distributions, batch 1")
 
@@ -107,15 +143,23 @@ def write_report(outdir, doc):
              ""]
     lines.append(METHOD.format(threads=doc["threads"], block_ms=doc["block_seconds"] * 1e3,
                                blocks=doc["blocks"], sgemm_n=doc["sgemm_n"]))
+    if doc.get("found"):
+        from .found import format_availability
+        lines += ["## Peers and tools", ""]
+        lines += [("    - " + ln.strip()) if ln.startswith("  ") else "- " + ln
+                  for ln in format_availability(doc["found"])]
+        lines.append("")
     if doc.get("summary"):
-        lines += ["## Summary", ""]
-        for k, v in sorted(doc["summary"].items()):
-            lines.append("- %s: %.3f" % (k, v))
+        lines += ["## Summary", "", "| | |", "|---|---|"]
+        for label, value in summary_rows(doc["summary"]):
+            lines.append("| %s | %s |" % (label, value))
         lines.append("")
     for key, title in (("ops", "Op cases: speed-up"), ("gflops", "Op cases: GFLOPS"),
                        ("models", "Models: speed-up"), ("latency", "Batch-1 latency")):
         if pngs.get(key):
             lines += ["![%s](%s)" % (title, os.path.basename(pngs[key])), ""]
+    if alone and pngs:
+        lines += ["Not in the speed-up charts (no peer ran them): %s." % ", ".join(alone), ""]
     if ops:
         lines += ["## Op cases", "", _table(ops, ["case", "engine", "median_us", "p90_us", "gflops",
                                                   "cyback_speedup"]), ""]
@@ -144,4 +188,5 @@ def write_report(outdir, doc):
     path = os.path.join(outdir, "report.md")
     with open(path, "w") as f:
         f.write("\n".join(lines))
+    doc["charts"] = [p for p in pngs.values() if p]
     return path

@@ -1,6 +1,7 @@
 """cyback.bench: the quick mode's code path on tiny sizes without peers, the
 timing method, output checks, the report and --compare. No timing is asserted."""
 import io
+import os
 import json
 
 import numpy as np
@@ -230,3 +231,87 @@ def test_settle_waits_for_a_spinning_thread_to_stop(monkeypatch):
     monkeypatch.setattr(timing, "time", clock)
     assert not timing.settle(0.0, step=0.01, most=0.2)
     assert clock.now == pytest.approx(0.2, abs=0.011)
+
+
+# ------------------------------------------------------------ what the run says
+
+def test_availability_says_what_was_found_and_what_not(monkeypatch):
+    from cyback.bench import found
+    versions = {"numpy": "2.0", "torch": None, "onnxruntime": None, "onnx": None,
+                "tensorflow": "2.17", "tf_keras": "2.17", "keras": "2.3.1",
+                "matplotlib": None, "openvino": None}
+    monkeypatch.setattr(found, "_version", lambda module, dist: versions[module])
+    rows = found.availability(wanted={"numpy", "torch"})
+    assert [r["name"] for r in rows][-1] == "openvino" and rows[-1]["other"]
+    assert not found.have(rows, "matplotlib") and found.have(rows, "numpy")
+    text = "\n".join(found.format_availability(rows))
+    assert "numpy 2.0: reference implementations" in text
+    assert "tensorflow 2.17: TensorFlow peer (needs tf_keras) (installed, left out: " \
+           "not in --peers)" in text
+    missing = text.split("not found")[1]
+    for name in ("torch", "onnxruntime", "matplotlib"):
+        assert "\n  %s: " % name in missing
+    assert "openvino not found: benchmarks/bench_applications.py only" in text
+
+
+def test_availability_finds_what_is_installed():
+    from cyback.bench import found
+    rows = {r["name"]: r for r in found.availability()}
+    assert rows["numpy"]["version"] == np.__version__
+    assert found._version("no_such_module_here", "no-such-module-here") is None
+
+
+def test_summary_keys_get_human_labels():
+    from cyback.bench.report import summary_rows
+    rows = dict(summary_rows({"geomean_vs_ort_b1": 1.07, "mlp_b1_kfunction_us": 5.239,
+                              "geomean_vs_torch.jit_b32": 0.5}))
+    assert rows["cyback speed-up over ONNX Runtime, batch 1 (geometric mean over the "
+                "models)"] == "1.07x"
+    assert rows["MLP 32-64-64-10 at batch 1, one K.function call"] == "5.2 us"
+    assert rows["cyback speed-up over TorchScript, batch 32 (geometric mean over the "
+                "models)"] == "0.50x"
+    assert not any("_" in label for label in rows)
+
+
+def test_a_case_no_peer_ran_gets_no_empty_slot_in_the_chart():
+    from cyback.bench.report import speedup_series
+    rows = [{"case": "dot", "engine": "cyback", "cyback_speedup": 1.0},
+            {"case": "dot", "engine": "numpy", "cyback_speedup": 2.0},
+            {"case": "ctc_batch_cost", "engine": "cyback", "cyback_speedup": 1.0},
+            {"case": "conv", "engine": "cyback", "cyback_speedup": 1.0},
+            {"case": "conv", "engine": "torch", "cyback_speedup": 3.0}]
+    labels, series, alone = speedup_series(rows, lambda r: r["case"])
+    assert labels == ["dot", "conv"] and alone == ["ctc_batch_cost"]
+    assert series == {"numpy": [2.0, None], "torch": [None, 3.0]}
+
+
+def test_the_roofline_legend_keeps_small_values():
+    from cyback.bench.charts import roofline_label
+    assert roofline_label(0.41) == "sgemm roofline (0.41 GFLOPS)"
+    assert roofline_label(119.34) == "sgemm roofline (119 GFLOPS)"
+
+
+def test_the_command_says_what_it_found_and_lists_the_files_it_wrote(tmp_path, capsys):
+    assert cli.main(["--quick", "--suites", "ops", "--peers", "numpy", "--threads", "1",
+                     "--cases", "dot,ctc", "--out", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert "peers and tools" in captured.err and "found:" in captured.err
+    out = captured.out
+    assert "case" in out and "cyback speed-up" in out
+    assert "_us" not in out and "geomean_vs" not in out       # labels, not keys
+    listed = out.split("wrote:\n")[1].split()
+    assert str(tmp_path / "results.json") in listed and str(tmp_path / "report.md") in listed
+    assert all(os.path.exists(p) for p in listed)
+    assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in listed)
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["command"].startswith("python -m cyback.bench --quick")
+    assert any(r["name"] == "numpy" for r in doc["found"])
+    report = (tmp_path / "report.md").read_text()
+    assert "## Peers and tools" in report
+
+
+def test_no_charts_still_writes_the_report(tmp_path):
+    args = cli.parse_args(["--quick", "--suites", "ops", "--peers", "numpy", "--threads", "1",
+                           "--cases", "dot", "--out", str(tmp_path), "--no-charts"])
+    doc = cli.run(args, io.StringIO())
+    assert doc["files"] == [str(tmp_path / "results.json"), str(tmp_path / "report.md")]
