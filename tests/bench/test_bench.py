@@ -1,8 +1,8 @@
 """cyback.bench: the quick mode's code path on tiny sizes without peers, the
 timing method, output checks, the report and --compare. No timing is asserted."""
 import io
-import os
 import json
+import os
 
 import numpy as np
 import pytest
