@@ -1,0 +1,42 @@
+"""examples/: each script runs to the end (exit status 0) in its own process
+and says what it checked. They are small: seconds each."""
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+
+# script -> (modules it needs, a line it prints when its check passed)
+SCRIPTS = {
+    "train_save_reload.py": (("keras", "h5py"),
+                             "cyback.load_model: the reloaded model's 100 predictions are "
+                             "identical"),
+    "serve_thread_pool.py": (("keras", "h5py"),
+                             "served 64 requests; 0 answers differ"),
+    "dask_batch_scoring.py": (("keras", "h5py", "dask", "distributed"),
+                              "the cluster's predictions match the model run directly"),
+}
+
+
+def test_every_example_is_tested():
+    assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(SCRIPTS)
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_example_runs(script, tmp_path):
+    needs, says = SCRIPTS[script]
+    for module in needs:
+        if importlib.util.find_spec(module) is None:
+            pytest.skip("%s needs %s" % (script, module))
+    # Keras writes keras.json on its first import: into a folder of the test's own
+    env = dict(os.environ, KERAS_HOME=str(tmp_path / "keras-home"), KERAS_BACKEND="cyback")
+    out = subprocess.run([sys.executable, str(EXAMPLES / script)], env=env, cwd=str(tmp_path),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert says in out.stdout, out.stdout
+    # the scripts clean up after themselves and write nothing where they run
+    assert sorted(os.listdir(tmp_path)) in ([], ["keras-home"])
