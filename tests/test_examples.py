@@ -40,3 +40,18 @@ def test_example_runs(script, tmp_path):
     assert says in out.stdout, out.stdout
     # the scripts clean up after themselves and write nothing where they run
     assert sorted(os.listdir(tmp_path)) in ([], ["keras-home"])
+
+
+def test_the_dask_quickstart_of_the_docs_runs_as_written(tmp_path):
+    for module in ("keras", "h5py", "dask", "distributed"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip("the quickstart needs %s" % module)
+    text = (EXAMPLES.parent / "docs" / "dask.md").read_text(encoding="utf-8")
+    section = text.split("## On your machine: a local cluster")[1]
+    code = section.split("```python\n")[1].split("```")[0]
+    (tmp_path / "quickstart.py").write_text(code)
+    env = dict(os.environ, KERAS_HOME=str(tmp_path / "keras-home"))
+    out = subprocess.run([sys.executable, "quickstart.py"], env=env, cwd=str(tmp_path),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "scored 1000 images" in out.stdout and "1000 rows read back" in out.stdout
