@@ -160,6 +160,9 @@ def floatx():
 
 
 def set_floatx(floatx):
+    """Set the default float type: 'float16', 'float32' or 'float64' (anything
+    else raises ValueError). Tensors and variables made afterwards without a
+    dtype take it."""
     floatx = str(floatx)
     if floatx not in _VALID_FLOATX:
         raise ValueError("set_floatx: unknown floatx type %r; expected one of %s"
@@ -180,6 +183,8 @@ def epsilon():
 
 
 def set_epsilon(e):
+    """Set the fuzz factor of numeric expressions: a finite non-negative
+    number (anything else raises ValueError)."""
     try:
         e = float(e)
     except (TypeError, ValueError):
@@ -202,6 +207,9 @@ def image_data_format():
 
 
 def set_image_data_format(data_format):
+    """Set the default layout of image tensors: 'channels_last' (samples,
+    rows, columns, channels) or 'channels_first' (samples, channels, rows,
+    columns)."""
     if data_format not in _VALID_FORMATS:
         raise ValueError("set_image_data_format: unknown data_format %r; expected "
                          "'channels_last' or 'channels_first'" % (data_format,))
@@ -229,6 +237,7 @@ def cast_to_floatx(x):
 
 
 def backend():
+    """The backend's name: 'cyback'."""
     return "cyback"
 
 
@@ -247,6 +256,7 @@ def get_uid(prefix=""):
 
 
 def reset_uids():
+    """Start every prefix's uids (get_uid) from 1 again."""
     with _uid_lock:
         _uids.clear()
 
@@ -372,6 +382,8 @@ def fixed_learning_phase():
 
 
 def set_learning_phase(value):
+    """Fix the learning phase: 0 (test) or 1 (train) for every function built
+    afterwards, instead of the placeholder fed at each call."""
     if value not in (0, 1) or isinstance(value, float) and value not in (0.0, 1.0):
         raise ValueError("set_learning_phase: expected 0 (test) or 1 (train), got %r" % (value,))
     _learning_phase["fixed"] = int(value)

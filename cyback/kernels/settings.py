@@ -275,9 +275,10 @@ _DECLARED = [
         "CYBACK_AVX512", "choice", True,
         "`0` caps the vector kernels at AVX2 + FMA on CPUs with AVX-512F.",
         group="Kernels", read=IMPORT, choices=("0", "1"), values=_ON_OFF,
-        readers=("cyback/config.py", "include/cyback_simd.h"),
-        details="For hosts where 512-bit code lowers the clock of other work. CPUs "
-                "without AVX-512F never run the AVX-512 kernels."),
+        readers=("cyback/config.py", "include/cyback_simd.h", "include/cyback_qgemm.h"),
+        details="For hosts where 512-bit code lowers the clock of other work (the "
+                "quantized products then stop at AVX-VNNI). CPUs without AVX-512F never "
+                "run the AVX-512 kernels."),
     Setting(
         "CYBACK_SGEMM", "choice", "auto",
         "Which OpenBLAS the kernels' float32 matrix products call.",
