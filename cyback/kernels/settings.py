@@ -239,7 +239,7 @@ _DECLARED = [
         "The work below which a kernel keeps a call on the calling thread instead of "
         "waking the thread team.",
         group="Threads", read=IMPORT, minimum=0, unit="work units",
-        empty_is_unset=False,
+        empty_is_unset=False, default_text="1e6",
         readers=("cyback/config.py", "include/cyback_omp.h"),
         details=_WORK_UNIT),
     Setting(
@@ -408,7 +408,7 @@ _DECLARED = [
         "CYBACK_KERNELS", "text", None,
         "Comma-separated kernel modules to build (development: build only these).",
         group="Building from source", read=BUILD, readers=("setup.py",),
-        default_text="all twelve"),
+        default_text="all of them"),
     # ------------------------------------------------------------ tests and tools
     Setting(
         "CYBACK_FUZZ_CALLS", "int", 600,
