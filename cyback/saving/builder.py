@@ -171,7 +171,11 @@ class Builder:
             produced[key] = self._call(layer, index, node, prepared, produced)
         inputs = [self._resolve(r, produced) for r in spec.inputs]
         outputs = [self._resolve(r, produced) for r in spec.outputs]
-        return keras.models.Model(inputs=inputs, outputs=outputs, name=spec.name)
+        try:
+            return keras.models.Model(inputs=inputs, outputs=outputs, name=spec.name)
+        except (ValueError, TypeError) as e:
+            raise Unsupported('the graph of model %r does not connect its inputs to its '
+                              'outputs: %s' % (spec.name, e)) from e
 
     def _needed_refs(self, layer, index, node, prepared):
         if layer.role == 'op':
@@ -183,7 +187,7 @@ class Builder:
         if isinstance(value, TensorRef):
             outputs = produced.get((value.layer, value.node))
             if outputs is None or value.tensor >= len(outputs):
-                raise Unsupported('the graph refers to %s, which no call produces' % value)
+                raise Unsupported('the graph refers to %s, which no call produces' % (value,))
             return outputs[value.tensor]
         if isinstance(value, (list, tuple)):
             return [self._resolve(v, produced) for v in value]
@@ -213,7 +217,11 @@ class Builder:
             self._refuse(layer, Unsupported(
                 'zero_output_for_mask=True with a masked input: Keras 2.3.1 RNNs repeat the '
                 'last output at masked steps instead of writing zeros'))
-        return _as_list(instance(inputs, **kwargs))
+        try:
+            return _as_list(instance(inputs, **kwargs))
+        except (ValueError, TypeError, AttributeError, IndexError, UnicodeError) as e:
+            raise Unsupported('calling layer %r as the file does fails in Keras 2.3.1: %s: %s'
+                              % (layer.name, type(e).__name__, e)) from e
 
     def _arguments(self, layer, node, instance, writer):
         """(inputs, keyword arguments, whether the file passes a mask)."""

@@ -21,9 +21,10 @@ import json
 import os
 import zipfile
 
+from cyback.saving import hdf5_heap
 from cyback.saving.errors import ModelFileError
 
-__all__ = ['ModelFile', 'open_source', 'attr_text', 'read_dataset']
+__all__ = ['ModelFile', 'open_source', 'attr_text', 'attr_list', 'read_dataset', 'hdf5_errors']
 
 _HDF5_SIGNATURE = b'\x89HDF\r\n\x1a\n'
 _ZIP_SIGNATURES = (b'PK\x03\x04', b'PK\x05\x06')
@@ -76,6 +77,18 @@ def attr_list(group, name):
     return [attr_text(v) for v in group.attrs[name]]
 
 
+@contextlib.contextmanager
+def hdf5_errors(label):
+    """HDF5 structures damaged inside the file surface from h5py as
+    RuntimeError, KeyError, OSError or a decoding error at whichever access
+    meets them; they become a ModelFileError naming the file."""
+    try:
+        yield
+    except (RuntimeError, KeyError, OSError, UnicodeError) as e:
+        raise ModelFileError('%s: the HDF5 file is damaged (%s: %s)'
+                             % (label, type(e).__name__, e)) from e
+
+
 def read_dataset(dataset, label):
     """The array of an HDF5 dataset; a damaged one raises ModelFileError."""
     try:
@@ -92,7 +105,9 @@ def open_source(source):
         h5py = _import_h5py()
         if isinstance(source, (h5py.File, h5py.Group)):
             label = getattr(source.file, 'filename', None) or '<h5py.File>'
-            yield _describe_hdf5(source, label)
+            with hdf5_errors(label):
+                info = _describe_hdf5(source, label)
+            yield info
             return
         if isinstance(source, (str, bytes, os.PathLike)):
             path = os.fsdecode(source)
@@ -118,8 +133,14 @@ def open_source(source):
         if head.startswith(_ZIP_SIGNATURES):
             yield _describe_zip(handle, label, stack)
         elif head == _HDF5_SIGNATURE or _hdf5_with_userblock(handle):
+            damaged = hdf5_heap.damaged_collections(handle)
+            if damaged:
+                raise ModelFileError('%s: the HDF5 file is damaged: the global heap at byte %d: '
+                                     '%s' % ((label,) + damaged[0]))
             h5 = stack.enter_context(_open_hdf5(handle, label))
-            yield _describe_hdf5(h5, label)
+            with hdf5_errors(label):
+                info = _describe_hdf5(h5, label)
+            yield info
         else:
             raise ModelFileError(
                 '%s: not a Keras model file: neither HDF5 (.h5) nor a zip archive '
@@ -178,6 +199,9 @@ def _open_hdf5(handle, label):
 
 def _load_json(text, label, what):
     try:
+        if isinstance(text, str):
+            # h5py hands undecodable bytes back as surrogates.
+            text.encode('utf-8')
         value = json.loads(text)
     except (ValueError, UnicodeDecodeError) as e:
         raise ModelFileError('%s: %s is not valid JSON (%s)' % (label, what, e)) from e

@@ -61,13 +61,14 @@ def load_model(filepath, custom_objects=None, compile=False, safe_mode=True):
             return _load_keras2(keras, source, custom_objects, compile)
         spec, objects, translator = _translation(keras, source, custom_objects)
         model = _build(translator, spec, source.label)
-        if source.weights_layout == 'vars':
-            file_weights = weights.Keras3Source(source.weights, source.label,
-                                                weights.keras3_layout_from_spec(spec))
-        else:
-            file_weights = weights.H5Source(source.weights, source.label)
-        pairs, _ = weights.match_model(model, file_weights, source.label)
-        weights.assign(pairs, source.label)
+        with files.hdf5_errors(source.label):
+            if source.weights_layout == 'vars':
+                file_weights = weights.Keras3Source(source.weights, source.label,
+                                                    weights.keras3_layout_from_spec(spec))
+            else:
+                file_weights = weights.H5Source(source.weights, source.label)
+            pairs, _ = weights.match_model(model, file_weights, source.label)
+            weights.assign(pairs, source.label)
         if compile:
             compile_config.compile_model(model, source.training_config, source.writer,
                                          objects, source.label)
@@ -89,7 +90,7 @@ def load_weights(model, filepath, by_name=False, skip_mismatch=False):
     are (with a warning) instead of raising ``WeightMismatchError``.
     """
     import_keras()
-    with files.open_source(filepath) as source:
+    with files.open_source(filepath) as source, files.hdf5_errors(source.label):
         if source.weights_layout == 'vars':
             file_weights = weights.Keras3Source(source.weights, source.label,
                                                 weights.keras3_layout_from_model(model))
@@ -149,8 +150,9 @@ def _load_keras2(keras, source, custom_objects, compile):
     """Keras 2.2/2.3 files: Keras 2.3.1's loader, with cyback's layers known."""
     objects = _objects(files.KERAS2, custom_objects)
     try:
-        return keras.models.load_model(source.h5file, custom_objects=objects,
-                                       compile=compile)
+        with files.hdf5_errors(source.label):
+            return keras.models.load_model(source.h5file, custom_objects=objects,
+                                           compile=compile)
     except ValueError as e:
         if 'Unknown' in str(e):
             raise UnsupportedLayersError(source.label, [('?', '?', str(e))]) from e

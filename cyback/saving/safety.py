@@ -17,6 +17,8 @@ file names and never unpickles anything.
 __all__ = ['find_code']
 
 _CODE_TYPES = ('lambda',)
+# A Lambda layer's arguments that may hold a function.
+_LAMBDA_FUNCTIONS = ('function', 'output_shape', 'mask')
 
 
 def find_code(config, training_config=None):
@@ -46,17 +48,15 @@ def _walk(node, where, findings):
         if class_name == 'Lambda' and isinstance(node.get('config'), dict):
             where = _layer_label(node, where)
             cfg = node['config']
-            if cfg.get('function_type') in _CODE_TYPES:
-                findings.append('Lambda layer %r: its function is marshalled Python '
-                                'bytecode' % cfg.get('name'))
-            if cfg.get('output_shape_type') in _CODE_TYPES:
-                findings.append('Lambda layer %r: its output_shape is marshalled Python '
-                                'bytecode' % cfg.get('name'))
-            if cfg.get('mask_type') in _CODE_TYPES:
-                findings.append('Lambda layer %r: its mask is marshalled Python bytecode'
-                                % cfg.get('name'))
+            for key in _LAMBDA_FUNCTIONS:
+                value = cfg.get(key)
+                if cfg.get(key + '_type') in _CODE_TYPES or (
+                        isinstance(value, dict) and value.get('class_name') == '__lambda__'):
+                    findings.append('Lambda layer %r: its %s is marshalled Python bytecode'
+                                    % (cfg.get('name'), key))
             for key, value in cfg.items():
-                if key not in ('function_type', 'output_shape_type', 'mask_type'):
+                if key not in _LAMBDA_FUNCTIONS and not (
+                        key.endswith('_type') and key[:-len('_type')] in _LAMBDA_FUNCTIONS):
                     _walk(value, '%s, %s' % (where, key), findings)
             return
         if class_name is not None and isinstance(node.get('config'), dict):

@@ -123,25 +123,56 @@ def _kwargs_refs(value, names):
     return value
 
 
+_CONSTANT = '_CONSTANT_VALUE'
+
+
 def _parse_node(node, names, label, layer_name):
-    if not isinstance(node, list) or not node:
+    """One call. Its first argument is written as entries ``[layer, node,
+    tensor, kwargs]`` in the argument's structure: a list of entries for
+    ordinary layers, the bare entry (or a nested list/dict) for TFOpLambda,
+    whose input structure is kept; constants in it are ``["_CONSTANT_VALUE",
+    -1, value, kwargs]``. The call's other arguments are the ``kwargs`` every
+    entry carries."""
+    found_kwargs = []
+    first = _first_argument(node, names, label, layer_name, found_kwargs)
+    if first is None:
         raise ModelFileError('%s: layer %r has a malformed inbound node: %.200r'
                              % (label, layer_name, node))
-    tensors = []
-    kwargs = {}
-    for entry in node:
-        if (not isinstance(entry, (list, tuple)) or len(entry) not in (3, 4)
-                or not isinstance(entry[0], str)):
-            raise ModelFileError('%s: layer %r has a malformed inbound node entry: %.200r'
-                                 % (label, layer_name, entry))
-        if entry[0] not in names:
+    kwargs = found_kwargs[0] if found_kwargs else {}
+    return Node([first], _kwargs_refs(kwargs, names))
+
+
+def _is_entry(value):
+    return (isinstance(value, (list, tuple)) and len(value) in (3, 4)
+            and isinstance(value[0], str) and isinstance(value[1], int))
+
+
+def _first_argument(value, names, label, layer_name, found_kwargs):
+    if _is_entry(value):
+        if len(value) == 4 and value[3]:
+            if not isinstance(value[3], dict):
+                raise ModelFileError('%s: layer %r has malformed call arguments %.200r'
+                                     % (label, layer_name, value[3]))
+            found_kwargs.append(value[3])
+        if value[0] == _CONSTANT:
+            return value[2]
+        if value[0] not in names:
             raise ModelFileError('%s: layer %r is called on the output of %r, which the '
-                                 'model does not have' % (label, layer_name, entry[0]))
-        tensors.append(TensorRef(entry[0], int(entry[1]), int(entry[2])))
-        if len(entry) == 4 and entry[3]:
-            kwargs = _kwargs_refs(entry[3], names)
-    args = [tensors[0] if len(tensors) == 1 else tensors]
-    return Node(args, kwargs)
+                                 'model does not have' % (label, layer_name, value[0]))
+        if not isinstance(value[2], int):
+            return None
+        return TensorRef(value[0], int(value[1]), int(value[2]))
+    if isinstance(value, dict):
+        items = {k: _first_argument(v, names, label, layer_name, found_kwargs)
+                 for k, v in value.items()}
+        return None if any(v is None for v in items.values()) else items
+    if isinstance(value, (list, tuple)) and value:
+        items = [_first_argument(v, names, label, layer_name, found_kwargs) for v in value]
+        if any(v is None for v in items):
+            return None
+        # Ordinary layers wrap a single input in a one-entry list.
+        return items[0] if len(items) == 1 else items
+    return None
 
 
 def _refs(value, label):

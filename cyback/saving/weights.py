@@ -211,7 +211,8 @@ def _inner(entry):
 
 
 def _sublayers(class_name, cfg):
-    """(attribute, role, class_name, config) of a layer's sub-layers."""
+    """(attribute or attribute candidates, role, class_name, config) of a
+    layer's sub-layers."""
     if class_name in _RNN_CELLS:
         return [('cell', None, _RNN_CELLS[class_name], cfg)]
     if class_name == 'RNN' and isinstance(cfg.get('cell'), dict):
@@ -224,8 +225,10 @@ def _sublayers(class_name, cfg):
     if class_name == 'TimeDistributed':
         return [('layer', None) + _inner(cfg['layer'])]
     if class_name == 'MultiHeadAttention':
+        # Keras 3 names the projections' attributes query_dense...; tf_keras's
+        # own zip format keeps the private _query_dense...
         bias = {'bias_axes': 'x'} if cfg.get('use_bias', True) else {}
-        return [(attr, role, 'EinsumDense', bias) for attr, role in (
+        return [((attr, '_' + attr), role, 'EinsumDense', bias) for attr, role in (
             ('query_dense', 'query'), ('key_dense', 'key'), ('value_dense', 'value'),
             ('output_dense', 'attention_output'))]
     return []
@@ -285,7 +288,10 @@ class Keras3Source:
                     where = '%s/vars/%s' % (h5path, index)
                     self._consumed.add(where)
                     result.append(FileVar(tuple(roles) + (var,), dataset, where))
-        for attr, role, sub_class, sub_cfg in _sublayers(class_name, cfg):
+        for attrs, role, sub_class, sub_cfg in _sublayers(class_name, cfg):
+            if isinstance(attrs, str):
+                attrs = (attrs,)
+            attr = next((a for a in attrs if '%s/%s' % (h5path, a) in self.root), attrs[0])
             sub_roles = roles + ((role,) if role else ())
             self._collect('%s/%s' % (h5path, attr), sub_class, sub_cfg, sub_roles, result,
                           None)
