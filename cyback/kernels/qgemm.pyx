@@ -1,0 +1,427 @@
+"""int8 inference kernels: the u8 x s8 -> s32 matrix product with a fused
+requantizing epilogue, activation quantization, and the uint8 patch matrix
+of a channels_last convolution.
+
+    packed = pack_weights(w_int8)                     # once per weight matrix
+    q = quantize(x, scale_x, zero_x)                  # float32 -> uint8
+    y = gemm(q, packed, scale_x, zero_x, scale_w, bias, activation="relu")
+
+``gemm`` computes, per output (m, n), with acc the exact int32 sum of
+q[m, k] * w[k, n] (include/cyback_qgemm.h has the layout and the sets):
+
+    y = act(float32(acc - zero_x * colsum(w)[n]) * s[n] + bias[n]),
+    s = float32(scale_x) * scale_w                    (in float32)
+
+as float32, or with ``out_scale``/``out_zero_point`` the uint8 codes
+``clip(rint(y / out_scale), -zo, 255 - zo) + zo`` (NaN -> 0). Every
+instruction set (AVX-512 VNNI, AVX-VNNI, AVX2, scalar) gives the same bits,
+at any thread count and whatever the thread team's state: the sums are exact
+and the epilogue runs the same float32 operations in the same order.
+"""
+import numpy as np
+cimport numpy as cnp
+from cython.parallel cimport prange
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
+
+from cyback.kernels.runtime cimport team_done, team_parts, threads_for
+
+cnp.import_array()
+
+cdef extern from "cyback_qgemm.h" nogil:
+    ctypedef struct cb_q_header:
+        int32_t magic
+        int32_t version
+        int64_t k
+        int64_t n
+        int32_t narrow
+    ctypedef struct cb_q_epilogue:
+        const float* scale
+        const float* bias
+        int32_t za
+        int act
+        float* out_f
+        Py_ssize_t ldf
+        uint8_t* out_q
+        Py_ssize_t ldq
+        float q_scale
+        float q_lo
+        float q_hi
+        int32_t q_zero
+    int CB_Q_NR
+    int CB_Q_HEADER
+    int CB_Q_MAGIC
+    int CB_Q_VERSION
+    int CB_Q_MAX_K
+    Py_ssize_t cb_q_packed_bytes(Py_ssize_t k, Py_ssize_t n)
+    Py_ssize_t cb_q_panels(Py_ssize_t n)
+    void cb_q_pack(const int8_t* b, Py_ssize_t rs, Py_ssize_t cs, Py_ssize_t k, Py_ssize_t n,
+                   uint8_t* out)
+    cb_q_header cb_q_read_header(const uint8_t* packed)
+    void cb_q_gemm_part(int level, const uint8_t* a, Py_ssize_t lda, Py_ssize_t m0,
+                        Py_ssize_t m1, Py_ssize_t k, const uint8_t* packed, Py_ssize_t p0,
+                        Py_ssize_t p1, Py_ssize_t n, const cb_q_epilogue* e)
+    void cb_q_quantize(int level, const float* x, Py_ssize_t count, float scale, int32_t zero,
+                       uint8_t* out)
+    void cb_q_im2col(const uint8_t* x, Py_ssize_t h, Py_ssize_t w, Py_ssize_t c, Py_ssize_t kh,
+                     Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw,
+                     Py_ssize_t pt, Py_ssize_t pl, Py_ssize_t oh, Py_ssize_t ow, uint8_t pad,
+                     uint8_t* out, Py_ssize_t r0, Py_ssize_t r1)
+    int cb_q_cpu()
+    int cb_q_level()
+    int cb_q_set_cap(int cap)
+
+#: The instruction sets, lowest first; their index is the header's level.
+INSTRUCTION_SETS = ("scalar", "avx2", "avx_vnni", "avx512_vnni")
+#: The longest product (K) whose int32 sums cannot overflow.
+MAX_K = CB_Q_MAX_K
+#: Columns per packed panel.
+PANEL_COLUMNS = CB_Q_NR
+ACTIVATIONS = {None: 0, "linear": 0, "relu": 1, "relu6": 2}
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+# ---------------------------------------------------------------- instruction sets
+
+def cpu_instruction_set():
+    """The widest set this CPU (and this build's compiler) can run."""
+    return INSTRUCTION_SETS[cb_q_cpu()]
+
+
+def instruction_set():
+    """The set the kernels run now (the CPU's widest, unless capped by
+    CYBACK_AVX512=0, which stops at avx_vnni, or by a test)."""
+    return INSTRUCTION_SETS[cb_q_level()]
+
+
+def instruction_sets():
+    """Every set this CPU can run, lowest first (tests run each)."""
+    return INSTRUCTION_SETS[:cb_q_cpu() + 1]
+
+
+def _use_instruction_set(name):
+    """Tests: run at most the set ``name`` (None: back to the default).
+    Returns the set that now runs; a set the CPU lacks is a ValueError."""
+    if name is None:
+        return INSTRUCTION_SETS[cb_q_set_cap(-1)]
+    if name not in INSTRUCTION_SETS:
+        raise ValueError("qgemm: unknown instruction set %r; expected one of %s"
+                         % (name, INSTRUCTION_SETS))
+    level = INSTRUCTION_SETS.index(name)
+    if level > cb_q_cpu():
+        raise ValueError("qgemm: this CPU cannot run %r (its widest set is %r)"
+                         % (name, cpu_instruction_set()))
+    return INSTRUCTION_SETS[cb_q_set_cap(level)]
+
+
+# ---------------------------------------------------------------- packing
+
+def packed_size(k, n):
+    """Bytes of the packed form of a (k, n) weight matrix."""
+    k, n = _dim("packed_size", "k", k), _dim("packed_size", "n", n)
+    return int(cb_q_packed_bytes(k, n))
+
+
+def _aligned_bytes(size):
+    """A uint8 array of ``size`` bytes starting on a 64-byte boundary (one
+    packed group per cache line)."""
+    buf = np.empty(size + 64, dtype=np.uint8)
+    off = (-buf.ctypes.data) % 64
+    return buf[off:off + size]
+
+
+def pack_weights(w):
+    """The packed form of an int8 (K, N) weight matrix (any strides), for
+    ``gemm``: a 1-D uint8 array the caller keeps (see cyback_qgemm.h)."""
+    if not isinstance(w, np.ndarray):
+        raise TypeError("pack_weights: expected an int8 NumPy array, got %s" % type(w).__name__)
+    if w.dtype != np.int8:
+        raise TypeError("pack_weights: expected an int8 array, got %s" % w.dtype)
+    if w.ndim != 2:
+        raise ValueError("pack_weights: expected a 2-D (K, N) array, got shape %s" % (w.shape,))
+    cdef Py_ssize_t k = w.shape[0], n = w.shape[1]
+    if k > CB_Q_MAX_K:
+        raise ValueError("pack_weights: K = %d is above %d, where int32 sums may overflow"
+                         % (k, CB_Q_MAX_K))
+    if any(s % w.itemsize for s in w.strides):
+        w = np.ascontiguousarray(w)
+    cdef Py_ssize_t rs = w.strides[0], cs = w.strides[1]
+    out = _aligned_bytes(cb_q_packed_bytes(k, n))
+    cdef const int8_t* src = <const int8_t*>cnp.PyArray_DATA(w)
+    cdef uint8_t* dst = <uint8_t*>cnp.PyArray_DATA(out)
+    with nogil:
+        cb_q_pack(src, rs, cs, k, n, dst)
+    return out
+
+
+def packed_shape(packed):
+    """(K, N) of a packed weight array; ValueError if it is not one."""
+    _check_packed("packed_shape", packed)
+    cdef cb_q_header h = cb_q_read_header(<const uint8_t*>cnp.PyArray_DATA(packed))
+    return int(h.k), int(h.n)
+
+
+def _check_packed(fname, packed):
+    if not isinstance(packed, np.ndarray) or packed.dtype != np.uint8 or packed.ndim != 1 \
+            or not packed.flags.c_contiguous:
+        raise TypeError("%s: expected the 1-D uint8 array pack_weights returns, got %s"
+                        % (fname, _describe(packed)))
+    if packed.shape[0] < CB_Q_HEADER:
+        raise ValueError("%s: %d bytes are too short for packed weights"
+                         % (fname, packed.shape[0]))
+    cdef cb_q_header h = cb_q_read_header(<const uint8_t*>cnp.PyArray_DATA(packed))
+    if h.magic != CB_Q_MAGIC or h.version != CB_Q_VERSION or h.k < 0 or h.n < 0 \
+            or h.k > CB_Q_MAX_K or h.n > packed.shape[0] \
+            or cb_q_packed_bytes(h.k, h.n) != packed.shape[0]:
+        raise ValueError("%s: the array is not weights packed by pack_weights (bad header or "
+                         "size)" % fname)
+
+
+# ---------------------------------------------------------------- quantize
+
+def quantize(x, scale, zero_point):
+    """uint8 codes of a float32 array: clip(rint(x / scale), -zero_point,
+    255 - zero_point) + zero_point, NaN -> 0; same shape as x."""
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
+        raise TypeError("quantize: expected a float32 NumPy array, got %s" % _describe(x))
+    cdef float s = _scale("quantize", "scale", scale)
+    cdef int32_t z = _zero("quantize", "zero_point", zero_point)
+    x = np.ascontiguousarray(x)
+    out = np.empty(x.shape, dtype=np.uint8)
+    cdef Py_ssize_t count = x.size
+    if count == 0:
+        return out
+    cdef const float* src = <const float*>cnp.PyArray_DATA(x)
+    cdef uint8_t* dst = <uint8_t*>cnp.PyArray_DATA(out)
+    cdef int level = cb_q_level()
+    cdef double work = 5.0 * count
+    cdef int parts = team_parts(work), nt = threads_for(work), t
+    if parts <= 1:
+        with nogil:
+            cb_q_quantize(level, src, count, s, z, dst)
+    else:
+        with nogil:
+            for t in prange(parts, schedule='static', num_threads=nt):
+                _quantize_part(level, src, count, s, z, dst, t, parts)
+    team_done(nt)
+    return out
+
+
+cdef void _quantize_part(int level, const float* x, Py_ssize_t count, float s, int32_t z,
+                         uint8_t* out, int t, int parts) noexcept nogil:
+    # parts start on multiples of 64 values (whole vectors, whole lines)
+    cdef Py_ssize_t blocks = (count + 63) // 64
+    cdef Py_ssize_t lo = (blocks * t) // parts * 64, hi = (blocks * (t + 1)) // parts * 64
+    if hi > count:
+        hi = count
+    if hi > lo:
+        cb_q_quantize(level, x + lo, hi - lo, s, z, out + lo)
+
+
+# ---------------------------------------------------------------- product
+
+cdef inline double _gemm_work(double m, double n, double k) noexcept nogil:
+    # An int8 multiply-add costs about an eighth of a float32 one's byte
+    # equivalent (4 per lane); a product of a few rows streams B once.
+    return 0.125 * m * n * k if m > 4 else 0.25 * n * k
+
+
+def gemm(a, packed, scale_a, zero_a, scale_b, bias=None, activation=None, out_scale=None,
+         out_zero_point=None):
+    """The requantized product of uint8 activations a (M, K) and packed int8
+    weights (K, N): float32 (M, N), or uint8 codes with ``out_scale`` and
+    ``out_zero_point`` (see the module's docstring). ``scale_b``: N positive
+    weight scales; ``bias``: N float32 values or None; ``activation``: None,
+    'linear', 'relu' or 'relu6'."""
+    if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or a.ndim != 2:
+        raise TypeError("gemm: expected a 2-D uint8 array of activations, got %s"
+                        % _describe(a))
+    _check_packed("gemm", packed)
+    cdef cb_q_header h = cb_q_read_header(<const uint8_t*>cnp.PyArray_DATA(packed))
+    cdef Py_ssize_t m = a.shape[0], k = a.shape[1], n = h.n
+    if h.k != k:
+        raise ValueError("gemm: the activations have K = %d columns, the packed weights %d rows"
+                         % (k, h.k))
+    if activation not in ACTIVATIONS:
+        raise ValueError("gemm: activation must be None, 'linear', 'relu' or 'relu6', got %r"
+                         % (activation,))
+    cdef float sa = _scale("gemm", "scale_a", scale_a)
+    cdef int32_t za = _zero("gemm", "zero_a", zero_a)
+    sb = np.asarray(scale_b, dtype=np.float32)
+    if sb.shape != (n,):
+        raise ValueError("gemm: scale_b must hold N = %d scales, got shape %s" % (n, sb.shape))
+    if not (np.all(np.isfinite(sb)) and np.all(sb > 0)):
+        raise ValueError("gemm: scale_b must be finite and positive")
+    cdef Py_ssize_t npan = cb_q_panels(n)
+    pad = np.zeros((2, npan * CB_Q_NR), dtype=np.float32)
+    pad[0, :n] = np.float32(sa) * sb
+    if bias is not None:
+        bv = np.asarray(bias)
+        if bv.shape != (n,) or bv.dtype.kind != 'f':
+            raise ValueError("gemm: bias must be N = %d floats, got %s %s"
+                             % (n, bv.dtype, bv.shape))
+        pad[1, :n] = bv
+    cdef bint quantized = out_scale is not None or out_zero_point is not None
+    cdef cb_q_epilogue e
+    cdef const float* padded = <const float*>cnp.PyArray_DATA(pad)
+    e.scale = padded
+    e.bias = NULL
+    if bias is not None:
+        e.bias = padded + npan * CB_Q_NR
+    e.za = za
+    e.act = ACTIVATIONS[activation]
+    e.out_f = NULL
+    e.out_q = NULL
+    e.ldf = e.ldq = n
+    if quantized:
+        if out_scale is None or out_zero_point is None:
+            raise ValueError("gemm: a uint8 output needs both out_scale and out_zero_point")
+        e.q_scale = _scale("gemm", "out_scale", out_scale)
+        e.q_zero = _zero("gemm", "out_zero_point", out_zero_point)
+        e.q_lo = <float>(-e.q_zero)
+        e.q_hi = <float>(255 - e.q_zero)
+        out = np.empty((m, n), dtype=np.uint8)
+        e.out_q = <uint8_t*>cnp.PyArray_DATA(out)
+    else:
+        out = np.empty((m, n), dtype=np.float32)
+        e.out_f = <float*>cnp.PyArray_DATA(out)
+    if m == 0 or n == 0:
+        return out
+    if a.strides[1] != 1 or a.strides[0] < k:
+        a = np.ascontiguousarray(a)
+    cdef const uint8_t* ap = <const uint8_t*>cnp.PyArray_DATA(a)
+    cdef Py_ssize_t lda = a.strides[0] if m > 1 else k
+    cdef const uint8_t* bp = <const uint8_t*>cnp.PyArray_DATA(packed)
+    cdef int level = cb_q_level()
+    cdef double work = _gemm_work(m, n, k)
+    cdef int parts = team_parts(work), nt = threads_for(work), t
+    # Whole row tiles to each part where there are enough rows, else panels
+    # (a batch-1 Dense layer); the sums are exact, so the cut changes no bit.
+    cdef bint by_rows = m >= 16 * parts or npan < parts
+    with nogil:
+        if parts <= 1:
+            cb_q_gemm_part(level, ap, lda, 0, m, k, bp, 0, npan, n, &e)
+        elif nt <= 1:
+            for t in range(parts):
+                _gemm_part(level, ap, lda, m, k, bp, npan, n, &e, t, parts, by_rows)
+        else:
+            for t in prange(parts, schedule='static', num_threads=nt):
+                _gemm_part(level, ap, lda, m, k, bp, npan, n, &e, t, parts, by_rows)
+    team_done(nt)
+    return out
+
+
+cdef void _gemm_part(int level, const uint8_t* a, Py_ssize_t lda, Py_ssize_t m, Py_ssize_t k,
+                     const uint8_t* packed, Py_ssize_t npan, Py_ssize_t n,
+                     const cb_q_epilogue* e, int t, int parts, bint by_rows) noexcept nogil:
+    cdef Py_ssize_t lo, hi
+    if by_rows:
+        lo = (m * t) // parts
+        hi = (m * (t + 1)) // parts
+        cb_q_gemm_part(level, a, lda, lo, hi, k, packed, 0, npan, n, e)
+    else:
+        lo = (npan * t) // parts
+        hi = (npan * (t + 1)) // parts
+        cb_q_gemm_part(level, a, lda, 0, m, k, packed, lo, hi, n, e)
+
+
+# ---------------------------------------------------------------- patches
+
+def im2col(x, kernel_size, strides=(1, 1), dilation=(1, 1), pads=((0, 0), (0, 0)),
+           pad_value=0):
+    """The uint8 patch matrix of a channels_last 2-D convolution of x
+    (N, H, W, C): one row per output pixel (n, oy, ox), its window's taps in
+    (ky, kx, c) order, which is the row order of a Keras kernel (kh, kw, C, F)
+    reshaped to (kh * kw * C, F). Taps in the padding are ``pad_value`` (the
+    zero point: the code of 0.0). ``pads``: ((top, bottom), (left, right)).
+    A 1-D convolution is one of height 1. Returns (N * OH * OW, kh * kw * C)."""
+    if not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 4:
+        raise TypeError("im2col: expected a 4-D uint8 array (N, H, W, C), got %s"
+                        % _describe(x))
+    cdef Py_ssize_t kh, kw, sh, sw, dh, dw, pt, pb, pl, pr
+    kh, kw = _pair("im2col", "kernel_size", kernel_size, 1)
+    sh, sw = _pair("im2col", "strides", strides, 1)
+    dh, dw = _pair("im2col", "dilation", dilation, 1)
+    try:
+        (pt, pb), (pl, pr) = [[_index(v) for v in p] for p in pads]
+    except (TypeError, ValueError):
+        raise ValueError("im2col: pads must be ((top, bottom), (left, right)), got %r"
+                         % (pads,)) from None
+    if min(pt, pb, pl, pr) < 0:
+        raise ValueError("im2col: pads must be >= 0, got %r" % (pads,))
+    cdef int pv = _zero("im2col", "pad_value", pad_value)
+    cdef Py_ssize_t b = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3]
+    cdef Py_ssize_t eh = h + pt + pb - (kh - 1) * dh, ew = w + pl + pr - (kw - 1) * dw
+    if eh < 1 or ew < 1:
+        raise ValueError("im2col: the %dx%d window (dilation %s) does not fit the padded "
+                         "input %s" % (kh, kw, (dh, dw), (h + pt + pb, w + pl + pr)))
+    cdef Py_ssize_t oh = (eh - 1) // sh + 1, ow = (ew - 1) // sw + 1
+    out = np.empty((b * oh * ow, kh * kw * c), dtype=np.uint8)
+    if out.size == 0:
+        return out
+    x = np.ascontiguousarray(x)
+    cdef const uint8_t* src = <const uint8_t*>cnp.PyArray_DATA(x)
+    cdef uint8_t* dst = <uint8_t*>cnp.PyArray_DATA(out)
+    cdef Py_ssize_t lines = b * oh
+    cdef double work = <double>out.size
+    cdef int parts = team_parts(work), nt = threads_for(work), t
+    if parts > lines:
+        parts = <int>lines
+    with nogil:
+        if parts <= 1:
+            cb_q_im2col(src, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, <uint8_t>pv, dst,
+                        0, lines)
+        else:
+            for t in prange(parts, schedule='static', num_threads=nt):
+                cb_q_im2col(src, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, <uint8_t>pv,
+                            dst, (lines * t) // parts, (lines * (t + 1)) // parts)
+    team_done(nt)
+    return out
+
+
+# ---------------------------------------------------------------- arguments
+
+def _describe(x):
+    if isinstance(x, np.ndarray):
+        return "a %s array of shape %s" % (x.dtype, x.shape)
+    return type(x).__name__
+
+
+def _dim(fname, what, v):
+    if isinstance(v, bool) or not hasattr(v, "__index__") or v.__index__() < 0:
+        raise ValueError("%s: %s must be an integer >= 0, got %r" % (fname, what, v))
+    return v.__index__()
+
+
+def _scale(fname, what, v):
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise TypeError("%s: %s must be a number, got %r" % (fname, what, v)) from None
+    # positive, and neither overflowing nor vanishing in float32
+    if not (0 < f <= FLOAT32_MAX) or np.float32(f) == 0:
+        raise ValueError("%s: %s must be finite and positive in float32, got %r"
+                         % (fname, what, v))
+    return float(np.float32(f))
+
+
+def _zero(fname, what, v):
+    if isinstance(v, bool) or not hasattr(v, "__index__") or not 0 <= v.__index__() <= 255:
+        raise ValueError("%s: %s must be an integer from 0 to 255, got %r" % (fname, what, v))
+    return v.__index__()
+
+
+def _index(v):
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise TypeError
+    return v.__index__()
+
+
+def _pair(fname, what, v, low):
+    try:
+        p = (_index(v),) * 2 if hasattr(v, "__index__") else tuple(_index(i) for i in v)
+    except TypeError:
+        p = ()
+    if len(p) != 2 or min(p) < low:
+        raise ValueError("%s: %s must be an integer or two integers >= %d, got %r"
+                         % (fname, what, low, v))
+    return p

@@ -1,0 +1,452 @@
+"""cyback.kernels.qgemm: the int8 product against an exact NumPy integer
+reference on every instruction set the CPU has, the requantizing epilogue's
+rounding and saturation, activation quantization, the uint8 patch matrix,
+thread and team invariance, and bad arguments."""
+import contextlib
+
+import numpy as np
+import pytest
+
+import cyback as K
+from cyback.kernels import qgemm, runtime
+
+SETS = qgemm.INSTRUCTION_SETS
+
+
+@contextlib.contextmanager
+def instruction_set(name):
+    """Run the kernels with at most set ``name``; skip when the CPU lacks it."""
+    if name not in qgemm.instruction_sets():
+        pytest.skip("this CPU (or this build's compiler) has no %s" % name)
+    try:
+        assert qgemm._use_instruction_set(name) == name
+        yield
+    finally:
+        qgemm._use_instruction_set(None)
+
+
+@pytest.fixture(params=SETS)
+def each_set(request):
+    with instruction_set(request.param):
+        yield request.param
+
+
+# ---------------------------------------------------------------- references
+
+def ref_sums(a, w):
+    return a.astype(np.int64) @ w.astype(np.int64)
+
+
+def ref_gemm(a, w, sa, za, sb, bias=None, act=None, out_scale=None, out_zero=None):
+    """The documented epilogue, step by step in float32."""
+    d = ref_sums(a, w) - za * w.astype(np.int64).sum(axis=0)
+    assert np.abs(d).max(initial=0) < 2 ** 31
+    y = d.astype(np.int32).astype(np.float32) * (np.float32(sa) * np.asarray(sb, np.float32))
+    if bias is not None:
+        y = y + np.asarray(bias, np.float32)
+    if act in ("relu", "relu6"):
+        y = np.maximum(np.float32(0), y)
+    if act == "relu6":
+        y = np.minimum(np.float32(6), y)
+    if out_scale is None:
+        return y
+    return ref_codes(y / np.float32(out_scale), out_zero)
+
+
+def ref_codes(v, zero):
+    lo, hi = np.float32(-zero), np.float32(255 - zero)
+    v = np.where(np.isnan(v), lo, v)
+    return (np.rint(np.clip(v, lo, hi)).astype(np.int32) + zero).astype(np.uint8)
+
+
+def ref_quantize(x, scale, zero):
+    with np.errstate(over="ignore"):
+        return ref_codes(np.asarray(x, np.float32) / np.float32(scale), zero)
+
+
+def same_bits(x, y):
+    x, y = np.asarray(x), np.asarray(y)
+    return x.shape == y.shape and x.dtype == y.dtype and x.tobytes() == y.tobytes()
+
+
+def rand_case(rng, m, k, n, narrow=False):
+    a = rng.integers(0, 256, (m, k), dtype=np.uint8)
+    lo, hi = (-64, 64) if narrow else (-128, 128)
+    w = rng.integers(lo, hi, (k, n), dtype=np.int8)
+    sb = rng.uniform(1e-3, 2e-2, n).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    return a, w, sb, bias
+
+
+SHAPES = [(1, 1, 1), (1, 3, 5), (1, 64, 32), (1, 255, 47), (2, 7, 16), (3, 5, 33),
+          (5, 9, 31), (7, 13, 48), (8, 16, 64), (9, 4, 17), (13, 130, 70), (17, 27, 3),
+          (33, 61, 96), (64, 577, 65), (100, 36, 130)]
+
+
+# ---------------------------------------------------------------- the product
+
+@pytest.mark.parametrize("narrow", [False, True], ids=["wide", "narrow"])
+def test_gemm_matches_integer_reference(each_set, rng, narrow):
+    for m, k, n in SHAPES:
+        a, w, sb, bias = rand_case(rng, m, k, n, narrow)
+        packed = qgemm.pack_weights(w)
+        za = int(rng.integers(0, 256))
+        for act in (None, "relu", "relu6"):
+            got = qgemm.gemm(a, packed, 0.03, za, sb, bias, act)
+            want = ref_gemm(a, w, 0.03, za, sb, bias, act)
+            assert same_bits(got, want), (each_set, m, k, n, act)
+        got = qgemm.gemm(a, packed, 0.03, za, sb, None, None, out_scale=0.05,
+                         out_zero_point=37)
+        assert same_bits(got, ref_gemm(a, w, 0.03, za, sb, None, None, 0.05, 37)), (m, k, n)
+
+
+def test_every_set_gives_the_same_bits(rng):
+    a, w, sb, bias = rand_case(rng, 37, 301, 83)
+    packed = qgemm.pack_weights(w)
+    results = []
+    for name in qgemm.instruction_sets():
+        with instruction_set(name):
+            results.append(qgemm.gemm(a, packed, 0.02, 128, sb, bias, "relu"))
+            results.append(qgemm.gemm(a, packed, 0.02, 128, sb, bias, "relu", 0.04, 3))
+    for r in results[2::2]:
+        assert same_bits(r, results[0])
+    for r in results[3::2]:
+        assert same_bits(r, results[1])
+
+
+def test_extreme_sums_at_the_longest_k(each_set):
+    # The largest magnitudes the int32 sums can reach, at MAX_K: every
+    # activation 255 against every weight -128 (and 127), and zero point 255
+    # against activations 0.
+    k = qgemm.MAX_K
+    w = np.empty((k, 18), dtype=np.int8)
+    w[:, :9] = -128
+    w[:, 9:] = 127
+    packed = qgemm.pack_weights(w)
+    sb = np.ones(18, np.float32)
+    for a_val, za in ((255, 0), (0, 255), (255, 255), (128, 0)):
+        a = np.full((2, k), a_val, dtype=np.uint8)
+        got = qgemm.gemm(a, packed, 1.0, za, sb)
+        want = ref_gemm(a, w, 1.0, za, sb)
+        assert same_bits(got, want), (a_val, za)
+    assert qgemm.gemm(np.full((1, k), 255, np.uint8), packed, 1.0, 0, sb)[0, 0] == \
+        np.float32(-255 * 128 * k)
+
+
+def test_narrow_weights_at_their_edges(each_set, rng):
+    # [-64, 63] takes AVX2's single vpmaddubsw; one weight outside switches
+    # the whole matrix to the split activations. Both must be exact with
+    # activations of 255, where an unsplit pair would saturate.
+    for w_lo, w_hi in ((-64, 63), (-65, 63), (-64, 64), (-128, 127)):
+        w = np.where(rng.random((40, 20)) < 0.5, w_lo, w_hi).astype(np.int8)
+        a = np.full((5, 40), 255, dtype=np.uint8)
+        a[1] = 254
+        a[2] = rng.integers(0, 256, 40)
+        packed = qgemm.pack_weights(w)
+        sb = np.full(20, 0.5, np.float32)
+        assert same_bits(qgemm.gemm(a, packed, 1.0, 0, sb), ref_gemm(a, w, 1.0, 0, sb))
+
+
+def test_k_not_a_multiple_of_four_ignores_bytes_past_k(each_set, rng):
+    # Rows with a stride longer than K: the bytes after each row's K values
+    # (up to the next group of four) must not enter the sums.
+    for k in (1, 2, 3, 5, 6, 7, 9, 31):
+        wide = rng.integers(0, 256, (11, k + 5), dtype=np.uint8)
+        a = wide[:, :k]
+        w = rng.integers(-128, 128, (k, 21), dtype=np.int8)
+        sb = np.full(21, 0.25, np.float32)
+        got = qgemm.gemm(a, qgemm.pack_weights(w), 1.0, 3, sb)
+        assert same_bits(got, ref_gemm(np.ascontiguousarray(a), w, 1.0, 3, sb)), k
+
+
+def test_empty_products(each_set):
+    w = np.ones((4, 5), np.int8)
+    sb = np.ones(5, np.float32)
+    out = qgemm.gemm(np.zeros((0, 4), np.uint8), qgemm.pack_weights(w), 1.0, 0, sb)
+    assert out.shape == (0, 5) and out.dtype == np.float32
+    out = qgemm.gemm(np.zeros((3, 4), np.uint8), qgemm.pack_weights(np.ones((4, 0), np.int8)),
+                     1.0, 0, np.ones(0, np.float32), out_scale=1.0, out_zero_point=0)
+    assert out.shape == (3, 0) and out.dtype == np.uint8
+    # K = 0: every sum is 0, the output is act(bias)
+    bias = np.array([-1.5, 0.0, 2.5, 7.0, np.nan], np.float32)
+    out = qgemm.gemm(np.zeros((2, 0), np.uint8), qgemm.pack_weights(np.ones((0, 5), np.int8)),
+                     1.0, 9, sb, bias, "relu6")
+    want = np.array([0.0, 0.0, 2.5, 6.0, np.nan], np.float32)
+    assert same_bits(out, np.stack([want, want]))
+
+
+def test_requantization_rounds_half_to_even_and_saturates(each_set):
+    # One weight of 1 per column and scales of 1: y = a - za + bias exactly,
+    # so the bias walks y / out_scale across halves and both edges.
+    n = 16 * 3 + 5
+    w = np.ones((1, n), np.int8)
+    packed = qgemm.pack_weights(w)
+    sb = np.ones(n, np.float32)
+    bias = np.linspace(-300.5, 300.5, n).astype(np.float32)
+    bias[:8] = [0.5, 1.5, 2.5, -0.5, -1.5, 254.5, 255.5, -255.5]
+    bias[8:12] = [np.nan, np.inf, -np.inf, 1e30]
+    a = np.array([[0], [1], [128], [255]], np.uint8)
+    for zo in (0, 1, 128, 255):
+        for act in (None, "relu", "relu6"):
+            got = qgemm.gemm(a, packed, 1.0, 0, sb, bias, act, out_scale=1.0,
+                             out_zero_point=zo)
+            want = ref_gemm(a, w, 1.0, 0, sb, bias, act, 1.0, zo)
+            assert same_bits(got, want), (zo, act)
+    got = qgemm.gemm(a[:1], packed, 1.0, 0, sb, bias, None, out_scale=1.0, out_zero_point=0)
+    assert list(got[0, :8]) == [0, 2, 2, 0, 0, 254, 255, 0]
+    assert list(got[0, 8:12]) == [0, 255, 0, 255]   # NaN -> 0, +-inf saturate
+
+
+def test_float_output_activation_edges(each_set):
+    w = np.ones((1, 6), np.int8)
+    packed = qgemm.pack_weights(w)
+    bias = np.array([-0.0, -1.0, 5.999, 6.0, 6.5, np.nan], np.float32)
+    a = np.zeros((1, 1), np.uint8)
+    sb = np.ones(6, np.float32)
+    relu6 = qgemm.gemm(a, packed, 1.0, 0, sb, bias, "relu6")[0]
+    # 0 * s + -0.0 is +0.0
+    assert same_bits(relu6, np.array([0.0, 0.0, 5.999, 6.0, 6.0, np.nan], np.float32))
+    relu = qgemm.gemm(a, packed, 1.0, 0, sb, bias, "relu")[0]
+    assert same_bits(relu, np.array([0.0, 0.0, 5.999, 6.0, 6.5, np.nan], np.float32))
+
+
+def test_results_do_not_depend_on_threads_or_the_team(rng):
+    a, w, sb, bias = rand_case(rng, 97, 203, 150)
+    packed = qgemm.pack_weights(w)
+    row = a[:1]
+    want = ref_gemm(a, w, 0.02, 7, sb, bias, "relu")
+    want_row = ref_gemm(row, w, 0.02, 7, sb, bias, "relu")
+    want_q = ref_gemm(a, w, 0.02, 7, sb, bias, "relu", 0.03, 0)
+    try:
+        for threads in (1, 2, 3, 5):
+            K.set_num_threads(threads)
+            for forced in (1, 2, None):
+                runtime.force_team_threads(forced)
+                runtime.team_rest()
+                assert same_bits(qgemm.gemm(a, packed, 0.02, 7, sb, bias, "relu"), want)
+                assert same_bits(qgemm.gemm(row, packed, 0.02, 7, sb, bias, "relu"), want_row)
+                assert same_bits(qgemm.gemm(a, packed, 0.02, 7, sb, bias, "relu", 0.03, 0),
+                                 want_q)
+    finally:
+        runtime.force_team_threads(None)
+
+
+# ---------------------------------------------------------------- packing
+
+def test_pack_weights_any_strides_and_shape(rng):
+    w = rng.integers(-128, 128, (37, 50), dtype=np.int8)
+    packed = qgemm.pack_weights(w)
+    assert packed.dtype == np.uint8 and packed.ndim == 1
+    assert packed.size == qgemm.packed_size(37, 50)
+    assert qgemm.packed_shape(packed) == (37, 50)
+    assert packed.ctypes.data % 64 == 0
+    for view in (np.asfortranarray(w), w[::-1].copy()[::-1], w[:, ::-1].copy()[:, ::-1],
+                 np.repeat(w, 2, axis=1)[:, ::2]):
+        assert same_bits(qgemm.pack_weights(view), packed)
+    a = rng.integers(0, 256, (6, 37), dtype=np.uint8)
+    wt = rng.integers(-128, 128, (50, 37), dtype=np.int8)
+    sb = np.ones(37, np.float32)
+    assert same_bits(qgemm.gemm(a[:, :37], qgemm.pack_weights(wt.T[:37, :37]), 1.0, 0, sb),
+                     ref_gemm(a, wt.T[:37, :37], 1.0, 0, sb))
+
+
+def test_packed_size_counts_panels_and_groups():
+    header, group = 64, 64
+    assert qgemm.packed_size(0, 0) == header
+    assert qgemm.packed_size(1, 1) == header + 1 * (1 + 1) * group
+    assert qgemm.packed_size(8, 16) == header + 1 * (2 + 1) * group
+    assert qgemm.packed_size(9, 17) == header + 2 * (3 + 1) * group
+
+
+# ---------------------------------------------------------------- quantize
+
+def test_quantize_matches_reference(each_set, rng):
+    for shape in [(0,), (1,), (15,), (16,), (17,), (3, 7), (2, 5, 67), (1000,), (4, 1025)]:
+        x = (rng.standard_normal(shape) * 4).astype(np.float32)
+        for scale, zero in ((0.03, 0), (0.03, 128), (0.5, 255), (1e-3, 17)):
+            got = qgemm.quantize(x, scale, zero)
+            assert same_bits(got, ref_quantize(x, scale, zero)), (shape, scale, zero)
+
+
+def test_quantize_edges(each_set):
+    x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 126.5, 127.5, 300, -300, np.nan, np.inf,
+                  -np.inf, 3.4e38, -0.0] * 3, np.float32)
+    got = qgemm.quantize(x, 1.0, 0)
+    assert list(got[:14]) == [0, 2, 2, 0, 0, 126, 128, 255, 0, 0, 255, 0, 255, 0]
+    got = qgemm.quantize(x, 1.0, 128)
+    assert list(got[:14]) == [128, 130, 130, 128, 126, 254, 255, 255, 0, 0, 255, 0, 255, 128]
+    for zero in (0, 1, 100, 254, 255):
+        assert same_bits(qgemm.quantize(x, 0.7, zero), ref_quantize(x, 0.7, zero))
+
+
+def test_quantize_non_contiguous_and_threads(rng):
+    x = (rng.standard_normal((64, 300)) * 3).astype(np.float32)
+    want = ref_quantize(x[:, ::3], 0.02, 100)
+    try:
+        for threads in (1, 2, 3):
+            K.set_num_threads(threads)
+            for forced in (1, None):
+                runtime.force_team_threads(forced)
+                assert same_bits(qgemm.quantize(x[:, ::3], 0.02, 100), want)
+    finally:
+        runtime.force_team_threads(None)
+
+
+# ---------------------------------------------------------------- im2col
+
+def ref_im2col(x, kh, kw, sh, sw, dh, dw, pads, pad):
+    (pt, pb), (pl, pr) = pads
+    b, h, w, c = x.shape
+    xp = np.full((b, h + pt + pb, w + pl + pr, c), pad, np.uint8)
+    xp[:, pt:pt + h, pl:pl + w] = x
+    oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    rows = np.empty((b, oh, ow, kh, kw, c), np.uint8)
+    for ky in range(kh):
+        for kx in range(kw):
+            rows[:, :, :, ky, kx] = xp[:, ky * dh:ky * dh + (oh - 1) * sh + 1:sh,
+                                       kx * dw:kx * dw + (ow - 1) * sw + 1:sw]
+    return rows.reshape(b * oh * ow, kh * kw * c)
+
+
+IM2COL_CASES = [
+    ((2, 5, 6, 3), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1))),
+    ((1, 7, 7, 1), (3, 2), (2, 1), (1, 2), ((0, 2), (1, 0))),
+    ((3, 1, 9, 4), (1, 3), (1, 2), (1, 1), ((0, 0), (2, 0))),   # 1-D, causal
+    ((1, 4, 4, 5), (1, 1), (2, 2), (1, 1), ((0, 0), (0, 0))),
+    ((2, 6, 5, 2), (2, 2), (1, 1), (2, 2), ((1, 1), (1, 1))),
+    ((1, 3, 3, 2), (3, 3), (1, 1), (1, 1), ((0, 0), (0, 0))),
+]
+
+
+@pytest.mark.parametrize("shape,ks,st,dil,pads", IM2COL_CASES)
+def test_im2col_matches_reference(rng, shape, ks, st, dil, pads):
+    x = rng.integers(0, 256, shape, dtype=np.uint8)
+    want = ref_im2col(x, *ks, *st, *dil, pads, 77)
+    for threads in (1, 2, 3):
+        K.set_num_threads(threads)
+        assert same_bits(qgemm.im2col(x, ks, st, dil, pads, 77), want)
+
+
+def test_convolution_through_im2col_is_exact(each_set, rng):
+    # int8 convolution = patches x kernel reshaped (kh * kw * C, F); padded
+    # taps hold the zero point, which the epilogue's zero-point term removes.
+    x = rng.integers(0, 256, (2, 6, 7, 3), dtype=np.uint8)
+    kern = rng.integers(-128, 128, (3, 3, 3, 19), dtype=np.int8)
+    za = 90
+    patches = qgemm.im2col(x, (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), za)
+    sb = np.ones(19, np.float32)
+    got = qgemm.gemm(patches, qgemm.pack_weights(kern.reshape(27, 19)), 1.0, za, sb)
+    xs = x.astype(np.int64) - za
+    xp = np.pad(xs, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    want = np.zeros((2, 6, 7, 19), np.int64)
+    for ky in range(3):
+        for kx in range(3):
+            want += np.einsum("bhwc,cf->bhwf", xp[:, ky:ky + 6, kx:kx + 7],
+                              kern[ky, kx].astype(np.int64))
+    assert same_bits(got, want.reshape(-1, 19).astype(np.float32))
+
+
+def test_im2col_empty_and_bad_arguments():
+    x = np.zeros((0, 4, 4, 2), np.uint8)
+    assert qgemm.im2col(x, 3, 1, 1, ((1, 1), (1, 1))).shape == (0, 18)
+    x = np.zeros((1, 4, 4, 2), np.uint8)
+    with pytest.raises(TypeError, match="4-D uint8"):
+        qgemm.im2col(x.astype(np.float32), 3)
+    with pytest.raises(ValueError, match="does not fit"):
+        qgemm.im2col(x, 5)
+    with pytest.raises(ValueError, match="kernel_size"):
+        qgemm.im2col(x, (3, 0))
+    with pytest.raises(ValueError, match="strides"):
+        qgemm.im2col(x, 3, strides=1.5)
+    with pytest.raises(ValueError, match="pads"):
+        qgemm.im2col(x, 3, pads=((1, -1), (0, 0)))
+    with pytest.raises(ValueError, match="pads"):
+        qgemm.im2col(x, 3, pads=(1, 1))
+    with pytest.raises(ValueError, match="pad_value"):
+        qgemm.im2col(x, 3, pad_value=256)
+
+
+# ---------------------------------------------------------------- sets and bad arguments
+
+def test_instruction_set_hook():
+    assert qgemm.instruction_sets()[0] == "scalar"
+    assert qgemm.cpu_instruction_set() == qgemm.instruction_sets()[-1]
+    with pytest.raises(ValueError, match="unknown instruction set"):
+        qgemm._use_instruction_set("sse9")
+    try:
+        assert qgemm._use_instruction_set("scalar") == "scalar"
+        assert qgemm.instruction_set() == "scalar"
+    finally:
+        qgemm._use_instruction_set(None)
+    if qgemm.cpu_instruction_set() != SETS[-1]:
+        with pytest.raises(ValueError, match="cannot run"):
+            qgemm._use_instruction_set(SETS[-1])
+
+
+def test_bad_arguments(rng):
+    a, w, sb, bias = rand_case(rng, 3, 8, 5)
+    packed = qgemm.pack_weights(w)
+    with pytest.raises(TypeError, match="int8"):
+        qgemm.pack_weights(w.astype(np.int16))
+    with pytest.raises(TypeError, match="int8 NumPy"):
+        qgemm.pack_weights([[1, 2]])
+    with pytest.raises(ValueError, match="2-D"):
+        qgemm.pack_weights(w[0])
+    with pytest.raises(ValueError, match="overflow"):
+        qgemm.pack_weights(np.zeros((qgemm.MAX_K + 1, 1), np.int8))
+    with pytest.raises(TypeError, match="uint8 array of activations"):
+        qgemm.gemm(a.astype(np.int8), packed, 1.0, 0, sb)
+    with pytest.raises(TypeError, match="uint8 array of activations"):
+        qgemm.gemm(a[0], packed, 1.0, 0, sb)
+    with pytest.raises(ValueError, match="K = 7"):
+        qgemm.gemm(a[:, :7], packed, 1.0, 0, sb)
+    with pytest.raises(TypeError, match="pack_weights returns"):
+        qgemm.gemm(a, w, 1.0, 0, sb)
+    with pytest.raises(ValueError, match="too short"):
+        qgemm.gemm(a, packed[:10], 1.0, 0, sb)
+    with pytest.raises(ValueError, match="not weights packed"):
+        qgemm.gemm(a, packed[:-64].copy(), 1.0, 0, sb)
+    bogus = packed.copy()
+    bogus[:4] = 0
+    with pytest.raises(ValueError, match="not weights packed"):
+        qgemm.packed_shape(bogus)
+    for bad in (0.0, -1.0, np.nan, np.inf, 1e39, 1e-50):
+        with pytest.raises(ValueError, match="scale_a"):
+            qgemm.gemm(a, packed, bad, 0, sb)
+    with pytest.raises(TypeError, match="scale_a"):
+        qgemm.gemm(a, packed, "x", 0, sb)
+    for bad in (-1, 256, 1.0, True):
+        with pytest.raises(ValueError, match="zero_a"):
+            qgemm.gemm(a, packed, 1.0, bad, sb)
+    with pytest.raises(ValueError, match="scale_b must hold"):
+        qgemm.gemm(a, packed, 1.0, 0, sb[:4])
+    with pytest.raises(ValueError, match="finite and positive"):
+        qgemm.gemm(a, packed, 1.0, 0, np.where(np.arange(5) == 2, 0, sb))
+    with pytest.raises(ValueError, match="bias"):
+        qgemm.gemm(a, packed, 1.0, 0, sb, bias[:3])
+    with pytest.raises(ValueError, match="bias"):
+        qgemm.gemm(a, packed, 1.0, 0, sb, np.arange(5))
+    with pytest.raises(ValueError, match="activation"):
+        qgemm.gemm(a, packed, 1.0, 0, sb, activation="tanh")
+    with pytest.raises(ValueError, match="both out_scale and out_zero_point"):
+        qgemm.gemm(a, packed, 1.0, 0, sb, out_scale=1.0)
+    with pytest.raises(ValueError, match="out_zero_point"):
+        qgemm.gemm(a, packed, 1.0, 0, sb, out_scale=1.0, out_zero_point=300)
+    with pytest.raises(TypeError, match="float32"):
+        qgemm.quantize(np.zeros(3), 1.0, 0)
+    with pytest.raises(ValueError, match="scale"):
+        qgemm.quantize(np.zeros(3, np.float32), 0.0, 0)
+    with pytest.raises(ValueError, match="zero_point"):
+        qgemm.quantize(np.zeros(3, np.float32), 1.0, -1)
+    with pytest.raises(ValueError, match="k must be"):
+        qgemm.packed_size(-1, 3)
+
+
+def test_non_contiguous_activations(rng):
+    a, w, sb, bias = rand_case(rng, 10, 24, 9)
+    packed = qgemm.pack_weights(w)
+    want = ref_gemm(a[::2], w, 0.1, 4, sb, bias)
+    assert same_bits(qgemm.gemm(a[::2], packed, 0.1, 4, sb, bias), want)
+    fa = np.asfortranarray(a)
+    assert same_bits(qgemm.gemm(fa, packed, 0.1, 4, sb, bias), ref_gemm(a, w, 0.1, 4, sb, bias))
