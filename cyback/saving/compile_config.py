@@ -69,7 +69,11 @@ def _optimizer(keras, entry):
         raise ValueError('the learning rate is a schedule (%s), which Keras 2.3.1 '
                          'optimizers do not take' % (rate.get('class_name')
                                                      if isinstance(rate, dict) else rate,))
+    # Keras 2.3.1's optimizers take these through **kwargs.
     accepted = init_arguments(cls, object) | {'clipnorm', 'clipvalue'}
+    accepted |= {'schedule_decay'} if match == 'Nadam' else {'decay'}
+    if match != 'SGD':
+        accepted.add('epsilon')
     args = {}
     for key, value in cfg.items():
         if key in accepted:

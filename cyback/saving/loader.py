@@ -93,8 +93,8 @@ def load_weights(model, filepath, by_name=False, skip_mismatch=False):
     with files.open_source(filepath) as source, files.hdf5_errors(source.label):
         if source.weights_layout == 'vars':
             file_weights = weights.Keras3Source(source.weights, source.label,
-                                                weights.keras3_layout_from_model(model))
-            file_weights.problems = []
+                                                weights.keras3_layout_from_model(model),
+                                                check_names=False)
             pairs, problems = weights.match_model(
                 model, file_weights, source.label, skip_missing_layers=by_name,
                 skip_mismatch=skip_mismatch)

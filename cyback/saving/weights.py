@@ -236,12 +236,16 @@ def _sublayers(class_name, cfg):
 
 class Keras3Source:
     """Weights in Keras 3's layout. ``layout`` maps a layer path (names from
-    the top model down) to (HDF5 path, Keras 3 class name, config)."""
+    the top model down) to (HDF5 path, Keras 3 class name, config).
+    ``check_names``: the layer names Keras 3 stores must be the layout's (a
+    file's own config); a model built in code may name its layers
+    differently, like Keras 3, which addresses them by class and position."""
 
-    def __init__(self, root, label, layout):
+    def __init__(self, root, label, layout, check_names=True):
         self.root = root
         self.label = label
         self.layout = layout
+        self.check_names = check_names
         self._consumed = set()
         self.problems = []
 
@@ -264,7 +268,8 @@ class Keras3Source:
     def _collect(self, h5path, class_name, cfg, roles, result, layer_name):
         group = self.root.get(h5path + '/vars')
         datasets = self._datasets(group)
-        if group is not None and layer_name is not None and 'name' in group.attrs:
+        if (self.check_names and group is not None and layer_name is not None
+                and 'name' in group.attrs):
             stored = attr_text(group.attrs['name'])
             if stored != layer_name:
                 self.problems.append(

@@ -1,0 +1,215 @@
+"""Check that tf.keras application models load on cyback and match (optional,
+not CI: it needs TensorFlow).
+
+    .venv/bin/python benchmarks/check_applications.py [--all] [--keras3]
+        [--tf-python /work/tfenv/bin/python] [--size 96] [--keep DIR] [names...]
+
+Two processes, because cyback runs under multi-backend Keras 2.3.1 while the
+TensorFlow environment's ``keras`` is Keras 3 (both Python 3.11 / NumPy 2.4
+here, so cyback's kernels would import there, but the two ``keras`` packages
+cannot share one interpreter):
+
+1. ``--make DIR`` (run by this script with ``--tf-python``): builds each
+   ``tf_keras.applications`` model with random weights (the initializers, plus
+   seeded random normalization statistics and biases), saves it as
+   ``<name>.h5`` (and ``<name>.keras`` with Keras 3 when ``--keras3``), and
+   records its predictions on a seeded random batch in ``<name>.npz``;
+2. this process loads every file with ``cyback.load_model`` and compares its
+   predictions (max absolute difference; pass at <= 1e-4).
+
+``--time-load`` also times, once each, ``tf_keras.models.load_model`` and
+``cyback.load_model`` on ResNet50's .h5 (25.6M parameters). One measurement
+on a possibly busy machine: an indication, not a benchmark.
+
+By default one model per family; ``--all`` builds every variant (hours, and
+tens of GB of temporary files for the large ConvNeXt/EfficientNet/NASNet).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+FAMILIES = {
+    'MobileNet': ['MobileNet'],
+    'MobileNetV2': ['MobileNetV2'],
+    'MobileNetV3': ['MobileNetV3Small', 'MobileNetV3Large'],
+    'EfficientNet': ['EfficientNetB0', 'EfficientNetB1', 'EfficientNetB2', 'EfficientNetB3',
+                     'EfficientNetB4', 'EfficientNetB5', 'EfficientNetB6', 'EfficientNetB7'],
+    'EfficientNetV2': ['EfficientNetV2B0', 'EfficientNetV2B1', 'EfficientNetV2B2',
+                       'EfficientNetV2B3', 'EfficientNetV2S', 'EfficientNetV2M',
+                       'EfficientNetV2L'],
+    'ResNet': ['ResNet50', 'ResNet101', 'ResNet152'],
+    'ResNetV2': ['ResNet50V2', 'ResNet101V2', 'ResNet152V2'],
+    'DenseNet': ['DenseNet121', 'DenseNet169', 'DenseNet201'],
+    'Inception': ['InceptionV3', 'InceptionResNetV2'],
+    'Xception': ['Xception'],
+    'NASNet': ['NASNetMobile', 'NASNetLarge'],
+    'ConvNeXt': ['ConvNeXtTiny', 'ConvNeXtSmall', 'ConvNeXtBase', 'ConvNeXtLarge',
+                 'ConvNeXtXLarge'],
+    'RegNet': ['RegNetX002', 'RegNetY002', 'RegNetX004', 'RegNetY004', 'RegNetX008',
+               'RegNetY008', 'RegNetX016', 'RegNetY016', 'RegNetX032', 'RegNetY032',
+               'RegNetX040', 'RegNetY040', 'RegNetX064', 'RegNetY064', 'RegNetX080',
+               'RegNetY080', 'RegNetX120', 'RegNetY120', 'RegNetX160', 'RegNetY160',
+               'RegNetX320', 'RegNetY320'],
+}
+DEFAULT = ['MobileNet', 'MobileNetV2', 'MobileNetV3Small', 'MobileNetV3Large',
+           'EfficientNetB0', 'EfficientNetV2B0', 'ResNet50', 'ResNet50V2', 'DenseNet121',
+           'InceptionV3', 'InceptionResNetV2', 'Xception', 'NASNetMobile', 'ConvNeXtTiny',
+           'RegNetX002', 'RegNetY002']
+# Models whose input size is fixed without ImageNet weights (NASNet) or that
+# need a minimum size.
+_FIXED_SIZE = {'NASNetMobile': 224, 'NASNetLarge': 331}
+_MIN_SIZE = {'InceptionV3': 75, 'InceptionResNetV2': 75, 'Xception': 71}
+TOLERANCE = 1e-4
+BATCH = 2
+SEED = 1234
+
+
+# -- the TensorFlow half ----------------------------------------------------------
+
+def _randomize(model, np, rng):
+    for w in model.weights:
+        name = w.name.split('/')[-1].split(':')[0]
+        value = w.numpy()
+        if not np.issubdtype(value.dtype, np.floating):
+            continue
+        if name in ('moving_variance', 'variance'):
+            value = rng.uniform(0.5, 1.5, value.shape)
+        elif name in ('gamma',):
+            value = rng.uniform(0.7, 1.3, value.shape)
+        elif name in ('bias', 'beta', 'moving_mean', 'mean'):
+            value = 0.1 * rng.standard_normal(value.shape)
+        else:
+            continue
+        w.assign(value.astype(w.numpy().dtype))
+
+
+def make(outdir, names, size, keras3, time_load):
+    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras
+    report = {'versions': {'tensorflow': tf.__version__, 'tf_keras': tf_keras.__version__}}
+    if keras3:
+        import keras
+        report['versions']['keras'] = keras.__version__
+    for name in names:
+        entry = report.setdefault(name, {})
+        side = _FIXED_SIZE.get(name, max(size, _MIN_SIZE.get(name, 0)))
+        for framework, module in (('tf_keras', tf_keras),) + (
+                (('keras3', keras),) if keras3 else ()):
+            module.backend.clear_session()
+            module.utils.set_random_seed(SEED)
+            rng = np.random.default_rng(SEED)
+            try:
+                model = getattr(module.applications, name)(
+                    weights=None, input_shape=(side, side, 3))
+                _randomize(model, np, rng)
+                x = rng.uniform(0, 255, (BATCH, side, side, 3)).astype('float32')
+                y = np.asarray(model(x, training=False))
+                path = os.path.join(outdir, '%s.%s.%s' % (
+                    name, framework, 'h5' if framework == 'tf_keras' else 'keras'))
+                model.save(path)
+                np.savez(os.path.join(outdir, '%s.%s.npz' % (name, framework)), x=x, y=y)
+                entry[framework] = {'path': path, 'params': int(model.count_params()),
+                                    'size': side}
+            except Exception as e:  # report, and go on with the next model
+                entry[framework] = {'error': '%s: %s' % (type(e).__name__, e)}
+            del model
+    if time_load:
+        tf_keras.backend.clear_session()
+        model = tf_keras.applications.ResNet50(weights=None)
+        path = os.path.join(outdir, 'ResNet50_224.h5')
+        model.save(path)
+        params = int(model.count_params())
+        del model
+        tf_keras.backend.clear_session()
+        start = time.perf_counter()
+        tf_keras.models.load_model(path, compile=False)
+        report['load_time'] = {'path': path, 'params': params,
+                               'tf_keras_seconds': time.perf_counter() - start}
+    with open(os.path.join(outdir, 'made.json'), 'w') as f:
+        json.dump(report, f, indent=1)
+
+
+# -- the cyback half ----------------------------------------------------------------
+
+def check(outdir):
+    import numpy as np
+
+    import cyback
+    with open(os.path.join(outdir, 'made.json')) as f:
+        report = json.load(f)
+    rows = []
+    for name, entry in report.items():
+        if name in ('versions', 'load_time'):
+            continue
+        for framework, made in entry.items():
+            if 'error' in made:
+                rows.append((name, framework, 'NOT MADE', made['error'][:120]))
+                continue
+            data = np.load(os.path.join(outdir, '%s.%s.npz' % (name, framework)))
+            try:
+                model = cyback.load_model(made['path'])
+                got = model.predict(data['x'], batch_size=BATCH)
+            except Exception as e:
+                rows.append((name, framework, 'FAIL', '%s: %s' % (type(e).__name__,
+                                                                  str(e)[:300])))
+                continue
+            err = float(np.max(np.abs(got - data['y'])))
+            rows.append((name, framework, 'pass' if err <= TOLERANCE else 'MISMATCH',
+                         'max |diff| %.2e, %d params, %dx%d input'
+                         % (err, made['params'], made['size'], made['size'])))
+    print('%-20s %-9s %-9s %s' % ('model', 'file', 'result', 'detail'))
+    for row in rows:
+        print('%-20s %-9s %-9s %s' % row)
+    passed = sum(r[2] == 'pass' for r in rows)
+    print('%d of %d pass' % (passed, len(rows)))
+    timing = report.get('load_time')
+    if timing:
+        start = time.perf_counter()
+        cyback.load_model(timing['path'])
+        seconds = time.perf_counter() - start
+        print('load time, ResNet50 .h5 (%d params), once each: tf_keras.models.load_model '
+              '%.2f s, cyback.load_model %.2f s (ratio %.2f)'
+              % (timing['params'], timing['tf_keras_seconds'], seconds,
+                 seconds / timing['tf_keras_seconds']))
+    print('versions:', report['versions'])
+    return passed == len(rows)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('names', nargs='*')
+    parser.add_argument('--all', action='store_true', help='every variant of every family')
+    parser.add_argument('--keras3', action='store_true', help='Keras 3 .keras files too')
+    parser.add_argument('--size', type=int, default=96, help='input side (default 96)')
+    parser.add_argument('--tf-python', default='/work/tfenv/bin/python')
+    parser.add_argument('--keep', help='directory for the files (default: a temporary one)')
+    parser.add_argument('--time-load', action='store_true',
+                        help='time loading ResNet50 in both frameworks, once')
+    parser.add_argument('--make', help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    names = args.names or ([n for family in FAMILIES.values() for n in family]
+                           if args.all else DEFAULT)
+    if args.make:
+        make(args.make, names, args.size, args.keras3, args.time_load)
+        return 0
+    with tempfile.TemporaryDirectory(prefix='cyback-apps-') as tmp:
+        outdir = args.keep or tmp
+        os.makedirs(outdir, exist_ok=True)
+        command = [args.tf_python, os.path.abspath(__file__), '--make', outdir,
+                   '--size', str(args.size)] + names
+        command += ['--keras3'] if args.keras3 else []
+        command += ['--time-load'] if args.time_load else []
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+        env.pop('KERAS_BACKEND', None)
+        subprocess.run(command, check=True, env=env)
+        return 0 if check(outdir) else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
