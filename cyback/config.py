@@ -329,6 +329,7 @@ def _init_threads():
     from cyback.kernels import runtime
     from cyback.kernels.blas_threads import set_blas_threads
     _registry.remove_bad(_KERNEL_READ)
+    runtime.set_parallel_min_work(_registry.get("CYBACK_PARALLEL_MIN_WORK"))
     warm = _registry.get("CYBACK_TEAM_WARM_US")
     if warm is not None:
         runtime.set_warm_window(min(1.0, warm * 1e-6))

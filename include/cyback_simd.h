@@ -67,6 +67,14 @@ static int cb_simd_cpu_level = -1;
 /* The highest set the kernels may run (tests lower it; CYBACK_AVX512=0 caps
  * it at AVX2 for hosts where 512-bit code lowers the clock of other work). */
 static int cb_simd_cap = -1;
+/* The cap when no test lowered it: 2, or 1 where CYBACK_AVX512=0 (each
+ * module passes cyback.kernels.settings' value on when it is imported). */
+static int cb_simd_default_cap = 2;
+
+static void cb_simd_set_default_cap(int cap) {
+    cb_simd_default_cap = cap;
+    cb_simd_cap = -1;
+}
 
 static int cb_simd_level(void) {
     if (cb_simd_cpu_level < 0) {
@@ -78,10 +86,7 @@ static int cb_simd_level(void) {
         }
         cb_simd_cpu_level = level;
     }
-    if (cb_simd_cap < 0) {
-        const char *env = getenv("CYBACK_AVX512");
-        cb_simd_cap = env && env[0] == '0' && env[1] == '\0' ? 1 : 2;
-    }
+    if (cb_simd_cap < 0) cb_simd_cap = cb_simd_default_cap;
     return cb_simd_cpu_level < cb_simd_cap ? cb_simd_cpu_level : cb_simd_cap;
 }
 
@@ -139,6 +144,7 @@ static int cb_simd_has_avx2(void) { return 0; }
 static int cb_simd_has_avx512(void) { return 0; }
 static int cb_simd_use_avx2(int on) { (void)on; return 0; }
 static int cb_simd_use_avx512(int on) { (void)on; return 0; }
+static void cb_simd_set_default_cap(int cap) { (void)cap; }
 static int cb_simd_half_rate_512(void) { return 0; }
 static ptrdiff_t cb_simd_block(ptrdiff_t narrow, ptrdiff_t n) { (void)n; return narrow; }
 #endif

@@ -116,6 +116,11 @@ static inline int cb_team_get_local(void) { return cb_team_local; }
  * the team were asleep (1) or always awake. */
 static int cb_team_forced = 0;
 
+/* The work below which kernels keep a call on the calling thread (see above):
+ * CYBACK_PARALLEL_MIN_WORK, which cyback.config passes on through runtime's
+ * set_parallel_min_work (the tests set 0 so that every parallel path runs). */
+static double cb_team_min_work = 1.0e6;
+
 static double cb_team_warm_seconds = 0.0;
 /* When the team last ran; when the last op ended (or, from a kernel that
  * does not say, began); the work of the current dense run of ops. */
@@ -239,7 +244,7 @@ static double cb_team_busy_factor = 16.0;
 
 static inline int cb_team_threads_for(double work) {
     int n = cb_team_size();
-    double cutoff = cb_parallel_min_work(), now;
+    double cutoff = cb_team_min_work, now;
     int dense;
     if (n <= 1) return 1;
     if (cb_team_forced > 0) return cb_team_forced < n ? cb_team_forced : n;
@@ -269,7 +274,7 @@ static inline int cb_team_threads_for(double work) {
  * many threads run the parts. */
 static inline int cb_team_parts(double work) {
     int n = cb_team_size();
-    double cutoff = cb_parallel_min_work();
+    double cutoff = cb_team_min_work;
     if (n <= 1 || (work < cutoff / CB_TEAM_WARM_DIVISOR && work < cutoff)) return 1;
     return n;
 }

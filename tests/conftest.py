@@ -70,8 +70,8 @@ def _quiet_host():
 @pytest.fixture(autouse=True)
 def _restore_settings():
     """What a test may change globally is put back after it: Keras settings,
-    the fixed learning phase, the thread counts, the warm and join windows
-    and the kernels' tuning tables."""
+    the fixed learning phase, the thread counts, the team's cutoff, the warm
+    and join windows and the kernels' tuning tables."""
     import cyback as K
     from cyback import config
     from cyback.kernels import conv, rnn_cell, runtime
@@ -79,6 +79,7 @@ def _restore_settings():
     phase = config.fixed_learning_phase()
     threads = K.get_num_threads()
     windows = (runtime.get_warm_window(), runtime.get_join_window())
+    min_work = runtime.parallel_min_work()
     tunes = [(t, dict(t)) for t in (conv._TUNE, rnn_cell._TUNE)]
     yield
     K.set_floatx(saved[0])
@@ -90,6 +91,7 @@ def _restore_settings():
     runtime.set_thread_local_threads(None)
     runtime.set_warm_window(windows[0])
     runtime.set_join_window(windows[1])
+    runtime.set_parallel_min_work(min_work)
     for table, values in tunes:
         if dict(table) != values:
             table.clear()

@@ -21,20 +21,13 @@ opcodes.
 ``CYBACK_OPTIMIZE=0`` in the environment or ``set_graph_optimizer(False)``
 turns the optimizer off (plans built afterwards run the graph as written).
 """
-import os
-
 from cyback.graph import fusion
 from cyback.graph.tensor import Constant, Placeholder, Variable
+from cyback.kernels import settings as _settings
 
-
-def _env_flag():
-    value = os.environ.get("CYBACK_OPTIMIZE", "1").strip()
-    if value not in ("0", "1", ""):
-        raise ValueError("CYBACK_OPTIMIZE must be 0 or 1, got %r" % (value,))
-    return value != "0"
-
-
-_state = {"enabled": _env_flag()}
+# CYBACK_OPTIMIZE=0 starts with the optimizer off (a bad value warns, through
+# the settings registry, and leaves it on).
+_state = {"enabled": bool(_settings.get("CYBACK_OPTIMIZE"))}
 
 
 def set_graph_optimizer(enabled):

@@ -4,4 +4,3 @@ cdef extern from "cyback_omp.h" nogil:
     void cb_set_num_threads(int n)
     int cb_get_thread_num()
     int cb_get_num_threads()
-    double cb_parallel_min_work()

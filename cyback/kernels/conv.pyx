@@ -48,6 +48,7 @@ Special cases, chosen per geometry by the Python entries below:
 import functools
 import os
 
+from cyback.kernels import settings as _settings
 import numpy as np
 cimport cython
 cimport numpy as cnp
@@ -57,9 +58,8 @@ from libc.string cimport memcpy, memset
 
 from cyback.kernels._blas cimport floating, gemm
 from contextlib import nullcontext
-from cyback.kernels._checks import setting_warning
-from cyback.kernels._omp cimport cb_get_num_threads, cb_parallel_min_work
-from cyback.kernels.runtime cimport join_seconds, team_done, threads_for
+from cyback.kernels._omp cimport cb_get_num_threads
+from cyback.kernels.runtime cimport join_seconds, team_done, team_min_work, threads_for
 from cyback.kernels._arrays cimport fits
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 from cyback.kernels._tiles cimport (cb_tiles, cb_tiles_finish, cb_tiles_init, cb_tiles_join,
@@ -79,6 +79,7 @@ cdef extern from "cyback_conv_direct.h" nogil:
     enum: CB_CD_MAX_ROWS
     enum: CB_CD_MAX_C
     int cb_simd_use_avx2(int on)
+    void cb_simd_set_default_cap(int cap)
     int cb_simd_use_avx512(int on)
     int cb_simd_has_avx512()
     Py_ssize_t cb_cd_block(int dbl)
@@ -106,6 +107,9 @@ cdef extern from "cyback_conv_direct.h" nogil:
     void cb_cd_item_out_d(const double* x, const double* wp, const double* bp,
                           const double* res, int act, double* y, const cb_cd_geom* g,
                           Py_ssize_t it, const cb_cd_out* out)
+
+# CYBACK_AVX512=0 caps this module's vector kernels at AVX2 (the registry reads it).
+cb_simd_set_default_cap(2 if _settings.get("CYBACK_AVX512") else 1)
 
 cdef extern from "cyback_conv_dw.h" nogil:
     enum: CB_CDW_ROWS
@@ -843,12 +847,9 @@ class _Tuning(dict):
 
 
 def _env_winograd():
-    value = os.environ.get("CYBACK_WINOGRAD", "1").strip()
-    if value not in ("0", "1", ""):
-        setting_warning("CYBACK_WINOGRAD must be 0 or 1, got %r; using the default (1)"
-                        % (value,))
-        return True
-    return value != "0"
+    """CYBACK_WINOGRAD, through the settings registry (a bad value warns and
+    leaves Winograd on)."""
+    return bool(_settings.get("CYBACK_WINOGRAD"))
 
 
 cdef enum:
@@ -1362,7 +1363,7 @@ def _threads(g):
     # after a short spin) took longer than a 4.7 MFLOP batch-1 3x3 conv on one thread
     # (94 us on 2 threads, 80 us on 1; benchmarks/bench_conv.py, batch-1 rows).
     return (threads_for(work / _TUNE["flops_per_byte"]),
-            nullcontext() if work < cb_parallel_min_work() else blas_limit(1))
+            nullcontext() if work < team_min_work() else blas_limit(1))
 
 
 def _flat(a):
@@ -1696,7 +1697,7 @@ def _pointwise_tiles(Py_ssize_t M, Py_ssize_t K, Py_ssize_t F):
     count. Each GEMM call packs its rows of x (nf times over all: M K
     values each) and its columns of the kernel (nr times: K F), so tiles are
     as large as they can be: rows (times K) within 512 KB, and at least 4
-    tiles, each of 64 rows and columns or more, the split that packs the
+    tiles (else 2), each of 64 rows and columns or more, the split that packs the
     fewest values (a batch-1 call with few rows splits its columns, a call
     with many rows its rows). 2 threads, alternated against NumPy's
     threaded sgemm of the same shape: 2 tiles per thread ran at 0.98-1.02x
@@ -1722,18 +1723,27 @@ def _pointwise_tiles(Py_ssize_t M, Py_ssize_t K, Py_ssize_t F):
     at 1.00x, 0.94x and 1.14x."""
     cdef Py_ssize_t most_rows = max(64, min(2048, (1 << 17) // max(1, K)))
     cdef Py_ssize_t nr0 = _ceil_div(M, most_rows)
-    cdef Py_ssize_t nr = nr0, nf = 1, r, f
+    cdef Py_ssize_t nr = nr0, nf = 1, r, f, want
     cdef double cost, best = -1
     if nr0 < 4:
-        for f in (1, 2, 4):
-            r = max(nr0, _ceil_div(4, f))
-            if (f > 1 and _ceil_div(F, f) < 64) or (r > nr0 and _ceil_div(M, r) < 64):
-                continue
-            cost = <double>f * M + <double>r * F
-            if best < 0 or cost < best:
-                best, nr, nf = cost, r, f
-    rows = _tile_edges(M, nr, nr >= nf, most_rows)
-    cols = _tile_edges(F, nf, nf > nr, F)
+        # 4 tiles where each keeps 64 rows or columns, else 2 (a 1x1 of 196
+        # or 49 rows onto 96-160 columns, MobileNetV2's projections, then
+        # still gives a second thread its half), else one.
+        for want in (4, 2):
+            for f in (1, 2, 4):
+                if f > want:
+                    continue
+                r = max(nr0, _ceil_div(want, f))
+                if (f > 1 and _ceil_div(F, f) < 64) or (r > nr0 and _ceil_div(M, r) < 64):
+                    continue
+                cost = <double>f * M + <double>r * F
+                if best < 0 or cost < best:
+                    best, nr, nf = cost, r, f
+            if best >= 0:
+                break
+    # uneven cuts pay off with 4 tiles or more (see above); 2 are halves
+    rows = _tile_edges(M, nr, nr >= nf and nr * nf >= 4, most_rows)
+    cols = _tile_edges(F, nf, nf > nr and nr * nf >= 4, F)
     tiles = np.array([(r0, r1 - r0, f0, f1 - f0)
                       for f0, f1 in zip(cols[:-1], cols[1:])
                       for r0, r1 in zip(rows[:-1], rows[1:])], dtype=np.intp)

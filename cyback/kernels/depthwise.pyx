@@ -12,6 +12,7 @@ Why direct loops rather than im2col + GEMM: each output channel sees only one
 input channel, so a GEMM would be a batch of (k*k)-long dot products and the
 patch matrix would cost more memory traffic than the convolution itself.
 """
+from cyback.kernels import settings as _settings
 import numpy as np
 cimport cython
 cimport numpy as cnp
@@ -29,6 +30,7 @@ cnp.import_array()
 
 cdef extern from "cyback_depthwise.h" nogil:
     int cb_simd_use_avx2(int on)
+    void cb_simd_set_default_cap(int cap)
     int cb_dw_use_k3(int on)
     int cb_dw_read_edges(int on)
     void cb_dw_sum_groups_f(const float* t, float* d, Py_ssize_t n, Py_ssize_t M)
@@ -83,6 +85,9 @@ cdef extern from "cyback_depthwise.h" nogil:
                                 Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh, Py_ssize_t sw,
                                 Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t KH, Py_ssize_t KW,
                                 double* acc)
+
+# CYBACK_AVX512=0 caps this module's vector kernels at AVX2 (the registry reads it).
+cb_simd_set_default_cap(2 if _settings.get("CYBACK_AVX512") else 1)
 
 # Fixed number of partial sums for the channels_last kernel gradient: fixed,
 # not per thread, so the reduction order (and the result) does not depend on

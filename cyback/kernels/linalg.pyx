@@ -8,6 +8,7 @@ small convnet's training step went from ~4 ms to ~23 ms on 2 cores with both
 pools at 2 threads). So a large product is split here into one
 single-threaded GEMM per thread.
 """
+from cyback.kernels import settings as _settings
 import numpy as np
 cimport numpy as cnp
 from cython.parallel cimport prange
@@ -169,11 +170,15 @@ DENSE_MAX_WEIGHTS = 32768
 
 cdef extern from "cyback_dense_t.h" nogil:
     int cb_simd_use_avx2(int on)
+    void cb_simd_set_default_cap(int cap)
     int cb_simd_use_avx512(int on)
     void cb_dt_rows_f(const float *x, Py_ssize_t m, Py_ssize_t k, const float *wt, Py_ssize_t n,
                       const float *b, int act, float *y)
     void cb_dt_rows_d(const double *x, Py_ssize_t m, Py_ssize_t k, const double *wt,
                       Py_ssize_t n, const double *b, int act, double *y)
+
+# CYBACK_AVX512=0 caps this module's vector kernels at AVX2 (the registry reads it).
+cb_simd_set_default_cap(2 if _settings.get("CYBACK_AVX512") else 1)
 
 # Products dense_t takes: one row. It reads wt once per row, where a product
 # of several rows reads the kernel once for all (4 rows of (9216, 10): 19.6

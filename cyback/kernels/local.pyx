@@ -25,8 +25,7 @@ from cython.parallel cimport prange
 
 from cyback.kernels._blas cimport floating, gemm
 from cyback.kernels._checks import check_float
-from cyback.kernels._omp cimport cb_parallel_min_work
-from cyback.kernels.runtime cimport threads_for
+from cyback.kernels.runtime cimport team_min_work, threads_for
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 from cyback.kernels.blas_threads import blas_limit
 
@@ -192,7 +191,7 @@ cdef int _run_gemms(int which, a, b, g, Py_ssize_t g_pstride, int g_ld) except -
     # BLAS needs no limit there (OpenBLAS keeps GEMMs this small on one
     # thread), and switching it costs locked ctypes calls on every op.
     cdef double total = 2.0 * a.shape[0] * work
-    if total < cb_parallel_min_work():
+    if total < team_min_work():
         over_p = False
     # The typed views are writable; a read-only input needs a copy.
     if not a.flags.writeable:

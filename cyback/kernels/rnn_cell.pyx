@@ -33,6 +33,7 @@ Layouts (time-major, C-contiguous):
 
 Activation codes: 0 tanh, 1 sigmoid, 2 hard_sigmoid, 3 linear.
 """
+from cyback.kernels import settings as _settings
 import numpy as np
 cimport cython
 cimport numpy as cnp
@@ -239,7 +240,11 @@ cdef extern from "cyback_act.h" nogil:
     void cb_act_lanes_f(float *p, Py_ssize_t rows, Py_ssize_t w, Py_ssize_t ld,
                         const float *lanes)
     int cb_simd_use_avx2(int on)
+    void cb_simd_set_default_cap(int cap)
     int cb_simd_use_avx512(int on)
+
+# CYBACK_AVX512=0 caps this module's vector kernels at AVX2 (the registry reads it).
+cb_simd_set_default_cap(2 if _settings.get("CYBACK_AVX512") else 1)
 
 
 def _use_avx2(bint on):

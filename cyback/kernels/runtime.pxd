@@ -3,6 +3,7 @@
 cdef int threads_for(double work) noexcept nogil
 cdef int team_size() noexcept nogil
 cdef int team_parts(double work) noexcept nogil
+cdef double team_min_work() noexcept nogil
 cdef void team_done(int threads) noexcept nogil
 cdef double join_seconds() noexcept nogil
 

@@ -5,7 +5,7 @@ import os
 from cython.parallel cimport parallel
 
 from cyback.kernels._omp cimport (cb_get_num_threads, cb_get_thread_num, cb_openmp_enabled,
-                                  cb_parallel_min_work, cb_set_num_threads)
+                                  cb_set_num_threads)
 
 
 cdef extern from "cyback_tiles.h" nogil:
@@ -14,6 +14,7 @@ cdef extern from "cyback_tiles.h" nogil:
 
 cdef extern from "cyback_team.h" nogil:
     double cb_team_warm_seconds
+    double cb_team_min_work
     double cb_team_busy_margin
     double cb_team_busy_switches
     double cb_team_busy_factor
@@ -31,8 +32,8 @@ cdef extern from "cyback_team.h" nogil:
 
 
 cdef int threads_for(double work) noexcept nogil:
-    """Threads for a parallel loop of about ``work`` bytes moved (a flop of a
-    convolution counts less): the whole team above the cutoff, or above a
+    """Threads for a parallel loop of about ``work`` work units
+    (docs/configuration.md, CYBACK_PARALLEL_MIN_WORK): the whole team above the cutoff, or above a
     quarter of it while the team is still awake from its last region or in a
     dense run of such ops (include/cyback_team.h)."""
     return cb_team_threads_for(work)
@@ -130,9 +131,26 @@ def get_thread_local_threads():
     return n if n > 0 else None
 
 
+cdef double team_min_work() noexcept nogil:
+    """The team's cutoff, in work units (docs/configuration.md)."""
+    return cb_team_min_work
+
+
 def parallel_min_work():
-    """Work (flops) below which kernels stay on the calling thread."""
-    return cb_parallel_min_work()
+    """Work (in the kernels' work units, docs/configuration.md) below which
+    kernels stay on the calling thread."""
+    return cb_team_min_work
+
+
+def set_parallel_min_work(work):
+    """Set the cutoff (cyback.config passes CYBACK_PARALLEL_MIN_WORK on at
+    import; tests set 0 so that every parallel path runs)."""
+    if isinstance(work, bool) or not isinstance(work, (int, float)) or \
+            not (0 <= work < float("inf")):
+        raise ValueError("set_parallel_min_work: expected a finite non-negative number, got %r"
+                         % (work,))
+    global cb_team_min_work
+    cb_team_min_work = float(work)
 
 
 def team_threads(work):

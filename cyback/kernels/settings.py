@@ -240,7 +240,7 @@ _DECLARED = [
         "waking the thread team.",
         group="Threads", read=IMPORT, minimum=0, unit="work units",
         empty_is_unset=False, default_text="1e6",
-        readers=("cyback/config.py", "include/cyback_omp.h"),
+        readers=("cyback/config.py",),
         details=_WORK_UNIT),
     Setting(
         "CYBACK_TEAM_WARM_US", "float", None,
@@ -275,7 +275,9 @@ _DECLARED = [
         "CYBACK_AVX512", "choice", True,
         "`0` caps the vector kernels at AVX2 + FMA on CPUs with AVX-512F.",
         group="Kernels", read=IMPORT, choices=("0", "1"), values=_ON_OFF,
-        readers=("cyback/config.py", "include/cyback_simd.h", "include/cyback_qgemm.h"),
+        readers=("cyback/config.py", "cyback/kernels/conv.pyx", "cyback/kernels/depthwise.pyx",
+                 "cyback/kernels/linalg.pyx", "cyback/kernels/rnn_cell.pyx",
+                 "cyback/kernels/winograd.pyx", "include/cyback_qgemm.h"),
         details="For hosts where 512-bit code lowers the clock of other work (the "
                 "quantized products then stop at AVX-VNNI). CPUs without AVX-512F never "
                 "run the AVX-512 kernels."),
@@ -307,9 +309,7 @@ _DECLARED = [
         "`0` turns the plan optimizer off: compiled functions run the graph as written.",
         group="Graphs", read=IMPORT, choices=("0", "1"), values=_ON_OFF,
         readers=("cyback/graph/optimize.py",), in_code="cyback.set_graph_optimizer(False)",
-        details="See [the optimizer](optimizer.md). `cyback/graph/optimize.py` reads it "
-                "itself and stops the import with a `ValueError` on a value other than "
-                "0 or 1."),
+        details="See [the optimizer](optimizer.md)."),
     Setting(
         "CYBACK_RESIZE_HALF_PIXEL_CENTERS", "choice", False,
         "`1` makes bilinear `resize_images` sample at pixel centres, as TF 2's "

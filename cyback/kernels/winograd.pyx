@@ -16,6 +16,7 @@ from cython.parallel cimport parallel
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcmp, memcpy, memset
 
+from cyback.kernels import settings as _settings
 import numpy as np
 
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
@@ -32,6 +33,7 @@ cdef extern from "cyback_conv_wino.h" nogil:
         Py_ssize_t N, H, W, C, F, OH, OW, ph, pw, D, OD, KD, pd, K, TH, TW, TG, items, FB, nfb
     enum: CB_WG_MAX_C
     int cb_simd_use_avx2(int on)
+    void cb_simd_set_default_cap(int cap)
     int cb_simd_use_avx512(int on)
     int cb_wg_available()
     Py_ssize_t cb_wg_block(Py_ssize_t F)
@@ -43,6 +45,9 @@ cdef extern from "cyback_conv_wino.h" nogil:
     enum: CB_WG_COPY_PIXELS
     void cb_wg_relayout(const float* src, float* dst, Py_ssize_t C, Py_ssize_t P, Py_ssize_t it,
                         int to_last)
+
+# CYBACK_AVX512=0 caps this module's vector kernels at AVX2 (the registry reads it).
+cb_simd_set_default_cap(2 if _settings.get("CYBACK_AVX512") else 1)
 
 
 # Tiles per work item: two register tiles. Their transformed inputs (16 x 12

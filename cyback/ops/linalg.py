@@ -16,8 +16,6 @@ from cyback.kernels.runtime import parallel_min_work
 from cyback.ops import elementwise as ew
 from cyback.ops.shape import transpose
 
-# Smaller products run on np.dot (single-threaded BLAS): no kernel overhead.
-_PARALLEL_MIN_WORK = parallel_min_work()
 # kernels.linalg.dense's activation codes
 _ACTIVATIONS = {None: 0, "relu": 1, "relu6": 2}
 
@@ -238,7 +236,7 @@ def contract(x, y, ax, ay, bias=None):
     (contracted, free) matrices; a transposed layout stays a transposed view,
     which the kernel reads without copying."""
     if x.ndim == 2 and y.ndim == 2 and ax == (1,) and ay == (0,) and \
-            2.0 * x.shape[0] * x.shape[1] * y.shape[1] < _PARALLEL_MIN_WORK:
+            2.0 * x.shape[0] * x.shape[1] * y.shape[1] < parallel_min_work():
         out = np.dot(x, y)     # small dense products: no reshape bookkeeping
         if bias is not None:
             out += bias
@@ -255,7 +253,7 @@ def contract(x, y, ax, ay, bias=None):
         a = np.transpose(x, fx + list(ax)).reshape(math.prod(free_x), k)
         b = np.transpose(y, list(ay) + fy).reshape(k, math.prod(free_y))
         shape = free_x + free_y
-    if 2.0 * a.shape[0] * a.shape[1] * b.shape[1] < _PARALLEL_MIN_WORK or \
+    if 2.0 * a.shape[0] * a.shape[1] * b.shape[1] < parallel_min_work() or \
             a.dtype != b.dtype or a.dtype.char not in "fd":
         out = np.dot(a, b)
         if bias is not None:

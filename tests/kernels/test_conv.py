@@ -523,7 +523,8 @@ def test_pointwise_gemm_tiles_and_blocks(tiles, dtype):
 @pytest.mark.parametrize("m, k, f", [(1, 3, 1), (15, 2, 17), (196, 256, 1024), (49, 512, 2048),
                                      (3136, 64, 256), (100352, 64, 64), (1000, 7, 5000),
                                      (63, 1024, 63), (300, 64, 200), (6000, 64, 64),
-                                     (8000, 64, 64)])
+                                     (8000, 64, 64), (196, 576, 96), (49, 960, 160),
+                                     (130, 64, 100), (100, 64, 100)])
 def test_pointwise_tiles_cover_the_output_once(m, k, f):
     # Tiles depend on the shape only; they cover every output once, at
     # least 4 of them whenever each still keeps 64 rows or columns, largest
@@ -555,6 +556,12 @@ def test_pointwise_tiles_cover_the_output_once(m, k, f):
         assert tiles[:, 3].tolist() == [352, 336, 176, 160] and (tiles[:, 1] == 196).all()
     if (m, k, f) == (8000, 64, 64):
         assert (tiles[:, 1] == 2000).all()          # 2x would pass 2048 rows of 64 values
+    if (m, k, f) in ((196, 576, 96), (49, 960, 160), (130, 64, 100)):
+        # too small for 4 tiles of 64 rows or columns: 2, so that a second
+        # thread has work
+        assert len(tiles) == 2
+    if (m, k, f) == (100, 64, 100):
+        assert len(tiles) == 1
 
 
 def _pointwise_case(rng, dtype, n=2, hw=(7, 9), c=128, f=160):
