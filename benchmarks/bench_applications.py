@@ -114,11 +114,16 @@ def build(name, keras):
     rng = np.random.default_rng(0)
     for layer in model.layers:
         if isinstance(layer, keras.layers.BatchNormalization):
-            gamma, beta, mean, var = layer.get_weights()
-            layer.set_weights([rng.uniform(0.5, 1.5, gamma.shape).astype("float32"),
-                               rng.normal(0, 0.1, beta.shape).astype("float32"),
-                               rng.normal(0, 0.1, mean.shape).astype("float32"),
-                               rng.uniform(0.5, 1.5, var.shape).astype("float32")])
+            # by name: a layer without scale (InceptionV3's) has no gamma
+            values = []
+            for w in layer.weights:
+                kind = w.name.split("/")[-1].split(":")[0]
+                shape = tuple(w.shape)
+                if kind in ("gamma", "moving_variance"):
+                    values.append(rng.uniform(0.5, 1.5, shape).astype("float32"))
+                else:
+                    values.append(rng.normal(0, 0.1, shape).astype("float32"))
+            layer.set_weights(values)
     return model
 
 
@@ -205,6 +210,16 @@ def cyback_runner(d, x, threads):
     return lambda: f([x])[0]
 
 
+def engine_version(engine):
+    module = {"cyback": "cyback", "tf": "tensorflow", "ort": "onnxruntime",
+              "openvino": "openvino", "litert": "ai_edge_litert"}[engine]
+    from importlib import metadata
+    try:
+        return metadata.version({"ai_edge_litert": "ai-edge-litert"}.get(module, module))
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def run_one(engine, work, model, batch, threads):
     """Check then time one engine on one model: a JSON line on stdout."""
     import numpy as np
@@ -260,6 +275,20 @@ def _load_time(tf_python, work, threads):
     return result
 
 
+def _machine(threads):
+    """'<CPU model>, <n> CPUs' from /proc/cpuinfo where there is one."""
+    model = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return "%s, %d CPUs" % (model or "unknown CPU", os.cpu_count() or 0)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tf-python", help="a Python with tensorflow, tf_keras and the peers")
@@ -282,6 +311,8 @@ def main(argv=None):
         export(args.work, models, batches, args.threads)
         return 0
     if args.role == "run":
+        print(json.dumps({"engine": args.engine, "version": engine_version(args.engine)}),
+              flush=True)
         for model in models:
             for b in batches:
                 print(json.dumps(run_one(args.engine, args.work, model, b, args.threads)),
@@ -295,7 +326,7 @@ def main(argv=None):
     print("exporting %s with %s ..." % (", ".join(models), args.tf_python), file=sys.stderr)
     _spawn(args.tf_python, ["--role", "export", "--models", args.models,
                             "--batches", args.batches] + common)
-    runs = {}
+    runs, versions = {}, {}
     # One process per engine and round runs every model (TensorFlow's import
     # alone takes seconds); the engines' order rotates from round to round.
     for r in range(args.rounds):
@@ -308,6 +339,9 @@ def main(argv=None):
                 if not line.startswith("{"):
                     continue
                 row = json.loads(line)
+                if "version" in row:
+                    versions[engine] = row["version"]
+                    continue
                 runs.setdefault((row["model"], row["batch"], engine), []).append(row)
                 print("  round %d %-18s b%-2d %-9s %s" % (
                     r + 1, row["model"], row["batch"], engine, row.get("skipped") or
@@ -315,6 +349,8 @@ def main(argv=None):
     table = summarize(runs, models, batches, engines)
     print_table(table, engines)
     result = {"threads": args.threads, "rounds": args.rounds, "load_average": os.getloadavg(),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "machine": _machine(args.threads), "versions": versions,
               "rows": [dict(r, key=list(k)) for k, rs in runs.items() for r in rs],
               "summary": table,
               "command": "python benchmarks/bench_applications.py " +
