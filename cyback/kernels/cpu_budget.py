@@ -114,21 +114,11 @@ def default_threads(root=_CGROUP_ROOT, proc_cgroup="/proc/self/cgroup"):
     return n
 
 
-#: Rounds (a pause instruction each, whose latency differs between CPUs:
-#: about 25 ns on an EPYC VM, 50 on a Xeon one) libgomp's idle threads spin
-#: before they sleep. On a 2-core Xeon VM (2026-11-24), with a busy loop on
-#: one core, the demo's training at the default took 1.05x the best fixed
-#: thread count sleeping at once, 1.09-1.11x at 1000 rounds, 1.17x at 2000,
-#: 1.18x at 5000, 1.85x at 20000. On a 2-core Zen 4 EPYC VM (2026-11-26,
-#: benchmarks/bench_contention.py --variant, configurations alternated in
-#: each run), busy loop on one core, demo training / conv workload: 1000
-#: rounds 1.04-1.18 / 1.01-1.07x, 2000 rounds 1.14-1.22 / 1.05-1.08x, 4000
-#: rounds 1.16-1.28 / 1.08-1.16x (1.55x in one run), 10000 rounds 1.97 /
-#: 1.28x. Idle, bench_models.py at batch 1, cyback's geomean speed-up over
-#: ONNX Runtime (runs alternated): 1000 rounds 0.98, 0.99 and 1.08x, 2000
-#: rounds 1.10 and 1.22x, 4000 rounds 1.15-1.19x, 10000 rounds 1.16x. 2000
-#: rounds (about 50 us here, as 1000 were on the Xeon) keep most of the
-#: batch-1 gain of a longer spin at a smaller cost to a busy neighbour.
+#: Rounds (a pause instruction each, tens of nanoseconds) libgomp's idle
+#: threads spin before they sleep: long enough to bridge the gaps between the
+#: ops of one batch-1 call, short enough that a busy neighbour loses little
+#: (docs/performance.md; benchmarks/bench_contention.py --variant compares
+#: spin counts).
 SPIN_ROUNDS = 2000
 
 
