@@ -225,6 +225,30 @@ cdef inline double _gemm_work(double m, double n, double k) noexcept nogil:
     return 0.125 * m * n * k if m > 4 else 0.25 * n * k
 
 
+def epilogue_vectors(scale_a, scale_b, bias=None):
+    """What ``gemm``'s epilogue reads per output column, padded to whole
+    panels: a float32 array (1 or 2, 16 * panels) holding
+    s = float32(scale_a) * scale_b and then the bias, if any. Fixed scales
+    (a layer's) compute it once; ``gemm_prepared`` takes it."""
+    cdef float sa = _scale("gemm", "scale_a", scale_a)
+    sb = np.asarray(scale_b, dtype=np.float32)
+    if sb.ndim != 1:
+        raise ValueError("gemm: scale_b must be a vector of N scales, got shape %s"
+                         % (sb.shape,))
+    if not (np.all(np.isfinite(sb)) and np.all(sb > 0)):
+        raise ValueError("gemm: scale_b must be finite and positive")
+    n = sb.shape[0]
+    out = np.zeros((1 if bias is None else 2, cb_q_panels(n) * CB_Q_NR), dtype=np.float32)
+    out[0, :n] = np.float32(sa) * sb
+    if bias is not None:
+        bv = np.asarray(bias)
+        if bv.shape != (n,) or bv.dtype.kind != 'f':
+            raise ValueError("gemm: bias must be N = %d floats like scale_b, got %s %s"
+                             % (n, bv.dtype, bv.shape))
+        out[1, :n] = bv
+    return out
+
+
 def gemm(a, packed, scale_a, zero_a, scale_b, bias=None, activation=None, out_scale=None,
          out_zero_point=None):
     """The requantized product of uint8 activations a (M, K) and packed int8
@@ -232,6 +256,18 @@ def gemm(a, packed, scale_a, zero_a, scale_b, bias=None, activation=None, out_sc
     ``out_zero_point`` (see the module's docstring). ``scale_b``: N positive
     weight scales; ``bias``: N float32 values or None; ``activation``: None,
     'linear', 'relu' or 'relu6'."""
+    _check_packed("gemm", packed)
+    n = cb_q_read_header(<const uint8_t*>cnp.PyArray_DATA(packed)).n
+    if np.shape(scale_b) != (n,):
+        raise ValueError("gemm: scale_b must hold N = %d scales, got shape %s"
+                         % (n, np.shape(scale_b)))
+    vectors = epilogue_vectors(scale_a, scale_b, bias)
+    return gemm_prepared(a, packed, vectors, zero_a, activation, out_scale, out_zero_point)
+
+
+def gemm_prepared(a, packed, vectors, zero_a, activation=None, out_scale=None,
+                  out_zero_point=None):
+    """``gemm`` with the per-column vectors ``epilogue_vectors`` made."""
     if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or a.ndim != 2:
         raise TypeError("gemm: expected a 2-D uint8 array of activations, got %s"
                         % _describe(a))
@@ -244,28 +280,20 @@ def gemm(a, packed, scale_a, zero_a, scale_b, bias=None, activation=None, out_sc
     if activation not in ACTIVATIONS:
         raise ValueError("gemm: activation must be None, 'linear', 'relu' or 'relu6', got %r"
                          % (activation,))
-    cdef float sa = _scale("gemm", "scale_a", scale_a)
     cdef int32_t za = _zero("gemm", "zero_a", zero_a)
-    sb = np.asarray(scale_b, dtype=np.float32)
-    if sb.shape != (n,):
-        raise ValueError("gemm: scale_b must hold N = %d scales, got shape %s" % (n, sb.shape))
-    if not (np.all(np.isfinite(sb)) and np.all(sb > 0)):
-        raise ValueError("gemm: scale_b must be finite and positive")
     cdef Py_ssize_t npan = cb_q_panels(n)
-    pad = np.zeros((2, npan * CB_Q_NR), dtype=np.float32)
-    pad[0, :n] = np.float32(sa) * sb
-    if bias is not None:
-        bv = np.asarray(bias)
-        if bv.shape != (n,) or bv.dtype.kind != 'f':
-            raise ValueError("gemm: bias must be N = %d floats, got %s %s"
-                             % (n, bv.dtype, bv.shape))
-        pad[1, :n] = bv
+    if not isinstance(vectors, np.ndarray) or vectors.dtype != np.float32 or \
+            vectors.ndim != 2 or vectors.shape[0] not in (1, 2) or \
+            vectors.shape[1] != npan * CB_Q_NR or not vectors.flags.c_contiguous:
+        raise ValueError("gemm: the epilogue vectors must be epilogue_vectors' float32 "
+                         "(1 or 2, %d) array for N = %d, got %s"
+                         % (npan * CB_Q_NR, n, _describe(vectors)))
     cdef bint quantized = out_scale is not None or out_zero_point is not None
     cdef cb_q_epilogue e
-    cdef const float* padded = <const float*>cnp.PyArray_DATA(pad)
+    cdef const float* padded = <const float*>cnp.PyArray_DATA(vectors)
     e.scale = padded
     e.bias = NULL
-    if bias is not None:
+    if vectors.shape[0] == 2:
         e.bias = padded + npan * CB_Q_NR
     e.za = za
     e.act = ACTIVATIONS[activation]

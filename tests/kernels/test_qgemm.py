@@ -450,3 +450,27 @@ def test_non_contiguous_activations(rng):
     assert same_bits(qgemm.gemm(a[::2], packed, 0.1, 4, sb, bias), want)
     fa = np.asfortranarray(a)
     assert same_bits(qgemm.gemm(fa, packed, 0.1, 4, sb, bias), ref_gemm(a, w, 0.1, 4, sb, bias))
+
+
+def test_prepared_epilogue_vectors(rng):
+    a, w, sb, bias = rand_case(rng, 9, 40, 35)
+    packed = qgemm.pack_weights(w)
+    vectors = qgemm.epilogue_vectors(0.07, sb, bias)
+    assert vectors.shape == (2, 48) and vectors.dtype == np.float32
+    assert same_bits(vectors[0, :35], np.float32(0.07) * sb) and not vectors[:, 35:].any()
+    assert same_bits(vectors[1, :35], bias)
+    for act in (None, "relu6"):
+        assert same_bits(qgemm.gemm_prepared(a, packed, vectors, 11, act),
+                         qgemm.gemm(a, packed, 0.07, 11, sb, bias, act))
+    no_bias = qgemm.epilogue_vectors(0.07, sb)
+    assert no_bias.shape == (1, 48)
+    assert same_bits(qgemm.gemm_prepared(a, packed, no_bias, 11, None, 0.1, 5),
+                     qgemm.gemm(a, packed, 0.07, 11, sb, None, None, 0.1, 5))
+    for bad in (vectors[:, :32].copy(), vectors.astype(np.float64), vectors[0],
+                np.zeros((3, 48), np.float32), vectors.T.copy().T):
+        with pytest.raises(ValueError, match="epilogue vectors"):
+            qgemm.gemm_prepared(a, packed, bad, 11)
+    with pytest.raises(ValueError, match="vector of N scales"):
+        qgemm.epilogue_vectors(1.0, sb[None])
+    with pytest.raises(ValueError, match="like scale_b"):
+        qgemm.epilogue_vectors(1.0, sb, bias[:-1])

@@ -1,0 +1,241 @@
+"""int8 inference ops: a Dense layer and a channels_last 1-D/2-D convolution
+whose product runs on uint8 activations and int8 weights with int32 sums
+(``cyback.kernels.qgemm``); their input and output are float32.
+
+    packed = PackInt8()(kernel)                       int8 (..., N) -> packed bytes
+    vectors = EpilogueVectors(in_scale)(scale[, bias])  per-column scale and bias
+    y = QuantizedDense(units, in_scale, in_zero, activation)(x, packed, vectors)
+    y = QuantizedConv(rank, filters, kernel_size, ...)(x, packed, vectors)
+
+``packed`` and ``vectors`` depend on weights only, so an inference plan
+computes them once with its frozen weights (graph/frozen.py) and each call
+quantizes x (one scale and zero point for the tensor), forms the uint8
+patches of a convolution (padding takes the zero point, the code of 0.0),
+multiplies and dequantizes in the product's epilogue:
+
+    y = act(float32(sum (q(x) - in_zero) * w) * (in_scale * scale[n]) + bias[n])
+
+with act none, relu or relu6 applied there; other activations are the
+layer's business. The ops are forward only: differentiating through one
+raises a TypeError, since a quantized model is for inference.
+"""
+import numpy as np
+
+from cyback.graph.op import Op
+from cyback.kernels import conv_utils, qgemm
+
+#: activations the product's epilogue applies itself
+FUSED_ACTIVATIONS = ("linear", "relu", "relu6")
+
+
+def _no_gradient(api):
+    raise TypeError("%s has no gradient: int8 layers are for inference. Train the float32 "
+                    "model and quantize it again with cyback.quantize." % api)
+
+
+def _known(api, what, dims):
+    if any(d is None for d in dims):
+        raise ValueError("%s: the %s must be known when the graph is built, got %s"
+                         % (api, what, dims))
+
+
+class PackInt8(Op):
+    """The packed form of an int8 kernel (..., N), taken as a (K, N) matrix
+    with K the product of the other axes (a Keras kernel (kh, kw, C, F) in the
+    row order of the convolution's patches)."""
+
+    api = "quantized_weights"
+
+    def infer(self, w):
+        if w.dtype != "int8":
+            raise ValueError("%s: the kernel must be int8, got %s" % (self.api, w.dtype))
+        if w.ndim < 2:
+            raise ValueError("%s: the kernel must have 2 or more axes, got shape %s"
+                             % (self.api, w.shape))
+        _known(self.api, "kernel shape", w.shape)
+        k = int(np.prod(w.shape[:-1]))
+        if k > qgemm.MAX_K:
+            raise ValueError("%s: a kernel of %d inputs per output is above the %d the int32 "
+                             "sums allow" % (self.api, k, qgemm.MAX_K))
+        return [((qgemm.packed_size(k, w.shape[-1]),), "uint8")]
+
+    def compute(self, w):
+        w = np.asarray(w)
+        return (qgemm.pack_weights(w.reshape(-1, w.shape[-1])),)
+
+    def grad(self, inputs, outputs, output_grads):
+        _no_gradient(self.api)
+
+
+class EpilogueVectors(Op):
+    """The product's per-column vectors: in_scale * scale (float32) and the
+    bias, padded as ``qgemm.epilogue_vectors`` lays them out."""
+
+    api = "quantized_weights"
+
+    def __init__(self, in_scale):
+        self.in_scale = float(in_scale)
+
+    def infer(self, scale, bias=None):
+        if scale.ndim != 1 or (bias is not None and bias.shape != scale.shape):
+            raise ValueError("%s: expected a vector of scales and a bias of its shape, got %s "
+                             "and %s" % (self.api, scale.shape,
+                                         None if bias is None else bias.shape))
+        _known(self.api, "number of scales", scale.shape)
+        width = -(-scale.shape[0] // qgemm.PANEL_COLUMNS) * qgemm.PANEL_COLUMNS
+        return [((1 if bias is None else 2, width), "float32")]
+
+    def compute(self, scale, bias=None):
+        return (qgemm.epilogue_vectors(self.in_scale, scale, bias),)
+
+    def grad(self, inputs, outputs, output_grads):
+        _no_gradient(self.api)
+
+
+class _Quantized(Op):
+    """What the Dense and convolution ops share: the input's quantization
+    (scale, zero point) and the fused activation."""
+
+    fresh_output = True
+
+    def __init__(self, in_scale, in_zero, activation):
+        if activation not in FUSED_ACTIVATIONS:
+            raise ValueError("%s: the fused activation must be one of %s, got %r"
+                             % (self.api, FUSED_ACTIVATIONS, activation))
+        self.in_scale = float(in_scale)
+        self.in_zero = int(in_zero)
+        self.activation = activation
+
+    def _check_operands(self, x, packed, vectors, k, n):
+        if x.dtype not in ("float16", "float32", "float64"):
+            raise ValueError("%s: expected a float input, got %s" % (self.api, x.dtype))
+        if packed.dtype != "uint8" or packed.ndim != 1 or vectors.dtype != "float32" or \
+                vectors.ndim != 2:
+            raise ValueError("%s: expected packed weights (PackInt8) and epilogue vectors "
+                             "(EpilogueVectors), got %s %s and %s %s"
+                             % (self.api, packed.dtype, packed.shape, vectors.dtype,
+                                vectors.shape))
+        if k is not None and packed.shape[0] is not None and \
+                packed.shape[0] != qgemm.packed_size(k, n):
+            raise ValueError("%s: the packed weights do not hold a (%d, %d) kernel for an "
+                             "input of %d features" % (self.api, k, n, k))
+
+    def _product(self, a, packed, vectors):
+        return qgemm.gemm_prepared(a, packed, vectors, self.in_zero, self.activation)
+
+    def _quantized_input(self, x):
+        x = np.asarray(x)
+        if x.dtype != np.float32:
+            x = x.astype(np.float32)
+        return qgemm.quantize(x, self.in_scale, self.in_zero)
+
+    def grad(self, inputs, outputs, output_grads):
+        _no_gradient(self.api)
+
+
+class QuantizedDense(_Quantized):
+    """y (..., units) = the int8 product of x (..., K) with a packed (K, units)
+    kernel, dequantized to float32."""
+
+    api = "quantized_dense"
+
+    def __init__(self, units, in_scale, in_zero, activation="linear"):
+        super().__init__(in_scale, in_zero, activation)
+        self.units = int(units)
+
+    def infer(self, x, packed, vectors):
+        if x.ndim < 1:
+            raise ValueError("%s: expected an input with a feature axis, got a scalar"
+                             % self.api)
+        self._check_operands(x, packed, vectors, x.shape[-1], self.units)
+        return [(tuple(x.shape[:-1]) + (self.units,), "float32")]
+
+    def compute(self, x, packed, vectors):
+        q = self._quantized_input(x)
+        k = q.shape[-1]
+        if qgemm.packed_shape(packed) != (k, self.units):
+            raise ValueError("%s: the input has %d features, the packed kernel is %s"
+                             % (self.api, k, qgemm.packed_shape(packed)))
+        y = self._product(q.reshape(-1, k), packed, vectors)
+        return (y.reshape(q.shape[:-1] + (self.units,)),)
+
+
+class QuantizedConv(_Quantized):
+    """y = the int8 convolution of a channels_last x (N, W, C) or
+    (N, H, W, C) with a packed kernel (kernel_size + (C, filters)),
+    dequantized to float32. Padding 'valid', 'same' or 'causal' (1-D)."""
+
+    api = "quantized_conv"
+
+    def __init__(self, rank, filters, kernel_size, strides, dilation, padding, in_scale,
+                 in_zero, activation="linear"):
+        super().__init__(in_scale, in_zero, activation)
+        if rank not in (1, 2):
+            raise ValueError("%s: rank must be 1 or 2, got %r" % (self.api, rank))
+        if padding not in ("valid", "same", "causal") or (padding == "causal" and rank != 1):
+            raise ValueError("%s: padding must be 'valid' or 'same' (or 'causal' in 1-D), "
+                             "got %r" % (self.api, padding))
+        self.rank = rank
+        self.filters = int(filters)
+        self.kernel_size = tuple(int(v) for v in kernel_size)
+        self.strides = tuple(int(v) for v in strides)
+        self.dilation = tuple(int(v) for v in dilation)
+        self.padding = padding
+        for name in ("kernel_size", "strides", "dilation"):
+            value = getattr(self, name)
+            if len(value) != rank or min(value) < 1:
+                raise ValueError("%s: %s must be %d integers >= 1, got %r"
+                                 % (self.api, name, rank, value))
+
+    def _out_spatial(self, sizes):
+        out = []
+        for n, k, s, d in zip(sizes, self.kernel_size, self.strides, self.dilation):
+            if n is None:
+                out.append(None)
+                continue
+            if self.padding == "valid" and n < (k - 1) * d + 1:
+                raise ValueError("%s: the kernel window %s (dilation %s) is larger than the "
+                                 "input's spatial shape %s with padding='valid'"
+                                 % (self.api, self.kernel_size, self.dilation, tuple(sizes)))
+            out.append(conv_utils.conv_output_length(n, k, s, d, self.padding))
+        return tuple(out)
+
+    def infer(self, x, packed, vectors):
+        if x.ndim != self.rank + 2:
+            raise ValueError("%s: expected a %d-D input (batch, %sspatial, channels), got "
+                             "shape %s" % (self.api, self.rank + 2,
+                                           "" if self.rank == 1 else "2 ", x.shape))
+        c = x.shape[-1]
+        self._check_operands(x, packed, vectors,
+                             None if c is None else c * int(np.prod(self.kernel_size)),
+                             self.filters)
+        out = self._out_spatial(x.shape[1:-1])
+        return [((x.shape[0],) + out + (self.filters,), "float32")]
+
+    def compute(self, x, packed, vectors):
+        q = self._quantized_input(x)
+        b, c = q.shape[0], q.shape[-1]
+        sizes = q.shape[1:-1]
+        out = self._out_spatial(sizes)
+        k = c * int(np.prod(self.kernel_size))
+        if qgemm.packed_shape(packed) != (k, self.filters):
+            raise ValueError("%s: an input of %d channels and a %s window need a (%d, %d) "
+                             "kernel, the packed one is %s"
+                             % (self.api, c, self.kernel_size, k, self.filters,
+                                qgemm.packed_shape(packed)))
+        pads = [conv_utils.conv_pads(n, kk, s, d, self.padding)
+                for n, kk, s, d in zip(sizes, self.kernel_size, self.strides, self.dilation)]
+        if self.kernel_size == (1,) * self.rank and self.strides == (1,) * self.rank and \
+                not any(p != (0, 0) for p in pads):
+            a = q.reshape(-1, c)       # a 1x1 convolution is a product as it is
+        else:
+            if self.rank == 1:
+                q = q[:, None]
+                window, strides, dilation = (1,) + self.kernel_size, (1,) + self.strides, \
+                    (1,) + self.dilation
+                pads = [(0, 0)] + pads
+            else:
+                window, strides, dilation = self.kernel_size, self.strides, self.dilation
+            a = qgemm.im2col(q, window, strides, dilation, pads, self.in_zero)
+        y = self._product(a, packed, vectors)
+        return (y.reshape((b,) + out + (self.filters,)),)
