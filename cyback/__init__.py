@@ -11,6 +11,8 @@ below it (``lint-imports`` checks this, contracts in pyproject.toml):
   programs and integrations built on the backend;
 - ``cyback.saving``: ``load_model`` for files written by tf.keras 2.x, Keras 3
   and Keras 2.2/2.3 (config translation, weight mapping, safe mode);
+  ``cyback.quantization`` beside it: post-training int8 quantization of Keras
+  models (``quantize``, ``report``);
 - ``cyback.layers``: the Keras layers and activations Keras 2.3.1 lacks
   (LayerNormalization, MultiHeadAttention, gelu, ...), written on the backend;
 - ``cyback._keras_compat``: the patches multi-backend Keras needs;
@@ -69,6 +71,26 @@ def load_model(filepath, custom_objects=None, compile=False, safe_mode=True):
     from cyback.saving import load_model as _load
     return _load(filepath, custom_objects=custom_objects, compile=compile,
                  safe_mode=safe_mode)
+
+
+def quantize(model, calibration_data, *, per_channel=True, activations="uint8", skip=(),
+             method="minmax", **options):
+    """A Keras model computing ``model``'s outputs with its Dense, Conv1D and
+    Conv2D layers in int8 (int32 sums), everything else in float32.
+
+    ``calibration_data``: representative inputs (an array, a list of arrays
+    or an iterable of batches) giving each quantized layer's input its scale
+    and zero point by ``method`` (``"minmax"``, ``"percentile"``,
+    ``"entropy"``). ``activations``: ``"uint8"`` (asymmetric) or ``"int8"``
+    (symmetric); weights are symmetric, per output channel unless
+    ``per_channel=False``. ``skip``: layer names to keep in float32.
+    ``cyback.quantization.report`` measures each layer's error. Imports
+    Keras with the cyback backend if it is not imported yet. See
+    docs/int8.md.
+    """
+    from cyback.quantization import quantize as _quantize
+    return _quantize(model, calibration_data, per_channel=per_channel, activations=activations,
+                     skip=skip, method=method, **options)
 
 
 _config._init_threads()

@@ -1,0 +1,183 @@
+"""``quantize``: a float32 Keras model in, the same model with its Dense,
+Conv1D and Conv2D layers in int8 out.
+
+1. pick the layers: Keras's own Dense, Conv1D and Conv2D (not their
+   subclasses: a transposed, separable or depthwise convolution is another
+   computation), channels_last, not named in ``skip``;
+2. calibrate: run the float model on the calibration batches and observe
+   each picked layer's input (once for ``minmax``, twice for the histogram
+   methods), giving its scale and zero point;
+3. rebuild the graph node by node with the same inputs (names, shapes,
+   dtypes), the int8 layer in place of each picked one and a copy of every
+   other layer with its weights;
+4. quantize the weights symmetrically per output channel.
+"""
+import numpy as np
+
+from cyback.layers import import_keras
+from cyback.quantization import calibration, weights
+from cyback.quantization.data import Batches, graph_function
+from cyback.quantization.layers import (
+    QuantizedConv1D,
+    QuantizedConv2D,
+    QuantizedDense,
+)
+from cyback.quantization.layers import custom_objects as _quantized_objects
+
+
+def quantize(model, calibration_data, *, per_channel=True, activations='uint8', skip=(),
+             method='minmax', percentile=99.99, batch_size=32):
+    """A Keras model computing ``model``'s outputs with its Dense, Conv1D and
+    Conv2D layers in int8 (int32 sums), everything else in float32.
+
+    ``calibration_data``: inputs representative of the model's use (see
+    ``cyback.quantization.data``), from which each quantized layer's input
+    gets a scale and zero point. ``per_channel``: one weight scale per
+    output channel (else one per layer). ``activations``: ``"uint8"``
+    (asymmetric, a zero point from the range) or ``"int8"`` (symmetric).
+    ``skip``: names of layers to keep in float32. ``method``: ``"minmax"``
+    (the observed range), ``"percentile"`` (clipped at ``percentile`` at
+    each end) or ``"entropy"`` (the clipping with the least KL divergence).
+    The model's weights are not changed; the result has new layers with the
+    same names.
+    """
+    keras = import_keras()
+    _check_model(keras, model)
+    if activations not in calibration.ACTIVATIONS:
+        raise ValueError('quantize: activations must be one of %s, got %r'
+                         % (calibration.ACTIVATIONS, activations))
+    if method not in calibration.METHODS:
+        raise ValueError('quantize: method must be one of %s, got %r'
+                         % (calibration.METHODS, method))
+    if not isinstance(per_channel, bool):
+        raise TypeError('quantize: per_channel must be True or False, got %r' % (per_channel,))
+    skip = _check_skip(model, skip)
+    picked = [layer for layer in model.layers if layer.name not in skip and
+              quantizable(keras, layer)]
+    nodes = _model_nodes(model)
+    inputs_of = {layer.name: [node.input_tensors[0] for node in nodes
+                              if node.outbound_layer is layer] for layer in picked}
+    params = _calibrate(keras, model, picked, inputs_of, calibration_data, method, percentile,
+                        activations, batch_size)
+    quantized = {layer.name: _int8_layer(keras, layer, *params[layer.name]) for layer in picked}
+    result, layer_map = _rebuild(keras, model, quantized)
+    for old, new in layer_map.items():
+        if old.name in quantized:
+            _set_int8_weights(old, new, per_channel)
+        elif old.weights:
+            new.set_weights(old.get_weights())
+    return result
+
+
+def quantizable(keras, layer):
+    """Whether ``quantize`` runs ``layer`` in int8."""
+    kind = type(layer)
+    if kind is keras.layers.Dense:
+        return True
+    if kind in (keras.layers.Conv1D, keras.layers.Conv2D):
+        return layer.data_format == 'channels_last'
+    return False
+
+
+def _check_model(keras, model):
+    if not isinstance(model, keras.models.Model):
+        raise TypeError('quantize: expected a Keras model, got %s' % type(model).__name__)
+    if not getattr(model, 'built', False) or not getattr(model, '_input_layers', None):
+        raise ValueError('quantize: the model has no inputs yet; build it (give the first '
+                         'layer an input_shape, or call it on data) before quantizing')
+
+
+def _check_skip(model, skip):
+    if isinstance(skip, str):
+        skip = (skip,)
+    try:
+        skip = set(skip)
+    except TypeError:
+        raise TypeError('quantize: skip must be a list of layer names, got %r'
+                        % (skip,)) from None
+    unknown = sorted(str(s) for s in skip - {layer.name for layer in model.layers})
+    if unknown:
+        raise ValueError('quantize: skip names layers the model does not have: %s'
+                         % ', '.join(unknown))
+    return skip
+
+
+def _model_nodes(model):
+    return [node for depth in sorted(model._nodes_by_depth, reverse=True)
+            for node in model._nodes_by_depth[depth]]
+
+
+def _calibrate(keras, model, picked, inputs_of, data, method, percentile, activations,
+               batch_size):
+    """layer name -> (input scale, input zero point)."""
+    if not picked:
+        return {}
+    observers = {layer.name: calibration.Observer(method, percentile,
+                                                  symmetric=(activations == 'int8'))
+                 for layer in picked}
+    tensors, owners = [], []
+    for layer in picked:
+        for t in inputs_of[layer.name]:
+            tensors.append(t)
+            owners.append(layer.name)
+    run = graph_function(keras, model.inputs, tensors)
+    batches = Batches(data, len(model.inputs), batch_size)
+    for pass_index in range(observers[picked[0].name].passes):
+        for batch in batches:
+            for name, value in zip(owners, run(batch)):
+                observers[name].observe(value, pass_index)
+    return {name: obs.scale_and_zero(activations) for name, obs in observers.items()}
+
+
+def _int8_layer(keras, layer, scale, zero):
+    config = layer.get_config()
+    common = dict(name=layer.name, activation=layer.activation,
+                  use_bias=config['use_bias'], input_scale=scale, input_zero_point=zero)
+    if isinstance(layer, keras.layers.Dense):
+        return QuantizedDense(config['units'], **common)
+    cls = QuantizedConv1D if layer.rank == 1 else QuantizedConv2D
+    return cls(config['filters'], config['kernel_size'], strides=config['strides'],
+               padding=config['padding'], dilation_rate=config['dilation_rate'], **common)
+
+
+def _set_int8_weights(old, new, per_channel):
+    values = old.get_weights()
+    codes, scale = weights.quantize_kernel(values[0], per_channel)
+    arrays = [codes, scale]
+    if new.use_bias:
+        arrays.append(np.asarray(values[1], dtype=np.float32))
+    new.set_weights(arrays)
+
+
+def _rebuild(keras, model, replacements):
+    """A functional model on new Input layers like ``model``'s, calling a
+    copy of each layer (or its replacement, by name) node by node in the
+    order of ``model``'s graph. Returns it and {old layer: new layer}."""
+    layer_map = {}
+    tensor_map = {}
+    inputs = []
+    for layer in model._input_layers:
+        x = keras.layers.Input(batch_shape=layer.batch_input_shape, dtype=layer.dtype,
+                               sparse=layer.sparse, name=layer.name)
+        inputs.append(x)
+    for old, new in zip(model.inputs, inputs):
+        tensor_map[id(old)] = new
+    with keras.utils.custom_object_scope(_quantized_objects()):
+        for node in _model_nodes(model):
+            layer = node.outbound_layer
+            if isinstance(layer, keras.engine.InputLayer):
+                continue
+            new = layer_map.get(layer)
+            if new is None:
+                new = replacements.get(layer.name)
+                if new is None:
+                    new = layer.__class__.from_config(layer.get_config())
+                layer_map[layer] = new
+            refs = node.input_tensors
+            args = [tensor_map[id(x)] for x in refs]
+            outs = new(args[0] if len(args) == 1 else args, **(node.arguments or {}))
+            outs = outs if isinstance(outs, list) else [outs]
+            for ref, out in zip(node.output_tensors, outs):
+                tensor_map[id(ref)] = out
+    outputs = [tensor_map[id(x)] for x in model.outputs]
+    return keras.models.Model(inputs, outputs, name=model.name), layer_map
