@@ -14,6 +14,8 @@ tensor or a list) plus non-tensor keyword arguments:
   Masking), so the file's mask argument and the operation nodes that only
   compute it are dropped, and the builder checks that Keras 2.3.1 does give
   the layer a mask there;
+- a mask reaching a layer that does not support masking ends there, as in
+  tf.keras and Keras 3 (Keras 2.3.1 would raise);
 - ``training``: Keras 3 records the value it had while the graph was traced
   and overrides it at run time, so it is dropped; tf.keras records it only
   when the user passed it, so it is kept.
@@ -129,9 +131,9 @@ class Builder:
                 instance = self.build(instance)
                 prepared.layers[layer.name] = instance
             model.add(instance)
-        if not model.built and not model.layers:
+        if not model.layers:
             raise Unsupported('the Sequential model %r has no layers' % spec.name)
-        if not getattr(model, 'built', False) or not model.inputs:
+        if not model.inputs:
             raise Unsupported('the file does not record the input shape of the Sequential '
                               'model %r' % spec.name)
         return model
@@ -217,6 +219,8 @@ class Builder:
             self._refuse(layer, Unsupported(
                 'zero_output_for_mask=True with a masked input: Keras 2.3.1 RNNs repeat the '
                 'last output at masked steps instead of writing zeros'))
+        if has_mask and not instance.supports_masking:
+            _drop_masks(instance)
         try:
             return _as_list(instance(inputs, **kwargs))
         except (ValueError, TypeError, AttributeError, IndexError, UnicodeError) as e:
@@ -253,6 +257,18 @@ class Builder:
                                   'does not take' % (layer.name, key, kwargs[key],
                                                      type(instance).__name__))
         return inputs, kwargs, wants_mask
+
+
+def _no_mask(inputs, mask=None):
+    return None
+
+
+def _drop_masks(layer):
+    """tf.keras and Keras 3 drop the mask at a layer that does not support
+    masking (Flatten after a masked sequence); Keras 2.3.1 raises instead.
+    This layer instance takes the mask and passes none on, as they do."""
+    layer.supports_masking = True
+    layer.compute_mask = _no_mask
 
 
 def _as_list(value):

@@ -202,3 +202,21 @@ def test_bidirectional_with_a_different_backward_layer_is_refused(tmp_path):
     path = rewrite_keras(tmp_path, 'embedding_bilstm.keras3.keras', spoil)
     with pytest.raises(UnsupportedLayersError, match='backward layer'):
         cyback.load_model(path)
+
+
+def test_keras3_sequential_without_input_layer_uses_build_config(tmp_path):
+    def drop_input(config):
+        layers = config['config']['layers']
+        assert layers[0]['class_name'] == 'InputLayer'
+        del layers[0]
+    path = rewrite_keras(tmp_path, 'cnn_bn.keras3.keras', drop_input)
+    model = cyback.load_model(path)
+    _, xs, ys = reference('cnn_bn.keras3.keras')
+    assert_outputs(model, xs, ys)
+
+    def no_shape_at_all(config):
+        drop_input(config)
+        config.pop('build_config')
+    path = rewrite_keras(tmp_path, 'cnn_bn.keras3.keras', no_shape_at_all)
+    with pytest.raises(UnsupportedLayersError, match='input shape'):
+        cyback.load_model(path)
