@@ -147,16 +147,39 @@ def _build(translator, spec, label):
 
 
 def _load_keras2(keras, source, custom_objects, compile):
-    """Keras 2.2/2.3 files: Keras 2.3.1's loader, with cyback's layers known."""
+    """Keras 2.2/2.3 files: Keras 2.3.1's loader, with cyback's layers known.
+    It stops at the first unknown layer, so they are all looked up first."""
     objects = _objects(files.KERAS2, custom_objects)
-    try:
-        with files.hdf5_errors(source.label):
-            return keras.models.load_model(source.h5file, custom_objects=objects,
-                                           compile=compile)
-    except ValueError as e:
-        if 'Unknown' in str(e):
-            raise UnsupportedLayersError(source.label, [('?', '?', str(e))]) from e
-        raise
+    unknown = _unknown_keras2_layers(keras, source.config, objects)
+    if unknown:
+        raise UnsupportedLayersError(source.label, unknown)
+    with files.hdf5_errors(source.label):
+        return keras.models.load_model(source.h5file, custom_objects=objects,
+                                       compile=compile)
+
+
+def _unknown_keras2_layers(keras, config, objects):
+    found = []
+    body = config.get('config')
+    entries = body if isinstance(body, list) else (body or {}).get('layers', [])
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        class_name = entry.get('class_name')
+        layer_config = entry.get('config') or {}
+        name = entry.get('name') or layer_config.get('name')
+        if class_name in ('Model', 'Sequential'):
+            found.extend(_unknown_keras2_layers(keras, entry, objects))
+            continue
+        known = class_name in objects or isinstance(getattr(keras.layers, class_name or '',
+                                                            None), type)
+        if not known:
+            found.append((class_name, name, 'no such layer in Keras 2.3.1 or cyback.layers'))
+        inner = layer_config.get('layer')
+        if isinstance(inner, dict) and 'class_name' in inner:
+            found.extend(_unknown_keras2_layers(
+                keras, {'config': {'layers': [inner]}}, objects))
+    return found
 
 
 def _positional_names(model, source, label):

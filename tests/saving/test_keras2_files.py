@@ -1,14 +1,16 @@
 """Files Keras 2.3.1 itself writes (on cyback) still load, with their
 training config, and Keras 2 Lambda layers fall under safe_mode too."""
+import json
 import os
 
+import h5py
 import keras
 import numpy as np
 import pytest
 
 import cyback
 import cyback.layers
-from cyback.saving import UnsafeModelError
+from cyback.saving import UnsafeModelError, UnsupportedLayersError
 
 L = keras.layers
 FLAG = 'CYBACK_TEST_LAMBDA_RAN'
@@ -117,3 +119,17 @@ def test_keras2_weights_into_a_model_built_in_code(tmp_path, rng):
     cyback.saving.load_weights(other, path)
     x = _data(model, rng)
     np.testing.assert_array_equal(other.predict(x), model.predict(x))
+
+
+def test_keras2_unknown_layers_listed_together(tmp_path):
+    model = keras.models.Sequential([L.Dense(3, input_shape=(4,)), L.Dense(2), L.Dense(1)])
+    path = str(tmp_path / 'k2.h5')
+    model.save(path)
+    with h5py.File(path, 'r+') as f:
+        config = json.loads(f.attrs['model_config'])
+        config['config']['layers'][0]['class_name'] = 'Fancy'
+        config['config']['layers'][2]['class_name'] = 'Sparkle'
+        f.attrs['model_config'] = json.dumps(config).encode('utf-8')
+    with pytest.raises(UnsupportedLayersError) as info:
+        cyback.load_model(path)
+    assert [entry[0] for entry in info.value.layers] == ['Fancy', 'Sparkle']
