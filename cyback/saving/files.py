@@ -105,6 +105,9 @@ def open_source(source):
         h5py = _import_h5py()
         if isinstance(source, (h5py.File, h5py.Group)):
             label = getattr(source.file, 'filename', None) or '<h5py.File>'
+            if os.path.isfile(label):
+                with open(label, 'rb') as handle:
+                    _check_heap(handle, label)
             with hdf5_errors(label):
                 info = _describe_hdf5(source, label)
             yield info
@@ -133,10 +136,7 @@ def open_source(source):
         if head.startswith(_ZIP_SIGNATURES):
             yield _describe_zip(handle, label, stack)
         elif head == _HDF5_SIGNATURE or _hdf5_with_userblock(handle):
-            damaged = hdf5_heap.damaged_collections(handle)
-            if damaged:
-                raise ModelFileError('%s: the HDF5 file is damaged: the global heap at byte %d: '
-                                     '%s' % ((label,) + damaged[0]))
+            _check_heap(handle, label)
             h5 = stack.enter_context(_open_hdf5(handle, label))
             with hdf5_errors(label):
                 info = _describe_hdf5(h5, label)
@@ -153,6 +153,13 @@ def _import_h5py():
     except ImportError as e:
         raise ImportError('cyback.load_model needs h5py (pip install h5py)') from e
     return h5py
+
+
+def _check_heap(handle, label):
+    damaged = hdf5_heap.damaged_collections(handle)
+    if damaged:
+        raise ModelFileError('%s: the HDF5 file is damaged: the global heap at byte %d: %s'
+                             % ((label,) + damaged[0]))
 
 
 def _seekable(fileobj):

@@ -269,3 +269,12 @@ def test_heap_check_passes_sound_files(filename):
     with open(os.path.join(FIXTURES_DIR, filename), 'rb') as f:
         assert hdf5_heap.damaged_collections(f) == []
         assert f.tell() == 0
+
+
+def test_damaged_heap_refused_through_an_open_h5py_file(tmp_path):
+    data = bytearray(read(os.path.join(FIXTURES_DIR, 'shared_layer.tf_keras.h5')))
+    data[_free_space_offset(data)] ^= 0x43
+    path = write(tmp_path, 'heap.h5', bytes(data))
+    with h5py.File(path, 'r') as f:
+        with pytest.raises(ModelFileError, match='global heap'):
+            cyback.load_model(f)
