@@ -672,50 +672,62 @@ static unsigned long long cb_q_xcr0(void) {
     return ((unsigned long long)hi << 32) | lo;
 }
 
+/* The sets this CPU runs, one bit per level. They do not nest: AVX-512
+ * VNNI (Ice Lake, Cascade Lake) comes without AVX-VNNI, its VEX form. */
 static int cb_q_detect(void) {
-    unsigned r[4] = {0, 0, 0, 0}, r1[4] = {0, 0, 0, 0}, max_leaf;
+    unsigned r[4] = {0, 0, 0, 0}, r1[4] = {0, 0, 0, 0}, max_leaf, max_sub;
     unsigned long long xcr0;
-    int level = CB_Q_SCALAR;
+    int sets = 1 << CB_Q_SCALAR;
     cb_q_cpuid(0, 0, r);
     max_leaf = r[0];
     cb_q_cpuid(1, 0, r);
-    if (!(r[2] & (1u << 27)) || max_leaf < 7) return level;     /* no OSXSAVE */
+    if (!(r[2] & (1u << 27)) || max_leaf < 7) return sets;      /* no OSXSAVE */
     xcr0 = cb_q_xcr0();
-    if ((xcr0 & 0x6) != 0x6) return level;                      /* no ymm state */
+    if ((xcr0 & 0x6) != 0x6) return sets;                       /* no ymm state */
     cb_q_cpuid(7, 0, r);
-    if (!(r[1] & (1u << 5))) return level;                      /* no AVX2 */
-    level = CB_Q_AVX2;
-    cb_q_cpuid(7, 1, r1);
+    if (!(r[1] & (1u << 5))) return sets;                       /* no AVX2 */
+    sets |= 1 << CB_Q_AVX2;
+    max_sub = r[0];
+    if (max_sub >= 1) cb_q_cpuid(7, 1, r1);
 #if CB_Q_HAVE_AVXVNNI
-    if (r1[0] & (1u << 4)) level = CB_Q_AVXVNNI;
+    if (r1[0] & (1u << 4)) sets |= 1 << CB_Q_AVXVNNI;
 #endif
 #if CB_Q_HAVE_AVX512VNNI
     /* AVX-512 F, BW, VL and VNNI, and the OS saving opmask and zmm state */
     if ((xcr0 & 0xE6) == 0xE6 && (r[1] & (1u << 16)) && (r[1] & (1u << 30)) &&
         (r[1] & (1u << 31)) && (r[2] & (1u << 11)))
-        level = CB_Q_AVX512VNNI;
+        sets |= 1 << CB_Q_AVX512VNNI;
 #endif
     (void)r1;
-    return level;
+    return sets;
 }
 #else  /* not x86 with GCC vector extensions: the scalar set only */
-static int cb_q_detect(void) { return CB_Q_SCALAR; }
+static int cb_q_detect(void) { return 1 << CB_Q_SCALAR; }
 #endif
 
-/* The CPU's best set (read once; -1: not yet, a benign race) and the cap
- * tests put on it (-1: none). CYBACK_AVX512=0 caps at AVX-VNNI, as it caps
- * the float kernels below AVX-512. */
-static int cb_q_cpu_level = -1;
+/* The CPU's sets (read once; -1: not yet, a benign race) and the cap tests
+ * put on them (-1: none). CYBACK_AVX512=0 caps at AVX-VNNI, as it caps the
+ * float kernels below AVX-512. */
+static int cb_q_cpu_sets = -1;
 static int cb_q_env_cap = -1;
 static int cb_q_cap = -1;
 
-static int cb_q_cpu(void) {
-    if (cb_q_cpu_level < 0) cb_q_cpu_level = cb_q_detect();
-    return cb_q_cpu_level;
+static int cb_q_sets(void) {
+    if (cb_q_cpu_sets < 0) cb_q_cpu_sets = cb_q_detect();
+    return cb_q_cpu_sets;
 }
 
+/* The highest set the CPU runs at or below `cap`. */
+static int cb_q_best(int cap) {
+    int sets = cb_q_sets(), level = cap;
+    while (level > CB_Q_SCALAR && !(sets & (1 << level))) level--;
+    return level;
+}
+
+static int cb_q_cpu(void) { return cb_q_best(CB_Q_AVX512VNNI); }
+
 static int cb_q_level(void) {
-    int level = cb_q_cpu(), cap = cb_q_cap;
+    int cap = cb_q_cap;
     if (cap < 0) {
         if (cb_q_env_cap < 0) {
             const char *env = getenv("CYBACK_AVX512");
@@ -724,7 +736,7 @@ static int cb_q_level(void) {
         }
         cap = cb_q_env_cap;
     }
-    return level < cap ? level : cap;
+    return cb_q_best(cap);
 }
 
 /* Tests: run at most set `cap` (-1: the default). Returns the set now run. */

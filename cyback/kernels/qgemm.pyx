@@ -67,6 +67,7 @@ cdef extern from "cyback_qgemm.h" nogil:
                      Py_ssize_t pt, Py_ssize_t pl, Py_ssize_t oh, Py_ssize_t ow, uint8_t pad,
                      uint8_t* out, Py_ssize_t r0, Py_ssize_t r1)
     int cb_q_cpu()
+    int cb_q_sets()
     int cb_q_level()
     int cb_q_set_cap(int cap)
 
@@ -94,8 +95,10 @@ def instruction_set():
 
 
 def instruction_sets():
-    """Every set this CPU can run, lowest first (tests run each)."""
-    return INSTRUCTION_SETS[:cb_q_cpu() + 1]
+    """Every set this CPU can run, lowest first (tests run each). They do not
+    nest: CPUs with AVX-512 VNNI may lack AVX-VNNI."""
+    cdef int sets = cb_q_sets()
+    return tuple(name for i, name in enumerate(INSTRUCTION_SETS) if sets & (1 << i))
 
 
 def _use_instruction_set(name):
@@ -107,9 +110,9 @@ def _use_instruction_set(name):
         raise ValueError("qgemm: unknown instruction set %r; expected one of %s"
                          % (name, INSTRUCTION_SETS))
     level = INSTRUCTION_SETS.index(name)
-    if level > cb_q_cpu():
-        raise ValueError("qgemm: this CPU cannot run %r (its widest set is %r)"
-                         % (name, cpu_instruction_set()))
+    if not cb_q_sets() & (1 << level):
+        raise ValueError("qgemm: this CPU cannot run %r (it runs %s)"
+                         % (name, ", ".join(instruction_sets())))
     return INSTRUCTION_SETS[cb_q_set_cap(level)]
 
 

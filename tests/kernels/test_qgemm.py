@@ -379,9 +379,24 @@ def test_instruction_set_hook():
         assert qgemm.instruction_set() == "scalar"
     finally:
         qgemm._use_instruction_set(None)
-    if qgemm.cpu_instruction_set() != SETS[-1]:
-        with pytest.raises(ValueError, match="cannot run"):
-            qgemm._use_instruction_set(SETS[-1])
+    for name in SETS:
+        if name not in qgemm.instruction_sets():
+            with pytest.raises(ValueError, match="cannot run"):
+                qgemm._use_instruction_set(name)
+
+
+def test_avx512_capped_stops_at_avx_vnni_or_below():
+    # CYBACK_AVX512=0 is read once per process: check it in a fresh one
+    import os
+    import subprocess
+    import sys
+    code = "from cyback.kernels import qgemm; print(qgemm.instruction_set())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, CYBACK_AVX512="0"), timeout=120)
+    assert out.returncode == 0, out.stderr
+    sets = qgemm.instruction_sets()
+    want = "avx_vnni" if "avx_vnni" in sets else [s for s in sets if s != "avx512_vnni"][-1]
+    assert out.stdout.split()[-1] == want
 
 
 def test_bad_arguments(rng):
