@@ -16,6 +16,8 @@ import numbers
 import numpy as np
 
 from cyback import config
+from cyback.api._args import integer
+from cyback.graph import calls as _calls
 from cyback.graph.tensor import Tensor, as_tensor, is_float_dtype
 from cyback.ops import conv as cv
 from cyback.ops import pool as pl
@@ -49,7 +51,7 @@ def _ints(api, name, value, rank):
             raise TypeError("%s: %s must hold ints, got %r" % (api, name, value))
         if v < 1:
             raise ValueError("%s: %s must be positive, got %r" % (api, name, value))
-        out.append(int(v))
+        out.append(integer(api, name, v))
     return tuple(out)
 
 
@@ -336,3 +338,7 @@ def pool2d(x, pool_size, strides=(1, 1), padding="valid", data_format=None, pool
 def pool3d(x, pool_size, strides=(1, 1, 1), padding="valid", data_format=None,
            pool_mode="max"):
     return _pool("pool3d", 3, x, pool_size, strides, padding, data_format, pool_mode)
+
+
+# errors escaping each function name it; nodes remember it (graph/calls.py)
+_calls.name_functions(globals(), __all__)

@@ -3,7 +3,10 @@ session helpers of the Keras backend API."""
 import numpy as np
 
 from cyback import config
+from cyback.api._args import integer
+from cyback.graph import calls as _calls
 from cyback.graph import function as _function
+from cyback.graph import limits
 from cyback.graph.op import pop_after_updates, push_after_updates
 from cyback.graph.tensor import (
     Constant,
@@ -75,12 +78,23 @@ def variable(value, dtype=None, name=None, constraint=None):
 
 def constant(value, dtype=None, shape=None, name=None):
     dtype = _dtype(dtype)
-    arr = np.asarray(value, dtype=dtype)
+    try:
+        arr = np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError) as e:
+        raise TypeError("constant: cannot make a %s constant from %r: %s"
+                        % (dtype, type(value).__name__, e)) from None
     if shape is not None:
-        shape = tuple(int(d) for d in shape)
+        shape, _ = shp.shape_arg("constant", shape)
+        if None in shape:
+            raise ValueError("constant: shape must be fully known, got %s" % (shape,))
+        shp.check_static_shape("constant", shape)
         if arr.size == 1:
-            arr = np.full(shape, arr.reshape(()), dtype=dtype)
-        elif arr.size == int(np.prod(shape)):
+            # a large fill is made when the function runs (graph/limits.py)
+            filled = shp.fill("constant", shape, arr.reshape(()).item(), dtype)
+            if type(filled) is not Constant:
+                return _set_keras_meta(filled)
+            arr = filled.value
+        elif arr.size == limits.elements(shape):
             arr = arr.reshape(shape)
         else:
             raise ValueError("constant: a value of %d elements cannot fill shape %s"
@@ -93,10 +107,18 @@ def placeholder(shape=None, ndim=None, dtype=None, sparse=False, name=None):
     if shape is None:
         if ndim is None:
             raise ValueError("placeholder: give a shape or an ndim")
-        shape = (None,) * int(ndim)
-    shape = tuple(None if d is None else int(d) for d in shape)
+        ndim = integer("placeholder", "ndim", ndim, 0)
+        if ndim > limits.MAX_RANK:
+            raise ValueError("placeholder: ndim %d is more than the %d axes an array can have"
+                             % (ndim, limits.MAX_RANK))
+        shape = (None,) * ndim
+    if not isinstance(shape, (list, tuple)):
+        raise TypeError("placeholder: shape must be a tuple of ints and None, got %r" % (shape,))
+    shape = tuple(None if d is None else integer("placeholder", "shape entries", d)
+                  for d in shape)
     if any(d is not None and d < 0 for d in shape):
         raise ValueError("placeholder: negative dimension in shape %s" % (shape,))
+    limits.check_shape("placeholder", shape, dtype, "a value fed to it")
     if sparse and len(shape) != 2:
         raise ValueError("placeholder: sparse placeholders must be 2-D, got shape %s" % (shape,))
     return _set_keras_meta(Placeholder(shape, dtype, name=name, sparse=bool(sparse)))
@@ -228,12 +250,14 @@ def ones(shape, dtype=None, name=None):
 
 def _filled(shape_, value, dtype, name, api):
     dtype = _dtype(dtype)
-    t = shp.fill(api, shape_, value, dtype)
-    if type(t) is Constant:
+    static, tensor = shp.shape_arg(api, shape_)
+    if tensor is None:
         # Static shapes give variables, as in Keras's TensorFlow backend
         # (optimizers keep their accumulators in K.zeros).
-        return variable(t.value, dtype=dtype, name=name)
-    return t
+        shp.check_static_shape(api, static)
+        limits.check_shape(api, static, dtype, "the array")
+        return variable(np.full(static, value, dtype=dtype), dtype=dtype, name=name)
+    return shp.fill(api, shape_, value, dtype)
 
 
 def eye(size, dtype=None, name=None):
@@ -241,11 +265,12 @@ def eye(size, dtype=None, name=None):
     if isinstance(size, (tuple, list)):
         if len(size) != 2:
             raise ValueError("eye: size must be an int or a pair (rows, cols), got %r" % (size,))
-        n, m = int(size[0]), int(size[1])
+        n, m = (integer("eye", "size", d) for d in size)
     else:
-        n = m = int(size)
+        n = m = integer("eye", "size", size)
     if n < 0 or m < 0:
         raise ValueError("eye: negative size %r" % (size,))
+    limits.check_shape("eye", (n, m), dtype, "the matrix")
     return variable(np.eye(n, m, dtype=dtype), dtype=dtype, name=name)
 
 
@@ -436,3 +461,9 @@ class control_dependencies(object):
     def __exit__(self, *exc):
         pop_after_updates()
         return False
+
+
+# errors escaping each function name it; nodes remember it (graph/calls.py)
+# (not ``function``: its errors name it already, and an error folding a
+# constant while it compiles names the function that built the op)
+_calls.name_functions(globals(), [n for n in __all__ if n != "function"])

@@ -1,5 +1,7 @@
 """CTC: loss with gradient, decoding, and label conversion."""
 from cyback import config
+from cyback.api._args import integer
+from cyback.graph import calls as _calls
 from cyback.graph.tensor import as_tensor, is_float_dtype, is_int_dtype
 from cyback.ops import elementwise as ew
 from cyback.ops import shape as shp
@@ -44,16 +46,14 @@ def ctc_decode(y_pred, input_length, greedy=True, beam_width=100, top_paths=1,
     decoded sequences are padded with -1. ``merge_repeated`` (beam search only,
     as in Keras 2.3.1) collapses equal neighbours in the returned paths."""
     api = "ctc_decode"
-    if int(top_paths) < 1 or int(beam_width) < 1:
-        raise ValueError("ctc_decode: beam_width and top_paths must be positive, got %r and %r"
-                         % (beam_width, top_paths))
+    beam_width = integer(api, "beam_width", beam_width, 1)
+    top_paths = integer(api, "top_paths", top_paths, 1)
     if greedy:
         top_paths = 1
-    if not greedy and int(top_paths) > int(beam_width):
+    if not greedy and top_paths > beam_width:
         raise ValueError("ctc_decode: top_paths (%d) cannot exceed beam_width (%d)"
                          % (top_paths, beam_width))
-    op = CTCDecode(bool(greedy), int(beam_width), int(top_paths),
-                   bool(merge_repeated) and not greedy)
+    op = CTCDecode(bool(greedy), beam_width, top_paths, bool(merge_repeated) and not greedy)
     outs = op(_log_probs(y_pred), _lengths(api, "input_length", input_length))
     return list(outs[:-1]), outs[-1]
 
@@ -67,3 +67,7 @@ def ctc_label_dense_to_sparse(labels, label_lengths):
     out = DenseToSparse()(labels, _lengths(api, "label_lengths", label_lengths))
     out.sparse = True
     return out
+
+
+# errors escaping each function name it; nodes remember it (graph/calls.py)
+_calls.name_functions(globals(), __all__)

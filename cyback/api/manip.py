@@ -11,6 +11,9 @@ import os
 import numpy as np
 
 from cyback import config
+from cyback.api._args import integer
+from cyback.graph import calls as _calls
+from cyback.graph import limits
 from cyback.graph.tensor import (
     Constant,
     Tensor,
@@ -46,21 +49,7 @@ def _tensor(api, x, name="x"):
 
 
 def _int(api, name, value, minimum=None):
-    """A Python int from an int-like argument (integral floats accepted)."""
-    if isinstance(value, Tensor):
-        known = shp.static_int(value) if value.ndim == 0 else None
-        if known is None:
-            raise TypeError("%s: %s must be a Python int, got the symbolic tensor %r"
-                            % (api, name, value))
-        value = known
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.number)):
-        raise TypeError("%s: %s must be an int, got %r" % (api, name, value))
-    if int(value) != value:
-        raise ValueError("%s: %s must be a whole number, got %r" % (api, name, value))
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise ValueError("%s: %s must be >= %d, got %d" % (api, name, minimum, value))
-    return value
+    return integer(api, name, value, minimum)
 
 
 def _axis(api, axis, ndim, name="axis", extra=0):
@@ -322,7 +311,12 @@ def arange(start, stop=None, step=1, dtype="int32"):
                             % (name, v))
         args.append(v)
     if not any(isinstance(v, Tensor) for v in args):
-        return Constant(mp.arange_values(args[0], args[1], args[2], dtype))
+        n = mp.arange_length(*args)
+        limits.check_shape("arange", (n,), dtype)
+        if limits.foldable((n,), dtype):
+            return Constant(mp.arange_values(args[0], args[1], args[2], dtype))
+        # a long range is made when the function runs, not while building
+        return mp.Arange(dtype)(*[Constant(np.asarray(v)) for v in args])
     if not isinstance(args[2], Tensor) and args[2] == 0:
         raise ValueError("arange: step must not be zero")
     return mp.Arange(dtype)(*[v if isinstance(v, Tensor) else as_tensor(v) for v in args])
@@ -466,3 +460,7 @@ def reverse(x, axes):
     if not axes:
         return x
     return mp.Reverse(tuple(sorted(axes)))(x)
+
+
+# errors escaping each function name it; nodes remember it (graph/calls.py)
+_calls.name_functions(globals(), __all__)

@@ -2,6 +2,7 @@
 import numpy as np
 
 from cyback import config
+from cyback.graph import calls as _calls
 from cyback.graph.tensor import Tensor, as_tensor, is_float_dtype
 from cyback.ops import elementwise as ew
 from cyback.ops import reduction as red
@@ -132,6 +133,10 @@ def clip(x, min_value, max_value):
         min_value = -np.inf
     if max_value is None:
         max_value = np.inf
+    for name, v in (("min_value", min_value), ("max_value", max_value)):
+        if not isinstance(v, Tensor) and (
+                isinstance(v, str) or np.asarray(v).dtype.kind not in "biuf"):
+            raise TypeError("clip: %s must be a number or a tensor, got %r" % (name, v))
     if not isinstance(min_value, Tensor) and not isinstance(max_value, Tensor) \
             and max_value < min_value:
         max_value = min_value
@@ -182,3 +187,7 @@ def transpose(x):
     """Reverse the axes (a matrix transpose for 2-D)."""
     x = as_tensor(x)
     return _transpose(x, tuple(range(x.ndim))[::-1])
+
+
+# errors escaping each function name it; nodes remember it (graph/calls.py)
+_calls.name_functions(globals(), __all__)

@@ -5,6 +5,8 @@ import numbers
 import numpy as np
 
 from cyback import config
+from cyback.api._args import integer
+from cyback.graph import calls as _calls
 from cyback.graph.tensor import Tensor, as_tensor, is_float_dtype, is_int_dtype
 from cyback.ops import elementwise as ew
 from cyback.ops import nn as nn_ops
@@ -207,9 +209,7 @@ def in_top_k(predictions, targets, k):
     if not is_float_dtype(predictions.dtype):
         raise TypeError("%s: predictions must be a float tensor, got %s"
                         % (api, predictions.dtype))
-    if isinstance(k, bool) or not isinstance(k, (numbers.Integral, np.integer)):
-        raise TypeError("%s: k must be an int, got %r" % (api, k))
-    return nn_ops.InTopK(int(k))(predictions, targets)
+    return nn_ops.InTopK(integer(api, "k", k))(predictions, targets)
 
 
 def bias_add(x, bias, data_format=None):
@@ -219,6 +219,9 @@ def bias_add(x, bias, data_format=None):
     data_format = config.normalize_data_format(data_format)
     x, bias = as_tensor(x), as_tensor(bias)
     n = x.ndim
+    if n < 2:
+        raise ValueError("%s: x must have a batch axis and at least one more, got shape %s"
+                         % (api, _fmt(x.shape)))
     if bias.ndim not in (1, n - 1):
         raise ValueError("%s: unexpected bias dimensions %d (shape %s), expected 1 or %d for x "
                          "of shape %s" % (api, bias.ndim, _fmt(bias.shape), n - 1,
@@ -387,3 +390,7 @@ def normalize_batch_in_training(x, gamma, beta, reduction_axes, epsilon=0.001):
     normed = _normalize(x, mean_b, var_b, broadcast(beta, "beta"), broadcast(gamma, "gamma"),
                         epsilon)
     return normed, mean, var
+
+
+# errors escaping each function name it; nodes remember it (graph/calls.py)
+_calls.name_functions(globals(), __all__)

@@ -7,6 +7,8 @@ sequence (the same in every process). See cyback/ops/random.py.
 import numpy as np
 
 from cyback import config
+from cyback.graph import calls as _calls
+from cyback.graph import limits
 from cyback.graph.tensor import Tensor, dtype_name, is_float_dtype, is_int_dtype
 from cyback.ops import elementwise as ew
 from cyback.ops import random as rnd
@@ -118,11 +120,12 @@ def random_binomial(shape, p=0.0, dtype=None, seed=None):
 
 # ------------------------------------------------------------------ variables
 
-def _static_shape(api, shape):
+def _static_shape(api, shape, dtype):
     static, tensor = shp.shape_arg(api, shape)
     if tensor is not None:
         raise ValueError("%s: a variable needs a fully known shape, got %r" % (api, shape))
     shp.check_static_shape(api, static)
+    limits.check_shape(api, static, dtype, "the variable")
     return static
 
 
@@ -131,7 +134,7 @@ def random_normal_variable(shape, mean, scale, dtype=None, name=None, seed=None)
     from cyback.api.core import variable
     api = "random_normal_variable"
     dtype = _dtype(api, dtype)
-    static = _static_shape(api, shape)
+    static = _static_shape(api, shape, dtype)
     mean, scale = _number(api, "mean", mean), _number(api, "scale", scale)
     if isinstance(mean, Tensor) or isinstance(scale, Tensor):
         raise TypeError("%s: mean and scale must be numbers" % api)
@@ -139,7 +142,9 @@ def random_normal_variable(shape, mean, scale, dtype=None, name=None, seed=None)
         raise ValueError("%s: scale must be non-negative, got %r" % (api, scale))
     rng = rnd.generator(rnd.make_seed(api, seed))
     value = rng.standard_normal(static, dtype=np.float64 if dtype == "float64" else np.float32)
-    return variable(value * scale + mean, dtype=dtype, name=name)
+    value *= scale      # in place: the samples and the variable's copy, no more
+    value += mean
+    return variable(value, dtype=dtype, name=name)
 
 
 def random_uniform_variable(shape, low, high, dtype=None, name=None, seed=None):
@@ -147,7 +152,7 @@ def random_uniform_variable(shape, low, high, dtype=None, name=None, seed=None):
     from cyback.api.core import variable
     api = "random_uniform_variable"
     dtype = _dtype(api, dtype)
-    static = _static_shape(api, shape)
+    static = _static_shape(api, shape, dtype)
     low, high = _number(api, "low", low), _number(api, "high", high)
     if isinstance(low, Tensor) or isinstance(high, Tensor):
         raise TypeError("%s: low and high must be numbers" % api)
@@ -155,4 +160,10 @@ def random_uniform_variable(shape, low, high, dtype=None, name=None, seed=None):
         raise ValueError("%s: high %r is below low %r" % (api, high, low))
     rng = rnd.generator(rnd.make_seed(api, seed))
     value = rng.random(static, dtype=np.float64 if dtype == "float64" else np.float32)
-    return variable(value * (high - low) + low, dtype=dtype, name=name)
+    value *= high - low
+    value += low
+    return variable(value, dtype=dtype, name=name)
+
+
+# errors escaping each function name it; nodes remember it (graph/calls.py)
+_calls.name_functions(globals(), __all__)

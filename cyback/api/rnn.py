@@ -1,5 +1,6 @@
 """Symbolic loops of the Keras backend API: rnn, map_fn, foldl, foldr."""
 from cyback import config
+from cyback.graph import calls as _calls
 from cyback.graph.function import leaves_of
 from cyback.graph.tensor import Tensor, as_tensor
 from cyback.ops import elementwise as ew
@@ -186,7 +187,8 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
         init = flat_init + ([zeros_out] if m is not None else [])
         (outputs_tm,), final = build_scan(step, seqs, init, name="rnn")
         final = final[:n_states]
-        last = shp.getitem(outputs_tm, -1)
+        last = shp.end_of(outputs_tm, -1, "rnn", "the inputs have 0 time steps, so there is "
+                          "no last output")
     outputs = outputs_tm if time_major else _time_first(outputs_tm)
     new_states = _pack(structure, final) if isinstance(structure, (list, tuple)) else final
     results = [last, outputs] + list(_flatten(new_states))
@@ -241,7 +243,7 @@ def _fold(api, fn, elems, initializer, reverse):
     if initializer is None:
         if elems.shape[0] == 0:
             raise ValueError("%s: elems is empty and no initializer was given" % api)
-        initializer = shp.getitem(elems, 0)
+        initializer = shp.end_of(elems, 0, api, "elems is empty and no initializer was given")
         elems = shp.getitem(elems, slice(1, None))
     init = as_tensor(initializer) if isinstance(initializer, Tensor) else \
         ew.weak(initializer, elems.dtype)
@@ -261,3 +263,7 @@ def foldl(fn, elems, initializer=None, name=None):
 def foldr(fn, elems, initializer=None, name=None):
     """Reduce ``elems`` along axis 0 from the right: ``acc = fn(acc, x)``."""
     return _fold(name or "foldr", fn, elems, initializer, reverse=True)
+
+
+# errors escaping each function name it; nodes remember it (graph/calls.py)
+_calls.name_functions(globals(), __all__)

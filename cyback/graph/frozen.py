@@ -13,6 +13,7 @@ whose version changed are recomputed, so a plan never runs on stale weights.
 """
 import threading
 
+from cyback.graph import calls as _calls
 from cyback.graph import tensor as _tensor
 from cyback.graph.tensor import Constant, Variable
 
@@ -64,7 +65,14 @@ class Frozen(object):
                 for op, ins, outs in self.steps:
                     if outs[0] in env and not any(x.id in dirty for x in ins):
                         continue
-                    values = op.compute(*[_value_of(x, env) for x in ins])
+                    try:
+                        values = op.compute(*[_value_of(x, env) for x in ins])
+                    except (ValueError, TypeError) as e:
+                        # name the backend function that built the op
+                        node = outs[0].node
+                        if node is not None and node.call is not None:
+                            _calls.name_error(e, node.call)
+                        raise
                     for o, v in zip(outs, values):
                         env[o] = v
                         dirty.add(o.id)

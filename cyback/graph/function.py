@@ -3,7 +3,8 @@
 Compilation:
 1. collect the nodes the outputs and updates need (topological order);
 2. rewrite: substitute known placeholders (the learning phase), fold ops whose
-   inputs are all known, let ops simplify themselves (``Op.simplify``: a switch
+   inputs are all known and whose results are not large (``graph/limits.py``),
+   let ops simplify themselves (``Op.simplify``: a switch
    on a known condition forwards one branch), merge equal pure ops (CSE);
 3. keep only the steps the targets still need and generate one Python function
    that calls each op's ``compute`` in order, deleting every intermediate after
@@ -26,7 +27,7 @@ import threading
 import numpy as np
 
 from cyback import config
-from cyback.graph import collector, optimize
+from cyback.graph import calls, collector, limits, optimize
 from cyback.graph import tensor as tensor_mod
 from cyback.graph.frozen import Frozen
 from cyback.graph.tensor import (
@@ -95,7 +96,8 @@ class _Plan(object):
         self.src = src                    # the generated source of run
         self.feed_slots = feed_slots      # index in Function.inputs, in run's arg order
         self.variables = variables        # Variables read, in run's arg order
-        self.step_lines = step_lines      # source line → op, for error messages
+        # source line → (op, the backend function that built it), for errors
+        self.step_lines = step_lines
         self.steps = steps
 
 
@@ -118,8 +120,14 @@ def _rewrite(targets, givens):
     for node in topo_nodes(targets):
         op = node.op
         ins = [resolve(x) for x in node.inputs]
-        if op.pure and not isinstance(op, Assign) and all(type(x) is Constant for x in ins):
-            values = op.compute(*[x.value for x in ins])
+        if op.pure and not isinstance(op, Assign) and all(type(x) is Constant for x in ins) \
+                and all(limits.foldable(o.shape, o.dtype) for o in node.outputs):
+            try:
+                values = op.compute(*[x.value for x in ins])
+            except (ValueError, TypeError) as e:
+                if node.call is not None:
+                    calls.name_error(e, node.call)
+                raise
             for out, v in zip(node.outputs, values):
                 repl[out.id] = Constant(np.asarray(v, dtype=out.dtype))
             continue
@@ -249,7 +257,8 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
     for i, (op, ins, outs) in enumerate(steps):
         fname = "f%d" % i
         needed = tuple(o.id in last_use or o.id in keep for o in outs)
-        step_lines[len(lines) + 1] = op
+        node = outs[0].node
+        step_lines[len(lines) + 1] = (op, node.call if node is not None else None)
         inline = _inline_step(op, ins, outs, ns, name_of)
         if inline is not None:
             lines.append("    %s = %s  # %s" % (name_of(outs[0]), inline, _op_label(op)))
@@ -577,25 +586,30 @@ def _op_label(op):
 
 def _annotate(e, plan):
     """An exception raised while running ``plan``, for re-raising ``from e``:
-    the same type with the op's name added to the message (``e`` itself when
-    the type cannot be rebuilt). The plan's source goes into linecache, so the
+    the same type with the op's name added to the message, and before it the
+    backend function that built the op when the message does not name it
+    (``e`` itself when the type cannot be rebuilt). The plan's source goes into linecache, so the
     chained traceback shows the plan line that called the op, and below it the
     op's compute and the kernel."""
     tb = e.__traceback__
-    op, filename = None, None
+    step, filename = None, None
     while tb is not None:
         code = tb.tb_frame.f_code
         if code.co_name == "run" and code.co_filename.startswith("<cyback function"):
-            op, filename = plan.step_lines.get(tb.tb_lineno), code.co_filename
+            step, filename = plan.step_lines.get(tb.tb_lineno), code.co_filename
         tb = tb.tb_next
     if filename is not None and filename not in linecache.cache:
         # Only failing plans are registered: linecache never drops such
         # entries, and most plans never fail.
         linecache.cache[filename] = (len(plan.src), None, plan.src.splitlines(True), filename)
-    if op is None:
+    if step is None:
         return e
+    op, call = step
+    message = "%s (while running %s)" % (e, op.api or type(op).__name__)
+    if call is not None and not calls.mentions(message, call):
+        message = "%s: %s" % (call, message)
     try:
-        new = type(e)("%s (while running %s)" % (e, op.api or type(op).__name__))
+        new = type(e)(message)
     except Exception:
         return e
     if str(new) == str(e):      # a type whose message is not its first argument

@@ -68,10 +68,14 @@ Loops (``ops/scan.py``: ``scan_trace``, ``scan_program``, ``scan_backward``):
   (``ScatterAdd``): a loop adds several such slices into one buffer.
 
 Applying an op (``op(x, y)``) builds a Node; when every input is a Constant the
-op is computed at once and its outputs are Constants (eager folding).
+op is computed at once and its outputs are Constants (eager folding), unless
+they would be large (``graph/limits.py``: such results are computed when a
+function runs). An output whose static shape no array could have is refused
+with a ValueError naming the op.
 """
 import numpy as np
 
+from cyback.graph import limits
 from cyback.graph.tensor import Constant, Node, Tensor, as_tensor, np_dtype_name
 
 #: Stack of {variable: assign tensor} maps, one per active
@@ -130,7 +134,10 @@ class Op(object):
         if _after_updates:
             inputs = [_after_updates[-1].get(x, x) for x in inputs]
         specs = self.infer(*inputs)
-        if self.pure and all(type(x) is Constant for x in inputs):
+        for shape, dtype in specs:
+            limits.check_shape(self.api or type(self).__name__, shape, dtype)
+        if self.pure and all(type(x) is Constant for x in inputs) and \
+                all(limits.foldable(shape, dtype) for shape, dtype in specs):
             values = self.compute(*[x.value for x in inputs])
             outs = [Constant(_as_dtype(v, d)) for v, (_, d) in zip(values, specs)]
         else:

@@ -10,6 +10,7 @@ import threading
 import numpy as np
 
 from cyback import config
+from cyback.graph import calls as _calls
 
 _counter = itertools.count()
 # Versions of variable values and the epoch of the last assignment come from
@@ -60,14 +61,16 @@ def is_int_dtype(dtype):
 
 
 class Node(object):
-    """One application of an op: ``outputs = op(*inputs)``."""
+    """One application of an op: ``outputs = op(*inputs)``. ``call``: the
+    backend function that built it (``graph/calls.py``), or None."""
 
-    __slots__ = ("op", "inputs", "outputs", "__weakref__")
+    __slots__ = ("op", "inputs", "outputs", "call", "__weakref__")
 
     def __init__(self, op, inputs):
         self.op = op
         self.inputs = inputs
         self.outputs = []
+        self.call = _calls.current()
 
 
 class Tensor(object):

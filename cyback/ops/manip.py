@@ -14,7 +14,9 @@ import math
 
 import numpy as np
 
+from cyback.graph import limits
 from cyback.graph.op import Op
+from cyback.graph.tensor import Constant
 from cyback.ops import elementwise as ew
 from cyback.ops.shape import GetItem, reshape_like, reshape_static_dims, shape_of, static_entries
 from cyback.ops.shape import format_shape as _fmt
@@ -84,6 +86,7 @@ class Tile(Op):
         reps = tuple(int(r) for r in reps_tensor[0]) if reps_tensor else self.reps
         if any(r < 0 for r in reps):
             raise ValueError("tile: negative repetition count in %s" % (reps,))
+        limits.check_shape("tile", [d * r for d, r in zip(x.shape, reps)], x.dtype)
         return (np.tile(x, reps),)
 
     def rewrite(self, inputs, ctx):
@@ -144,6 +147,9 @@ class RepeatElements(Op):
         return [(tuple(shape), x.dtype)]
 
     def compute(self, x):
+        shape = list(x.shape)
+        shape[self.axis] *= self.rep
+        limits.check_shape(self.api, shape, x.dtype)
         return (np.repeat(x, self.rep, axis=self.axis),)
 
     def grad(self, inputs, outputs, grads):
@@ -218,6 +224,7 @@ class Interp1D(Op):
         a, f = self.axis, self.factor
         out_shape = list(x.shape)
         out_shape[a] *= f
+        limits.check_shape(self.api, out_shape, x.dtype)
         if x.shape[a] == 0:
             return (np.zeros(out_shape, dtype=x.dtype),)
         if self.half_pixel:
@@ -299,6 +306,7 @@ class Pad(Op):
 
     def compute(self, x):
         shape = tuple(d + b + a for d, (b, a) in zip(x.shape, self.pads))
+        limits.check_shape(self.api, shape, x.dtype)
         out = np.zeros(shape, dtype=x.dtype)
         out[tuple(slice(b, b + d) for d, (b, a) in zip(x.shape, self.pads))] = x
         return (out,)
@@ -467,8 +475,16 @@ class OneHot(Op):
         return [(tuple(idx.shape) + (self.num_classes,), "float32")]
 
     def compute(self, idx):
-        classes = np.arange(self.num_classes, dtype="int64")
-        return ((np.expand_dims(idx, -1) == classes).astype("float32"),)
+        # zeros, then a 1 where each index is in range: no array of the
+        # result's size but the result itself
+        c = self.num_classes
+        limits.check_shape(self.api, idx.shape + (c,), "float32")
+        out = np.zeros(idx.shape + (c,), dtype="float32")
+        flat = out.reshape(-1, c)
+        rows = idx.reshape(-1)
+        hit = (rows >= 0) & (rows < c)
+        flat[np.flatnonzero(hit), rows[hit].astype(np.intp)] = 1
+        return (out,)
 
 
 # ------------------------------------------------------------------ arange
@@ -482,15 +498,38 @@ class Arange(Op):
         self.dtype = dtype
 
     def infer(self, start, stop, step):
+        # known bounds give the length (so that a long range of constants is
+        # left for the run rather than computed while building)
+        if all(type(t) is Constant for t in (start, stop, step)):
+            n = arange_length(start.value.item(), stop.value.item(), step.value.item())
+            return [((n,), self.dtype)]
         return [((None,), self.dtype)]
 
     def compute(self, start, stop, step):
         return (arange_values(start.item(), stop.item(), step.item(), self.dtype),)
 
 
+def arange_length(start, stop, step):
+    """How many values ``arange(start, stop, step)`` has (a Python int, exact
+    for ints); a ValueError for a zero or NaN step or infinite bounds."""
+    if step == 0 or step != step:
+        raise ValueError("arange: step must be a non-zero number, got %r" % (step,))
+    if any(isinstance(v, float) and not np.isfinite(v) for v in (start, stop, step)):
+        raise ValueError("arange: start, stop and step must be finite, got %r, %r and %r"
+                         % (start, stop, step))
+    if all(isinstance(v, (int, np.integer)) for v in (start, stop, step)):
+        n = -((int(start) - int(stop)) // int(step))
+    else:
+        n = np.ceil((stop - start) / step)
+        if not np.isfinite(n):
+            raise ValueError("arange: %r to %r by %r makes more values than an array can hold"
+                             % (start, stop, step))
+        n = int(n)
+    return max(n, 0)
+
+
 def arange_values(start, stop, step, dtype):
-    if step == 0:
-        raise ValueError("arange: step must not be zero")
+    limits.check_shape("arange", (arange_length(start, stop, step),), dtype)
     return np.arange(start, stop, step).astype(dtype)
 
 

@@ -55,7 +55,22 @@ class _PoolBase(Op):
 
     def pads(self, shape):
         return tuple(conv_utils.conv_pads(n, k, s, 1, self.padding)
-                     for n, k, s in zip(self.spatial(shape), self.pool_size, self.strides))
+                     for n, k, s in zip(self.spatial(shape), self.windows(shape), self.strides))
+
+    def windows(self, shape):
+        """The pool size the kernels get for an input of ``shape``: with
+        'same' padding, a window wider than ``(out - 1) * stride + size``
+        covers the whole axis at every output, as does that width itself
+        (same parity, so the padding shrinks evenly on both sides): the
+        results are the same, and the kernels need not step through a window
+        of a billion cells, nearly all padding."""
+        if self.padding != "same":
+            return self.pool_size
+        out = []
+        for n, k, s in zip(self.spatial(shape), self.pool_size, self.strides):
+            whole = (conv_utils.conv_output_length(n, k, s, 1, "same") - 1) * s + n
+            out.append(k if k <= whole else whole + (k - whole) % 2)
+        return tuple(out)
 
 
 def _work(a):
@@ -87,11 +102,11 @@ class Pool(_PoolBase):
         if x.dtype.char in "fd":
             if len(_CALLS) >= 256:
                 _CALLS.clear()
-            call = _pool.forward_call(x.shape, self.pool_size, self.strides, self.pads(x.shape),
-                                      self.channels_last, self.mode, x.dtype)
+            call = _pool.forward_call(x.shape, self.windows(x.shape), self.strides,
+                                      self.pads(x.shape), self.channels_last, self.mode, x.dtype)
             _CALLS[key] = call
             return (call(x),)
-        y = _pool.pool_forward(_work(x), self.pool_size, self.strides, self.pads(x.shape),
+        y = _pool.pool_forward(_work(x), self.windows(x.shape), self.strides, self.pads(x.shape),
                                self.channels_last, self.mode)
         return (y.astype(x.dtype, copy=False),)
 
@@ -112,7 +127,7 @@ class PoolGrad(_PoolBase):
             return (np.zeros(x.shape, dy.dtype),)
         dt = dy.dtype
         dx = _pool.pool_backward(_work(x), None if y is None else _work(y), _work(dy),
-                                 self.pool_size, self.strides, self.pads(x.shape),
+                                 self.windows(x.shape), self.strides, self.pads(x.shape),
                                  self.channels_last, self.mode)
         return (dx.astype(dt, copy=False),)
 
@@ -137,22 +152,23 @@ class MaxPoolGather(_PoolBase):
             return (np.zeros(y.shape, g.dtype),)
         nd = x.ndim - 2
         pw = ((0, 0), (0, 0)) + self.pads(x.shape)
+        sizes = self.windows(x.shape)
         if self.channels_last:
             x, y, g = (np.moveaxis(a, -1, 1) for a in (x, y, g))
         # NaN padding equals nothing, so a padded cell is never picked.
         xp = np.pad(x.astype(np.float64), pw, constant_values=np.nan)
         gp = np.pad(g, pw)
         out = y.shape[2:]
-        xw, gw = (self._windows(a, nd, out) for a in (xp, gp))
+        xw, gw = (self._windows(a, nd, out, sizes) for a in (xp, gp))
         first = np.argmax(xw == y[..., None], axis=-1)
         r = np.take_along_axis(gw, first[..., None], axis=-1)[..., 0]
         if self.channels_last:
             r = np.moveaxis(r, 1, -1)
         return (np.ascontiguousarray(r, dtype=g.dtype),)
 
-    def _windows(self, a, nd, out):
+    def _windows(self, a, nd, out, sizes):
         axes = tuple(range(2, 2 + nd))
-        w = np.lib.stride_tricks.sliding_window_view(a, self.pool_size, axis=axes)
+        w = np.lib.stride_tricks.sliding_window_view(a, sizes, axis=axes)
         index = (slice(None), slice(None)) + tuple(
             slice(0, (o - 1) * s + 1, s) for o, s in zip(out, self.strides))
         w = w[index]

@@ -12,6 +12,7 @@ import threading
 
 import numpy as np
 
+from cyback.graph import limits
 from cyback.graph.op import Op
 from cyback.graph.tensor import is_float_dtype
 from cyback.ops.shape import check_static_shape, shape_arg
@@ -60,6 +61,7 @@ class RandomOp(Op):
             shape = tuple(int(d) for d in np.asarray(shape_tensor[0]).reshape(-1))
             if any(d < 0 for d in shape):
                 raise ValueError("%s: negative dimension in shape %s" % (self.api, shape))
+            limits.check_shape(self.api, shape, self.dtype)
         else:
             shape = self.static
         with self._lock:

@@ -151,8 +151,8 @@ def reduce(x, kind, axis=None, keepdims=False):
         x = ew.cast(x, "int32")
     if kind == "mean" and not is_float_dtype(x.dtype):
         x = ew.cast(x, config.floatx())
-    if axes == () or (x.ndim == 0 and kind not in ("any", "all")):
-        return x
+    if axes == () or x.ndim == 0:
+        return x        # any / all of a scalar: the cast to bool above
     return Reduce(kind, axes, bool(keepdims))(x)
 
 
@@ -179,6 +179,8 @@ class ArgReduce(Op):
 
 def single_axis(api, axis, ndim):
     """One non-negative axis (argmax, cumsum: a list is not accepted)."""
+    if axis is None:
+        raise TypeError("%s: axis must be an int, got None" % api)
     if isinstance(axis, (list, tuple)):
         if len(axis) != 1:
             raise TypeError("%s: axis must be a single int, got %r" % (api, axis))

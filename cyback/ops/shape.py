@@ -9,6 +9,7 @@ import numbers
 
 import numpy as np
 
+from cyback.graph import limits
 from cyback.graph.op import Op
 from cyback.graph.tensor import Constant, Tensor, as_tensor, is_int_dtype
 from cyback.ops import elementwise as ew
@@ -137,9 +138,13 @@ class MakeShape(Op):
 
 def shape_arg(api, shape):
     """``(static, tensor)``: static is a tuple of ints/None; tensor is None when
-    every entry is known."""
+    every entry is known. Entries are integers (Python or NumPy ints, int
+    tensors): bools and floats, even whole ones, are a TypeError."""
     if isinstance(shape, Tensor):
         if type(shape) is Constant:
+            if not is_int_dtype(shape.dtype) or shape.ndim > 1:
+                raise TypeError("%s: a shape must hold integers, got a constant of dtype %s "
+                                "and shape %s" % (api, shape.dtype, format_shape(shape.shape)))
             return tuple(int(d) for d in np.atleast_1d(shape.value)), None
         if shape.ndim != 1 or shape.shape[0] is None or not is_int_dtype(shape.dtype):
             raise ValueError("%s: a shape tensor must be a 1-D int tensor of known length, "
@@ -148,9 +153,13 @@ def shape_arg(api, shape):
         if None not in static:
             return static, None
         return static, shape
-    if isinstance(shape, (numbers.Integral, np.integer)):
+    if isinstance(shape, (numbers.Integral, np.integer)) and \
+            not isinstance(shape, (bool, np.bool_)):
         shape = (shape,)
     if isinstance(shape, np.ndarray):
+        if shape.dtype.kind not in "iu" or shape.ndim > 1:
+            raise TypeError("%s: a shape must hold integers, got an array of dtype %s and "
+                            "shape %s" % (api, shape.dtype, format_shape(shape.shape)))
         shape = shape.tolist()
     if not isinstance(shape, (list, tuple)):
         raise TypeError("%s: shape must be a tuple/list of ints or a 1-D int tensor, got %r"
@@ -160,11 +169,13 @@ def shape_arg(api, shape):
         if isinstance(d, Tensor) and not is_int_dtype(d.dtype):
             raise TypeError("%s: shape entries must be integers, got a %s tensor %r"
                             % (api, d.dtype, d))
-        if isinstance(d, (float, np.floating)):
-            if int(d) != d:
-                raise TypeError("%s: shape entries must be integers, got %r" % (api, d))
-            d = int(d)
+        if isinstance(d, (bool, np.bool_, float, np.floating)):
+            raise TypeError("%s: shape entries must be integers, got %r in %r"
+                            % (api, d, tuple(shape)))
         known = static_int(d)
+        if known is not None and not -2 ** 63 <= known < 2 ** 63:
+            raise ValueError("%s: shape entry %d is out of the range of 64-bit ints"
+                             % (api, known))
         if known is not None:
             pattern.append(known)
         elif isinstance(d, Tensor):
@@ -206,6 +217,7 @@ class FillShape(Op):
 
     def compute(self, *shape_tensor):
         shape = tuple(int(d) for d in shape_tensor[0]) if shape_tensor else self.static
+        limits.check_shape(self.api, shape, self.dtype)
         return (np.full(shape, self.value, dtype=self.dtype),)
 
 
@@ -213,7 +225,10 @@ def fill(api, shape, value, dtype):
     static, tensor = shape_arg(api, shape)
     check_static_shape(api, static)
     if tensor is None:
-        return Constant(np.full(static, value, dtype=dtype))
+        limits.check_shape(api, static, dtype, "the array")
+        if limits.foldable(static, dtype):
+            return Constant(np.full(static, value, dtype=dtype))
+        return FillShape(value, dtype, static)()     # made when a function runs
     return FillShape(value, dtype, static)(tensor)
 
 
@@ -574,6 +589,37 @@ class GetItem(Op):
     def grad(self, inputs, outputs, grads):
         return [ScatterAdd(self.spec)(grads[0], inputs[0], *inputs[1:])] + \
             [None] * (len(inputs) - 1)
+
+
+class EndOf(GetItem):
+    """``x[0]`` or ``x[-1]`` of a tensor whose leading size is known only at
+    run time: a ValueError naming ``api`` (with ``message``) when that size
+    is 0 (an rnn over no time steps, a fold of an empty tensor), where
+    indexing would raise IndexError."""
+
+    inline_in_plan = False
+
+    def __init__(self, spec, api, message):
+        super().__init__(spec)
+        self.api = api
+        self.message = message
+
+    def compute(self, x):
+        if x.shape[0] == 0:
+            raise ValueError("%s: %s" % (self.api, self.message))
+        return super().compute(x)
+
+    def inline_src(self, ins, outs, ns, args):
+        return None
+
+
+def end_of(x, index, api, message):
+    """``x[index]`` (0 or -1), checked at run time when x's leading size is
+    unknown (see ``EndOf``)."""
+    if x.shape[0] is not None:
+        return getitem(x, index)
+    spec, _ = _index_spec(x, index)
+    return EndOf(spec, api, message)(x)
 
 
 class ScatterAdd(Op):

@@ -238,8 +238,10 @@ def test_shape_arguments_must_be_integers():
         K.tile(x, [1, 2.5])
     with pytest.raises(ValueError, match="zeros.*None"):
         K.zeros((None, 2))
-    # Integer-valued floats are accepted (Python 3 division in Keras code).
-    assert K.int_shape(K.reshape(x, (-1, 8 / 2))) == (None, 4)
+    # Whole floats too (TensorFlow refuses them: a float size is usually a
+    # division that should have been //).
+    with pytest.raises(TypeError, match="reshape: shape entries must be integers, got 4.0"):
+        K.reshape(x, (-1, 8 / 2))
     # Size arithmetic on float tensors is never taken for a static size.
     y = K.reshape(x, (K.shape(x)[0], K.cast(K.cast(K.shape(x)[1], "float32") * 0.5, "int32"),
                       2))
