@@ -126,6 +126,16 @@ def test_conv_in_a_function(rng, rank, xshape, window, strides, dilation, paddin
     assert same_bits(got, want)
 
 
+def test_empty_batch(rng):
+    w, scale, bias = weights(rng, (3, 3, 2, 5))
+    op = qops.QuantizedConv(2, 5, (3, 3), (1, 1), (1, 1), "same", 0.1, 3)
+    x = K.placeholder(shape=(None, 4, 4, 2))
+    y = op(x, qops.PackInt8()(K.constant(w, dtype="int8")),
+           qops.EpilogueVectors(0.1)(K.constant(scale), K.constant(bias)))
+    out = K.function([x], [y])([np.zeros((0, 4, 4, 2), np.float32)])[0]
+    assert out.shape == (0, 4, 4, 5) and out.dtype == np.float32
+
+
 def test_conv_threads_give_the_same_bits(rng):
     w, scale, bias = weights(rng, (3, 3, 8, 24))
     xv = rng.standard_normal((4, 15, 13, 8)).astype(np.float32)

@@ -293,3 +293,30 @@ def test_save_and_load(tmp_path, rng):
         assert loaded.get_layer('hidden').get_config() == q.get_layer('hidden').get_config()
     with pytest.raises(ValueError, match='Unknown layer: QuantizedConv2D'):
         keras.models.load_model(path)
+
+
+def test_text_cnn_and_nested_models(rng):
+    # Embedding -> Conv1D -> pooling -> Dense: int inputs, float layers between
+    tokens = L.Input((20,), dtype='int32', name='tokens')
+    h = L.Embedding(50, 16, name='embed')(tokens)
+    h = L.Conv1D(32, 3, activation='relu', padding='same', name='conv')(h)
+    h = L.GlobalMaxPooling1D()(h)
+    text = keras.models.Model(tokens, L.Dense(3, activation='softmax', name='out')(h))
+    x = rng.integers(0, 50, (64, 20)).astype(np.int32)
+    q = cyback.quantize(text, x)
+    assert [type(layer).__name__ for layer in q.layers] == \
+        ['InputLayer', 'Embedding', 'QuantizedConv1D', 'GlobalMaxPooling1D', 'QuantizedDense']
+    assert q.inputs[0].dtype == 'int32'
+    assert np.abs(q.predict(x) - text.predict(x)).max() < 0.02
+    # a model used as a layer is copied with its weights, in float32
+    inner_in = L.Input((6,))
+    inner = keras.models.Model(inner_in, L.Dense(4, name='inner_dense')(inner_in), name='inner')
+    outer_in = L.Input((6,))
+    nested = keras.models.Model(outer_in, L.Dense(2, name='outer')(inner(outer_in)))
+    xs = rng.standard_normal((10, 6)).astype(np.float32)
+    qn = cyback.quantize(nested, xs)
+    assert [type(layer).__name__ for layer in qn.layers] == \
+        ['InputLayer', 'Model', 'QuantizedDense']
+    assert type(qn.get_layer('inner').get_layer('inner_dense')).__name__ == 'Dense'
+    assert np.array_equal(qn.get_layer('inner').get_weights()[0], inner.get_weights()[0])
+    assert np.abs(qn.predict(xs) - nested.predict(xs)).max() < 0.05
