@@ -90,6 +90,31 @@ def test_dense_in_a_function(rng, act, xshape):
     assert same_bits(f([xv])[0], ref_dense(xv, w2, scale2, bias2, 0.02, 131, act))
 
 
+def test_weights_are_packed_once_per_change(rng, monkeypatch):
+    from cyback.kernels import qgemm
+    packs = []
+    real = qgemm.pack_weights
+
+    def counting(w):
+        packs.append(w.shape)
+        return real(w)
+    monkeypatch.setattr(qgemm, "pack_weights", counting)
+    w, scale, bias = weights(rng, (10, 7))
+    kv = K.variable(w, dtype="int8")
+    x = K.placeholder(shape=(None, 10))
+    f = K.function([x], [dense_graph(x, kv, K.variable(scale), K.variable(bias), 0.1, 9,
+                                     "relu")])
+    xv = rng.standard_normal((3, 10)).astype(np.float32)
+    for _ in range(3):
+        f([xv])
+    assert packs == [(10, 7)]
+    w2, _, _ = weights(rng, (10, 7))
+    K.set_value(kv, w2)
+    first = f([xv])[0]
+    assert packs == [(10, 7)] * 2
+    assert same_bits(f([xv])[0], first) and len(packs) == 2
+
+
 def test_dense_without_bias_and_from_float64(rng):
     w, scale, _ = weights(rng, (12, 5))
     xv = rng.standard_normal((4, 12))
