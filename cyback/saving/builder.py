@@ -16,6 +16,10 @@ tensor or a list) plus non-tensor keyword arguments:
   the layer a mask there;
 - a mask reaching a layer that does not support masking ends there, as in
   tf.keras and Keras 3 (Keras 2.3.1 would raise);
+- an RNN that writes zeros at masked steps (``zero_output_for_mask``, which
+  tf.keras and Keras 3 force on a Bidirectional returning sequences) gets a
+  ``ZeroMaskedSteps`` layer after it when its input is masked: Keras 2.3.1
+  repeats the last output there;
 - ``training``: Keras 3 records the value it had while the graph was traced
   and overrides it at run time, so it is dropped; tf.keras records it only
   when the user passed it, so it is kept.
@@ -215,17 +219,19 @@ class Builder:
             self._refuse(layer, Unsupported(
                 'the file passes it a mask that Keras 2.3.1 does not compute at this point '
                 'of the graph'))
-        if has_mask and 'no_input_mask' in prepared.conditions.get(layer.name, ()):
-            self._refuse(layer, Unsupported(
-                'zero_output_for_mask=True with a masked input: Keras 2.3.1 RNNs repeat the '
-                'last output at masked steps instead of writing zeros'))
-        if has_mask and not instance.supports_masking:
+        if has_mask and _rejects_masks(instance):
             _drop_masks(instance)
         try:
-            return _as_list(instance(inputs, **kwargs))
+            outputs = _as_list(instance(inputs, **kwargs))
         except (ValueError, TypeError, AttributeError, IndexError, UnicodeError) as e:
             raise Unsupported('calling layer %r as the file does fails in Keras 2.3.1: %s: %s'
                               % (layer.name, type(e).__name__, e)) from e
+        if has_mask and 'zero_masked_steps' in prepared.conditions.get(layer.name, ()):
+            name = '%s_masked_steps' % layer.name
+            if index:
+                name += '_%d' % index
+            outputs[0] = op_layers.ZeroMaskedSteps(name=name)(outputs[0])
+        return outputs
 
     def _arguments(self, layer, node, instance, writer):
         """(inputs, keyword arguments, whether the file passes a mask)."""
@@ -261,6 +267,14 @@ class Builder:
 
 def _no_mask(inputs, mask=None):
     return None
+
+
+def _rejects_masks(layer):
+    """Whether Keras 2.3.1 raises when this layer gets a mask: it does not
+    support masking and keeps the base class's compute_mask (a layer with its
+    own compute_mask, Bidirectional's, decides for itself)."""
+    base = keras.engine.base_layer.Layer.compute_mask
+    return not layer.supports_masking and type(layer).compute_mask is base
 
 
 def _drop_masks(layer):

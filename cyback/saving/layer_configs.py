@@ -129,8 +129,9 @@ class Translator:
 
     def layer(self, class_name, config, registered_name=None):
         """(Keras 2.3.1 layer instance, conditions). ``conditions`` is a set:
-        'no_input_mask' means the layer is only right if its input carries no
-        mask (checked when the graph is built)."""
+        'zero_masked_steps' means the file's layer writes zeros at masked
+        time steps of its output sequence, which the builder adds after the
+        Keras 2.3.1 layer when its input carries a mask."""
         cls = self.layer_class(class_name, registered_name)
         try:
             config = self.normalize(class_name, config)
@@ -153,9 +154,16 @@ class Translator:
         config = dict(config)
         if config.get('zero_output_for_mask') and config.get('return_sequences'):
             # Keras 2.3.1 RNNs repeat the last output at masked steps instead
-            # of writing zeros: the same result when nothing is masked.
-            conditions.add('no_input_mask')
+            # of writing zeros; the builder zeroes them after the layer.
+            conditions.add('zero_masked_steps')
             config.pop('zero_output_for_mask')
+        inner = config.get('layer')
+        if (class_name == 'Bidirectional' and isinstance(inner, dict)
+                and (inner.get('config') or {}).get('return_sequences')):
+            # tf.keras and Keras 3 force zero_output_for_mask on both
+            # directions of a Bidirectional that returns sequences (tf.keras
+            # without writing it in the config).
+            conditions.add('zero_masked_steps')
         for key in list(config):
             value = config[key]
             if key == 'layer' and isinstance(value, dict) and 'class_name' in value:

@@ -116,6 +116,7 @@ def load_weights(model, filepath, by_name=False, skip_mismatch=False):
 def _objects(writer, custom_objects):
     objects = cyback.layers.custom_objects(keras3=(writer == files.KERAS3))
     objects['TensorOp'] = op_layers.TensorOp
+    objects['ZeroMaskedSteps'] = op_layers.ZeroMaskedSteps
     objects.update(custom_objects or {})
     return objects
 

@@ -23,7 +23,7 @@ from cyback.saving.spec import TensorRef
 keras = import_keras()
 K = keras.backend
 
-__all__ = ['TensorOp', 'op_from_tf_keras', 'op_from_keras3', 'OPS']
+__all__ = ['TensorOp', 'ZeroMaskedSteps', 'op_from_tf_keras', 'op_from_keras3', 'OPS']
 
 
 def _binary(fn):
@@ -162,6 +162,33 @@ class TensorOp(keras.engine.Layer):
                   'keepdims': self.keepdims}
         base = super(TensorOp, self).get_config()
         return dict(list(base.items()) + list(config.items()))
+
+
+class ZeroMaskedSteps(keras.engine.Layer):
+    """Zeros at the masked time steps of a sequence ``(batch, time, ...)``,
+    the mask passed on.
+
+    tf.keras and Keras 3 RNNs with ``zero_output_for_mask=True`` (forced on
+    both directions of a Bidirectional that returns sequences) write zeros
+    at masked steps; Keras 2.3.1's repeat the last output. The loader puts
+    this layer after such an RNN when its input is masked.
+    """
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault('trainable', False)
+        super(ZeroMaskedSteps, self).__init__(**kwargs)
+        self.supports_masking = True
+
+    def call(self, inputs, mask=None):
+        if mask is None:
+            return inputs
+        keep = K.cast(mask, K.dtype(inputs))
+        for _ in range(K.ndim(inputs) - K.ndim(keep)):
+            keep = K.expand_dims(keep, -1)
+        return inputs * keep
+
+    def compute_mask(self, inputs, mask=None):
+        return mask
 
 
 def _broadcast_shape(shapes):

@@ -125,6 +125,23 @@ def test_tensor_op_against_numpy(op, rng):
             np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+def test_zero_masked_steps(rng):
+    from cyback.saving.op_layers import ZeroMaskedSteps
+    x = keras.layers.Input((5, 3))
+    masked = keras.layers.Masking(0.0)(x)
+    ones_where_masked = keras.layers.Activation('exponential')(masked)
+    zeroed = ZeroMaskedSteps()
+    out = zeroed(ones_where_masked)
+    values = rng.standard_normal((2, 5, 3)).astype('float32')
+    values[0, 3:] = 0.0
+    values[1, 1, :] = 0.0
+    keep = np.any(values != 0.0, axis=-1)
+    got, mask = cyback.function([x], [out, zeroed.output_mask])([values])
+    np.testing.assert_allclose(got, np.exp(values) * keep[..., None], rtol=1e-6)
+    np.testing.assert_array_equal(mask, keep)
+    assert ZeroMaskedSteps.from_config(zeroed.get_config()).get_config() == zeroed.get_config()
+
+
 def test_tensor_op_config_round_trip():
     layer = TensorOp('mean', [{'input': 0}], axis=[1, 2], keepdims=True, name='m')
     again = TensorOp.from_config(layer.get_config())

@@ -7,6 +7,7 @@ import zipfile
 
 import h5py
 import keras
+import numpy as np
 import pytest
 
 import cyback
@@ -179,18 +180,27 @@ def test_mask_keras_does_not_compute_is_refused(tmp_path):
         cyback.load_model(path)
 
 
-def test_zero_output_for_mask_with_a_mask_is_refused(tmp_path):
+def test_zero_output_for_mask_writes_zeros_at_masked_steps(tmp_path):
     def zero_output(config):
-        entry = layer_named(config, 'lstm')
-        entry['config']['zero_output_for_mask'] = True
+        layer_named(config, 'lstm')['config']['zero_output_for_mask'] = True
     path = rewrite_keras(tmp_path, 'masking_lstm.keras3.keras', zero_output)
-    with pytest.raises(UnsupportedLayersError, match='zero_output_for_mask'):
-        cyback.load_model(path)
-    # Without a mask the flag changes nothing, and the model loads.
+    model = cyback.load_model(path)
+    # The masked average that follows ignores masked steps: same outputs.
+    _, xs, ys = reference('masking_lstm.keras3.keras')
+    assert_outputs(model, xs, ys)
+    zeroed = model.get_layer('lstm_masked_steps')
+    steps = keras.models.Model(model.input, zeroed.output).predict(xs[0])
+    masked = ~np.any(xs[0] != 0.0, axis=-1)
+    assert masked.any() and (~masked).any()
+    assert np.all(steps[masked] == 0.0)
+    assert np.all(np.abs(steps[~masked]).sum(axis=-1) > 0)
+
+    # Without a mask the flag changes nothing, and no layer is added.
     path = rewrite_keras(tmp_path, 'gru_timedistributed.keras3.keras',
                          lambda c: layer_named(c, 'gru')['config'].update(
                              zero_output_for_mask=True))
     model = cyback.load_model(path)
+    assert 'ZeroMaskedSteps' not in [type(layer).__name__ for layer in model.layers]
     _, xs, ys = reference('gru_timedistributed.keras3.keras')
     assert_outputs(model, xs, ys)
 
