@@ -705,12 +705,17 @@ static int cb_q_detect(void) {
 static int cb_q_detect(void) { return 1 << CB_Q_SCALAR; }
 #endif
 
-/* The CPU's sets (read once; -1: not yet, a benign race) and the cap tests
- * put on them (-1: none). CYBACK_AVX512=0 caps at AVX-VNNI, as it caps the
- * float kernels below AVX-512. */
+/* The CPU's sets (read once; -1: not yet, a benign race), the cap tests put
+ * on them (-1: none) and the default cap: CYBACK_AVX512=0 caps at AVX-VNNI, as
+ * it caps the float kernels below AVX-512 (qgemm.pyx passes the settings
+ * registry's value on at its import, cb_q_set_default_cap). */
 static int cb_q_cpu_sets = -1;
-static int cb_q_env_cap = -1;
+static int cb_q_env_cap = CB_Q_AVX512VNNI;
 static int cb_q_cap = -1;
+
+static void cb_q_set_default_cap(int avx512) {
+    cb_q_env_cap = avx512 ? CB_Q_AVX512VNNI : CB_Q_AVXVNNI;
+}
 
 static int cb_q_sets(void) {
     if (cb_q_cpu_sets < 0) cb_q_cpu_sets = cb_q_detect();
@@ -727,16 +732,7 @@ static int cb_q_best(int cap) {
 static int cb_q_cpu(void) { return cb_q_best(CB_Q_AVX512VNNI); }
 
 static int cb_q_level(void) {
-    int cap = cb_q_cap;
-    if (cap < 0) {
-        if (cb_q_env_cap < 0) {
-            const char *env = getenv("CYBACK_AVX512");
-            cb_q_env_cap =
-                env && env[0] == '0' && env[1] == '\0' ? CB_Q_AVXVNNI : CB_Q_AVX512VNNI;
-        }
-        cap = cb_q_env_cap;
-    }
-    return cb_q_best(cap);
+    return cb_q_best(cb_q_cap < 0 ? cb_q_env_cap : cb_q_cap);
 }
 
 /* Tests: run at most set `cap` (-1: the default). Returns the set now run. */

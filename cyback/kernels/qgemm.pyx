@@ -20,6 +20,8 @@ and the epilogue runs the same float32 operations in the same order.
 """
 import numpy as np
 cimport numpy as cnp
+
+from cyback.kernels import settings as _settings
 from cython.parallel cimport prange
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
 
@@ -70,6 +72,10 @@ cdef extern from "cyback_qgemm.h" nogil:
     int cb_q_sets()
     int cb_q_level()
     int cb_q_set_cap(int cap)
+    void cb_q_set_default_cap(int avx512)
+
+# CYBACK_AVX512=0 caps the products at AVX-VNNI (the settings registry reads it).
+cb_q_set_default_cap(1 if _settings.get("CYBACK_AVX512") else 0)
 
 #: The instruction sets, lowest first; their index is the header's level.
 INSTRUCTION_SETS = ("scalar", "avx2", "avx_vnni", "avx512_vnni")

@@ -277,7 +277,7 @@ _DECLARED = [
         group="Kernels", read=IMPORT, choices=("0", "1"), values=_ON_OFF,
         readers=("cyback/config.py", "cyback/kernels/conv.pyx", "cyback/kernels/depthwise.pyx",
                  "cyback/kernels/linalg.pyx", "cyback/kernels/rnn_cell.pyx",
-                 "cyback/kernels/winograd.pyx", "include/cyback_qgemm.h"),
+                 "cyback/kernels/winograd.pyx", "cyback/kernels/qgemm.pyx"),
         details="For hosts where 512-bit code lowers the clock of other work (the "
                 "quantized products then stop at AVX-VNNI). CPUs without AVX-512F never "
                 "run the AVX-512 kernels."),
