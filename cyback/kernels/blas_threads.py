@@ -7,13 +7,11 @@ it through ``scipy.linalg.cython_blas``) and NumPy's (``np.dot`` in the ops).
 thread.
 
 The kernels' float32 GEMMs go to NumPy's OpenBLAS instead when it is the
-newer of the two (``CYBACK_SGEMM``: ``auto``, ``scipy`` or ``numpy``). The
-wheels of NumPy 2.4 and SciPy 1.17 ship OpenBLAS 0.3.31 and 0.3.30, and on
-products with few rows the older one is slower: one thread, alternated, on a
-2-core Zen 4 VM, SciPy's time over NumPy's for (rows, inner, columns) =
-(49, 512, 1024) 1.56, (196, 256, 1024) 1.23, (32, 512, 512) 1.21,
-(32, 128, 512) 1.11, but (3136, 64, 256), (3136, 576, 64) and (784, 64, 64)
-1.01-1.02, and float64 0.99-1.00 (which stays on SciPy's).
+newer of the two (``CYBACK_SGEMM``: ``auto``, ``scipy`` or ``numpy``): NumPy
+and SciPy wheels ship different OpenBLAS releases, and newer ones are faster
+on products with few rows (batch-1 1x1 convolutions, Dense layers), while
+large products and float64 gain nothing, so float64 stays on SciPy's
+(docs/performance.md, "The BLAS").
 
 The kernels either run one large GEMM on BLAS's threads or many small GEMMs on
 OpenMP threads; running both pools at once oversubscribes the cores, so the
@@ -187,9 +185,8 @@ def _restore(saved):
 class blas_threads:
     """Run the block with the kernels' BLAS limited to ``n`` threads.
 
-    A class rather than a generator context, whose machinery took 1.7 us
-    a call against 1.3 for this (2-core EPYC VM, BLAS already at ``n``);
-    the kernels use blas_limit."""
+    A class rather than a generator context, whose machinery costs more
+    per call; the kernels use blas_limit."""
 
     __slots__ = ("n", "saved")
 
@@ -245,11 +242,10 @@ _shared = {}
 def blas_limit(n):
     """The kernels' context holding their BLAS at ``n`` threads, shared by
     all threads that use it. Every convolution above the team's cutoff
-    enters it: 0.9 us a call holding one library, 1.25 holding two (a
-    ctypes call reads each one's count), where a generator context took 1.7
-    for one; and after a long kernel call (the interpreter's caches cold)
-    the Python between two 1x1 regions went from 35-47 us to 13-17 us, back
-    inside libgomp's spin (2-core EPYC VM)."""
+    enters it, so it is kept cheap (a ctypes call reads each library's
+    count; no generator context): the Python between two kernel regions
+    must stay shorter than libgomp's spin, or the team falls asleep between
+    them (docs/performance.md, "How idle threads wait")."""
     if _libs is None:
         _load()
     if not _libs:

@@ -527,9 +527,9 @@ cdef void _fwd_tap_item_first(const floating* xp, const floating* w, floating* y
     """_fwd_tap_item for channels_first, on a padded channels_first copy (a
     plain row copy, no transpose): tap t's operand is the transpose of the
     (C, m) block of channel planes at a constant offset (leading dimension
-    DpHpWp); tmp is the (m, F) product, transposed into y. (The (F, m)
-    product instead, copied into y by rows, was 13% slower: OpenBLAS's small
-    NT kernel is slower with that operand order.)"""
+    DpHpWp); tmp is the (m, F) product, transposed into y. Not the (F, m)
+    product copied into y by rows: OpenBLAS's small NT kernel is slower with
+    that operand order."""
     cdef Py_ssize_t C = g.C, F = g.F, HpWp = Hp * Wp
     cdef Py_ssize_t kd, kh, kw, t = 0, q, q1 = q0 + m, seg, p, f, j
     cdef const floating* base = xp + n * C * DpHpWp + q0
@@ -881,22 +881,14 @@ def _use_winograd(g, last, dtype):
     """Whether a forward convolution runs Winograd F(2x2, 3x3)
     (cyback/kernels/winograd.pyx): channels_last float32, a 2-D 3x3 kernel
     or a 3-D (KD, 3, 3) one, stride 1, no dilation, and enough channels and
-    tiles. In 3-D the KD depth taps join the channels in the products
-    (AMD Zen 4, 2 threads, alternated against the direct kernel: 3x3x3 on
-    (4, 16, 56, 56) 32 -> 32 1.69x, 16 -> 16 1.20x, 12 -> 16 1.21x, 8 -> 16
-    0.96x; (2, 8, 28, 28) 64 -> 64 1.81x; (1, 8, 16, 16) 32 -> 32 1.54x).
+    tiles. In 3-D the KD depth taps join the channels in the products.
 
-    2 threads, alternated, through conv_forward (the kernel transformed at
-    every call), against the direct kernel: 1.3-1.9x from 24 channels on,
-    batch 1 included ((1, 26, 26) 32 -> 64 1.3x, (1, 14, 14) 256 -> 256
-    1.7x, (8, 28, 28) 128 -> 128 1.9x); with 16 channels in 1.1-1.45x
-    ((32, 56, 56) 16 -> 16 1.06-1.11x, (1, 56, 56) 1.23-1.28x, (32, 28, 28)
-    16 -> 32 1.45x), but 12 channels 0.95x and 8 0.85-1.0x (the input
-    transform grows as long as the products). The
-    transformed kernel (64 C F bytes) is streamed once per work item, so a
-    call needs tiles in proportion to it: (1, 7, 7) 512 -> 512 (16 tiles, 16
-    MB) still gained 1.16x, (8, 7, 7) 1024 -> 1024 (128 tiles, 64 MB) 1.09x.
-    channels_first goes through channels_last copies of x and y, made on
+    Winograd beats the direct kernel, batch 1 included, once there are
+    enough input channels (_winograd_min_c); with fewer, the input transform
+    costs as much as the products save. The transformed kernel (64 C F
+    bytes) is streamed once per work item, so a call needs tiles in
+    proportion to it (winograd_kernel_per_tile). benchmarks/bench_conv.py
+    compares the two ("Winograd" rows); docs/performance.md. channels_first goes through channels_last copies of x and y, made on
     the team in the kernel's own parallel region (_run_winograd).
     CYBACK_WINOGRAD=0 turns it off (results then sum the taps directly)."""
     if not (_TUNE["winograd"] and dtype == np.float32 and winograd.available()):
@@ -917,20 +909,14 @@ def _use_winograd(g, last, dtype):
 def _winograd_min_c(g):
     """The fewest input channels that run Winograd: _TUNE["winograd_min_c"],
     or by the kernel set and the kernel's depth when None. The direct
-    kernel's AVX-512 tiles (12 pixels x 16 channels) beat Winograd's on 16
-    channels where the AVX2 ones (6 pixels) do not. Xeon (AVX-512), 2
-    threads, alternated, Winograd time / direct time: (32, 56, 56) 16 -> 16
-    1.18x, (1, 56, 56) 1.31x, 24 -> 24 0.95x, 32 -> 32 0.88x, (32, 28, 28)
-    16 -> 32 1.03-1.06x. With depth taps the direct kernel's patches are
-    KD times longer and its packed kernel leaves L1, so 3-D layers gain
-    from 12 channels on (AMD Zen 4, AVX-512, 2 threads, alternated, direct
-    time / Winograd time on (4, 16, 56, 56) 3x3x3: 8 -> 16 0.96x, 12 -> 16
-    1.21x, 16 -> 16 1.20x). Where the direct kernel runs 6-pixel AVX-512
-    tiles (Zen 4), Winograd's two-vector blocks beat it on 16 channels in
-    once there are more than 16 out, and its 16-channel blocks (the AVX2
-    set's) do not: direct time / Winograd time, 2 threads, alternated, 16
-    -> 32 on (32, 28, 28) 1.20x and on (1, 28, 28) 1.32x, 16 -> 64 1.37x,
-    16 -> 24 on (8, 56, 56) 1.27x; 16 -> 16 0.83-1.10x, 12 -> 32 0.83x."""
+    kernel's 12-pixel AVX-512 tiles beat Winograd on 16 channels, where the
+    AVX2 ones (6 pixels) do not: 24 with the former, 16 with the latter.
+    With depth taps the direct kernel's patches are KD times longer and its
+    packed kernel leaves L1, so 3-D layers take Winograd from 12 channels.
+    Where the direct kernel runs 6-pixel AVX-512 tiles (512-bit FMAs at half
+    rate), Winograd's two-vector blocks beat it on 16 channels in once there
+    are more than 16 out, and its 16-channel blocks (the AVX2 set's) do not.
+    benchmarks/bench_conv.py ("Winograd" rows) measures each case."""
     n = _TUNE["winograd_min_c"]
     if n is not None:
         return n
@@ -1002,9 +988,9 @@ cdef void _forward_direct(const floating* x, floating* xp, bint copy, const floa
     # One parallel region: waking a sleeping team costs more than a small
     # convolution, so the packing, the padding and the rows share one
     # wake-up. Packed in the region, the kernel also leaves no serial gap
-    # before it: on a 1x1 128 -> 512 at batch 1 that gap (30-40 us of
-    # packing, then the call's Python) outlasted the idle thread's spin,
-    # which slept once a call. Both phases hand out their work as threads
+    # before it, which at batch 1 (packing, then the call's Python) can
+    # outlast the idle threads' spin and put them to sleep at every call
+    # (docs/performance.md, "How idle threads wait"). Both phases hand out their work as threads
     # come free, with no barrier at their start (a prange has one, for the
     # index GCC makes firstprivate and lastprivate): a thread that joins late
     # finds its share taken instead of holding the others at a barrier or
@@ -1048,8 +1034,7 @@ def _use_direct(g, last, bint dbl=False):
     short, and on wider layers with enough pixels (below); past that,
     im2col + BLAS's packed GEMM is faster (see benchmarks/bench_conv.py,
     "direct" rows). With half a block of output channels or fewer, most of
-    the tile's lanes would be idle: 3x3, 32 channels in, 8 out ran 1.1x
-    faster through im2col, 1 out 1.6x."""
+    the tile's lanes would be idle, so such layers take im2col."""
     if not last or not _TUNE["direct"] or g["KD"] * g["KH"] > CB_CD_MAX_ROWS \
             or g["C"] > CB_CD_MAX_C:
         return False
@@ -1060,10 +1045,8 @@ def _use_direct(g, last, bint dbl=False):
     # Wider layers: the direct kernel streams a block's packed kernel (K *
     # FB values) once per tile, from L2 while it fits there (K <= 4608:
     # 3x3 x 512 is 288 KB of floats); BLAS packs it once per GEMM, which
-    # pays when a call has few pixels. 2 threads, alternated: 3x3 128 ->
-    # 128 on (32, 28, 28) 1.23x faster than im2col + GEMM, 256 on (32, 14,
-    # 14) 1.32x, 512 on (32, 7, 7) 1.19x, conv1d k5 128 on (32, 200) 1.10x,
-    # (1, 28, 28, 128) 1.1-1.3x; but 512 on (1, 7, 7) 0.4-0.7x.
+    # pays when a call has few pixels: hence the floor on pixels
+    # (benchmarks/bench_conv.py, "direct" rows).
     return g["C"] <= min(_TUNE["direct_wide_max_c"], CB_CD_MAX_C) and \
         g["K"] <= _TUNE["direct_wide_max_k"] and \
         g["N"] * g["OD"] * g["OH"] * g["OW"] >= _TUNE["direct_wide_min_pixels"]
@@ -1133,9 +1116,8 @@ def _skip_pad():
     at each row's ends checking their taps against the W padding (the vector
     kernels can), rather than a zero-padded copy (the scalar kernel needs
     one; _TUNE["direct_skip_pad"] forces either for tests). The copy is a
-    pass over the input and a barrier: 2-12% of a 3x3 convolution's time
-    with 16-64 channels on (32, 14..56, 14..56), batch 1 included (2
-    threads, alternated)."""
+    pass over the input and a barrier, a noticeable share of a narrow 3x3
+    convolution's time."""
     return bool(cb_cd_pads_itself()) and _TUNE["direct_skip_pad"] is not False
 
 
@@ -1174,10 +1156,10 @@ def _tap_rows(g, pointwise, last):
 
     OpenBLAS (SkylakeX and later) multiplies products of up to m * n * k = 1e6
     straight from the operands, with no packing. The tap GEMMs are (rows, C) x
-    (C, F), and tiles under that bound ran 1.3x faster than im2col for 3x3,
-    C = F = 64 (the bound leaves 240 rows), but slower once it leaves fewer
-    than about 100 rows (C = F = 128: 56). There channels_last keeps im2col,
-    while channels_first (whose im2col is slower) takes larger packed tiles.
+    (C, F): tiles under that bound beat im2col while the bound leaves enough
+    rows (_TUNE["tap_min_rows"]; C = F = 64 leaves 240, C = F = 128 only 56).
+    Below that channels_last keeps im2col, while channels_first (whose
+    im2col is slower) takes larger packed tiles.
     """
     if (pointwise or g["sd"] != 1 or g["sh"] != 1 or g["sw"] != 1
             or g["C"] < _TUNE["tap_min_c"] or g["KD"] * g["KH"] * g["KW"] == 1):
@@ -1245,7 +1227,8 @@ def _geometry(x_shape, k_shape, strides, dilation, pads, channels_last, fname):
 def _pads_key(pads):
     """pads as a hashable key: Keras and the benchmarks pass a list of
     (before, after) pairs, which _geometry would otherwise validate anew at
-    every call (8 us, a tenth of a batch-1 layer's time outside its kernel)."""
+    every call, a visible share of a batch-1 layer's time outside its
+    kernel."""
     if isinstance(pads, list):
         try:
             return tuple([tuple(p) if isinstance(p, (list, tuple)) else p for p in pads])
@@ -1292,8 +1275,8 @@ def _compute_geometry(x_shape, k_shape, strides, dilation, pads, channels_last, 
     # A trailing axis of size 1 with a 1-tap kernel and no padding, such as
     # the W of a (k, 1) kernel on (N, H, 1, C), leaves the memory of x, the
     # kernel and y as they would be without it: drop it, so that the axis
-    # before becomes W, along which the kernels tile their rows (one pixel
-    # per row ran at 1/3 of the speed).
+    # before becomes W, along which the kernels tile their rows (rows of
+    # one pixel would leave the tiles nearly empty).
     for _ in range(2):
         if axes[2][:2] == (1, 1) and axes[2][4:6] == (0, 0) and \
                 any(a[:2] != (1, 1) or a[4:6] != (0, 0) for a in axes[:2]):
@@ -1358,10 +1341,10 @@ def _threads(g):
     exactly as they do on more threads.
     """
     cdef double work = 2.0 * g["N"] * g["P"] * g["K"] * g["F"]
-    # The team's cutoff is counted in bytes moved; a convolution's flop is
-    # about 8x cheaper than a byte, and waking the team (its threads sleep
-    # after a short spin) took longer than a 4.7 MFLOP batch-1 3x3 conv on one thread
-    # (94 us on 2 threads, 80 us on 1; benchmarks/bench_conv.py, batch-1 rows).
+    # The team's cutoff is counted in bytes moved, and a convolution's flop
+    # costs about an eighth of a byte (_TUNE["flops_per_byte"]): waking a
+    # sleeping team outweighs a small batch-1 convolution's work
+    # (benchmarks/bench_conv.py compares 1 and 2 threads at batch 1).
     return (threads_for(work / _TUNE["flops_per_byte"]),
             nullcontext() if work < team_min_work() else blas_limit(1))
 
@@ -1493,7 +1476,7 @@ cdef class ForwardCall:
     epilogue, validated once by ``forward_call``.
 
     A batch-1 convolution's kernel runs for microseconds, about as long as
-    conv_forward's checks and set-up took, so a compiled plan calls this
+    conv_forward's checks and set-up take, so a compiled plan calls this
     instead: it checks only what memory safety needs (each array's type,
     dtype, shape and contiguity) and, on the direct kernel's path, packs
     the kernel into a scratch block and runs the kernel on raw pointers. An
@@ -1584,11 +1567,10 @@ def small_k_product(a, b, bias=None):
     BLAS's packed GEMM spends as long packing and writing (M, F) as it
     multiplies when K is this short; the 1x1 kernels (the direct kernel, or
     where it decides so, GEMM tiles) read a in place and add the bias in
-    registers. AMD Zen 4, 2 threads, alternated, kernels.linalg.matmul time
-    / this time: (704, 16) @ (16, 144) 1.23x, (1600, 32) @ (32, 512) (an
-    LSTM(128)'s input projection at batch 32) 1.41x, (3200, 64) @ (64, 256)
-    1.19x, (1600, 128) @ (128, 512) 1.06x; (50, 32) @ (32, 512) 0.80x, so
-    few rows keep the GEMM. Results do not depend on the thread count."""
+    registers (an LSTM's input projection over all steps is such a
+    product). A product of few rows keeps the GEMM, which is faster there
+    (benchmarks/bench_linalg.py, "matmul / small_k"). Results do not depend
+    on the thread count."""
     if a.ndim != 2 or b.ndim != 2 or a.dtype != np.float32 or b.dtype != np.float32 or \
             not a.flags.c_contiguous or not b.flags.c_contiguous:
         return None
@@ -1617,11 +1599,8 @@ def _product_row(Py_ssize_t M):
     largest divisor of M from 16 to 128, else M. The direct kernel's work
     items are (row, block of output channels), so with one row of M pixels
     each thread reads all of a, which the calling thread has usually just
-    written (an a read from the other core's cache ran (704, 16) @ (16, 144)
-    in 55 us on 2 threads, against 30 for an a in both caches); with rows,
-    each reads only its own. On a fresh a, 2 threads, alternated, one row /
-    rows: (1600, 32) @ (32, 512) 1.11x, (3200, 64) @ (64, 256) 1.12x,
-    (704, 16) @ (16, 144) 1.04x."""
+    written, from the other core's cache; with rows, each reads only its
+    own."""
     cdef Py_ssize_t L
     for L in range(min(M, 128), 15, -1):
         if M % L == 0:
@@ -1699,28 +1678,18 @@ def _pointwise_tiles(Py_ssize_t M, Py_ssize_t K, Py_ssize_t F):
     as large as they can be: rows (times K) within 512 KB, and at least 4
     tiles (else 2), each of 64 rows and columns or more, the split that packs the
     fewest values (a batch-1 call with few rows splits its columns, a call
-    with many rows its rows). 2 threads, alternated against NumPy's
-    threaded sgemm of the same shape: 2 tiles per thread ran at 0.98-1.02x
-    of it where 8 ran at 1.16-1.34x.
+    with many rows its rows): more, smaller tiles lose to NumPy's threaded
+    sgemm of the same shape (benchmarks/bench_conv.py --pointwise).
 
     An axis cut in 2-4 parts is cut unevenly, its first half of the parts
     twice the size of the others (4 tiles: 1/3, 1/3, 1/6, 1/6): on equal
     threads the halves end together, as with even tiles, but when one
-    thread runs at half speed (the host slows one virtual CPU for spells of
-    a few hundred milliseconds, and the same call then took 1.7x its time)
-    the fast one takes both small tiles and the call ends with the slow
-    one's large tile, at the best split of the work between the two,
-    instead of waiting for whichever thread took the last even tile.
-    Batch-1 1x1s on 2 threads, alternated with even tiles and NumPy's sgemm
-    (median over 15-21 rounds of a block's time over its round's sgemm
-    block, three runs): 256 -> 1024 on (1, 14, 14) 1.01-1.05x against
-    1.06-1.14x, 64 -> 256 on (1, 56, 56) 0.96-0.98x against 0.97-1.12x,
-    512 -> 2048 on (1, 7, 7) 1.05-1.18x against 1.04-1.12x (no gain there).
-    Those ran the tiles on SciPy's OpenBLAS 0.3.30; on NumPy's 0.3.31 (the
-    kernels' float32 GEMMs since, kernels/blas_threads.py) the same tiles
-    ran at 1.03x, 0.95x and 0.94x of the sgemm for those three shapes (one
-    run of 15 rounds, the host slow), where even halves of the columns ran
-    at 1.00x, 0.94x and 1.14x."""
+    thread runs at half speed (a virtualised host may slow one virtual CPU
+    for spells of a few hundred milliseconds) the fast one takes both small
+    tiles and the call ends with the slow one's large tile, at the best
+    split of the work between the two, instead of waiting for whichever
+    thread took the last even tile (benchmarks/bench_conv.py --pointwise
+    compares the tiles with NumPy's sgemm)."""
     cdef Py_ssize_t most_rows = max(64, min(2048, (1 << 17) // max(1, K)))
     cdef Py_ssize_t nr0 = _ceil_div(M, most_rows)
     cdef Py_ssize_t nr = nr0, nf = 1, r, f, want
@@ -1844,31 +1813,20 @@ def _use_pointwise_gemm(g, bint last, bint pointwise):
 
     The direct kernel streams a block of the kernel (C x 16 values) per tile
     of pixels and wins while C x F is small; BLAS's packed GEMM wins once
-    the kernel is wide, or the call is large. Through prepared calls, 2
-    threads, alternated (direct time / tiles time): C x F = 256 x 256 and
-    256 x 1024 on (1, 14, 14) 1.6x and 1.9x, 512 x 512 on (1, 7, 7) 1.7x,
-    64 x 256 and 128 x 512 on (32, 56, 56) and (32, 28, 28) 1.3x, 64 x 64 on
-    (32, 56, 56) 1.2x; but 64 x 64 or 128 x 128 at batch 1 0.84-0.87x, and
-    16-32 channels 0.3-0.9x (a tile's GEMM costs microseconds to set up).
+    the kernel is wide (pointwise_gemm_min_cf), or the call is large
+    (pointwise_gemm_min_macs). Narrow layers stay on the direct kernel: a
+    tile's GEMM costs microseconds to set up.
 
-    Where the direct kernel runs its 6-pixel AVX-512 tiles (AMD Zen 4,
-    cyback_conv_direct.h) it also wins on wide kernels once a call has a
-    few hundred pixels, so there the tiles keep only calls of fewer rows
-    than _TUNE["pointwise_gemm_short_tiles_max_rows"] and those the direct
-    kernel does not take (over 1024 channels). Zen 4, 2 threads,
-    alternated through prepared calls, direct time / tiles time: 256 x 1024
-    on (1, 14, 14) 1.63x and 512 x 512 on (1, 7, 7) 1.58x, but 128 x 512 on
-    (1, 28, 28) 0.91x, 256 x 1024 on (4, 14, 14) 0.91x, 512 x 2048 on
-    (32, 7, 7) 0.81x, and every other shape from 784 rows 0.90-0.97x.
-    Except for few input channels and a large output, where the direct
-    kernel does little work per output it writes: from
-    _TUNE["pointwise_gemm_stream_outputs"] outputs (8M, 32 MB in float32)
-    and up to _TUNE["pointwise_gemm_stream_max_c"] channels (64) the tiles
-    run (Zen 4, 2 threads, alternated with sgemm, direct time / tiles time
-    after the uneven tiles: 64 x 256 on (32, 56, 56) 1.10-1.18x, 32 x 128
-    1.22x, 64 x 128 1.08x, 32 x 256 1.13x, 64 x 512 on (32, 28, 28) 1.04x;
-    below 8M outputs 64 x 256 on (32, 28, 28) 0.97x, on (8, 56, 56)
-    0.92-1.06x, 64 x 64 on (32, 56, 56) 0.99x)."""
+    Where the direct kernel runs its 6-pixel AVX-512 tiles (512-bit FMAs at
+    half rate, cyback_conv_direct.h) it also wins on wide kernels once a
+    call has a few hundred pixels, so there the tiles keep only calls of
+    fewer rows than _TUNE["pointwise_gemm_short_tiles_max_rows"] and those
+    the direct kernel does not take (over 1024 channels). Except for few
+    input channels and a large output, where the direct kernel does little
+    work per output it writes: from _TUNE["pointwise_gemm_stream_outputs"]
+    outputs (8M, 32 MB in float32) and up to
+    _TUNE["pointwise_gemm_stream_max_c"] channels (64) the tiles run.
+    benchmarks/bench_conv.py --pointwise measures both sides."""
     if not (pointwise and last):
         return False
     force = _TUNE["pointwise_gemm"]
@@ -1946,13 +1904,13 @@ def _use_short_im2col(g, bint last, bint pointwise, Py_ssize_t B, Py_ssize_t ite
     B patches, one GEMM each on one thread.
 
     A batch-1 3x3 512 -> 512 on (1, 7, 7) (a ResNet-50 stage-4 layer, too
-    few tiles for Winograd) has 49 patches, one block: the whole product ran
-    on one thread (5.6 ms). The tiles split its columns over the team (2.7
-    ms). Only single-block calls take them (the choice depends on the
+    few tiles for Winograd) has 49 patches, one block: the whole product
+    would run on one thread, while the tiles split its columns over the
+    team. Only single-block calls take them (the choice depends on the
     shape alone, so results do not depend on the thread count): where there
     are blocks for the team, the tiles' uneven rows (64, 64, 64 and 4
-    patches on (1, 14, 14) 3x3 256 -> 256) ran 0.66x as fast. The patch
-    matrix is kept to _TUNE["short_im2col_bytes"]."""
+    patches on (1, 14, 14) 3x3 256 -> 256) are slower. The patch matrix is
+    kept to _TUNE["short_im2col_bytes"]."""
     if not last or pointwise or not _TUNE["short_im2col"]:
         return False
     rows = g["N"] * g["P"]
@@ -2102,24 +2060,20 @@ def _use_phases(g, bint last, bint dbl):
     """The _PhasePlan a strided input gradient runs, or None for col2im.
 
     _TUNE["phase_split"] True or False forces the choice where both can run;
-    by default the phases run where they measured faster (benchmarks/
-    bench_conv.py, "phases" rows; a shared machine, so ratios only):
+    by default the phases run where they beat col2im (benchmarks/
+    bench_conv.py --phases):
 
-    - at least half a block of dx channels (3x3/2, 64 -> 8 dx channels ran
-      0.8x, 64 -> 3 0.4x);
+    - at least half a block of dx channels (with fewer, most of the direct
+      kernel's lanes are idle);
     - as few dy channels and as short patches as the direct kernel takes in
-      a forward pass (3x3/2 with 16-64 dy channels: 1.1-1.5x on 28-wide dy
-      rows, even on 14-wide ones), or up to phase_max_c dy channels on dy
-      rows at least phase_min_w wide (3x3/2 and 4x4/2, 128-256 dy channels
-      on 28-wide rows: 1.03-1.15x; on 14-wide rows the 6-pixel tiles waste
-      more: 256 -> 128 ran 0.82-0.98x). channels_first runs the phases
-      between two transposing copies, which ate that margin (128 -> 64:
-      0.86-1.01x), so it keeps the first bound (64 -> 32: 0.97-1.3x, 32 ->
-      32: 1.15-1.4x).
+      a forward pass, or up to phase_max_c dy channels on dy rows at least
+      phase_min_w wide (on narrower rows the 6-pixel tiles waste too much).
+      channels_first runs the phases between two transposing copies, which
+      eat the margin of the wider layers, so it keeps the first bound.
 
     A kernel no longer than the stride (one tap per phase) makes col2im one
-    plain GEMM with no overlapping adds, yet the phases still matched or beat
-    it (2x2/2, 16 to 256 channels: 1.02-1.8x; once 0.9x for 64)."""
+    plain GEMM with no overlapping adds; the phases still hold their own
+    there, so the rule does not single it out."""
     mode = _TUNE["phase_split"]
     if mode is False or g["sd"] * g["sh"] * g["sw"] == 1:
         return None
@@ -2300,12 +2254,9 @@ def _use_direct_dw(g, bint last, bint dbl):
     channels_last, output channels in whole vector pairs, few input channels
     and a gradient (each group's partial sums, read and written by every
     tile) that stays in L2. Those are the products (taps * C x F outputs over
-    every pixel) that BLAS runs slowly: 1 thread, alternated, 3x3 16 -> 16
-    on (32, 56, 56) ran 2.6x faster than the tap GEMMs, 32 -> 32 2.0x,
-    64 -> 64 1.35x, 1x1 64 -> 64 1.2x, first layers of 1-8 channels
-    2.2-2.9x, a 7x7/2 3 -> 64 stem 0.9-1.07x. Past that it lost (3x3 64 ->
-    128 stride 2: 0.84x; 128 -> 128: 0.8x; 1x1 64 -> 256: 0.75x), also
-    with the output channels split into ranges whose gradient fits L2."""
+    every pixel) that BLAS runs slowly. Past those bounds (direct_dw_max_c,
+    direct_dw_max_bytes) the tap GEMMs are faster, even with the output
+    channels split into ranges whose gradient fits L2."""
     return last and _TUNE["direct_dw"] and cb_cd_pads_itself() and \
         g["F"] % cb_cd_block(dbl) == 0 and g["C"] <= _TUNE["direct_dw_max_c"] and \
         g["K"] * g["F"] * (8 if dbl else 4) <= _TUNE["direct_dw_max_bytes"]

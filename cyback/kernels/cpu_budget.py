@@ -11,12 +11,12 @@ The wait policy matters on shared machines: by default libgomp's idle team
 threads spin for a while (300000 rounds, milliseconds) before sleeping, taking
 a core from the process that keeps it busy — and from the team's own thread
 that shares that core, which the barrier at the end of every region then
-waits for. Sleeping at once has its own cost: on a VM, waking a sleeping
-thread took 50-100 us, more than many batch-1 layers, and a model's call runs
-one region per op with a few microseconds of Python between them. So idle
-threads spin briefly (SPIN_ROUNDS) and then sleep: long enough to bridge the
-gaps inside one call, short enough that a busy neighbour loses little
-(measured choices at SPIN_ROUNDS).
+waits for. Sleeping at once has its own cost: waking a sleeping thread
+(on a VM especially) takes longer than many batch-1 layers, and a model's
+call runs one region per op with a few microseconds of Python between them.
+So idle threads spin briefly (SPIN_ROUNDS) and then sleep: long enough to
+bridge the gaps inside one call, short enough that a busy neighbour loses
+little (docs/performance.md, "How idle threads wait").
 """
 import math
 import os

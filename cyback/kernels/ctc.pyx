@@ -347,9 +347,9 @@ def ctc_loss(logits, labels, input_lengths, label_lengths, blank=-1):
     nthreads = max(1, team_size())
     dscr = np.empty((nthreads, Tm * K + Tm * (S + 2) + 2 * (S + 2) + K + 1), dtype=np.float64)
     iscr = np.empty((nthreads, 2 * (S + 2)), dtype=np.intc)
-    # About 30 ns per trellis cell: below ~2 ms of work one thread wins, since
+    # Below PAR_CELLS trellis cells (a few ms of work) one thread wins, since
     # waking the team costs little on an idle machine but whole scheduler
-    # slices on a busy one (measured: 1.3 ms alone vs 25 ms with 2 threads).
+    # slices on a busy one (benchmarks/bench_ctc.py).
     cells = int(np.sum(in_len * (2 * lab_len + 1 + K)))
     par = nb > 1 and cells > PAR_CELLS
     _ctc_batch(x, lab, in_len, lab_len, blank, dscr, iscr, grad, loss, par)

@@ -196,9 +196,9 @@ cdef inline Py_ssize_t _pixel_stride(Py_ssize_t CM, Py_ssize_t itemsize) noexcep
     # Values between the staged pixels of a row of CM channels. Pixels a
     # multiple of 1 kB apart put one channel of every pixel in 4 or fewer
     # sets of an 8-way L1; a row kernel that reads 30 of them per channel
-    # block then thrashes (Zen 4, 3x3 on 14x14: 512 channels ran 3x and
-    # 1024 channels 7x slower than 528 and 1040). One more cache line per
-    # pixel spreads them over all sets.
+    # block then thrashes (512 or 1024 channels run several times slower
+    # than 528 or 1040). One more cache line per pixel spreads them over
+    # all sets.
     if CM > 0 and (CM * itemsize) % 1024 == 0:
         return CM + 64 // itemsize
     return CM
@@ -346,18 +346,13 @@ cdef inline void _rows_of(const floating** xr, const floating[:, :, :, ::1] x, _
 # gradient, which also asks for the next output-gradient row) ask for the
 # rows of a thread's next output row while the row kernel runs, a few lines
 # per vector of channels (tests turn it off to compare). The hardware's
-# prefetchers follow each row's stream but not the jump to the next one: a
-# call from DRAM ran at a third of its speed from cache, where the
-# channels_first planes ran at the same speed. A burst of prefetches before
-# the row saved nothing (the requests queue behind each other, as the row's
-# copy does). Spread over the row, 2 threads, alternated: forward
-# (32, 28, 28, 256) 2.98 -> 2.57 ms, (32, 112, 112, 32) 5.74 -> 5.19,
-# (32, 14, 14, 512) 1.19 -> 1.05; kernel gradient (32, 56, 56, 64)
-# 5.00 -> 2.87, (32, 112, 112, 32) 8.53 -> 5.92. Calls whose data stay in the
-# caches ran 5% slower with it, (32, 32, 32, 16) (4 MB) 14%; rows of 2 kB,
-# the next one as near as the stream's own prefetch reaches, gained nothing
-# from DRAM either ((128, 32, 32, 16) 1.15x the time, (256, 32, 32, 16)
-# 0.99x).
+# prefetchers follow each row's stream but not the jump to the next one, so
+# without this a call from DRAM runs far below its speed from cache. The
+# prefetches are spread over the row: a burst before it saves nothing (the
+# requests queue behind each other, as the row's copy does). The size
+# bounds exist because calls whose data stay in the caches run slower with
+# it, and short rows (the next one as near as the stream's own prefetch
+# reaches) gain nothing (benchmarks/bench_pool.py --only depthwise).
 cdef bint _prefetch_rows = True
 cdef Py_ssize_t PREFETCH_MIN_BYTES = 16 << 20, PREFETCH_MIN_ROW_BYTES = 8 << 10
 
@@ -444,8 +439,8 @@ cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
 
 # channels_first planes with rows narrower than this run through the
 # channels_last row kernel (_fwd_cf_narrow): the plane kernels vectorise
-# along a row, and a 7-pixel row left them scalar ((32, 1024, 7, 7): 7.6 ms
-# against 0.75 ms for the same call channels_last).
+# along a row, and a 7-pixel row leaves them scalar (an order of magnitude
+# slower than the same call channels_last).
 cdef Py_ssize_t CF_NARROW_OW = 8
 
 
@@ -1254,7 +1249,7 @@ def depthwise_forward(x, kernel, strides, dilation, pads, channels_last=True, bi
 cdef class ForwardCall:
     """``depthwise_forward`` for one 2-D channels_last geometry, dtype and
     epilogue, validated once by ``forward_call`` (see conv.ForwardCall: at
-    batch 1 the checks took about as long as the kernel). A call checks each
+    batch 1 the checks take about as long as the kernel). A call checks each
     array's type, dtype, shape and contiguity and runs the row kernel;
     arrays that do not fit take depthwise_forward, which converts or raises."""
     cdef tuple x_shape, k_shape, b_shape, y_shape, args
@@ -1359,7 +1354,7 @@ def depthwise_backward_input(dy, kernel, x_shape, strides, dilation, pads, chann
             # planes through the channels_last rows a block of channels at
             # a time, in cache (_fwd_cf_narrow; dx 8 or more wide, or past
             # the staging budget: _planes_cf). Transposing dy and dx whole
-            # took two more passes over memory.
+            # would take two more passes over memory.
             _forward(dyv, np.ascontiguousarray(kv[::-1, ::-1]), dxv, False,
                      ss + ds + (spans[0] - ps[0][0], spans[1] - ps[1][0]),
                      np.empty(0, dtype=dy.dtype), 0)
@@ -1413,7 +1408,7 @@ def depthwise_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, chan
                 <= STAGE_MAX_BYTES
                 and C * x.itemsize >= NARROW_KGRAD_MIN_BLOCKS * NARROW_BLOCK_BYTES):
             # A block of channels at a time, in cache: transposing x and dy
-            # whole took two more passes over memory. Its tasks are the
+            # whole would take two more passes over memory. Its tasks are the
             # blocks: with fewer, the whole-array path below splits the
             # rows over the team instead.
             _backward_kernel(xv, dyv, dkv, np.empty((0,) + dkv.shape, dtype=x.dtype), False,

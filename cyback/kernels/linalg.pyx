@@ -3,10 +3,10 @@ threads) and ``batch_gemm`` (the kernel behind ``batch_dot``).
 
 cyback keeps BLAS single-threaded and does all its parallelism on OpenMP:
 two pools on the same cores slow each other down even when they never run at
-once, because idle workers of one spin while the other works (measured: a
-small convnet's training step went from ~4 ms to ~23 ms on 2 cores with both
-pools at 2 threads). So a large product is split here into one
-single-threaded GEMM per thread.
+once, because idle workers of one spin while the other works (a small
+convnet's training step runs several times slower with both pools at full
+size; docs/performance.md, "One thread pool"). So a large product is split
+here into one single-threaded GEMM per thread.
 """
 from cyback.kernels import settings as _settings
 import numpy as np
@@ -105,7 +105,7 @@ cdef inline double _matmul_work(double m, double n, double k) noexcept nogil:
     # A product of a few rows (batch-1 Dense layers) streams B once: its
     # cost is B's size, not the flops. Larger products count a quarter of
     # their flops against the cutoff: a sleeping team's wake-up outweighs the
-    # split below about 4 MFLOP.
+    # split of a small product.
     return 0.5 * m * n * k if m > 4 else n * k
 
 
@@ -181,8 +181,8 @@ cdef extern from "cyback_dense_t.h" nogil:
 cb_simd_set_default_cap(2 if _settings.get("CYBACK_AVX512") else 1)
 
 # Products dense_t takes: one row. It reads wt once per row, where a product
-# of several rows reads the kernel once for all (4 rows of (9216, 10): 19.6
-# us against 9.2 for NumPy's).
+# of several rows reads the kernel once for all, so NumPy's product is
+# faster from two rows on.
 DENSE_T_MAX_ROWS = 1
 
 
@@ -213,7 +213,7 @@ cdef void _activate(floating* y, Py_ssize_t size, int act) noexcept nogil:
     cdef Py_ssize_t j
     cdef floating v
     # select loops, no branches: they vectorise, and a branch per value
-    # mispredicted on half of them (2048 values: 1.9 us against 0.3)
+    # mispredicts on about half of them
     if act == 0:
         return
     for j in range(size):
@@ -355,7 +355,7 @@ def dense(x, w, bias=None, int act=0):
     go to dense_rows; a product below the thread team's cutoff is one GEMM
     from the bias rows with the activation after it, in one call instead of
     a product, an add and an activation pass of NumPy's (a batch-32 MLP layer
-    spent more on those calls than on its arithmetic). Returns None for
+    spends more on those calls than on its arithmetic). Returns None for
     larger products (``matmul`` splits them over the team), empty ones and
     arrays not of that kind."""
     shape = _dense_shape(x, w, bias, act)

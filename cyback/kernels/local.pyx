@@ -75,8 +75,8 @@ def _im2col(const floating[:, :, :, ::1] x, floating[:, :, ::1] pt, Py_ssize_t k
     cdef int nt = threads_for(2.0 * P * N * pt.shape[2] * sizeof(floating))
     cdef cb_intr intr
     cb_intr_init(&intr)
-    # Polled per position and sample: a batch-2048 layer's patches (300 MB)
-    # took 0.4-0.5 s, past Ctrl-C's 0.2 s.
+    # Polled per position and sample: a large batch's patches take longer to
+    # copy than a Ctrl-C should wait.
     with nogil:
         for p in prange(P, schedule='static', num_threads=nt):
             base = _start(&r, p)

@@ -4,9 +4,8 @@ A compiled function allocates its intermediate arrays afresh at every call
 and frees them when their last reader is done. With glibc's defaults, blocks
 of a few MB are mapped from the kernel and unmapped again on free (or the
 heap top is trimmed), so every call page-faults its working set back in: the
-kernel zeroes each page on first touch. In a perf profile of a 3-block ResNet
-at batch 32 that was about a fifth of the call; MobileNet blocks at batch 32
-ran about twice as fast once freed blocks stayed in the process.
+kernel zeroes each page on first touch, a large share of a batch-32 call of a
+convolutional network (docs/performance.md, "Memory").
 
 ``keep_freed_memory()`` sets glibc's mmap threshold to its maximum (32 MiB:
 smaller blocks come from the heap) and its trim threshold to 256 MiB (up to

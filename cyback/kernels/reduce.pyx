@@ -2,8 +2,9 @@
 the spatial axes of NHWC (global average pooling) and a bias gradient (the
 sum over every axis but the channels) come to.
 
-NumPy reduces a non-last axis one output row at a time, about 40 ns per row
-of ``inner`` values, which for (1, 1024, 32) is 10x a pass over the data.
+NumPy reduces a non-last axis one output row at a time, with a fixed cost
+per row of ``inner`` values that for short rows is many times a pass over the
+data (benchmarks/bench_pool.py).
 Here each task keeps a strip of up to ``STRIP`` output values in a local
 array (L1) and adds the ``n`` rows into it, in blocks of ``BLOCK`` rows whose
 partial sums are added to the total: rounding grows with BLOCK + n / BLOCK,

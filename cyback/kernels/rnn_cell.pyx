@@ -149,10 +149,9 @@ def _packed_rows(const floating[:, ::1] h, W, base):
 # include/cyback_rnn_product.h) rather than BLAS, which packs R at every step
 # of every thread; off for tests of the BLAS path.
 # gemv_max_rows: batches up to this size take BLAS's GEMV per row rather than
-# the packed product (R packed at every call). Alternated, LSTM over 50 steps
-# (2-core Zen 4 VM), GEMV time / packed time: 128 units at batch 1 1.01x, 2
-# 0.81x, 3 1.11x, 4 1.31x; 64 units at batch 3 1.49x; 36 units at batch 1-2
-# 0.79-0.86x.
+# the packed product (R packed at every call): for one or two rows packing R
+# costs more than it saves, from three rows on the packed product wins
+# (benchmarks/bench_rnn.py).
 _TUNE = {"packed": True, "gemv_max_rows": 2, "split_max_rows": 6,
          "split_min_bytes": 1 << 17, "split_stream_per_work": 16.0, "split_lead_steps": 0}
 # split_lead_steps (tests): thread 0 runs this many steps alone, then waits
@@ -322,7 +321,7 @@ cdef inline const floating *_recurrent_input(Py_ssize_t t, Py_ssize_t tp, Py_ssi
 #
 # A few batch rows leave the row blocks below one thread each (or none): at
 # batch 1 a step is a GEMV of h with all of R, which runs at the speed R
-# streams from the core's L2 (2.3 us for 128 x 512 float32 on a Zen 4 core).
+# streams from the core's L2.
 # There the threads split the units instead: each packs the gate columns of
 # its units (R[:, q * u + j0:q * u + j1] for each gate q) and runs every step
 # for them, reading half of R from its own cache, and the threads meet
@@ -358,8 +357,8 @@ cdef struct Split:
 #
 # An LSTM's or GRU's input projection zx = x @ W + b is a product over all
 # steps before the loop; on the row blocks each thread then reads its rows
-# of zx from wherever the product's threads wrote them, and a 2-core VM
-# moved 256 kB between cores at ~6 GB/s (40 us more than reading its own).
+# of zx from wherever the product's threads wrote them, often another
+# core's cache, which is much slower than reading its own.
 # With a Proj, each thread projects its own rows at the start of each step
 # into a one-step ring of zx instead (lstm_forward_projected,
 # gru_forward_projected): x, W and the ring stay in its cache, and zx over
@@ -462,20 +461,16 @@ cpdef int _split_threads(Py_ssize_t T, Py_ssize_t B, Py_ssize_t u, Py_ssize_t G,
     thread, and a host where no other process takes our cores (a thread
     waiting for its time slice would hold every step of the others).
 
-    The team must also be worth waking for it: the split saves about 40% of
-    each step's time, which is R's bytes streamed from L2, but a sleeping
-    team takes 15-120 us to wake on a VM. Thread 0 does not wait for it: it
-    runs whole steps alone until the others have arrived (at batch 1, the
-    other thread joined at step 6 of an LSTM(128), step 3 of an LSTM(256)),
-    so a late team costs the steps it missed, not a stall. The sequence
-    counts as T * (R's bytes) / _TUNE["split_stream_per_work"] of the
-    team's work (include/cyback_team.h): a cold team from 16 MB streamed
-    (LSTM(128) at batch 1 from 63 steps, LSTM(256) from 16), a warm one
-    from 4 MB. Keras models at batch 1, alternated in one process (2-core
-    Zen 4 VM), row time / split time: LSTM(256) over 50 steps 1.72x, over
-    20 steps 1.25x; GRU(256) over 50 steps 1.34x; LSTM(128) over 200 steps
-    1.18x, over 100 steps 1.03x, over 50 steps 0.89-1.06x (noise: not split
-    cold); GRU(128) over 200 steps 1.29x."""
+    The team must also be worth waking for it: the split saves part of
+    each step's time (R's bytes streamed from L2), but waking a sleeping
+    team takes many steps' worth. Thread 0 does not wait for it: it runs
+    whole steps alone until the others have arrived, so a late team costs
+    the steps it missed, not a stall. The sequence counts as T * (R's
+    bytes) / _TUNE["split_stream_per_work"] of the team's work
+    (include/cyback_team.h): with the default cutoff a cold team from 16 MB
+    streamed (LSTM(128) at batch 1 from 63 steps, LSTM(256) from 16), a warm
+    one from 4 MB. Short sequences of small layers stay on row blocks
+    (benchmarks/bench_rnn.py, the units split rows)."""
     if not _TUNE["packed"] or T < 2 or B < 1 or B > _TUNE["split_max_rows"] or \
             u * G * u * itemsize < _TUNE["split_min_bytes"]:
         return 1
@@ -842,7 +837,7 @@ cdef tuple _lstm_run(const floating[:, :, ::1] zx, const floating[:, ::1] h0,
     cdef const floating *Wfull
     cdef Py_ssize_t FBfull, lead
     # One row whose gates are whole vectors gains nothing from the one pass
-    # (LSTM(128) at batch 1: 0.97-0.99x of the per-gate loops).
+    # over the per-gate loops.
     lane_kinds = _gate_lanes(dt, u, (ract, ract, act, ract)) if B > 1 or u % 8 else None
     cdef const float *lanes = <const float*>_address(lane_kinds)
     if nsplit > 1:

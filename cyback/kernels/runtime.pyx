@@ -235,8 +235,8 @@ def force_host_busy(state):
 
 
 #: Seconds one round of libgomp's idle spin takes at the least (a pause
-#: instruction: 25 ns on a 2-core EPYC VM, 50 on a Xeon one); the warm window
-#: errs short, where a cold team is taken for cold.
+#: instruction, tens of nanoseconds on x86 CPUs; this is below them all): the
+#: warm window errs short, where a cold team is taken for cold.
 SPIN_ROUND_SECONDS = 15e-9
 _SUFFIXES = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 

@@ -3,12 +3,10 @@
 stride 1, no dilation, channels_last (channels_first through copies);
 include/cyback_conv_wino.h holds the kernel and its algebra.
 
-A 3x3 convolution with 24 or more channels spends 2.25x fewer multiplies this
-way than summing its taps directly; the register tile is the direct kernel's,
-so the saving is most of the gain (one thread, in-process against the direct
-kernel: 1.7x on (8, 56, 56) 64 -> 64, 1.8x on (8, 28, 28) 128 -> 128, 1.4x on
-(1, 14, 14) 256 -> 256). conv.pyx decides when it runs (_use_winograd); this
-module only runs it.
+A 3x3 convolution spends 2.25x fewer multiplies this way than summing its
+taps directly; the register tile is the direct kernel's, so the saving is
+most of the gain (benchmarks/bench_conv.py, "Winograd" rows). conv.pyx
+decides when it runs (_use_winograd); this module only runs it.
 """
 cimport cython
 cimport numpy as cnp
@@ -52,8 +50,7 @@ cb_simd_set_default_cap(2 if _settings.get("CYBACK_AVX512") else 1)
 
 # Tiles per work item: two register tiles. Their transformed inputs (16 x 12
 # x C floats, 48 KB at 64 channels) stay in L1/L2 while every block of the
-# transformed kernel passes over them; 24, 30 and 48 tiles ran 2-15% slower
-# on 64-128 channels (one thread, in-process).
+# transformed kernel passes over them; larger items leave those caches.
 DEF TILES_PER_ITEM = 12
 
 MAX_CHANNELS = CB_WG_MAX_C
@@ -90,8 +87,8 @@ def tiles(Py_ssize_t N, Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t OD=1):
 cdef class KernelCache:
     """The last kernel one prepared call ran with, and its transform.
 
-    A batch-1 call with 64 channels spends 10-15% of its time transforming
-    the kernel, which in inference is the same every call. A call whose
+    A batch-1 call spends a noticeable part of its time transforming the
+    kernel, which in inference is the same every call. A call whose
     kernel holds the same values (a byte comparison, a few microseconds)
     reuses the transform; any change, in place or a new array, is seen.
     Entries are replaced whole, never changed, so concurrent calls may
@@ -133,9 +130,9 @@ cdef class Winograd:
         ``cache``: the caller's KernelCache, or None to transform the kernel
         anew. With channels_last off, x is (N, C, H, W), y (N, F, OH, OW) and
         residual None: x goes through a channels_last copy, and so does y
-        (the layout copies run on the team in the same parallel region;
-        NumPy's moveaxis copies took 4.4 and 9.3 ms on one thread for the
-        25 MB of (32, 64, 56, 56), a third of the convolution).
+        (the layout copies run on the team in the same parallel region:
+        NumPy's moveaxis copies, on one thread, would take a large share of
+        the convolution's time).
         ``join`` (seconds) bounds the spin at the end of the items
         (include/cyback_tiles.h; 0 leaves the wait to libgomp)."""
         cdef cb_intr intr
@@ -185,8 +182,8 @@ cdef class Winograd:
         g.nfb = (g.F + g.FB - 1) // g.FB
         # Items of at most TILES_PER_ITEM tiles, as many as make equal rounds
         # of the team (threads of equal speed then take the same number of
-        # tiles, within one): a (1, 14, 14) layer has 49 tiles, 5 items of
-        # 12 ran 36 tiles on one thread and 13 on the other. Each
+        # tiles, within one): a (1, 14, 14) layer has 49 tiles, and 5 items
+        # of 12 would give one thread 36 tiles and the other 13. Each
         # tile's sums are the same whatever item holds it, so results do
         # not depend on the thread count.
         g.items = nt * ((tiles + TILES_PER_ITEM * nt - 1) // (TILES_PER_ITEM * nt))
@@ -221,8 +218,8 @@ cdef class Winograd:
         cb_tiles_init(&copied)
         nprep = (xcopies if xfirst != NULL else 0) + (parts if fresh else 0)
         ncopies = xcopies if xfirst != NULL else 0
-        # One parallel region: the kernel transform (serial, it took a tenth
-        # of a batch-1 256-channel layer) and the tiles share one wake-up.
+        # One parallel region: the kernel transform (a visible part of a
+        # batch-1 layer) and the tiles share one wake-up.
         # Every phase hands its pieces out as threads come free (no barrier
         # at a phase's start, and a thread the host slows down takes fewer
         # of them); each piece writes its own outputs, so the bits do not
