@@ -72,8 +72,8 @@ ATTR static void cb_act_row_f_##SUF(float *p, ptrdiff_t n, int kind) {          
  * Each lane gets exactly the operations of cb_act_row_f's tanh or sigmoid
  * (-1 * x is 0 - x, and subtracting 0 changes nothing), so the results are
  * those of one call per gate; but a step is one loop over its rows (a few
- * dozen units leave each gate's call a handful of vectors and a masked tail:
- * an LSTM(36) spent a third of its step there). */
+ * dozen units leave each gate's call a handful of vectors and a masked tail,
+ * whose overhead then dominates a small layer's step). */
 #define CB_ACT_LANES_F(SUF, ATTR)                                                         \
 ATTR static void cb_act_lanes_f_##SUF(float *p, ptrdiff_t rows, ptrdiff_t w, ptrdiff_t ld, \
                                       const float *lanes) {                               \

@@ -10,8 +10,8 @@
  *   - a tile of up to 6 output pixels x FB channels lives in up to 12 vector
  *     registers (FB is two vectors: of 4, 8 or 16 floats by the kernel set,
  *     cyback_simd.h). AVX-512 has 32 registers: its float32 tiles take up to 12
- *     pixels (24 sums; 3x3 64 -> 64 direct 1.15x faster than 6, conv3d
- *     3x3x3 32 -> 32 1.15-1.3x), and a block of 16 floats is one vector;
+ *     pixels (24 sums, where 512-bit FMAs run at full rate: cb_cd_wide_tiles),
+ *     and a block of 16 floats is one vector;
  *     each input value is broadcast once per tile and multiplied into the
  *     block's vectors, each kernel vector is loaded once per tile;
  *   - strides and dilations are only address arithmetic, so strided
@@ -50,8 +50,7 @@
 #define CB_CD_SHORT_K 256
 /* Most values in the copy of a row-end tile's input window (16 KB in float),
  * and most channels: with more, the per-tap checks run loops long enough
- * that the copy costs more than it saves (24 channels, stride 2: 0.95x;
- * 3-16 channels: 1.04-1.13x, 2 threads, alternated). */
+ * that the copy costs more than it saves. */
 #define CB_CD_EDGE_MAX 4096
 #define CB_CD_EDGE_MAX_C 16
 /* Most input channels (of the vector kernels, which read taps in the W
@@ -75,7 +74,7 @@ typedef struct {
      * place in the copy of a row-end tile's window (rows of `span` pixels);
      * for the taps of the rows that exist, both are the same tables' first
      * entries (see cb_cd_row_*). Built once per geometry: a row of a short
-     * patch spent as long building them as on its tiles. */
+     * patch would spend as long building them as on its tiles. */
     ptrdiff_t ntab, span;
     ptrdiff_t offs[CB_CD_SHORT_K], eoffs[CB_CD_SHORT_K];
 } cb_cd_geom;
@@ -172,9 +171,9 @@ CB_CD_COMMON(double, d)
 #if CB_SIMD_VECTOR
 
 /* The tile for np pixels from ow on, the size a constant in each case; so is
- * `inside` (IN), so interior tiles compile without the per-tap checks (1-4%
- * faster on 3x3 16-64 channels, 1 thread, in-process A/B). Sizes above the
- * row's most pixels per tile (TM) never come: those cases compile to nothing. */
+ * `inside` (IN), so interior tiles compile without the per-tap checks.
+ * Sizes above the row's most pixels per tile (TM) never come: those cases
+ * compile to nothing. */
 #define CB_CD_TILE_CASE(SUF, N, IN, O, TM, WP)                                            \
     case N:                                                                               \
         if (N <= TM) cb_cd_tile_##SUF(N, xr, R, WP, bp, res, act, y, ys, nf, g, ow, IN, O, \
@@ -206,8 +205,8 @@ static double cb_cd_zeros_double[CB_CD_MAX_C];
  * channels; the sums of vectors past NV are dead code); then the epilogue, and
  * the pixels go to y. NP is a constant at every call, so the pixel loops
  * unroll and the sums stay in registers (unrolled by pragma: left to the
- * compiler's passes, the sums went through the stack at each tile's end, 8-16%
- * of a 1x1 conv with 16-32 channels). With `inside`, every tap of the tile
+ * compiler's passes, the sums go through the stack at each tile's end, a
+ * real cost on narrow 1x1 convolutions). With `inside`, every tap of the tile
  * reads inside its input row; otherwise each tap's row is checked per pixel,
  * and taps in the W padding read zeros (as from a padded copy, adding 0 * w in
  * the same place of the sum). */
@@ -229,13 +228,12 @@ ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const in
     int p;                                                                                \
     CB_CD_PIXELS a[p] = b[p] = e[p] = d[p] = zero;                                        \
     if (offs) {                                                                           \
-        /* all K taps in one loop: x0 is the first pixel's first input, offs[t] */       \
-        /* tap t's input from there, wp the kernel from that tap on. Each     */          \
-        /* pixel's first input in a register of its own: a tap is one load of */          \
-        /* its offset, and each pixel's value one address mode (25            */          \
-        /* instructions per 12 FMAs where one pointer stepped per pixel took  */          \
-        /* 31; 1.1-1.27x on the 7x7/2 stem and 3x3 8-12 channel layers, 2     */          \
-        /* threads, alternated).                                              */          \
+        /* all K taps in one loop: x0 is the first pixel's first input, offs[t] */        \
+        /* tap t's input from there, wp the kernel from that tap on. Each       */        \
+        /* pixel's first input in a register of its own: a tap is one load of   */        \
+        /* its offset, and each pixel's value one address mode, fewer           */        \
+        /* instructions per FMA than one pointer stepped per pixel (the stem    */        \
+        /* and narrow 3x3 layers gain; benchmarks/bench_conv.py "direct" rows). */        \
         const ptrdiff_t sC = g->sw * C;                                                   \
         CB_CD_PIXELS { xk[p] = x0 + p * sC; CB_CD_OPAQUE(xk[p]); }                        \
         for (c = 0; c < K; c++) {                                                         \
@@ -277,9 +275,9 @@ ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const in
             }                                                                             \
         }                                                                                 \
     }                                                                                     \
-    /* The epilogue as one short loop per step, each with no branch inside: */          \
-    /* they unroll, and the sums stay in registers (one loop with all the    */          \
-    /* steps' branches had them stored and reloaded).                        */          \
+    /* The epilogue as one short loop per step, each with no branch inside: */            \
+    /* they unroll, and the sums stay in registers (one loop with all the   */            \
+    /* steps' branches would store and reload them).                        */            \
     if (bp) {                                                                             \
         const V bv0 = *(const V *)bp, bv1 = NV >= 2 ? *(const V *)(bp + VL) : zero;       \
         const V bv2 = NV == 4 ? *(const V *)(bp + 2 * VL) : zero;                         \
@@ -447,13 +445,12 @@ CB_CD_ROW(float, cb_v16f, 16, 4, 6, f_avx512q, CB_AVX512_ATTR)
 #define cb_cd_row_d_avx512q cb_cd_row_d_avx512
 
 /* Whether the float32 AVX-512 rows take tiles of 12 pixels (else 6); -1:
- * by the CPU, as cb_simd_half_rate_512 tells. On an Intel Xeon the 12-pixel
- * tiles ran 3x3 64 -> 64 1.15x and conv3d 1.15-1.3x faster than 6; on AMD
- * Zen 4 (2 threads, alternated against the AVX2 set in one process) the
- * 12-pixel ones ran 0.71-1.03x of AVX2's speed and the 6-pixel ones
- * 1.01-1.33x: there a zmm FMA takes both 256-bit pipes, so 12 pixels add
- * no FMA throughput, only the pixels' pointers that no longer fit in
- * registers. Tests and benchmarks set it (conv.pyx, _use_wide_tiles). */
+ * by the CPU, as cb_simd_half_rate_512 tells. Where 512-bit FMAs run at full
+ * rate the 12-pixel tiles are faster; where a zmm FMA takes both 256-bit
+ * pipes (AMD Zen 4), 12 pixels add no FMA throughput, only the pixels'
+ * pointers that no longer fit in registers, and 6 are faster
+ * (benchmarks/bench_conv.py --tiles). Tests and benchmarks set it (conv.pyx,
+ * _use_wide_tiles). */
 static int cb_cd_wide = -1;
 
 static int cb_cd_wide_tiles(void) {

@@ -127,8 +127,8 @@ CB_DW_TRANSPOSE_REST(double, d, )
 
 /* d[i] = t[i*M] + t[i*M + 1] + ... (in that order) for i < n: the input
  * gradient's sum over the depth multiplier. A constant M lets the compiler
- * vectorise; the general loop (M and the pointers unknown) ran at about 3 ns
- * an element and took 3/4 of a channels_last M = 2 input gradient. */
+ * vectorise; the general loop (M and the pointers unknown) does not, and
+ * would take most of a channels_last M = 2 input gradient. */
 #define CB_DW_SUM_GROUPS(T, SUF)                                                          \
 static void cb_dw_sum_groups_##SUF(const T *restrict t, T *restrict d, ptrdiff_t n,      \
                                    ptrdiff_t M) {                                         \
@@ -344,11 +344,10 @@ ATTR static void cb_dw_kgrad_cf_scalar_##SUF(const T *x, ptrdiff_t rs, const T *
  * 7x7 maps at the end of a MobileNet) as one block of 8 from the row's
  * start whose first OW outputs are stored; the columns it reads lie in
  * [jl, jh) (known at run time here), the rest count as zeros. The general
- * path ran such a row as overlapping 4-pixel blocks and its edge pixels
- * one at a time: (32, 7, 7, 1024) forward 0.53 -> 0.43 ms, 5 and 6 columns
- * 0.64-0.73x the time (2 threads, alternated); 4 columns took 1.12x, and
- * stay on the general path. Expanded inside cb_dw_fwd_cl_row, whose
- * variables it uses. */
+ * path runs such a row as overlapping 4-pixel blocks and its edge pixels
+ * one at a time, which is slower for 5 to 7 columns; 4 columns are faster
+ * there and stay on it (benchmarks/bench_pool.py --only depthwise).
+ * Expanded inside cb_dw_fwd_cl_row, whose variables it uses. */
 #define CB_DW_K3_SHORT(T, V, VL, SUF, ACT)                                                \
     {                                                                                     \
         const ptrdiff_t jl = pw, jh = W + pw;                                             \
@@ -730,14 +729,14 @@ ATTR static void cb_dw_fwd_cf_plane_##SUF(const T *x, ptrdiff_t rs, const T *k, 
 
 /* channels_first 3x3 forward at stride 1, dilation 1 and pads (1, 1) on
  * both axes ("same"), straight from the unpadded plane (H, W): padding each
- * plane into a buffer first had cost a quarter of a (32, 16, 32, 32) call.
+ * plane into a buffer first costs a large share of a small-plane call.
  * Tiles of 3 output rows by 2 vectors as in cb_dw_cf_tile (same loads, taps
  * and order, so the same bits as the padded plane): rows above or below the
  * plane read the zero row, and the one column outside the plane at either
  * end comes into the tile's first vector (LEFT) or last one (RIGHT) by a
- * shuffle with a zero lane. The flags are constants: a multiply-add whose
- * operand depended on a run-time branch was left unfused, which changed the
- * bits. Tiles overlap at the plane's ends instead of taking narrower
+ * shuffle with a zero lane. The flags are constants: the compiler may leave
+ * a multiply-add whose operand depends on a run-time branch unfused, which
+ * changes the bits. Tiles overlap at the plane's ends instead of taking narrower
  * shapes, so the function takes planes of at least 3 rows and VL columns,
  * without accumulation; it returns 0 (nothing done) for any other plane, on
  * compilers without shuffles, and while a test turns the row-reuse tiles or

@@ -1,9 +1,9 @@
 /* Threads that share the steps of one sequence meet after each step (the
- * units split of cyback/kernels/rnn_cell.pyx). An OpenMP barrier cost 0.5-1.5 us
- * there on a 2-core VM, as much as half a batch-1 LSTM step; here each thread
- * publishes the count of steps it has done on a cache line of its own and
- * waits until every other thread's count has caught up, one line written and
- * one read per thread and step (0.1-0.6 us).
+ * units split of cyback/kernels/rnn_cell.pyx). An OpenMP barrier there costs
+ * a large part of a batch-1 LSTM step; instead each thread publishes the
+ * count of steps it has done on a cache line of its own and waits until
+ * every other thread's count has caught up, one line written and one read
+ * per thread and step.
  *
  * The wait spins with a pause and yields the core after CB_STEP_SPINS rounds:
  * a thread of the team that lost its core gets it back sooner. The split is
@@ -56,11 +56,11 @@ static inline void cb_step_sync(cb_step_count *counts, int me, int nth, long ste
 }
 
 /* Threads joining a sequence already under way: the calling thread (0)
- * does not wait for the others, which a sleeping team takes 15-120 us to
- * wake on a VM, but runs the steps alone (all units) until every other
- * thread has arrived and packed its part, then opens the split at its next
- * step; a thread that arrives after the last step finds the split opened at
- * T and leaves. */
+ * does not wait for the others, which a sleeping team takes many steps'
+ * time to wake (on a VM especially), but runs the steps alone (all units)
+ * until every other thread has arrived and packed its part, then opens the
+ * split at its next step; a thread that arrives after the last step finds
+ * the split opened at T and leaves. */
 typedef struct {
     long ready;     /* threads other than 0 that have arrived */
     long start;     /* the first step of the split, -1 until thread 0 opens it */

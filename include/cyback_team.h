@@ -4,9 +4,8 @@
  *
  * A parallel region costs what waking the team's idle threads costs. Right
  * after a region they still spin (GOMP_SPINCOUNT rounds) and a fork/join takes
- * under a microsecond; once they sleep it takes 5-30 us on a VM (2-core EPYC
- * at 1000 spin rounds: 0.6 us within 25 us of the last region, 6 us after
- * 30-200 us, 28-35 us after 1 ms; 2000 rounds stretch the first window). So the cutoff depends on the team's state: a cold team is woken only
+ * under a microsecond; once they sleep it takes tens of microseconds, more on
+ * a VM. So the cutoff depends on the team's state: a cold team is woken only
  * for `min_work`, a warm one for a fraction of it. Between the ops of one
  * compiled call the gaps are a few microseconds, so once one op has woken the
  * team the ops after it find it warm; a batch-1 model whose layers are each
@@ -17,35 +16,25 @@
  * microseconds apart, so the first of them that wakes the team pays the
  * wake-up for all the ones after it, which find it spinning. A run is dense
  * while each op starts within the warm window of the previous op's end; a
- * longer gap (a batch-1 LSTM's projection comes once per call, after
- * 200-300 us of single-threaded steps) starts a new run, since the team
- * would be asleep again by the next op.
+ * longer gap (a batch-1 LSTM's projection comes once per call, after its
+ * single-threaded steps) starts a new run, since the team would be asleep
+ * again by the next op.
  *
  * Both rules are off while other processes take our cores, and the cutoff
  * rises (cb_team_busy_factor): a team thread then waits for a time slice,
- * and the more regions a call has the more such waits (demo training with a
- * busy loop on one core: 1.30x the best fixed thread count with the rules,
- * 1.15x without). What tells is the CPUs of the affinity mask that were
- * idle or ran this process over the last window (/proc/stat's idle times
- * and getrusage): on an idle 2-core VM the demo's training had 1.91-2.04 of
- * them, with a busy loop on one core 0.99-1.05. Two other tests missed: the
- * process's involuntary context switches (the test where there is no
- * /proc/stat) mistook the process for its own neighbour, as a region that
- * wakes a sleeping team thread may preempt the caller for a few
- * microseconds, once a call, and at 600-750 such calls a second (a 1x1
- * convolution after NumPy's threaded sgemm) the count reached a busy loop's
- * 450-2000/s; the calling thread's wait for a CPU (its run delay) caught
- * only half the busy windows of the demo's training, where the team thread
- * waits and the caller runs on the free core (median 7% of the window,
- * against 0-1% idle). Sampled every 100 ms, two windows in a row short of
- * the team by more than cb_team_busy_margin CPUs make the host busy, for
- * half a second. Another library's threads in the process still spinning
- * after its last call (ONNX Runtime's, PyTorch's) count as this process;
- * under the switch count, which saw them at 300-400/s for the first
- * 100-250 ms of cyback's next calls, one window above the bound is taken for
- * such a burst, not a neighbour (held for half a second, that one window ran
- * a MobileNet block at batch 32 single-threaded for 0.5-0.75 s, 3-5 ms a
- * call instead of 1.6).
+ * and the more regions a call has the more such waits
+ * (benchmarks/bench_contention.py). What tells is the CPUs of the affinity
+ * mask that were idle or ran this process over the last window (/proc/stat's
+ * idle times and getrusage); where there is no /proc/stat, the process's
+ * involuntary context switches. Why not the switch count everywhere, or the
+ * caller's run delay: docs/performance.md, "Telling a busy host". Sampled
+ * every 100 ms, two windows in a row short of the team by more than
+ * cb_team_busy_margin CPUs make the host busy, for half a second. Another
+ * library's threads in the process still spinning after its last call (ONNX
+ * Runtime's, PyTorch's) count as this process; under the switch count they
+ * show as a burst in the first window of cyback's next calls, and one window
+ * above the bound is taken for such a burst, not a neighbour (holding it for
+ * half a second would run those calls single-threaded).
  *
  * Warmth is per calling thread (each one has its own OpenMP team) and is a
  * guess on the safe side: it counts from the end of the last region when the
@@ -65,10 +54,10 @@
 #include "cyback_omp.h"
 
 /* A warm team takes work from min_work / CB_TEAM_WARM_DIVISOR: 250 kB moved
- * by default, about 2 MFLOP of convolution or 20-30 us on one thread. Smaller
- * divisors (16: 62.5 kB) put the per-step products of a batch-1 LSTM and the
- * 32-row products of a small MLP on the team, where the split cost more than
- * it saved (0.86x and 0.6x of one thread). */
+ * with the default cutoff, about 2 MFLOP of convolution. A larger divisor
+ * would put the per-step products of a batch-1 LSTM and the 32-row products
+ * of a small MLP on the team, where the split costs more than it saves
+ * (benchmarks/bench_models.py). */
 #define CB_TEAM_WARM_DIVISOR 4.0
 
 /* The thread count set for the whole process (0: OpenMP's own default).
@@ -134,14 +123,16 @@ static inline double cb_team_now(void) {
 }
 
 #define CB_TEAM_SAMPLE_SECONDS 0.1
-/* A busy sample holds for this long: with a busy loop on one core the
- * switches came in every other 50 ms window (125-190, then 0-10). */
+/* A busy sample holds for this long: a busy neighbour's preemptions come in
+ * bursts with quiet windows between them, so one busy sample must outlast
+ * several windows. */
 #define CB_TEAM_BUSY_HOLD_SECONDS 0.5
 /* A window is above the bound when the CPUs of the affinity mask that were
  * idle or ran this process fall short of the team by more than
  * cb_team_busy_margin; without /proc/stat, when the process was preempted
- * more than cb_team_busy_switches times a second (20-60/s idle, 1350-1900/s
- * with a busy loop on one core). */
+ * more than cb_team_busy_switches times a second (a rate well between an
+ * idle host's and one with a busy loop on one core;
+ * benchmarks/bench_contention.py). */
 static double cb_team_busy_margin = 0.5;
 static double cb_team_busy_switches = 150.0;
 static __thread double cb_team_sampled_at = -1.0e30, cb_team_busy_until = -1.0e30;
@@ -153,8 +144,8 @@ static __thread int cb_team_hot = 0;
 /* Idle seconds of the CPUs in this process's affinity mask since boot
  * (/proc/stat: idle and iowait, in USER_HZ ticks), or -1 where unknown. The
  * cpu lines come first; the rest of the file (the interrupt counts, long on
- * a large host) is not parsed. One sample took 11 us on a 2-CPU VM, once
- * per 100 ms of a calling thread's kernel calls; the kernel builds the
+ * a large host) is not parsed. A sample costs microseconds, once per
+ * 100 ms of a calling thread's kernel calls; the kernel builds the
  * whole file for it, which takes longer on a host with hundreds of CPUs. A
  * file that does not list every CPU of the mask (a container's renumbered
  * view, as lxcfs gives) leaves the test to the switch count. */
@@ -235,11 +226,8 @@ static inline int cb_team_host_busy(double now) {
 
 /* While the host is busy, only work from this many times the cutoff takes the
  * team: each region waits for the thread that shares its core with another
- * process, up to a time slice, so medium ops run faster alone. The demo's
- * training with a busy loop on one core (2-core VM, default against the best
- * fixed thread count, alternated with the plain cutoff in the same window):
- * 1.04 and 1.04x against 1.06 and 1.24x; the conv workload's large ops (58 MB
- * moved) keep the team. */
+ * process, up to a time slice, so medium ops run faster alone, while large
+ * ops still gain from the team (benchmarks/bench_contention.py). */
 static double cb_team_busy_factor = 16.0;
 
 static inline int cb_team_threads_for(double work) {

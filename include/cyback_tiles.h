@@ -1,17 +1,15 @@
 /* A region's tiles handed out one at a time, and the join at its end.
  *
  * A region's threads meet at its end in libgomp's barrier, which spins
- * GOMP_SPINCOUNT rounds (about 50 us here, cyback/kernels/cpu_budget.py)
- * and then sleeps. When the tiles are coarse (a few GEMM calls of
- * 100-300 us each) the thread that finishes first often waits longer than
- * that, falls asleep, and its core idles. On a VM an idle core halts: the
- * wake-up is a futex plus a VM entry, 50-300 us after a pause of the whole
- * process (the host's halt polling shrinks while the guest idles). The woken
- * thread is then late for the next region too, so it finishes early again
- * and sleeps again: a batch-1 1x1 convolution (4 GEMM tiles, 0.55 ms a call)
- * ran 0.9-1.3 ms a call for 50-200 calls after a 0.3 s pause, every thread
- * switching out once a call, and got out of that only once the host's
- * polling had grown back.
+ * GOMP_SPINCOUNT rounds (tens of microseconds, cyback/kernels/cpu_budget.py)
+ * and then sleeps. When the tiles are coarse (a few GEMM calls of a hundred
+ * microseconds or more each) the thread that finishes first often waits
+ * longer than that, falls asleep, and its core idles. On a VM an idle core
+ * halts: the wake-up is a futex plus a VM entry, slowest after a pause of
+ * the whole process (the host's halt polling shrinks while the guest idles).
+ * The woken thread is then late for the next region too, so it finishes
+ * early again and sleeps again, call after call, until the host's polling
+ * has grown back (docs/performance.md, "How idle threads wait").
  *
  * cb_tiles_join ends the region with a spin of its own, bounded in time
  * rather than rounds: a thread that is done waits for the others while they
@@ -30,8 +28,8 @@
 #include <unistd.h>
 
 /* The bound (seconds) of the join's spin. A join waits about as long as the
- * threads' imbalance, at most a tile or two (100-300 us for the GEMM tiles
- * of a batch-1 1x1 convolution); longer waits are a thread that lost its
+ * threads' imbalance, at most a tile or two (the GEMM tiles of a batch-1 1x1
+ * convolution are the coarsest); longer waits are a thread that lost its
  * core, for which libgomp's sleep is the better wait. */
 #define CB_TILES_JOIN_SECONDS 300e-6
 
