@@ -60,7 +60,8 @@ _NAN_POLICIES = ("allow", "raise")
 _CACHE_SIZE = 4
 #: a model of at most this many bytes rides inside each task; a bigger one is
 #: a key of its own, fetched once by each worker (a dependency costs the job a
-#: round of scheduling and a transfer to each worker, ~10 ms on a LocalCluster)
+#: round of scheduling and a transfer to each worker, more than shipping a
+#: small model with every task)
 _INLINE_BYTES = 1 << 20
 
 #: Dask settings for a cluster that does batch scoring. By default every
@@ -68,10 +69,9 @@ _INLINE_BYTES = 1 << 20
 #: every 20 ms, each worker samples the stack of its running task every 10 ms
 #: for Dask's profiler, and nannies and workers read their memory use every
 #: 100 ms. On a host whose cores the workers fill, that is CPU taken from the
-#: model: while a LocalCluster of two workers scored on 2 cores (its
-#: scheduler and nannies share them), Dask's threads took 0.18-0.26 cores
-#: with the defaults, 0.04-0.08 with these settings, which turn the profiler
-#: off and check the rest at a human pace (the dashboard works but for its
+#: model, a sizeable part of a core on a small host (benchmarks/bench_dask.py
+#: --dask-config compares). These settings turn the profiler off and check
+#: the rest at a human pace (the dashboard works but for its
 #: profile page; memory limits are enforced within half a second). Apply
 #: them where the processes start: ``with dask.config.set(SCORING_CONFIG):
 #: LocalCluster(...)`` (the nannies pass the config to their workers), or in
@@ -376,8 +376,8 @@ def _tune_allocator():
     Dask's nanny starts workers with ``MALLOC_TRIM_THRESHOLD_=65536``, which
     also fixes glibc's mmap threshold at 128 KiB: every array above that is
     mapped fresh and unmapped when freed, so each batch page-faults all its
-    intermediates in again. For a small CNN that is 2.6x the page faults and
-    1.7x the CPU time of the same predict in a plain process. Buffers up to
+    intermediates in again, and a small CNN's predict costs far more CPU
+    time than in a plain process (docs/dask.md). Buffers up to
     32 MiB are served from the heap again and up to 64 MiB of free heap is
     kept. Once per process, on distributed workers on glibc only.
     """

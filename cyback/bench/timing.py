@@ -30,18 +30,15 @@ def paired_ratio(stats, num, den):
     """The ratio of engine ``num``'s time to ``den``'s from stats of
     time_alternated: its median and quartiles over rounds, each round's
     ratio taken between the two blocks that round ran (a few hundred
-    milliseconds apart). The host's speed drifts in spells longer than a
-    block: on a 2-core VM both threads of a batch-1 1x1 convolution and of
-    sgemm alike ran at 1.6-1.7x their usual time, for whole 150 ms blocks,
-    with full CPU time and no run-queue wait (a host-side slowdown), so the
-    ratio of two medians taken over 7 blocks each came out 1.28 in one run
-    and 0.94 in the next; a round's ratio compares like with like as long
-    as the spell spans both blocks, and the median over rounds discards
-    the rounds where it did not. When spells take a quarter or more of the
-    blocks and fall on one engine more than the other, that median moves
-    with them too (1.03-1.27 for the same 1x1 in consecutive runs); the
-    ratio of the engines' lower quartiles (summarize's q25_s) then compares
-    their blocks outside spells."""
+    milliseconds apart). A virtualised host's speed drifts in spells longer
+    than a block (every thread slows alike, with full CPU time and no
+    run-queue wait), which makes a ratio of two medians unstable from run to
+    run; a round's ratio compares like with like as long as the spell spans
+    both blocks, and the median over rounds discards the rounds where it did
+    not. When spells take a large share of the blocks and fall on one engine
+    more than the other, that median moves with them too; the ratio of the
+    engines' lower quartiles (summarize's q25_s) then compares their blocks
+    outside spells."""
     a, b = stats[num]["block_means_s"], stats[den]["block_means_s"]
     if len(a) != len(b) or not a:
         raise ValueError("paired_ratio needs the same number of blocks for %r and %r, "
@@ -65,9 +62,10 @@ def settle(seconds, idle_cores=0.1, step=0.01, most=1.0):
     """Sleep ``seconds``, then on until this process is idle: until a
     ``step`` passes in which all its threads together used less than
     ``idle_cores`` of a core, or ``most`` seconds have gone by. The worker
-    threads of the engine that ran last spin on after its last call (ONNX
-    Runtime's for 40-50 ms: a 30 ms pause left a whole core busy), and the
-    next engine's block would share its cores with them."""
+    threads of the engine that ran last may spin on for tens of
+    milliseconds after its last call (ONNX Runtime's do), longer than a
+    fixed pause, and the next engine's block would share its cores with
+    them."""
     time.sleep(seconds)
     end = time.perf_counter() + most
     while time.perf_counter() < end:

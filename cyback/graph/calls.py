@@ -5,8 +5,8 @@ modules wrap their ``__all__`` with ``name_functions``):
 
 - a ValueError or TypeError escaping it names it: helpers shared by several
   functions (axis checks, shape arguments, an op's shape rule) word their
-  messages after themselves, so ``K.var(x, 5)`` said "mean: axis 5 ..."; the
-  function the caller wrote now leads the message;
+  messages after themselves (``K.var(x, 5)`` would say "mean: axis 5 ..."),
+  so the function the caller wrote leads the message;
 - every node built while it runs records the outermost such function
   (``Node.call``), so that an error raised while a compiled function runs
   names the backend function that built the failing op, not only the op.

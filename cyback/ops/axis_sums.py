@@ -3,7 +3,7 @@
 A mean over the spatial axes of NHWC (global average pooling) or a bias
 gradient (a sum over every axis but the last) reduces a run of axes that is
 followed by kept axes. NumPy walks such a reduction one output row at a time
-and runs 5-10x slower than a pass over the data, so these go to
+and runs several times slower than a pass over the data, so these go to
 ``kernels.reduce.sum_middle`` on the (outer, n, inner) view; everything
 else stays with NumPy.
 """
@@ -47,8 +47,8 @@ def _kernel_plan(shape, typenum, axes, keepdims):
 
 
 # A plan's reduction sees the same few shapes call after call (a global
-# average pool: one per batch size), and working the view out took as long as
-# the kernel's pass over a batch-1 feature map.
+# average pool: one per batch size), and working the view out takes about as
+# long as the kernel's pass over a batch-1 feature map.
 _PLANS = {}
 _PLANS_MAX = 256
 

@@ -207,7 +207,8 @@ class Geometry(object):
         """forward through the last prepared call when x has its shape and
         dtype and the epilogue is the same kind, else None: a plan's step
         calls with the same arguments each time, and a key and a lookup
-        were a third of what a batch-1 step spent around its kernel. The
+        would be a large part of what a batch-1 step spends around its
+        kernel. The
         call checks the arrays itself (conv_forward takes any that do not
         fit)."""
         last = self._last

@@ -22,10 +22,8 @@ GATES = {"lstm": 4, "gru": 3, "simple": 1}
 
 #: Batches from this size on project x inside the LSTM or GRU kernel's
 #: steps, each thread its own rows (kernels.rnn_cell.lstm_forward_projected,
-#: gru_forward_projected); smaller ones take the separate product first.
-#: LSTM kernel, 2 threads, alternated, separate / inside: batch 8 1.16x (64
-#: units) and 1.49x (36), batch 32 1.04x (128) and 1.15x (36); batch 1
-#: 0.87x, 3 0.77x, 6 0.85x (128 units: the units split).
+#: gru_forward_projected); smaller ones take the separate product first,
+#: which is faster for them (benchmarks/bench_rnn.py).
 _PROJECT_MIN_ROWS = 8
 _PRODUCT = TensorDot((2,), (0,))
 
@@ -69,7 +67,7 @@ class FusedRecurrent(Op):
     def _parts(self, name):
         """The per-gate roles of ``name`` ("zx.0", "zx.1", ...), in order."""
         # Looked up at every call of a batch-1 inference plan, where the
-        # op's Python time is a fifth of the layer's: found once.
+        # op's Python time is a large part of the layer's: found once.
         cache = self.__dict__.setdefault("_parts_found", {})
         if name not in cache:
             prefix = name + "."
@@ -150,8 +148,8 @@ class FusedRecurrent(Op):
             plan = self._gather_plan = self._plan_gather()
         direct, joined = plan
         # Inputs that are already C-contiguous arrays of the dtype go as
-        # they are: at batch 1 a call's bookkeeping costs as much as its
-        # steps (an LSTM(36) over 22 steps: 12 us of kernel, 10 around it).
+        # they are: at batch 1 a small layer's bookkeeping costs about as
+        # much as its steps.
         for name, i in direct:
             value = arrays[i] if i >= 0 else self.consts[name]
             if type(value) is not np.ndarray or value.dtype != dt or \
@@ -226,8 +224,8 @@ class FusedRecurrent(Op):
 
     def rewrite(self, inputs, ctx):
         """Inference: a role given per gate reaches the op whole, so that the
-        op no longer joins its parts at every call (a GRU at batch 1: three
-        slicing steps and the join, 15% of the layer):
+        op no longer joins its parts at every call (at batch 1 the slicing
+        steps and the join are a noticeable part of the layer):
 
         - parts that are consecutive slices of one array along their gate
           axis (the hoisted projection cut back into gates) read that array;

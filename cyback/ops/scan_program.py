@@ -20,9 +20,10 @@ _set_local_threads = numpy_local_threads()
 
 # The products inside a loop are small (batch x units x gates): waking BLAS's
 # thread pool for each costs more than it saves, and on a busy machine a
-# multi-threaded GEMM per step waits for descheduled threads (measured 25x
-# slower). Below this many multiply-adds per step the loop runs its products
-# on the calling thread only; larger steps keep BLAS's threads.
+# multi-threaded GEMM per step waits for descheduled threads, many times
+# slower (benchmarks/bench_rnn.py). Below this many multiply-adds per step
+# the loop runs its products on the calling thread only; larger steps keep
+# BLAS's threads.
 SINGLE_THREAD_MACS = 1 << 24
 
 
