@@ -780,9 +780,11 @@ def main(argv):
     p = argparse.ArgumentParser(description="Fuzz the cyback API; prints outcome counts.")
     p.add_argument("--calls", type=int, default=_budget())
     p.add_argument("--seed", type=int, default=_seed())
-    p.add_argument("--timeout", type=float, default=20.0,
+    # A call may make the largest array the cap allows (cyback's bound is half
+    # of what is left) and copy it once or twice: seconds on a loaded machine.
+    p.add_argument("--timeout", type=float, default=30.0,
                    help="seconds a call may take (three times that stuck in C code)")
-    p.add_argument("--max-gib", type=float, default=6.0,
+    p.add_argument("--max-gib", type=float, default=4.0,
                    help="address-space cap of each child process, GiB (0: none)")
     p.add_argument("--jobs", type=int, default=1, help="child processes at a time")
     p.add_argument("--in-process", action="store_true")

@@ -48,7 +48,9 @@ def _stack_steps(steps):
 def _reads_learning_phase(tensors):
     """Whether the symbolic learning phase is among the leaves of ``tensors``
     (the step may read it without marking its outputs, as TF's rnn allows)."""
-    phase = config.learning_phase_placeholder()
+    phase = config.learning_phase_placeholder(create=False)
+    if phase is None:       # no graph reads what does not exist yet
+        return False
     return any(x is phase for x in leaves_of([t for t in tensors if isinstance(t, Tensor)]))
 
 

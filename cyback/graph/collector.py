@@ -3,8 +3,8 @@
 Compiling a plan (and differentiating a graph) makes a few objects per node
 that live until the pass ends. Python counts them towards its next full
 collection, which walks every object of the process: on a graph of n nodes a
-pass then pays for several such walks, each in proportion to n, and the
-number of walks grows with n too, so collection alone made compiling an
+pass would pay for several such walks, each in proportion to n, and the
+number of walks grows with n too: collection alone would make compiling an
 unrolled RNN super-linear. Passes run inside ``paused()``: the collector is
 off until the outermost paused block in any thread ends, then on again if it
 was on when the first one began. Reference counting still frees everything

@@ -75,8 +75,13 @@ def topo_nodes(targets, stop=()):
 
 def leaves_of(targets):
     """Variables and placeholders the targets depend on."""
+    return _leaves(topo_nodes(targets), targets)
+
+
+def _leaves(nodes, targets):
+    """``leaves_of(targets)`` from ``topo_nodes(targets)``."""
     found, seen = [], set()
-    for node in topo_nodes(targets):
+    for node in nodes:
         for x in node.inputs:
             if x.node is None and id(x) not in seen:
                 seen.add(id(x))
@@ -431,7 +436,8 @@ class Function(object):
         self._fetches = [as_tensor(f) for f in fetches if isinstance(f, Tensor)]
         self._feed_dict = dict(kwargs.get("feed_dict") or {})
         self._updates = self._check_updates(updates or [])
-        assigns = self._find_assigns(self.outputs + self._fetches + self._updates)
+        nodes = topo_nodes(self.outputs + self._fetches + self._updates)
+        assigns = [node.outputs[0] for node in nodes if isinstance(node.op, Assign)]
         self._assigns = assigns
         # update, update_add, ...: the function each update came from, for errors.
         self._assign_names = [a.node.op.api or "update" for a in assigns]
@@ -447,7 +453,11 @@ class Function(object):
         self._n_fetch = len(self._fetches)
         # A graph that does not read the learning phase needs one plan only:
         # build it now, so that a missing input is reported here.
-        leaves = leaves_of(self._targets)
+        if all(u.node is not None and isinstance(u.node.op, Assign) for u in self._updates):
+            # the targets' graph is the one just walked
+            leaves = _leaves(nodes, self._targets)
+        else:
+            leaves = leaves_of(self._targets)
         # Every variable an updating function reads or writes joins one lock
         # group; calls hold it from the variables' read to the assignment.
         self._group = None
@@ -466,14 +476,6 @@ class Function(object):
                 raise TypeError("function: an update must be a (variable, new_value) pair or "
                                 "the result of K.update/update_add/update_sub, got %r" % (u,))
         return list(updates)
-
-    @staticmethod
-    def _find_assigns(targets):
-        found = []
-        for node in topo_nodes(targets):
-            if isinstance(node.op, Assign):
-                found.append(node.outputs[0])
-        return found
 
     def plan_ops(self, learning_phase=0):
         """The ops a call with this learning phase runs, in order: what folding,

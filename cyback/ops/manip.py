@@ -86,7 +86,10 @@ class Tile(Op):
         reps = tuple(int(r) for r in reps_tensor[0]) if reps_tensor else self.reps
         if any(r < 0 for r in reps):
             raise ValueError("tile: negative repetition count in %s" % (reps,))
-        limits.check_shape("tile", [d * r for d, r in zip(x.shape, reps)], x.dtype)
+        shape = [d * r for d, r in zip(x.shape, reps)]
+        limits.check_shape("tile", shape, x.dtype)
+        if 0 in shape:
+            return (np.zeros(shape, x.dtype),)     # (np.tile repeats nothing r times)
         return (np.tile(x, reps),)
 
     def rewrite(self, inputs, ctx):
@@ -150,6 +153,9 @@ class RepeatElements(Op):
         shape = list(x.shape)
         shape[self.axis] *= self.rep
         limits.check_shape(self.api, shape, x.dtype)
+        if 0 in shape:
+            # NumPy steps through every repetition even of nothing
+            return (np.zeros(shape, x.dtype),)
         return (np.repeat(x, self.rep, axis=self.axis),)
 
     def grad(self, inputs, outputs, grads):
@@ -225,7 +231,7 @@ class Interp1D(Op):
         out_shape = list(x.shape)
         out_shape[a] *= f
         limits.check_shape(self.api, out_shape, x.dtype)
-        if x.shape[a] == 0:
+        if 0 in out_shape:
             return (np.zeros(out_shape, dtype=x.dtype),)
         if self.half_pixel:
             lo, hi, t = _half_pixel_taps(x.shape[a], f, x.dtype, x.ndim, a)

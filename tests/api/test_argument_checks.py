@@ -322,7 +322,7 @@ def test_the_size_bound_follows_the_address_space_limit():
 def test_a_same_pool_wider_than_the_input_reduces_whole_axes_at_once(mode, data_format):
     # A billion-row window with 'same' padding covers all 5 rows at each of
     # the ceil(5 / 2) outputs; the kernels get the narrowest window that does
-    # (they used to step through the billion).
+    # (their single-channel loop steps through every cell of the window).
     x = np.random.RandomState(3).randn(2, 5, 5, 3)
     y = K.eval(K.pool2d(K.constant(x, dtype="float64"), (10 ** 9, 1), strides=(2, 1),
                         padding="same", data_format=data_format, pool_mode=mode))
@@ -337,3 +337,23 @@ def test_any_and_all_of_a_scalar_with_an_axis(fn):
     v = K.variable(3, dtype="int32")
     assert K.eval(fn(v, 0, keepdims=True)) == np.bool_(True)
     assert K.eval(fn(K.constant(0.0), 0)) == np.bool_(False)
+
+
+@pytest.mark.parametrize("build, numpy_fn", [
+    (lambda x: K.repeat_elements(x, 2 ** 31, 1), "repeat"),
+    (lambda x: K.resize_volumes(K.reshape(x, (1, -1, 4, 1, 1)), 2 ** 31, 1, 1,
+                                "channels_last"), "repeat"),
+    (lambda x: K.tile(x, (1, 2 ** 31, 1)), "tile"),
+])
+def test_huge_counts_of_nothing_make_empty_results_directly(monkeypatch, build, numpy_fn):
+    # An axis of size 0 fed at run time: the result is empty, however large
+    # the count; NumPy would step through the 2**31 repetitions of nothing
+    # (a minute), so the ops make the empty result without it.
+    x = K.placeholder((3, 4, None), dtype="uint8")
+    f = K.function([x], [build(x)])
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("np.%s called for an empty result" % numpy_fn)
+    monkeypatch.setattr(np, numpy_fn, refuse)
+    out = f([np.zeros((3, 4, 0), "uint8")])[0]
+    assert out.size == 0 and out.dtype == np.uint8

@@ -6,8 +6,8 @@ CSE, the walk for the needed steps, local rewrites, the rest of the
 optimizer, fusion, frozen weights, the planner and code generator, and the
 graph walks they share), for a graph at n and at 2n. A pass whose count more
 than about doubles (ratio 2.5 allowed for fixed costs) does work that grows
-faster than the graph: the unrolled RNN below made fusion try every root of
-a chain too long for its registers again, walking the whole chain each time.
+faster than the graph: on the unrolled RNN below, a fusion that walked a
+chain too long for its registers again from each of its roots is caught.
 Work done inside one C call (a list scan written as ``x in list``) is not
 seen this way; the passes key their lookups by tensor id instead.
 """
