@@ -25,9 +25,6 @@ class Node:
         self.args = list(args)
         self.kwargs = dict(kwargs)
 
-    def refs(self):
-        return tensor_refs([self.args, self.kwargs])
-
     def __repr__(self):
         return 'Node(args=%r, kwargs=%r)' % (self.args, self.kwargs)
 
@@ -75,12 +72,6 @@ class ModelSpec:
         # A Keras 3 Sequential without an InputLayer keeps its input shape in
         # build_config.
         self.input_shape = input_shape
-
-    def layer(self, name):
-        for spec in self.layers:
-            if spec.name == name:
-                return spec
-        return None
 
     def __repr__(self):
         return 'ModelSpec(%r, %s, %d layers)' % (self.name, self.kind, len(self.layers))

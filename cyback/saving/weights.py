@@ -197,9 +197,9 @@ _OWN_VARIABLES = {
     'SimpleRNNCell': lambda c: ['kernel', 'recurrent_kernel'] + _bias(c),
     'ConvLSTMCell': lambda c: ['kernel', 'recurrent_kernel'] + _bias(c),
 }
-for _name in ('Conv1D', 'Conv2D', 'Conv3D', 'Conv1DTranspose', 'Conv2DTranspose',
-              'Conv3DTranspose'):
-    _OWN_VARIABLES[_name] = lambda c: ['kernel'] + _bias(c)
+_OWN_VARIABLES.update(dict.fromkeys(
+    ('Conv1D', 'Conv2D', 'Conv3D', 'Conv1DTranspose', 'Conv2DTranspose', 'Conv3DTranspose'),
+    lambda c: ['kernel'] + _bias(c)))
 
 _RNN_CELLS = {'LSTM': 'LSTMCell', 'GRU': 'GRUCell', 'SimpleRNN': 'SimpleRNNCell',
               'ConvLSTM1D': 'ConvLSTMCell', 'ConvLSTM2D': 'ConvLSTMCell',
@@ -248,12 +248,6 @@ class Keras3Source:
         self.check_names = check_names
         self._consumed = set()
         self.problems = []
-
-    def layer_names(self):
-        return [path for path in self.layout]
-
-    def has_layer(self, path):
-        return path in self.layout
 
     def layer_vars(self, path, class_name=None, file_top=None):
         if file_top is not None:
