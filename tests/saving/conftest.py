@@ -45,9 +45,14 @@ FIXTURES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fixture
 def _fresh_keras_state():
     if keras is None:
         pytest.skip('multi-backend keras and h5py are not installed')
+    # Layer names come from backend uids, and Keras 2.3.1's initializers draw
+    # from NumPy's global generator: both start the same in every test, and
+    # the generator is given back as it was.
     keras.backend.reset_uids()
+    saved = np.random.get_state()
     np.random.seed(0)
     yield
+    np.random.set_state(saved)
     keras.backend.reset_uids()
 
 
