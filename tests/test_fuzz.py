@@ -537,18 +537,19 @@ def run(calls, seed=0, timeout=0, hard=0, start=0, log=None, hard_file=None, inj
 
 # ------------------------------------------------------------ the long run
 
-def _child_env():
+def _child_env(workdir):
     env = dict(os.environ)
     # one thread each: the long run shares the machine
     env.update(CYBACK_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                PYTHONSAFEPATH="1")
-    env.setdefault("KERAS_HOME", tempfile.mkdtemp(prefix="cyback-fuzz-keras-"))
+    env.setdefault("KERAS_HOME", workdir)
     return env
 
 
 def _run_chunk(start, stop, seed, timeout, max_gib, workdir, counts, failures):
     """Calls [start, stop) in child processes, a new one after each crash or
     hard hang, adding to ``counts`` and ``failures``."""
+    env = _child_env(workdir)
     log = os.path.join(workdir, "log-%d" % start)
     dump = os.path.join(workdir, "dump-%d" % start)
     while start < stop:
@@ -558,17 +559,17 @@ def _run_chunk(start, stop, seed, timeout, max_gib, workdir, counts, failures):
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "--start", str(start),
                "--stop", str(stop), "--seed", str(seed), "--timeout", str(timeout),
                "--max-gib", str(max_gib), "--log", log, "--dump", dump]
-        child = subprocess.run(cmd, env=_child_env(), stdout=subprocess.DEVNULL,
+        child = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE)
         if not os.path.exists(log):
             # dead before its first call: the harness, not a call, failed
             raise RuntimeError("fuzz: a child could not start (exit status %d): %s"
                                % (child.returncode, child.stderr.decode(errors="replace")))
-        last = start
+        running, resume = None, start    # the call without an outcome, the next one
         with open(log) as f:
             for line in f:
                 if line.startswith(">"):
-                    last = int(line[1:])
+                    running = int(line[1:])
                     continue
                 try:
                     i, name, outcome, why = json.loads(line)
@@ -577,22 +578,25 @@ def _run_chunk(start, stop, seed, timeout, max_gib, workdir, counts, failures):
                 counts[name][outcome] += 1
                 if why is not None:
                     failures.append((name, call_seed(seed, i), outcome, why))
-                last = i + 1
+                running, resume = None, i + 1
         if child.returncode == 0:
             return
         with open(dump) as f:
             hung = "Timeout" in f.read()
-        name = _name_of_call(last)
         outcome = "hang" if hung else "crash"
         why = "no result after %gs, stuck outside Python" % (3 * timeout) if hung else \
             "the interpreter died (exit status %d): %s" % (
                 child.returncode, child.stderr.decode(errors="replace")[-300:])
+        if running is None:
+            # died between two calls: charged to the harness, not to a call
+            raise RuntimeError("fuzz: a child died after call %d: %s" % (resume - 1, why))
+        name = _name_of_call(running)
         counts[name][outcome] += 1
-        failures.append((name, call_seed(seed, last), outcome, why))
-        start = last + 1
+        failures.append((name, call_seed(seed, running), outcome, why))
+        start = running + 1
 
 
-def run_isolated(calls, seed=0, timeout=20.0, max_gib=6, jobs=1, chunk=2000):
+def run_isolated(calls, seed=0, timeout=30.0, max_gib=4, jobs=1, chunk=2000):
     """``run`` through child processes (see the module docstring), ``jobs``
     at a time."""
     counts = collections.defaultdict(collections.Counter)
@@ -603,7 +607,10 @@ def run_isolated(calls, seed=0, timeout=20.0, max_gib=6, jobs=1, chunk=2000):
     errors = []
 
     def worker():
-        workdir = tempfile.mkdtemp(prefix="cyback-fuzz-")
+        with tempfile.TemporaryDirectory(prefix="cyback-fuzz-") as workdir:
+            work(workdir)
+
+    def work(workdir):
         while True:
             with lock:
                 if not pending or errors:
