@@ -70,9 +70,12 @@ def main():
     parser.add_argument('--train', metavar='DIR', help='the training half (TensorFlow env)')
     parser.add_argument('--tf-keras', action='store_true', help='train with tf_keras 2.x')
     parser.add_argument('--serve', metavar='DIR', help='the serving half (cyback env)')
-    parser.add_argument('--tf-python', default='/work/tfenv/bin/python',
-                        help='interpreter of the TensorFlow environment')
+    parser.add_argument('--tf-python',
+                        help='interpreter of the TensorFlow environment (for both halves)')
     args = parser.parse_args()
+    if not (args.train or args.serve or args.tf_python):
+        parser.error('give --tf-python (a Python with TensorFlow and Keras 3 or tf_keras), '
+                     'or run the halves by hand with --train and --serve')
     if args.train:
         train(args.train, args.tf_keras)
     elif args.serve:
@@ -80,7 +83,10 @@ def main():
     else:
         with tempfile.TemporaryDirectory() as outdir:
             command = [args.tf_python, os.path.abspath(__file__), '--train', outdir]
-            subprocess.run(command + (['--tf-keras'] if args.tf_keras else []), check=True)
+            # Keras 3 there must not take cyback's backend setting from this process
+            env = dict(os.environ, KERAS_BACKEND='tensorflow')
+            subprocess.run(command + (['--tf-keras'] if args.tf_keras else []), check=True,
+                           env=env)
             serve(outdir)
 
 

@@ -22,8 +22,35 @@ SCRIPTS = {
 }
 
 
+# Examples whose first half needs TensorFlow: run where CYBACK_TF_PYTHON names a
+# Python that has it (never in CI, which has no TensorFlow).
+TF_SCRIPTS = {
+    "serve_tf_keras_model.py": "predictions match the training",
+}
+
+
 def test_every_example_is_tested():
-    assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(SCRIPTS)
+    assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(set(SCRIPTS) | set(TF_SCRIPTS))
+
+
+@pytest.mark.parametrize("script", sorted(TF_SCRIPTS))
+def test_tf_example_runs(script, tmp_path):
+    tf_python = os.environ.get("CYBACK_TF_PYTHON")
+    if not tf_python:
+        pytest.skip("%s trains with TensorFlow: set CYBACK_TF_PYTHON to a Python that has it"
+                    % script)
+    env = dict(os.environ, KERAS_HOME=str(tmp_path / "keras-home"), KERAS_BACKEND="cyback")
+    out = subprocess.run([sys.executable, str(EXAMPLES / script), "--tf-python", tf_python],
+                         env=env, cwd=str(tmp_path), capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert TF_SCRIPTS[script] in out.stdout, out.stdout
+
+
+def test_tf_example_explains_what_it_needs(tmp_path):
+    out = subprocess.run([sys.executable, str(EXAMPLES / "serve_tf_keras_model.py")],
+                         cwd=str(tmp_path), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "give --tf-python" in out.stderr
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
