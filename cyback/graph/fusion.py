@@ -338,10 +338,13 @@ def _forest(steps, joinable, producer, users, keep):
                     x.shape != shape or k in kids:
                 continue
             kids.append(k)
-            inner.append(x)
+            inner.append(x.id)
         children[j] = kids
-        tensors, consts = set(), set()
-        if kids:
+        if not kids:
+            tensors, consts = set(), set()
+        elif len(kids) == 1:
+            tensors, consts = tensors_of.pop(kids[0]), consts_of.pop(kids[0])
+        else:
             sets = [(tensors_of.pop(k), consts_of.pop(k)) for k in kids]
             tensors = max((t for t, _ in sets), key=len)
             consts = max((c for _, c in sets), key=len)
@@ -351,7 +354,7 @@ def _forest(steps, joinable, producer, users, keep):
                 if c is not consts:
                     consts |= c
         for x in ins:
-            if any(x is y for y in inner):
+            if x.id in inner:
                 continue
             if type(x) is Constant and x.value.size == 1:
                 # as ProgramBuilder.const tells constants apart
