@@ -1,6 +1,7 @@
 """Symbolic loops of the Keras backend API: rnn, map_fn, foldl, foldr."""
 from cyback import config
 from cyback.graph import calls as _calls
+from cyback.graph import collector
 from cyback.graph.function import leaves_of
 from cyback.graph.tensor import Tensor, as_tensor
 from cyback.ops import elementwise as ew
@@ -166,14 +167,16 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
                              "shape %s" % (flat_inputs[0].shape,))
         states, outputs = flat_init, []
         prev = zeros_out if m is not None else None
-        for t in range(steps):
-            out, new = call_step([shp.getitem(x, t) for x in xs], states)
-            if m is not None:
-                out, new = masked(shp.getitem(m, t), out, new, states, prev)
-                prev = out
-            outputs.append(out)
-            states = new
-        outputs_tm = _stack_steps(outputs)
+        # a whole graph is built here: see graph/collector.py
+        with collector.paused():
+            for t in range(steps):
+                out, new = call_step([shp.getitem(x, t) for x in xs], states)
+                if m is not None:
+                    out, new = masked(shp.getitem(m, t), out, new, states, prev)
+                    prev = out
+                outputs.append(out)
+                states = new
+            outputs_tm = _stack_steps(outputs)
         last = outputs[-1]
         final = states
     else:

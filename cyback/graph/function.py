@@ -122,6 +122,7 @@ def _rewrite(targets, givens):
         return t
 
     steps, seen = [], {}
+    keys = {}       # id(op) -> op.key(): an op object serves many nodes
     for node in topo_nodes(targets):
         op = node.op
         ins = [resolve(x) for x in node.inputs]
@@ -141,7 +142,9 @@ def _rewrite(targets, givens):
             for out, f in zip(node.outputs, forward):
                 repl[out.id] = resolve(f)
             continue
-        key = op.key()
+        key = keys.get(id(op), keys)
+        if key is keys:
+            key = keys[id(op)] = op.key()
         if key is not None:
             key = (key, tuple(x.id for x in ins))
             prev = seen.get(key)

@@ -282,8 +282,20 @@ def fuse(steps, targets, exact, skip=()):
             users[x.id] = users.get(x.id, 0) + 1
     keep = {t.id for t in targets}
     skip = {t.id for t in skip}
-    joinable = [_ewise_ok(op, ins, outs) and _probe(op, ins, outs[0], exact)
-                for op, ins, outs in steps]
+    # Whether a step may join a group depends on its op and its operands'
+    # shapes and kinds, not on their values: probed once per such signature
+    # (an op object is shared by many steps: one Binary('add') for all adds).
+    probed = {}
+    joinable = []
+    for op, ins, outs in steps:
+        ok = _ewise_ok(op, ins, outs)
+        if ok:
+            key = (id(op), outs[0].shape, outs[0].dtype,
+                   tuple((x.shape, type(x) is Constant and x.value.size == 1) for x in ins))
+            ok = probed.get(key)
+            if ok is None:
+                ok = probed[key] = _probe(op, ins, outs[0], exact)
+        joinable.append(ok)
     children, n_operands = _forest(steps, joinable, producer, users, keep)
     taken = set()
     replaced = {}
