@@ -1,8 +1,11 @@
 """Check that tf.keras application models load on cyback and match (optional,
 not CI: it needs TensorFlow).
 
-    .venv/bin/python benchmarks/check_applications.py [--all] [--keras3]
-        [--tf-python /work/tfenv/bin/python] [--size 96] [--keep DIR] [names...]
+    .venv/bin/python benchmarks/check_applications.py --tf-python PYTHON [--all]
+        [--keras3] [--time-load] [--size 96] [--keep DIR] [names...]
+
+``PYTHON`` is the interpreter of an environment with TensorFlow, tf_keras and
+(for ``--keras3``) Keras 3.
 
 Two processes, because cyback runs under multi-backend Keras 2.3.1 while the
 TensorFlow environment's ``keras`` is Keras 3 (both Python 3.11 / NumPy 2.4
@@ -262,7 +265,8 @@ def main():
     parser.add_argument('--all', action='store_true', help='every variant of every family')
     parser.add_argument('--keras3', action='store_true', help='Keras 3 .keras files too')
     parser.add_argument('--size', type=int, default=96, help='input side (default 96)')
-    parser.add_argument('--tf-python', default='/work/tfenv/bin/python')
+    parser.add_argument('--tf-python',
+                        help='a Python with TensorFlow and tf_keras (and Keras 3)')
     parser.add_argument('--keep', help='directory for the files (default: a temporary one)')
     parser.add_argument('--time-load', action='store_true',
                         help='time loading ResNet50 in both frameworks, once')
@@ -273,6 +277,9 @@ def main():
     if args.make:
         make(args.make, names, args.size, args.keras3, args.time_load)
         return 0
+    if not args.tf_python:
+        parser.error('give --tf-python, the interpreter of an environment with TensorFlow '
+                     'and tf_keras (cyback\'s own has neither)')
     with tempfile.TemporaryDirectory(prefix='cyback-apps-') as tmp:
         outdir = args.keep or tmp
         os.makedirs(outdir, exist_ok=True)
@@ -280,8 +287,9 @@ def main():
                    '--size', str(args.size)] + names
         command += ['--keras3'] if args.keras3 else []
         command += ['--time-load'] if args.time_load else []
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
-        env.pop('KERAS_BACKEND', None)
+        # Keras 3 there must not take cyback's backend from this process
+        # (or from a keras.json that names cyback).
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', KERAS_BACKEND='tensorflow')
         subprocess.run(command, check=True, env=env)
         return 0 if check(outdir) else 1
 
