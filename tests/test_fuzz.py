@@ -13,9 +13,10 @@ anything else is a failure:
 
 Seeded. CI runs a short budget in-process (``CYBACK_FUZZ_CALLS``, default
 600 calls, a few seconds). A long run goes through child processes that are
-restarted after a crash or a hard hang, each under a memory cap (so that a
-huge allocation fails at once rather than swapping) on one thread, and
-prints the outcome counts per function, the totals and the time:
+restarted after a crash or a hard hang, each on one thread under a memory
+cap (a huge allocation fails at once instead of taking a shared machine's
+memory; cyback's size bound follows the cap), and prints the outcome counts
+per function, the totals and the time:
 
     CYBACK_FUZZ_CALLS=100000 python tests/test_fuzz.py [--seed S] [--jobs 2]
 
