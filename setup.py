@@ -38,6 +38,7 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CACHE_DIR = os.path.join(HERE, "build", "cyback-cache")
+CACHE_ENTRIES = 3          # builds kept per module
 
 CYTHON_DIRECTIVES = {
     "boundscheck": False, "wraparound": False, "cdivision": True,
@@ -215,9 +216,12 @@ class BuildExt(build_ext):
     @staticmethod
     def _store(cached, built, name):
         os.makedirs(CACHE_DIR, exist_ok=True)
-        # Keep one entry per module: an older entry is a stale build of it.
-        for old in glob.glob(os.path.join(CACHE_DIR, name + "-*")):
-            os.remove(old)
+        # Keep the newest few entries per module: a checkout is often built both by pip
+        # (in its temporary build environment) and in place (with the venv's paths),
+        # whose keys differ; older entries are stale builds.
+        old = sorted(glob.glob(os.path.join(CACHE_DIR, name + "-*")), key=os.path.getmtime)
+        for path in old[:max(0, len(old) - (CACHE_ENTRIES - 1))]:
+            os.remove(path)
         tmp = cached + ".tmp%d" % os.getpid()
         shutil.copy(built, tmp)
         os.replace(tmp, cached)
