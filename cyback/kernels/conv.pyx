@@ -1243,6 +1243,12 @@ def _compute_geometry(x_shape, k_shape, strides, dilation, pads, channels_last, 
     x_shape = tuple(int(s) for s in x_shape)
     k_shape = tuple(int(s) for s in k_shape)
     rank = len(x_shape) - 2
+    if len(k_shape) == len(x_shape) + 1 and 3 <= len(k_shape) <= 5:
+        # the kernel's rank says what the input lacks: its batch axis
+        raise ValueError("%s: the input %s has no batch axis: a %d-D kernel %s takes %d-D "
+                         "input (batch, %d spatial axes, channels); add one (x[None])"
+                         % (fname, x_shape, len(k_shape), k_shape, len(k_shape),
+                            len(k_shape) - 2))
     if rank not in (1, 2, 3):
         raise ValueError("%s: input must have 1 to 3 spatial axes, got shape %s"
                          % (fname, x_shape))

@@ -391,6 +391,12 @@ def test_bad_arguments():
         conv.conv_forward(x, np.ones((3, 3, 2, 4), np.float32), (1, 1), (1, 1), p)
     with pytest.raises(ValueError):
         conv.conv_forward(x, np.ones((3, 3, 4), np.float32), (1, 1), (1, 1), p)
+    # one image without its batch axis: the message says so
+    with pytest.raises(ValueError, match=r"the input \(5, 5, 3\) has no batch axis"):
+        conv.conv_forward(x[0], w, (1, 1), (1, 1), p)
+    with pytest.raises(ValueError, match="has no batch axis"):
+        conv.conv_forward(np.ones((7, 3), np.float32), np.ones((3, 3, 4), np.float32), (1,),
+                          (1,), [(0, 0)])
     with pytest.raises(ValueError):
         conv.conv_forward(np.ones((2, 3), np.float32), np.ones((3, 4), np.float32), (), (), [])
     with pytest.raises(ValueError):
