@@ -78,10 +78,17 @@ def test_matmul_read_only_input(rng):
     ((np.ones(3), np.ones((3, 2))), ValueError),
     ((np.ones((2, 3), "float32"), np.ones((3, 2))), TypeError),
     ((np.ones((2, 3), "int32"), np.ones((3, 2), "int32")), TypeError),
+    (("abc", np.ones((3, 2))), TypeError),
+    (([[1.0, 2.0]], np.ones((2, 2))), TypeError),
 ])
 def test_matmul_bad_arguments(bad, err):
     with pytest.raises(err, match="matmul"):
         matmul(*bad)
+
+
+def test_batch_gemm_refuses_what_is_not_an_array():
+    with pytest.raises(TypeError, match="batch_gemm: expected two NumPy arrays"):
+        batch_gemm("abc", np.ones((1, 2, 2)))
 
 
 @pytest.mark.parametrize("ta", [False, True])
