@@ -150,11 +150,21 @@ def export(work, models, batches, threads):
         model.save(os.path.join(d, "model.h5"))
         dtype = tf.int32 if model.inputs[0].dtype.name.startswith("int") else tf.float32
         spec = (tf.TensorSpec((None,) + tuple(model.input_shape[1:]), dtype, name="input"),)
-        tf2onnx.convert.from_keras(model, input_signature=spec, opset=17,
-                                   output_path=os.path.join(d, "model.onnx"))
-        conv = tf.lite.TFLiteConverter.from_keras_model(model)
-        with open(os.path.join(d, "model.tflite"), "wb") as f:
-            f.write(conv.convert())
+        # a converter that cannot take a model leaves that peer out of its row
+        try:
+            tf2onnx.convert.from_keras(model, input_signature=spec, opset=17,
+                                       output_path=os.path.join(d, "model.onnx"))
+        except Exception as e:
+            print("tf2onnx cannot convert %s: %s" % (name, str(e).splitlines()[0][:200]),
+                  file=sys.stderr)
+        try:
+            conv = tf.lite.TFLiteConverter.from_keras_model(model)
+            flat = conv.convert()
+            with open(os.path.join(d, "model.tflite"), "wb") as f:
+                f.write(flat)
+        except Exception as e:
+            print("the TFLite converter cannot convert %s: %s"
+                  % (name, str(e).splitlines()[0][:200]), file=sys.stderr)
         for b in batches:
             x = inputs_for(model, b)
             np.save(os.path.join(d, "x_b%d.npy" % b), x)
