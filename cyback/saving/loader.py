@@ -14,6 +14,7 @@ import warnings
 
 import cyback.layers
 from cyback.layers import import_keras
+from cyback.quantization import layers as quantized_layers
 from cyback.saving import (
     compile_config,
     files,
@@ -115,6 +116,8 @@ def load_weights(model, filepath, by_name=False, skip_mismatch=False):
 
 def _objects(writer, custom_objects):
     objects = cyback.layers.custom_objects(keras3=(writer == files.KERAS3))
+    # models that cyback.quantize made and Keras 2.3.1 saved
+    objects.update(quantized_layers.LAYERS)
     objects['TensorOp'] = op_layers.TensorOp
     objects['ZeroMaskedSteps'] = op_layers.ZeroMaskedSteps
     objects.update(custom_objects or {})

@@ -285,7 +285,8 @@ def test_save_and_load(tmp_path, rng):
         config = config.decode() if isinstance(config, bytes) else config
         assert '"QuantizedConv2D"' in config and '"input_zero_point"' in config
     for load in (lambda: keras.models.load_model(path, custom_objects=cq.custom_objects()),
-                 lambda: cyback.load_model(path, custom_objects=cq.custom_objects())):
+                 lambda: cyback.load_model(path, custom_objects=cq.custom_objects()),
+                 lambda: cyback.load_model(path)):     # cyback.load_model knows them
         loaded = load()
         assert [type(a).__name__ for a in loaded.layers] == \
             [type(b).__name__ for b in q.layers]
