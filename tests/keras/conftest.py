@@ -1,49 +1,20 @@
-"""Multi-backend Keras (2.3.1) running on cyback.
-
-Keras reads KERAS_BACKEND and KERAS_HOME once, when ``keras`` is first
-imported, so both are set here, before any test module imports it. The
-temporary KERAS_HOME keeps the user's ~/.keras/keras.json out of the tests
-(Keras writes a default one there). Without keras installed the whole
-directory is skipped (not collected).
+"""Multi-backend Keras (2.3.1) running on cyback (imported by
+tests/keras_on_cyback.py before any test module imports it; without keras
+the whole directory is skipped).
 """
 
 import importlib.util
 import os
 import random
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
 
+from keras_on_cyback import import_keras, remove_keras_home
 
-def _installed(name):
-    # tests/ may be on sys.path (pytest's rootdir-relative imports), where
-    # this very directory would pass for a namespace package named keras.
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return False
-    return spec is not None and spec.origin is not None
-
-
-if not (_installed('keras') and _installed('h5py')):
-    # Skip the directory. (pytest.importorskip here would abort the whole run
-    # when this directory is named on the command line, as the conftest is
-    # then loaded while pytest parses its arguments.)
-    collect_ignore_glob = ['test_*.py']
-    keras = None
-else:
-    _KERAS_HOME = tempfile.mkdtemp(prefix='cyback-keras-home-')
-    os.environ['KERAS_HOME'] = _KERAS_HOME
-    os.environ['KERAS_BACKEND'] = 'cyback'
-    import keras
-
-    if keras.backend.backend() != 'cyback':
-        raise RuntimeError(
-            'keras was imported with backend %r before '
-            'tests/keras/conftest.py could select cyback; run these tests in '
-            'their own pytest process' % keras.backend.backend())
+keras = import_keras('tests/keras/conftest.py')
+if keras is None:
+    collect_ignore_glob = ['test_*.py']     # skip the folder (keras_on_cyback.py)
 
 FIXTURES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                             'fixtures')
@@ -96,5 +67,4 @@ def reseed():
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if keras is not None:
-        shutil.rmtree(_KERAS_HOME, ignore_errors=True)
+    remove_keras_home()

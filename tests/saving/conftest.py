@@ -1,42 +1,18 @@
-"""Model files on multi-backend Keras 2.3.1 running on cyback.
-
-Keras reads KERAS_BACKEND and KERAS_HOME once, when ``keras`` is first
-imported, so both are set here, before any test module imports it (a
-temporary KERAS_HOME keeps the user's keras.json out). Without Keras or h5py
-the directory is skipped. TensorFlow is never imported: the files in
-fixtures/ were made elsewhere (fixtures/README.md).
+"""Model files on multi-backend Keras 2.3.1 running on cyback (imported by
+tests/keras_on_cyback.py; without Keras or h5py the directory is skipped).
+TensorFlow is never imported: the files in fixtures/ were made elsewhere
+(fixtures/README.md).
 """
-import importlib.util
 import os
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
 
+from keras_on_cyback import import_keras, remove_keras_home
 
-def _installed(name):
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return False
-    return spec is not None and spec.origin is not None
-
-
-if not (_installed('keras') and _installed('h5py')):
-    collect_ignore_glob = ['test_*.py']
-    keras = None
-else:
-    _KERAS_HOME = tempfile.mkdtemp(prefix='cyback-keras-home-')
-    os.environ['KERAS_HOME'] = _KERAS_HOME
-    os.environ['KERAS_BACKEND'] = 'cyback'
-    import keras
-
-    if keras.backend.backend() != 'cyback':
-        raise RuntimeError(
-            'keras was imported with backend %r before tests/saving/conftest.py could '
-            'select cyback; run these tests in their own pytest process'
-            % keras.backend.backend())
+keras = import_keras('tests/saving/conftest.py')
+if keras is None:
+    collect_ignore_glob = ['test_*.py']     # skip the folder (keras_on_cyback.py)
 
 FIXTURES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fixtures')
 
@@ -62,5 +38,4 @@ def fixtures_dir():
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if keras is not None:
-        shutil.rmtree(_KERAS_HOME, ignore_errors=True)
+    remove_keras_home()

@@ -1,0 +1,52 @@
+"""Multi-backend Keras (2.3.1) on cyback, for the test folders that need it
+(tests/keras, tests/layers, tests/saving, tests/quantization).
+
+Keras reads KERAS_BACKEND and KERAS_HOME once, when ``keras`` is first
+imported, so the first conftest to call ``import_keras`` sets both; a
+temporary KERAS_HOME keeps the user's keras.json out of the tests (Keras
+writes a default one there). Without keras or h5py a folder skips itself:
+its conftest sets ``collect_ignore_glob`` (pytest.importorskip there would
+abort the whole run when the folder is named on the command line, as the
+conftest is then loaded while pytest parses its arguments).
+"""
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+
+_home = []      # the temporary KERAS_HOME, once made
+
+
+def installed(name):
+    # tests/ is on sys.path (pytest's rootdir-relative imports), where
+    # tests/keras would pass for a namespace package named keras.
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.origin is not None
+
+
+def import_keras(conftest):
+    """Keras imported with the cyback backend, or None when keras or h5py is
+    not installed. ``conftest`` names the caller in the error raised when
+    Keras was imported with another backend first."""
+    if not (installed('keras') and installed('h5py')):
+        return None
+    if 'keras' not in sys.modules:
+        _home.append(tempfile.mkdtemp(prefix='cyback-keras-home-'))
+        os.environ['KERAS_HOME'] = _home[0]
+        os.environ['KERAS_BACKEND'] = 'cyback'
+    import keras
+    if keras.backend.backend() != 'cyback':
+        raise RuntimeError(
+            'keras was imported with backend %r before %s could select cyback; run '
+            'these tests in their own pytest process' % (keras.backend.backend(), conftest))
+    return keras
+
+
+def remove_keras_home():
+    """Remove the temporary KERAS_HOME (at the end of the session)."""
+    while _home:
+        shutil.rmtree(_home.pop(), ignore_errors=True)
