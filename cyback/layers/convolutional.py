@@ -58,7 +58,27 @@ def depthwise_conv1d(x, kernel, stride, padding, data_format, dilation):
 class _GroupedConv:
     """Grouped convolution for Conv1D / Conv2D: the input channels split into
     ``groups`` equal groups, group g convolved with kernel[..., g * F/G:(g + 1) * F/G]
-    (the kernel holds C/G input channels) into output channels g * F/G onwards."""
+    (the kernel holds C/G input channels) into output channels g * F/G onwards.
+    Mixed in before Keras's ConvND: with groups = 1 the stock layer runs."""
+
+    def __init__(self, filters, kernel_size, groups=1, **kwargs):
+        super().__init__(filters, kernel_size, **kwargs)
+        self.groups = _check_groups(type(self).__name__, groups, self.filters)
+
+    def build(self, input_shape):
+        if self.groups == 1:
+            return super().build(input_shape)
+        self._build_grouped(input_shape)
+
+    def call(self, inputs):
+        if self.groups == 1:
+            return super().call(inputs)
+        return self._call_grouped(inputs)
+
+    def get_config(self):
+        config = super().get_config()
+        config['groups'] = self.groups
+        return config
 
     def _build_grouped(self, input_shape):
         cls = type(self).__name__
@@ -125,48 +145,10 @@ class Conv2D(_GroupedConv, keras.layers.Conv2D):
     makes its share of the output channels (groups = channels is a depthwise
     convolution, as ConvNeXt uses). Weights: ``kernel``, then ``bias``."""
 
-    def __init__(self, filters, kernel_size, groups=1, **kwargs):
-        super().__init__(filters, kernel_size, **kwargs)
-        self.groups = _check_groups(type(self).__name__, groups, self.filters)
-
-    def build(self, input_shape):
-        if self.groups == 1:
-            return super().build(input_shape)
-        self._build_grouped(input_shape)
-
-    def call(self, inputs):
-        if self.groups == 1:
-            return super().call(inputs)
-        return self._call_grouped(inputs)
-
-    def get_config(self):
-        config = super().get_config()
-        config['groups'] = self.groups
-        return config
-
 
 class Conv1D(_GroupedConv, keras.layers.Conv1D):
     """Keras 2.3.1's Conv1D, plus tf.keras's ``groups``; see Conv2D. Weights: ``kernel``
     (k, in_channels / groups, filters), then ``bias`` (filters,)."""
-
-    def __init__(self, filters, kernel_size, groups=1, **kwargs):
-        super().__init__(filters, kernel_size, **kwargs)
-        self.groups = _check_groups(type(self).__name__, groups, self.filters)
-
-    def build(self, input_shape):
-        if self.groups == 1:
-            return super().build(input_shape)
-        self._build_grouped(input_shape)
-
-    def call(self, inputs):
-        if self.groups == 1:
-            return super().call(inputs)
-        return self._call_grouped(inputs)
-
-    def get_config(self):
-        config = super().get_config()
-        config['groups'] = self.groups
-        return config
 
 
 class _Conv1DBase(Layer):
