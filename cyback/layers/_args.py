@@ -4,7 +4,8 @@ import numbers
 
 __all__ = [
     'check_int', 'check_number', 'check_bool', 'check_choice', 'check_axis_arg',
-    'resolve_axes', 'int_tuple', 'static_or_symbolic_shape',
+    'resolve_axes', 'int_tuple', 'static_or_symbolic_shape', 'set_weight_args',
+    'weight_args_config', 'KERNEL_BIAS_ARGS',
 ]
 
 
@@ -101,3 +102,32 @@ def static_or_symbolic_shape(K, x):
         else:
             out.append(d)
     return out
+
+
+#: The initializer/regularizer/constraint arguments of a layer with a kernel and a bias.
+KERNEL_BIAS_ARGS = ('kernel_initializer', 'bias_initializer', 'kernel_regularizer',
+                    'bias_regularizer', 'activity_regularizer', 'kernel_constraint',
+                    'bias_constraint')
+
+
+def _weight_arg_module(name):
+    """Keras's module for a ``<weight>_initializer`` / ``_regularizer`` /
+    ``_constraint`` argument."""
+    from cyback.layers._keras import import_keras
+    keras = import_keras()
+    kind = name.rsplit('_', 1)[1]
+    return {'initializer': keras.initializers, 'regularizer': keras.regularizers,
+            'constraint': keras.constraints}[kind]
+
+
+def set_weight_args(layer, **args):
+    """``layer.<name> = keras.<kind>s.get(value)`` for each argument
+    ``<weight>_initializer`` / ``_regularizer`` / ``_constraint`` (and
+    ``activity_regularizer``)."""
+    for name, value in args.items():
+        setattr(layer, name, _weight_arg_module(name).get(value))
+
+
+def weight_args_config(layer, *names):
+    """The config entries of the arguments ``set_weight_args`` set."""
+    return {name: _weight_arg_module(name).serialize(getattr(layer, name)) for name in names}

@@ -10,9 +10,6 @@ from cyback.layers.einsum_dense import EinsumDense
 keras = import_keras()
 K = keras.backend
 Layer = keras.engine.base_layer.Layer
-initializers = keras.initializers
-regularizers = keras.regularizers
-constraints = keras.constraints
 
 __all__ = ['MultiHeadAttention', 'masked_softmax']
 
@@ -59,6 +56,7 @@ def masked_softmax(scores, mask, axes):
     if len(axes) == 1:
         return K.softmax(scores, axis=axes[0])
     return K.exp(scores - K.logsumexp(scores, axis=list(axes), keepdims=True))
+
 
 
 class MultiHeadAttention(Layer):
@@ -142,13 +140,11 @@ class MultiHeadAttention(Layer):
         self.softmax_robust_masking = _args.check_bool(cls, 'softmax_robust_masking',
                                                        softmax_robust_masking)
         self.query_shape, self.key_shape, self.value_shape = query_shape, key_shape, value_shape
-        self.kernel_initializer = initializers.get(kernel_initializer)
-        self.bias_initializer = initializers.get(bias_initializer)
-        self.kernel_regularizer = regularizers.get(kernel_regularizer)
-        self.bias_regularizer = regularizers.get(bias_regularizer)
-        self.activity_regularizer = regularizers.get(activity_regularizer)
-        self.kernel_constraint = constraints.get(kernel_constraint)
-        self.bias_constraint = constraints.get(bias_constraint)
+        _args.set_weight_args(
+            self, kernel_initializer=kernel_initializer, bias_initializer=bias_initializer,
+            kernel_regularizer=kernel_regularizer, bias_regularizer=bias_regularizer,
+            activity_regularizer=activity_regularizer, kernel_constraint=kernel_constraint,
+            bias_constraint=bias_constraint)
         self.supports_masking = True
         self._returns_scores = False
 
@@ -384,13 +380,7 @@ class MultiHeadAttention(Layer):
                 self.output_shape_arg),
             'attention_axes': None if self.attention_axes is None else list(
                 self.attention_axes),
-            'kernel_initializer': initializers.serialize(self.kernel_initializer),
-            'bias_initializer': initializers.serialize(self.bias_initializer),
-            'kernel_regularizer': regularizers.serialize(self.kernel_regularizer),
-            'bias_regularizer': regularizers.serialize(self.bias_regularizer),
-            'activity_regularizer': regularizers.serialize(self.activity_regularizer),
-            'kernel_constraint': constraints.serialize(self.kernel_constraint),
-            'bias_constraint': constraints.serialize(self.bias_constraint),
+            **_args.weight_args_config(self, *_args.KERNEL_BIAS_ARGS),
             'use_gate': self.use_gate,
             'sliding_window': self.sliding_window,
             'softmax_robust_masking': self.softmax_robust_masking,

@@ -9,9 +9,6 @@ Layer = keras.engine.base_layer.Layer
 InputSpec = keras.engine.base_layer.InputSpec
 conv_utils = keras.utils.conv_utils
 activations = keras.activations
-initializers = keras.initializers
-regularizers = keras.regularizers
-constraints = keras.constraints
 
 __all__ = ['Conv1D', 'Conv2D', 'Conv1DTranspose', 'DepthwiseConv1D']
 
@@ -168,10 +165,10 @@ class _Conv1DBase(Layer):
         self.data_format = K.normalize_data_format(data_format)
         self.activation = activations.get(activation)
         self.use_bias = _args.check_bool(cls, 'use_bias', use_bias)
-        self.bias_initializer = initializers.get(bias_initializer)
-        self.bias_regularizer = regularizers.get(bias_regularizer)
-        self.activity_regularizer = regularizers.get(activity_regularizer)
-        self.bias_constraint = constraints.get(bias_constraint)
+        _args.set_weight_args(self, bias_initializer=bias_initializer,
+                              bias_regularizer=bias_regularizer,
+                              activity_regularizer=activity_regularizer,
+                              bias_constraint=bias_constraint)
         self.input_spec = InputSpec(ndim=3)
 
     def _channels(self, input_shape):
@@ -197,10 +194,8 @@ class _Conv1DBase(Layer):
             'kernel_size': self.kernel_size, 'strides': self.strides, 'padding': self.padding,
             'data_format': self.data_format, 'dilation_rate': self.dilation_rate,
             'activation': activations.serialize(self.activation), 'use_bias': self.use_bias,
-            'bias_initializer': initializers.serialize(self.bias_initializer),
-            'bias_regularizer': regularizers.serialize(self.bias_regularizer),
-            'activity_regularizer': regularizers.serialize(self.activity_regularizer),
-            'bias_constraint': constraints.serialize(self.bias_constraint),
+            **_args.weight_args_config(self, 'bias_initializer', 'bias_regularizer',
+                                       'activity_regularizer', 'bias_constraint'),
         }
 
     def _time_axis(self):
@@ -231,9 +226,9 @@ class DepthwiseConv1D(_Conv1DBase):
                              % cls)
         self.depth_multiplier = _args.check_int(cls, 'depth_multiplier', depth_multiplier,
                                                 minimum=1)
-        self.depthwise_initializer = initializers.get(depthwise_initializer)
-        self.depthwise_regularizer = regularizers.get(depthwise_regularizer)
-        self.depthwise_constraint = constraints.get(depthwise_constraint)
+        _args.set_weight_args(self, depthwise_initializer=depthwise_initializer,
+                              depthwise_regularizer=depthwise_regularizer,
+                              depthwise_constraint=depthwise_constraint)
 
     def build(self, input_shape):
         axis, channels = self._channels(input_shape)
@@ -267,9 +262,8 @@ class DepthwiseConv1D(_Conv1DBase):
         config = self._common_config()
         config.update({
             'depth_multiplier': self.depth_multiplier,
-            'depthwise_initializer': initializers.serialize(self.depthwise_initializer),
-            'depthwise_regularizer': regularizers.serialize(self.depthwise_regularizer),
-            'depthwise_constraint': constraints.serialize(self.depthwise_constraint),
+            **_args.weight_args_config(self, 'depthwise_initializer', 'depthwise_regularizer',
+                                       'depthwise_constraint'),
         })
         base = super().get_config()
         return dict(list(base.items()) + list(config.items()))
@@ -306,9 +300,9 @@ class Conv1DTranspose(_Conv1DBase):
                 raise ValueError('%s: output_padding (%d) must be smaller than the stride '
                                  '(%d)' % (cls, value, self.strides[0]))
             self.output_padding = (value,)
-        self.kernel_initializer = initializers.get(kernel_initializer)
-        self.kernel_regularizer = regularizers.get(kernel_regularizer)
-        self.kernel_constraint = constraints.get(kernel_constraint)
+        _args.set_weight_args(self, kernel_initializer=kernel_initializer,
+                              kernel_regularizer=kernel_regularizer,
+                              kernel_constraint=kernel_constraint)
 
     def build(self, input_shape):
         axis, channels = self._channels(input_shape)
@@ -358,9 +352,8 @@ class Conv1DTranspose(_Conv1DBase):
         config.update({
             'filters': self.filters,
             'output_padding': self.output_padding,
-            'kernel_initializer': initializers.serialize(self.kernel_initializer),
-            'kernel_regularizer': regularizers.serialize(self.kernel_regularizer),
-            'kernel_constraint': constraints.serialize(self.kernel_constraint),
+            **_args.weight_args_config(self, 'kernel_initializer', 'kernel_regularizer',
+                                       'kernel_constraint'),
         })
         base = super().get_config()
         return dict(list(base.items()) + list(config.items()))

@@ -8,9 +8,6 @@ keras = import_keras()
 K = keras.backend
 Layer = keras.engine.base_layer.Layer
 activations = keras.activations
-initializers = keras.initializers
-regularizers = keras.regularizers
-constraints = keras.constraints
 
 __all__ = ['EinsumDense', 'analyze_equation']
 
@@ -108,6 +105,7 @@ def analyze_equation(cls, equation, bias_axes, input_shape, partial_output_shape
     return tuple(kernel_shape), None if bias_shape is None else tuple(bias_shape), tuple(full)
 
 
+
 class EinsumDense(Layer):
     """``activation(einsum(equation, inputs, kernel) + bias)``.
 
@@ -158,13 +156,11 @@ class EinsumDense(Layer):
                                          allow_none=True)
         self.lora_alpha = _args.check_number(cls, 'lora_alpha', lora_alpha, allow_none=True)
         self.activation = activations.get(activation)
-        self.kernel_initializer = initializers.get(kernel_initializer)
-        self.bias_initializer = initializers.get(bias_initializer)
-        self.kernel_regularizer = regularizers.get(kernel_regularizer)
-        self.bias_regularizer = regularizers.get(bias_regularizer)
-        self.activity_regularizer = regularizers.get(activity_regularizer)
-        self.kernel_constraint = constraints.get(kernel_constraint)
-        self.bias_constraint = constraints.get(bias_constraint)
+        _args.set_weight_args(
+            self, kernel_initializer=kernel_initializer, bias_initializer=bias_initializer,
+            kernel_regularizer=kernel_regularizer, bias_regularizer=bias_regularizer,
+            activity_regularizer=activity_regularizer, kernel_constraint=kernel_constraint,
+            bias_constraint=bias_constraint)
 
     @staticmethod
     def _operand_ranks(equation):
@@ -208,13 +204,7 @@ class EinsumDense(Layer):
             'output_shape': list(self.partial_output_shape),
             'bias_axes': self.bias_axes,
             'activation': activations.serialize(self.activation),
-            'kernel_initializer': initializers.serialize(self.kernel_initializer),
-            'bias_initializer': initializers.serialize(self.bias_initializer),
-            'kernel_regularizer': regularizers.serialize(self.kernel_regularizer),
-            'bias_regularizer': regularizers.serialize(self.bias_regularizer),
-            'activity_regularizer': regularizers.serialize(self.activity_regularizer),
-            'kernel_constraint': constraints.serialize(self.kernel_constraint),
-            'bias_constraint': constraints.serialize(self.bias_constraint),
+            **_args.weight_args_config(self, *_args.KERNEL_BIAS_ARGS),
         }
         if self.lora_rank is not None:
             config['lora_rank'] = self.lora_rank

@@ -7,9 +7,6 @@ keras = import_keras()
 K = keras.backend
 Layer = keras.engine.base_layer.Layer
 InputSpec = keras.engine.base_layer.InputSpec
-initializers = keras.initializers
-regularizers = keras.regularizers
-constraints = keras.constraints
 
 __all__ = ['LayerNormalization', 'GroupNormalization', 'UnitNormalization']
 
@@ -30,22 +27,15 @@ class _WeightArgs:
 
     def _set_weight_args(self, beta_initializer, gamma_initializer, beta_regularizer,
                          gamma_regularizer, beta_constraint, gamma_constraint):
-        self.beta_initializer = initializers.get(beta_initializer)
-        self.gamma_initializer = initializers.get(gamma_initializer)
-        self.beta_regularizer = regularizers.get(beta_regularizer)
-        self.gamma_regularizer = regularizers.get(gamma_regularizer)
-        self.beta_constraint = constraints.get(beta_constraint)
-        self.gamma_constraint = constraints.get(gamma_constraint)
+        _args.set_weight_args(
+            self, beta_initializer=beta_initializer, gamma_initializer=gamma_initializer,
+            beta_regularizer=beta_regularizer, gamma_regularizer=gamma_regularizer,
+            beta_constraint=beta_constraint, gamma_constraint=gamma_constraint)
 
     def _weight_args_config(self):
-        return {
-            'beta_initializer': initializers.serialize(self.beta_initializer),
-            'gamma_initializer': initializers.serialize(self.gamma_initializer),
-            'beta_regularizer': regularizers.serialize(self.beta_regularizer),
-            'gamma_regularizer': regularizers.serialize(self.gamma_regularizer),
-            'beta_constraint': constraints.serialize(self.beta_constraint),
-            'gamma_constraint': constraints.serialize(self.gamma_constraint),
-        }
+        return _args.weight_args_config(
+            self, 'beta_initializer', 'gamma_initializer', 'beta_regularizer',
+            'gamma_regularizer', 'beta_constraint', 'gamma_constraint')
 
     def _add_gamma_beta(self, shape, gamma, beta):
         self.gamma = self.add_weight(
