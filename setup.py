@@ -168,8 +168,8 @@ class BuildExt(build_ext):
                  repr(getattr(self.compiler, "linker_so_cxx", None))]
         for part in parts:
             h.update(str(part).encode() + b"\0")
-        for header in sorted(glob.glob(os.path.join(HERE, "include", "*.h"))):
-            with open(header, "rb") as f:
+        for path in _shared_sources(HERE):
+            with open(path, "rb") as f:
                 h.update(f.read())
         return h.hexdigest()
 
@@ -244,6 +244,16 @@ class BuildExt(build_ext):
                     f.write(text)
 
 
+def _shared_sources(root):
+    """The files a kernel module may read besides its .pyx: C headers, and the
+    .pxi/.pxd files of cyback/kernels (a module split into included parts)."""
+    found = glob.glob(os.path.join(root, "include", "*.h"))
+    for ext in ("pxi", "pxd"):
+        found += glob.glob(os.path.join(root, "cyback", "kernels", "**", "*." + ext),
+                           recursive=True)
+    return sorted(found)
+
+
 def extensions():
     only = [k for k in os.environ.get("CYBACK_KERNELS", "").split(",") if k]
     exts = []
@@ -255,9 +265,9 @@ def extensions():
             name, [pyx],
             include_dirs=[numpy.get_include(), "include"],
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-            # Without these, a changed header leaves an older module "up to
-            # date" (setuptools compares the sources' times only).
-            depends=sorted(glob.glob(os.path.join("include", "*.h"))),
+            # Without these, a changed header or included .pxi leaves an older
+            # module "up to date" (setuptools compares the sources' times only).
+            depends=_shared_sources("."),
         ))
     if not exts and not only:
         raise SystemExit("cyback: no cyback/kernels/*.pyx found: this source tree is incomplete")
