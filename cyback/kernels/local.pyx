@@ -24,7 +24,7 @@ cimport cython
 from cython.parallel cimport prange
 
 from cyback.kernels._blas cimport floating, gemm
-from cyback.kernels._checks import check_float
+from cyback.kernels._checks import check_float, int_tuple
 from cyback.kernels.runtime cimport team_min_work, threads_for
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 from cyback.kernels.blas_threads import blas_limit
@@ -217,20 +217,8 @@ def _geometry(name, x_shape, kernel_size, strides, channels_last):
     if nd not in (1, 2):
         raise ValueError("%s: expected a 3-D (1-D conv) or 4-D (2-D conv) input, got shape %s"
                          % (name, tuple(x_shape)))
-
-    def norm(v, what):
-        if isinstance(v, (int, np.integer)):
-            v = (int(v),) * nd
-        try:
-            v = tuple(int(a) for a in v)
-        except TypeError:
-            raise TypeError("%s: %s must be an int or a tuple of ints, got %r" % (name, what, v))
-        if len(v) != nd or any(a < 1 for a in v):
-            raise ValueError("%s: %s must be %d positive ints, got %r" % (name, what, nd, v))
-        return v
-
-    ks = norm(kernel_size, "kernel_size")
-    ss = norm(strides, "strides")
+    ks = int_tuple(name, "kernel_size", kernel_size, nd)
+    ss = int_tuple(name, "strides", strides, nd)
     if channels_last:
         spatial, C = tuple(x_shape[1:-1]), x_shape[-1]
     else:

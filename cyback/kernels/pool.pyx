@@ -22,7 +22,7 @@ from cyback.kernels._blas cimport floating
 from cyback.kernels.runtime cimport threads_for
 from cyback.kernels._arrays cimport fits
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
-from cyback.kernels._checks import remembered
+from cyback.kernels._checks import check_float, float_dtype, int_tuple, pad_pairs, remembered
 
 cnp.import_array()
 
@@ -438,34 +438,6 @@ def _run_bwd_c1(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] y,
     check_interrupt(&intr)
 
 
-# Python-level code: the module turns wraparound off, so re-enable it here.
-@cython.wraparound(True)
-def _norm_tuple(name, value, nd, what):
-    if isinstance(value, (int, np.integer)):
-        value = (int(value),) * nd
-    try:
-        value = tuple(int(v) for v in value)
-    except TypeError:
-        raise TypeError("%s: %s must be an int or a tuple of ints, got %r" % (name, what, value))
-    if len(value) != nd:
-        raise ValueError("%s: %s must have %d entries for %d spatial dims, got %r"
-                         % (name, what, nd, nd, value))
-    return value
-
-
-@cython.wraparound(True)
-def _norm_pads(name, pads, nd):
-    try:
-        pads = tuple((int(p[0]), int(p[1])) for p in pads)
-    except (TypeError, IndexError):
-        raise TypeError("%s: pads must be a tuple of (before, after) pairs, got %r"
-                        % (name, pads))
-    if len(pads) != nd:
-        raise ValueError("%s: pads must have %d pairs for %d spatial dims, got %r"
-                         % (name, nd, nd, pads))
-    return pads
-
-
 _GEOMETRIES = {}
 
 
@@ -477,8 +449,7 @@ def _setup(name, x, pool_size, strides, pads, channels_last, mode):
     if mode not in ('max', 'avg'):
         raise ValueError("%s: mode must be 'max' or 'avg', got %r" % (name, mode))
     x = np.asarray(x)
-    if x.dtype not in (np.float32, np.float64):
-        raise TypeError("%s: expected float32 or float64 input, got %s" % (name, x.dtype))
+    check_float(name, x)
     geo = remembered(_GEOMETRIES, (x.shape, pool_size, strides, pads, bool(channels_last)),
                      _geometry, name, x.shape, pool_size, strides, pads, channels_last)
     return (x,) + geo
@@ -490,17 +461,14 @@ def _geometry(name, shape, pool_size, strides, pads, channels_last):
     if nd not in (1, 2, 3):
         raise ValueError("%s: expected a 3-D, 4-D or 5-D input (1-3 spatial dims), got shape %s"
                          % (name, shape))
-    ks = _norm_tuple(name, pool_size, nd, "pool_size")
-    ss = _norm_tuple(name, strides, nd, "strides")
-    ps = _norm_pads(name, pads, nd)
+    ks = int_tuple(name, "pool_size", pool_size, nd)
+    ss = int_tuple(name, "strides", strides, nd)
+    ps = pad_pairs(name, pads, nd)
     spatial = shape[1:-1] if channels_last else shape[2:]
     out = []
     for d in range(nd):
         k, s, (pb, pa) = ks[d], ss[d], ps[d]
-        if k < 1 or s < 1:
-            raise ValueError("%s: pool_size and strides must be positive, got %r and %r"
-                             % (name, ks, ss))
-        if pb < 0 or pa < 0 or pb >= k or pa >= k:
+        if pb >= k or pa >= k:
             raise ValueError("%s: each pad must be in [0, pool_size), got pads %r for pool_size %r"
                              % (name, ps, ks))
         span = spatial[d] + pb + pa
@@ -611,9 +579,7 @@ def forward_call(x_shape, pool_size, strides, pads, channels_last, mode, dtype):
     input with no output runs pool_forward every time."""
     name = "pool_forward"
     cdef ForwardCall call = ForwardCall()
-    dtype = np.dtype(dtype)
-    if dtype != np.float32 and dtype != np.float64:
-        raise TypeError("%s: expected float32 or float64 input, got %s" % (name, dtype))
+    dtype = float_dtype(name, dtype)
     if mode not in ('max', 'avg'):
         raise ValueError("%s: mode must be 'max' or 'avg', got %r" % (name, mode))
     x_shape = tuple(int(d) for d in x_shape)
@@ -646,8 +612,7 @@ def pool_backward(x, y, dy, pool_size, strides, pads, channels_last=True, mode='
     if dy.shape != out_shape:
         raise ValueError("%s: dy has shape %s, expected %s for input %s"
                          % (name, dy.shape, out_shape, x.shape))
-    if dy.dtype != x.dtype:
-        raise TypeError("%s: dy dtype %s differs from x dtype %s" % (name, dy.dtype, x.dtype))
+    check_float(name, x, dy)
     is_max = mode == 'max'
     if is_max:
         if y is None:
