@@ -24,11 +24,7 @@ from cyback.kernels import conv_utils
 from cyback.kernels import depthwise as _dw
 from cyback.kernels import local as _local
 from cyback.ops import shape as shp
-
-
-def _fmt(shape):
-    return "(%s%s)" % (", ".join("None" if d is None else str(d) for d in shape),
-                       "," if len(shape) == 1 else "")
+from cyback.ops.manip import Pad
 
 
 class Geometry(object):
@@ -36,11 +32,11 @@ class Geometry(object):
     strings only) so that ops built from the same call merge under CSE."""
 
     _FIELDS = ("api", "family", "rank", "strides", "dilation", "padding", "channels_last",
-               "kernel_size", "local_out")
+               "kernel_size", "local_out", "extra_pads")
     __slots__ = _FIELDS + ("_checked", "_calls", "_last")
 
     def __init__(self, api, family, rank, strides, dilation, padding, channels_last,
-                 kernel_size=None, local_out=None):
+                 kernel_size=None, local_out=None, extra_pads=None):
         self.api = api
         self.family = family
         self.rank = rank
@@ -52,6 +48,12 @@ class Geometry(object):
         # local only: the output positions (Keras's output_shape), known even
         # when the input's spatial sizes are not
         self.local_out = None if local_out is None else tuple(local_out)
+        # zeros around the input's spatial axes, (before, after) per axis, on
+        # top of what ``padding`` adds: a zero-padding op before the
+        # convolution, taken into it by an inference plan (Conv.rewrite) so
+        # that the padded copy of the input is never made
+        self.extra_pads = None if extra_pads is None else \
+            tuple((int(b), int(a)) for b, a in extra_pads)
         # (x shape, kernel shape) -> (pads, output shape), for shapes already
         # checked: a batch-1 convolution is over in microseconds, checking it
         # is not
@@ -66,6 +68,7 @@ class Geometry(object):
         return self.as_tuple()
 
     def __setstate__(self, state):
+        self.extra_pads = None      # absent from the state of older pickles
         for name, value in zip(self._FIELDS, state):
             setattr(self, name, value)
         self._checked = {}
@@ -95,6 +98,18 @@ class Geometry(object):
     def assemble(self, n, spatial, c):
         return (n,) + tuple(spatial) + (c,) if self.channels_last else (n, c) + tuple(spatial)
 
+    def with_extra_pads(self, pads):
+        """This geometry with ``pads`` more zeros around the spatial axes."""
+        if self.extra_pads is not None:
+            pads = tuple((b + b0, a + a0) for (b, a), (b0, a0) in zip(pads, self.extra_pads))
+        return Geometry(*(self.as_tuple()[:-1] + (pads,)))
+
+    def _padded(self, sizes):
+        """Spatial sizes once the extra pads are added."""
+        if self.extra_pads is None:
+            return tuple(sizes)
+        return tuple(None if n is None else n + b + a for n, (b, a) in zip(sizes, self.extra_pads))
+
     def window(self, kshape):
         """The kernel's spatial extent."""
         return self.kernel_size if self.family == "local" else tuple(kshape[:self.rank])
@@ -118,6 +133,7 @@ class Geometry(object):
         """Static output sizes (None where unknown); raises when a known input
         is too small for a 'valid' window."""
         win = self.window(kshape)
+        sizes = self._padded(sizes)
         out = []
         for i, (n, k, s, d) in enumerate(zip(sizes, win, self.strides, self.dilation)):
             if n is None or k is None:
@@ -128,14 +144,18 @@ class Geometry(object):
                 raise ValueError("%s: the %s window %s is larger than the input's spatial "
                                  "shape %s with padding='valid'"
                                  % (self.api, "dilated kernel" if d > 1 else "kernel",
-                                    _fmt(win), _fmt(sizes)))
+                                    format_shape(win), format_shape(sizes)))
             out.append(conv_utils.conv_output_length(n, k, s, d, self.padding))
         return tuple(out)
 
     def pads(self, sizes, kshape):
         win = self.window(kshape)
-        return tuple(conv_utils.conv_pads(n, k, s, d, self.padding)
-                     for n, k, s, d in zip(sizes, win, self.strides, self.dilation))
+        pads = tuple(conv_utils.conv_pads(n, k, s, d, self.padding)
+                     for n, k, s, d in zip(self._padded(sizes), win, self.strides,
+                                           self.dilation))
+        if self.extra_pads is None:
+            return pads
+        return tuple((b + b0, a + a0) for (b, a), (b0, a0) in zip(pads, self.extra_pads))
 
     def check(self, xshape, kshape):
         """Channel and local-kernel consistency of an input and a kernel shape."""
@@ -145,13 +165,13 @@ class Geometry(object):
             if feat is not None and kshape[1] is not None and kshape[1] != feat:
                 raise ValueError("%s: the kernel %s must have feature_dim = prod(kernel_size) "
                                  "* channels = %d for kernel_size %s and input %s"
-                                 % (self.api, _fmt(kshape), feat, self.kernel_size,
-                                    _fmt(xshape)))
+                                 % (self.api, format_shape(kshape), feat, self.kernel_size,
+                                    format_shape(xshape)))
             return
         if c is not None and kc is not None and c != kc:
             raise ValueError("%s: the kernel %s expects %d input channels but the input %s has "
                              "%d (data_format=%s)"
-                             % (self.api, _fmt(kshape), kc, _fmt(xshape), c,
+                             % (self.api, format_shape(kshape), kc, format_shape(xshape), c,
                                 "channels_last" if self.channels_last else "channels_first"))
 
     def y_shape(self, xshape, kshape):
@@ -162,8 +182,8 @@ class Geometry(object):
                 raise ValueError("%s: the input %s with kernel_size %s and strides %s gives "
                                  "output positions %s, but the kernel %s / output_shape are "
                                  "for %s"
-                                 % (self.api, _fmt(xshape), self.kernel_size, self.strides,
-                                    _fmt(out), _fmt(kshape), _fmt(self.local_out)))
+                                 % (self.api, format_shape(xshape), self.kernel_size, self.strides,
+                                    format_shape(out), format_shape(kshape), format_shape(self.local_out)))
             out = self.local_out
         return self.assemble(xshape[0], out, self.out_channels(kshape))
 
@@ -260,8 +280,8 @@ class Geometry(object):
         if dy.shape != want:
             raise ValueError("%s: the input has shape %s but a convolution producing %s "
                              "(kernel %s, strides %s, padding %r) takes inputs of shape %s"
-                             % (self.api, _fmt(dy.shape), _fmt(xshape), _fmt(k.shape),
-                                self.strides, self.padding, _fmt(want)))
+                             % (self.api, format_shape(dy.shape), format_shape(xshape), format_shape(k.shape),
+                                self.strides, self.padding, format_shape(want)))
         if self.family == "conv":
             dx = _conv.conv_backward_input(dy, k, xshape, self.strides, self.dilation,
                                            self.pads(sizes, k.shape), self.channels_last)
@@ -339,6 +359,26 @@ class Conv(Op):
 
     def compute(self, x, k):
         return (self.geom.forward(x, k),)
+
+    def rewrite(self, inputs, ctx):
+        """In an inference plan, a zero padding of the input's spatial axes
+        (Keras's ZeroPadding before a strided convolution: MobileNetV2,
+        ResNet50) goes into the convolution's own pads: the kernels take any
+        (before, after) pads, and the padded copy costs a pass over a large
+        tensor."""
+        g = self.geom
+        if not ctx.inference or g.family not in ("conv", "depthwise"):
+            return None
+        made = ctx.producer(inputs[0])
+        if made is None or not isinstance(made[0], Pad) or len(made[1]) != 1:
+            return None
+        pads = made[0].pads
+        channel = len(pads) - 1 if g.channels_last else 1
+        spatial = pads[1:-1] if g.channels_last else pads[2:]
+        if pads[0] != (0, 0) or pads[channel] != (0, 0) or len(spatial) != g.rank or \
+                any(b < 0 or a < 0 for b, a in spatial):
+            return None
+        return [Conv(g.with_extra_pads(spatial))(made[1][0], inputs[1])]
 
     def kernel_epilogue(self, bias_axis, activation, out, residual=False, exact=False):
         """Whether the kernel can add a per-channel bias (on ``bias_axis``,
@@ -423,8 +463,8 @@ class ConvInput(Op):
             if a is not None and b is not None and a != b:
                 raise ValueError("%s: the input has shape %s but a convolution producing %s "
                                  "(kernel %s, strides %s, padding %r) takes inputs of shape %s"
-                                 % (self.api, _fmt(dy.shape), _fmt(static), _fmt(k.shape),
-                                    g.strides, g.padding, _fmt(want)))
+                                 % (self.api, format_shape(dy.shape), format_shape(static), format_shape(k.shape),
+                                    g.strides, g.padding, format_shape(want)))
         return [(static, dy.dtype)]
 
     def compute(self, dy, k, *shape):
@@ -468,7 +508,7 @@ def conv_input(geom, dy, k, like):
 def conv_kernel(geom, x, dy, like):
     if any(d is None for d in like.shape):
         raise ValueError("%s: the kernel's shape %s must be fully known to differentiate"
-                         % (geom.api, _fmt(like.shape)))
+                         % (geom.api, format_shape(like.shape)))
     return ConvKernel(geom, like.shape)(x, dy)
 
 
