@@ -2,7 +2,8 @@
 
 ``quantize(model, calibration_data)`` returns a Keras 2.3.1 model with the
 same inputs and outputs whose Dense, Conv1D and Conv2D layers (channels_last)
-run in int8 with int32 sums (``cyback.kernels.qgemm``: AVX-512 VNNI,
+and the input projections of its LSTM, GRU and SimpleRNN layers run in int8
+with int32 sums (``cyback.kernels.qgemm``: AVX-512 VNNI,
 AVX-VNNI, AVX2 or plain C, whichever the CPU has), everything else in
 float32. ``report(float_model, quantized_model, data)`` measures each int8
 layer's output error, to choose the layers to ``skip``.
@@ -28,9 +29,15 @@ from cyback.quantization.layers import (  # noqa: E402
     QuantizedDense,
     custom_objects,
 )
+from cyback.quantization.recurrent import (  # noqa: E402
+    QuantizedGRU,
+    QuantizedLSTM,
+    QuantizedSimpleRNN,
+)
 from cyback.quantization.report import LayerError, QuantizationReport, report  # noqa: E402
 from cyback.quantization.weights import quantize_kernel  # noqa: E402
 
 __all__ = ['quantize', 'report', 'custom_objects', 'quantizable', 'QuantizedDense',
-           'QuantizedConv1D', 'QuantizedConv2D', 'LAYERS', 'QuantizationReport', 'LayerError',
+           'QuantizedConv1D', 'QuantizedConv2D', 'QuantizedLSTM', 'QuantizedGRU',
+           'QuantizedSimpleRNN', 'LAYERS', 'QuantizationReport', 'LayerError',
            'scale_and_zero', 'quantize_kernel']

@@ -1,16 +1,19 @@
 """``quantize``: a float32 Keras model in, the same model with its Dense,
-Conv1D and Conv2D layers in int8 out.
+Conv1D and Conv2D layers and the input projections of its LSTM, GRU and
+SimpleRNN layers in int8 out.
 
-1. pick the layers: Keras's own Dense, Conv1D and Conv2D (not their
-   subclasses: a transposed, separable or depthwise convolution is another
-   computation), channels_last, not named in ``skip``;
+1. pick the layers: Keras's own Dense, Conv1D, Conv2D, LSTM, GRU and
+   SimpleRNN (not their subclasses: a transposed, separable or depthwise
+   convolution is another computation), convolutions channels_last, not
+   named in ``skip``;
 2. calibrate: run the float model on the calibration batches and observe
    each picked layer's input (once for ``minmax``, twice for the histogram
    methods), giving its scale and zero point;
 3. rebuild the graph node by node with the same inputs (names, shapes,
    dtypes), the int8 layer in place of each picked one and a copy of every
    other layer with its weights;
-4. quantize the weights symmetrically per output channel.
+4. quantize the weights symmetrically per output channel (a recurrent
+   layer's input kernel per column; its recurrent kernel stays float32).
 """
 import numpy as np
 
@@ -23,6 +26,7 @@ from cyback.quantization.layers import (
     QuantizedDense,
 )
 from cyback.quantization.layers import custom_objects as _quantized_objects
+from cyback.quantization.recurrent import QuantizedGRU, QuantizedLSTM, QuantizedSimpleRNN
 
 
 def quantize(model, calibration_data, *, per_channel=True, activations='uint8', skip=(),
@@ -76,7 +80,12 @@ def quantizable(keras, layer):
         return True
     if kind in (keras.layers.Conv1D, keras.layers.Conv2D):
         return layer.data_format == 'channels_last'
-    return False
+    return kind in _recurrent_classes(keras)
+
+
+def _recurrent_classes(keras):
+    return {keras.layers.LSTM: QuantizedLSTM, keras.layers.GRU: QuantizedGRU,
+            keras.layers.SimpleRNN: QuantizedSimpleRNN}
 
 
 def _check_model(keras, model):
@@ -131,6 +140,12 @@ def _calibrate(keras, model, picked, inputs_of, data, method, percentile, activa
 
 def _int8_layer(keras, layer, scale, zero):
     config = layer.get_config()
+    recurrent = _recurrent_classes(keras).get(type(layer))
+    if recurrent is not None:
+        keys = ['units', 'activation', 'recurrent_activation', 'use_bias', 'return_sequences',
+                'return_state', 'go_backwards', 'stateful', 'unroll', 'reset_after']
+        args = {key: config[key] for key in keys if key in config}
+        return recurrent(name=layer.name, input_scale=scale, input_zero_point=zero, **args)
     common = dict(name=layer.name, activation=layer.activation,
                   use_bias=config['use_bias'], input_scale=scale, input_zero_point=zero)
     if isinstance(layer, keras.layers.Dense):
@@ -144,7 +159,10 @@ def _set_int8_weights(old, new, per_channel):
     values = old.get_weights()
     codes, scale = weights.quantize_kernel(values[0], per_channel)
     arrays = [codes, scale]
-    if new.use_bias:
+    if isinstance(new, (QuantizedLSTM, QuantizedGRU, QuantizedSimpleRNN)):
+        # kernel, recurrent kernel[, bias]: the recurrent product stays float32
+        arrays += [np.asarray(v, dtype=np.float32) for v in values[1:]]
+    elif new.use_bias:
         arrays.append(np.asarray(values[1], dtype=np.float32))
     new.set_weights(arrays)
 

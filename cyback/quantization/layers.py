@@ -20,13 +20,17 @@ The configs hold plain values only, so a saved quantized model loads with
 no code from the file: ``custom_objects()`` names these classes for
 ``keras.models.load_model`` and ``cyback.load_model``.
 """
-import math
-
 from cyback.kernels import conv_utils
-from cyback.layers import activations as _activations
 from cyback.layers import custom_objects as _layer_objects
 from cyback.layers import import_keras
 from cyback.ops import quantized as qops
+from cyback.quantization.arguments import (
+    check_quantization,
+    fused_activation,
+    int_tuple,
+    positive_int,
+)
+from cyback.quantization.recurrent import RECURRENT_LAYERS
 
 keras = import_keras()
 K = keras.backend
@@ -34,40 +38,6 @@ Layer = keras.engine.base_layer.Layer
 InputSpec = keras.engine.base_layer.InputSpec
 
 __all__ = ['QuantizedDense', 'QuantizedConv1D', 'QuantizedConv2D', 'LAYERS', 'custom_objects']
-
-
-def _check_quantization(cls, scale, zero):
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or \
-            not (math.isfinite(scale) and scale > 0):
-        raise ValueError('%s: input_scale must be a finite positive number, got %r'
-                         % (cls, scale))
-    if isinstance(zero, bool) or not isinstance(zero, int) or not 0 <= zero <= 255:
-        raise ValueError('%s: input_zero_point must be an integer from 0 to 255, got %r'
-                         % (cls, zero))
-
-
-def _positive_int(cls, name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError('%s: %s must be a positive integer, got %r' % (cls, name, value))
-    return value
-
-
-def _int_tuple(cls, name, value, rank):
-    items = (value,) * rank if isinstance(value, int) else tuple(value)
-    if len(items) != rank or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
-                                     for v in items):
-        raise ValueError('%s: %s must be %d positive integers, got %r'
-                         % (cls, name, rank, value))
-    return items
-
-
-def _fused_activation(activation):
-    """The name of the activation the product's epilogue applies, or None
-    when the layer applies it after (only Keras's own linear and relu and
-    cyback.layers' relu6 are fused, not other functions of those names)."""
-    fused = {keras.activations.linear: 'linear', keras.activations.relu: 'relu',
-             _activations.relu6: 'relu6'}
-    return fused.get(activation)
 
 
 class _QuantizedLayer(Layer):
@@ -78,12 +48,12 @@ class _QuantizedLayer(Layer):
                  **kwargs):
         super().__init__(**kwargs)
         cls = type(self).__name__
-        _check_quantization(cls, input_scale, input_zero_point)
+        check_quantization(cls, input_scale, input_zero_point)
         self.input_scale = float(input_scale)
         self.input_zero_point = int(input_zero_point)
         self.activation = keras.activations.get(activation)
         self.use_bias = bool(use_bias)
-        self._fused = _fused_activation(self.activation)
+        self._fused = fused_activation(self.activation)
 
     def _add_weights(self, kernel_shape, channels):
         self.kernel = self.add_weight(name='kernel', shape=kernel_shape, dtype='int8',
@@ -126,7 +96,7 @@ class QuantizedDense(_QuantizedLayer):
         if 'input_shape' not in kwargs and 'input_dim' in kwargs:
             kwargs['input_shape'] = (kwargs.pop('input_dim'),)
         super().__init__(activation, use_bias, input_scale, input_zero_point, **kwargs)
-        self.units = _positive_int(type(self).__name__, 'units', units)
+        self.units = positive_int(type(self).__name__, 'units', units)
         self.input_spec = InputSpec(min_ndim=2)
         self.supports_masking = True
 
@@ -168,10 +138,10 @@ class _QuantizedConv(_QuantizedLayer):
         allowed = ('valid', 'same', 'causal') if self.rank == 1 else ('valid', 'same')
         if padding not in allowed:
             raise ValueError('%s: padding must be one of %s, got %r' % (cls, allowed, padding))
-        self.filters = _positive_int(cls, 'filters', filters)
-        self.kernel_size = _int_tuple(cls, 'kernel_size', kernel_size, self.rank)
-        self.strides = _int_tuple(cls, 'strides', strides, self.rank)
-        self.dilation_rate = _int_tuple(cls, 'dilation_rate', dilation_rate, self.rank)
+        self.filters = positive_int(cls, 'filters', filters)
+        self.kernel_size = int_tuple(cls, 'kernel_size', kernel_size, self.rank)
+        self.strides = int_tuple(cls, 'strides', strides, self.rank)
+        self.dilation_rate = int_tuple(cls, 'dilation_rate', dilation_rate, self.rank)
         self.padding = padding
         self.data_format = 'channels_last'
         self.input_spec = InputSpec(ndim=self.rank + 2)
@@ -228,6 +198,7 @@ class QuantizedConv2D(_QuantizedConv):
 
 
 LAYERS = {cls.__name__: cls for cls in (QuantizedDense, QuantizedConv1D, QuantizedConv2D)}
+LAYERS.update(RECURRENT_LAYERS)
 
 
 def custom_objects():

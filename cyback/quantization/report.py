@@ -18,7 +18,7 @@ import numpy as np
 
 from cyback.layers import import_keras
 from cyback.quantization.data import Batches, graph_function
-from cyback.quantization.layers import _QuantizedLayer
+from cyback.quantization.layers import LAYERS
 
 LayerError = collections.namedtuple(
     'LayerError', ['name', 'class_name', 'max_abs', 'rel_rms', 'isolated_max_abs',
@@ -91,7 +91,7 @@ def report(float_model, quantized_model, data, batch_size=32):
     float_layers = {layer.name: layer for layer in float_model.layers}
     pairs = []
     for layer in quantized_model.layers:
-        if not isinstance(layer, _QuantizedLayer):
+        if type(layer) not in _INT8_CLASSES:
             continue
         ref = float_layers.get(layer.name)
         if ref is None:
@@ -109,7 +109,7 @@ def report(float_model, quantized_model, data, batch_size=32):
             owners.append(q.name)
     for q, f in pairs:
         for fn in _nodes(float_model, f):
-            iso.append(q.call(fn.input_tensors[0]))
+            iso.append(_call_alone(keras, q, fn))
     run_q = graph_function(keras, quantized_model.inputs, q_out)
     run_f = graph_function(keras, float_model.inputs, f_out + iso)
     in_model = {q.name: _Error() for q, _ in pairs}
@@ -126,6 +126,20 @@ def report(float_model, quantized_model, data, batch_size=32):
                        in_model[q.name].rel_rms(), isolated[q.name].max_abs,
                        isolated[q.name].rel_rms()) for q, _ in pairs]
     return QuantizationReport(rows)
+
+
+_INT8_CLASSES = frozenset(LAYERS.values())
+
+
+def _call_alone(keras, layer, node):
+    """``layer``'s first output on the inputs (and mask) of the float
+    layer's ``node``."""
+    if isinstance(layer, keras.layers.RNN):
+        inputs = list(node.input_tensors)
+        mask = node.input_masks[0] if node.input_masks else None
+        out = layer.call(inputs if len(inputs) > 1 else inputs[0], mask=mask)
+        return out[0] if isinstance(out, list) else out
+    return layer.call(node.input_tensors[0])
 
 
 def _nodes(model, layer):
