@@ -18,6 +18,7 @@ import numpy as np
 from cyback import config
 from cyback.api._args import integer
 from cyback.graph import calls as _calls
+from cyback.graph.shapes import format_shape
 from cyback.graph.tensor import Tensor, as_tensor, is_float_dtype
 from cyback.ops import conv as cv
 from cyback.ops import pool as pl
@@ -29,7 +30,6 @@ __all__ = [
     "local_conv2d", "pool2d", "pool3d",
 ]
 
-_fmt = shp.format_shape
 
 
 # ------------------------------------------------------------------ arguments
@@ -106,13 +106,13 @@ def _operands(api, names, values):
 def _rank(api, name, t, ndim, what):
     if t.ndim != ndim:
         raise ValueError("%s: %s must be %d-D %s, got shape %s"
-                         % (api, name, ndim, what, _fmt(t.shape)))
+                         % (api, name, ndim, what, format_shape(t.shape)))
 
 
 def _known_kernel(api, name, k):
     if any(d is None for d in k.shape):
         raise ValueError("%s: the shape of %s must be fully known, got %s"
-                         % (api, name, _fmt(k.shape)))
+                         % (api, name, format_shape(k.shape)))
 
 
 def _layout(rank, cl):
@@ -180,7 +180,7 @@ def _output_shape(api, x, output_shape, rank):
                              % (api, output_shape))
         static, tensor = shp.shape_arg(api, entries)
     if any(d is not None and d < 0 for d in static):
-        raise ValueError("%s: negative size in output_shape %s" % (api, _fmt(static)))
+        raise ValueError("%s: negative size in output_shape %s" % (api, format_shape(static)))
     return static, tensor
 
 
@@ -201,12 +201,12 @@ def _conv_transpose(api, rank, x, kernel, output_shape, strides, padding, data_f
     c_in, c_out = geom.channels(x.shape), geom.channels(static)
     if c_in is not None and c_in != kernel.shape[-1]:
         raise ValueError("%s: the kernel %s takes %d input channels (its last axis) but x %s "
-                         "has %d" % (api, _fmt(kernel.shape), kernel.shape[-1], _fmt(x.shape),
-                                     c_in))
+                         "has %d" % (api, format_shape(kernel.shape), kernel.shape[-1],
+                                     format_shape(x.shape), c_in))
     if c_out is not None and c_out != kernel.shape[-2]:
         raise ValueError("%s: output_shape %s has %d channels but the kernel %s makes %d "
-                         "(its second last axis)" % (api, _fmt(static), c_out,
-                                                     _fmt(kernel.shape), kernel.shape[-2]))
+                         "(its second last axis)" % (api, format_shape(static), c_out,
+                                                     format_shape(kernel.shape), kernel.shape[-2]))
     return cv.conv_transpose(geom, x, kernel, static, tensor)
 
 
@@ -263,8 +263,8 @@ def _separable(api, rank, x, depthwise_kernel, pointwise_kernel, strides, paddin
     if any(d != 1 for d in pk.shape[:rank]) or pk.shape[-2] != mid:
         raise ValueError("%s: pointwise_kernel must have shape (%s, %d, filters) for the "
                          "depthwise_kernel %s, got %s"
-                         % (api, ", ".join(["1"] * rank), mid, _fmt(dk.shape),
-                            _fmt(pk.shape)))
+                         % (api, ", ".join(["1"] * rank), mid, format_shape(dk.shape),
+                            format_shape(pk.shape)))
     geom = cv.Geometry(api, "conv", rank, (1,) * rank, (1,) * rank, "valid", cl)
     return cv.conv(geom, y, pk)
 
@@ -297,7 +297,7 @@ def _local(api, rank, inputs, kernel, kernel_size, strides, out, data_format):
         out = (kernel.shape[0],)
     elif kernel.shape[0] != int(np.prod(out)):
         raise ValueError("%s: the kernel %s has %d output positions but output_shape %s "
-                         "needs %d" % (api, _fmt(kernel.shape), kernel.shape[0], out,
+                         "needs %d" % (api, format_shape(kernel.shape), kernel.shape[0], out,
                                        int(np.prod(out))))
     geom = cv.Geometry(api, "local", rank, strides, (1,) * rank, "valid", cl,
                        kernel_size=kernel_size, local_out=out)

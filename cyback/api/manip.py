@@ -14,6 +14,7 @@ from cyback import config
 from cyback.api._args import integer
 from cyback.graph import calls as _calls
 from cyback.graph import limits
+from cyback.graph.shapes import format_shape
 from cyback.graph.tensor import (
     Constant,
     Tensor,
@@ -35,7 +36,6 @@ __all__ = [
     "spatial_3d_padding", "stack", "one_hot", "reverse", "slice", "pattern_broadcast",
 ]
 
-_fmt = shp.format_shape
 
 
 def _tensor(api, x, name="x"):
@@ -64,7 +64,8 @@ def _axis(api, axis, ndim, name="axis", extra=0):
 
 def _rank(api, x, ndim):
     if x.ndim != ndim:
-        raise ValueError("%s: expected a %d-D tensor, got shape %s" % (api, ndim, _fmt(x.shape)))
+        raise ValueError("%s: expected a %d-D tensor, got shape %s"
+                         % (api, ndim, format_shape(x.shape)))
 
 
 def _pair(api, name, value):
@@ -91,7 +92,7 @@ def gather(reference, indices):
         bad = indices.value[(indices.value >= n) | (indices.value < -n)]
         if bad.size:
             raise ValueError("gather: index %d is out of range for a reference of shape %s"
-                             % (bad.ravel()[0], _fmt(reference.shape)))
+                             % (bad.ravel()[0], format_shape(reference.shape)))
     return mp.Gather()(reference, indices)
 
 
@@ -105,14 +106,14 @@ def slice(x, start, size):
     if not len(start_s) == len(size_s) == x.ndim:
         raise ValueError("slice: start (%d entries) and size (%d entries) must both have "
                          "one entry per axis of x, shape %s"
-                         % (len(start_s), len(size_s), _fmt(x.shape)))
+                         % (len(start_s), len(size_s), format_shape(x.shape)))
     for b in start_s:
         if b is not None and b < 0:
-            raise ValueError("slice: negative start %s" % _fmt(start_s))
+            raise ValueError("slice: negative start %s" % format_shape(start_s))
     for s in size_s:
         if s is not None and s < -1:
             raise ValueError("slice: invalid size %s (use -1 for the rest of an axis)"
-                             % _fmt(size_s))
+                             % format_shape(size_s))
     tensors = [t for t in (start_t, size_t) if t is not None]
     op = mp.Slice(start_s, size_s, (start_t is not None, size_t is not None))
     return op(x, *tensors)
@@ -140,7 +141,7 @@ def concatenate(tensors, axis=-1):
     for t in tensors[1:]:
         if t.ndim != ndim:
             raise ValueError("concatenate: all tensors must have the same rank, got shapes %s"
-                             % ", ".join(_fmt(t.shape) for t in tensors))
+                             % ", ".join(format_shape(t.shape) for t in tensors))
     axis = _axis("concatenate", axis, ndim)
     return shp.concatenate(tensors, axis)
 
@@ -200,7 +201,7 @@ def squeeze(x, axis):
     axis = _axis("squeeze", axis, x.ndim)
     if x.shape[axis] is not None and x.shape[axis] != 1:
         raise ValueError("squeeze: axis %d of a tensor of shape %s has size %d, not 1"
-                         % (axis, _fmt(x.shape), x.shape[axis]))
+                         % (axis, format_shape(x.shape), x.shape[axis]))
     return mp.Squeeze(axis)(x)
 
 
@@ -216,7 +217,7 @@ def stack(x, axis=0):
         if t.ndim != ndim or any(a is not None and b is not None and a != b
                                  for a, b in zip(t.shape, tensors[0].shape)):
             raise ValueError("stack: all tensors must have the same shape, got %s"
-                             % ", ".join(_fmt(t.shape) for t in tensors))
+                             % ", ".join(format_shape(t.shape) for t in tensors))
     axis = _axis("stack", axis, ndim, extra=1)
     parts = [shp.reshape_static_dims(t, (axis,), ndim + 1) for t in tensors]
     return shp.concatenate(parts, axis)
@@ -232,12 +233,12 @@ def pattern_broadcast(x, broadcastable):
     broadcastable = list(broadcastable)
     if len(broadcastable) != x.ndim:
         raise ValueError("pattern_broadcast: broadcastable has %d entries for a tensor of "
-                         "shape %s" % (len(broadcastable), _fmt(x.shape)))
+                         "shape %s" % (len(broadcastable), format_shape(x.shape)))
     axes = tuple(i for i, b in enumerate(broadcastable) if b)
     for a in axes:
         if x.shape[a] is not None and x.shape[a] != 1:
             raise ValueError("pattern_broadcast: axis %d is marked broadcastable but has size "
-                             "%d in shape %s" % (a, x.shape[a], _fmt(x.shape)))
+                             "%d in shape %s" % (a, x.shape[a], format_shape(x.shape)))
     unknown = tuple(a for a in axes if x.shape[a] is None)
     return mp.PatternBroadcast(unknown)(x) if unknown else x
 
@@ -277,9 +278,9 @@ def tile(x, n):
     reps, reps_t = shp.shape_arg("tile", n)
     if len(reps) != x.ndim:
         raise ValueError("tile: n has %d entries but x has rank %d (shape %s); give at "
-                         "most one count per axis" % (len(reps), x.ndim, _fmt(x.shape)))
+                         "most one count per axis" % (len(reps), x.ndim, format_shape(x.shape)))
     if any(r is not None and r < 0 for r in reps):
-        raise ValueError("tile: negative count in n=%s" % _fmt(reps))
+        raise ValueError("tile: negative count in n=%s" % format_shape(reps))
     if reps_t is None and all(r == 1 for r in reps):
         return x
     return mp.Tile(tuple(reps))(x, *([reps_t] if reps_t is not None else []))
@@ -303,7 +304,7 @@ def arange(start, stop=None, step=1, dtype="int32"):
         if isinstance(v, Tensor):
             if v.ndim != 0:
                 raise ValueError("arange: %s must be a scalar, got shape %s"
-                                 % (name, _fmt(v.shape)))
+                                 % (name, format_shape(v.shape)))
             if type(v) is Constant:
                 v = v.value.item()
         elif isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Real, np.number)):

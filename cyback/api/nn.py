@@ -7,6 +7,7 @@ import numpy as np
 from cyback import config
 from cyback.api._args import integer
 from cyback.graph import calls as _calls
+from cyback.graph.shapes import format_shape
 from cyback.graph.tensor import Tensor, as_tensor, is_float_dtype, is_int_dtype
 from cyback.ops import elementwise as ew
 from cyback.ops import nn as nn_ops
@@ -20,11 +21,6 @@ __all__ = [
     "l2_normalize", "in_top_k", "bias_add", "dropout", "batch_normalization",
     "normalize_batch_in_training",
 ]
-
-
-def _fmt(shape):
-    return "(%s%s)" % (", ".join("None" if d is None else str(d) for d in shape),
-                       "," if len(shape) == 1 else "")
 
 
 def _float(x, api, name="x"):
@@ -141,7 +137,7 @@ def categorical_crossentropy(target, output, from_logits=False, axis=-1):
     if target.ndim != output.ndim or not all(
             a is None or b is None or a == b for a, b in zip(target.shape, output.shape)):
         raise ValueError("%s: target and output must have the same shape, got %s and %s"
-                         % (api, _fmt(target.shape), _fmt(output.shape)))
+                         % (api, format_shape(target.shape), format_shape(output.shape)))
     if from_logits:
         return nn_ops.SoftmaxCrossEntropy(axis)(target, output)
     output = output / red.reduce_sum(output, axis, keepdims=True)
@@ -196,14 +192,15 @@ def in_top_k(predictions, targets, k):
     predictions, targets = as_tensor(predictions), as_tensor(targets)
     if predictions.ndim != 2:
         raise ValueError("%s: predictions must be 2-D (batch_size, classes), got shape %s"
-                         % (api, _fmt(predictions.shape)))
+                         % (api, format_shape(predictions.shape)))
     if targets.ndim != 1:
         raise ValueError("%s: targets must be 1-D (batch_size,), got shape %s"
-                         % (api, _fmt(targets.shape)))
+                         % (api, format_shape(targets.shape)))
     b1, b2 = predictions.shape[0], targets.shape[0]
     if b1 is not None and b2 is not None and b1 != b2:
         raise ValueError("%s: predictions of shape %s and targets of shape %s have different "
-                         "batch sizes" % (api, _fmt(predictions.shape), _fmt(targets.shape)))
+                         "batch sizes" % (api, format_shape(predictions.shape),
+                                          format_shape(targets.shape)))
     if not is_int_dtype(targets.dtype):
         raise TypeError("%s: targets must be int32 or int64, got %s" % (api, targets.dtype))
     if not is_float_dtype(predictions.dtype):
@@ -221,19 +218,19 @@ def bias_add(x, bias, data_format=None):
     n = x.ndim
     if n < 2:
         raise ValueError("%s: x must have a batch axis and at least one more, got shape %s"
-                         % (api, _fmt(x.shape)))
+                         % (api, format_shape(x.shape)))
     if bias.ndim not in (1, n - 1):
         raise ValueError("%s: unexpected bias dimensions %d (shape %s), expected 1 or %d for x "
-                         "of shape %s" % (api, bias.ndim, _fmt(bias.shape), n - 1,
-                                          _fmt(x.shape)))
+                         "of shape %s" % (api, bias.ndim, format_shape(bias.shape), n - 1,
+                                          format_shape(x.shape)))
     channels_first = data_format == "channels_first" and 3 <= n <= 5
     if bias.ndim == 1:
         ch = 1 if channels_first else n - 1
         c, b = x.shape[ch], bias.shape[0]
         if c is not None and b is not None and c != b:
             raise ValueError("%s: bias of shape %s does not match the %d channels (axis %d) of x "
-                             "of shape %s (%s)" % (api, _fmt(bias.shape), c, ch, _fmt(x.shape),
-                                                   data_format))
+                             "of shape %s (%s)" % (api, format_shape(bias.shape), c, ch,
+                                                   format_shape(x.shape), data_format))
         if ch != n - 1:
             bias = shp.reshape_static_dims(bias, tuple(i for i in range(n) if i != ch), n)
         return ew.add(x, bias)
@@ -246,7 +243,7 @@ def bias_add(x, bias, data_format=None):
     for xd, bd in zip(x.shape[1:], expect):
         if xd is not None and bd is not None and xd != bd:
             raise ValueError("%s: bias of shape %s does not match x of shape %s (%s)"
-                             % (api, _fmt(bias.shape), _fmt(x.shape), data_format))
+                             % (api, format_shape(bias.shape), format_shape(x.shape), data_format))
     return ew.add(x, bias)
 
 
@@ -279,14 +276,14 @@ def _noise_shape(api, x, noise_shape):
         static, _ = shp.shape_arg(api, noise_shape)
         if len(static) != x.ndim:
             raise ValueError("%s: noise_shape of rank %d does not match x of shape %s"
-                             % (api, len(static), _fmt(x.shape)))
+                             % (api, len(static), format_shape(x.shape)))
         return noise_shape
     if not isinstance(noise_shape, (list, tuple)):
         raise TypeError("%s: noise_shape must be a tuple/list or a 1-D int tensor, got %r"
                         % (api, noise_shape))
     if len(noise_shape) != x.ndim:
         raise ValueError("%s: noise_shape %r must have one entry per axis of x of shape %s"
-                         % (api, tuple(noise_shape), _fmt(x.shape)))
+                         % (api, tuple(noise_shape), format_shape(x.shape)))
     out = []
     for i, d in enumerate(noise_shape):
         if d is None:
@@ -294,7 +291,7 @@ def _noise_shape(api, x, noise_shape):
         known = shp.static_int(d)
         if known is not None and x.shape[i] is not None and known not in (1, x.shape[i]):
             raise ValueError("%s: noise_shape %r is not broadcastable to x of shape %s"
-                             % (api, tuple(noise_shape), _fmt(x.shape)))
+                             % (api, tuple(noise_shape), format_shape(x.shape)))
         out.append(d)
     return out
 
@@ -305,7 +302,7 @@ def _check_param(api, name, p, x):
     if p.ndim > x.ndim or any(pd is not None and xd is not None and pd not in (1, xd)
                               for pd, xd in zip(p.shape[::-1], x.shape[::-1])):
         raise ValueError("%s: %s of shape %s does not broadcast to x of shape %s"
-                         % (api, name, _fmt(p.shape), _fmt(x.shape)))
+                         % (api, name, format_shape(p.shape), format_shape(x.shape)))
 
 
 def _normalize(x, mean, var, beta, gamma, epsilon):
@@ -337,7 +334,7 @@ def batch_normalization(x, mean, var, beta, gamma, axis=-1, epsilon=0.001):
             c, d = x.shape[ax], p.shape[0]
             if c is not None and d is not None and d not in (1, c):
                 raise ValueError("%s: %s of shape %s does not match axis %d of x of shape %s"
-                                 % (api, name, _fmt(p.shape), ax, _fmt(x.shape)))
+                                 % (api, name, format_shape(p.shape), ax, format_shape(x.shape)))
             if ax != x.ndim - 1:
                 p = shp.reshape_static_dims(p, tuple(i for i in range(x.ndim) if i != ax),
                                             x.ndim)
@@ -376,8 +373,8 @@ def normalize_batch_in_training(x, gamma, beta, reduction_axes, epsilon=0.001):
             for i, d in zip(kept, p.shape):
                 if d is not None and x.shape[i] is not None and d not in (1, x.shape[i]):
                     raise ValueError("%s: %s of shape %s does not match the kept axes %s of x "
-                                     "of shape %s" % (api, name, _fmt(p.shape), kept,
-                                                      _fmt(x.shape)))
+                                     "of shape %s" % (api, name, format_shape(p.shape), kept,
+                                                      format_shape(x.shape)))
             out = red.expand_reduced(p, x.ndim, axes)
         else:
             # Keras reshapes the parameter to x's shape with the reduced axes set to 1.

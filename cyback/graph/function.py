@@ -30,6 +30,7 @@ from cyback import config
 from cyback.graph import calls, collector, limits, optimize
 from cyback.graph import tensor as tensor_mod
 from cyback.graph.frozen import Frozen
+from cyback.graph.shapes import format_shape
 from cyback.graph.tensor import (
     Constant,
     Placeholder,
@@ -341,7 +342,7 @@ def _freeze(steps, targets):
 
 def _missing_placeholder(fname, leaf):
     return ValueError("%s: the outputs need placeholder '%s' %s, which is not among the inputs"
-                      % (_fn_label(fname), leaf.name, _shape_str(leaf.shape)))
+                      % (_fn_label(fname), leaf.name, format_shape(leaf.shape)))
 
 
 def _fn_label(name):
@@ -361,13 +362,6 @@ def _feed_check_src(ph, arg, ns, fname):
              "len(%s.shape) != %d" % (arg, len(ph.shape))]
     tests += ["%s.shape[%d] != %d" % (arg, i, d) for i, d in enumerate(ph.shape) if d is not None]
     return "    if %s:\n        %s = %s(%s)" % (" or ".join(tests), arg, check, arg)
-
-
-def _shape_str(shape):
-    shape = tuple(shape)
-    if len(shape) == 1:
-        return "(%s,)" % ("None" if shape[0] is None else shape[0])
-    return "(%s)" % ", ".join("None" if d is None else str(d) for d in shape)
 
 
 def _check_feed(ph, value, fname):
@@ -407,7 +401,7 @@ def _check_feed(ph, value, fname):
     if len(arr_shape) != len(shape) or any(
             d is not None and d != a for d, a in zip(shape, arr_shape)):
         raise ValueError("%s: placeholder '%s' expects shape %s, got a value of shape %s"
-                         % (where, ph.name, _shape_str(shape), _shape_str(arr_shape)))
+                         % (where, ph.name, format_shape(shape), format_shape(arr_shape)))
     return value
 
 
@@ -552,7 +546,7 @@ class Function(object):
         if ph.name in feeds:
             return feeds[ph.name]
         raise ValueError("%s: the feed dict has no value for placeholder '%s' %s"
-                         % (_fn_label(self.name), ph.name, _shape_str(ph.shape)))
+                         % (_fn_label(self.name), ph.name, format_shape(ph.shape)))
 
     def _apply(self, values):
         assign_all([(t.node.inputs[0], v) for t, v in zip(self._assigns, values)],

@@ -21,6 +21,8 @@ import os
 
 import numpy as np
 
+from cyback.graph.shapes import format_shape
+
 #: the largest result (in bytes) computed while a graph is built or compiled
 FOLD_BYTES = 1 << 28
 
@@ -83,11 +85,6 @@ def _address_space_size():
     return 0
 
 
-def _shape_str(shape):
-    return "(%s%s)" % (", ".join("None" if d is None else str(d) for d in shape),
-                       "," if len(shape) == 1 else "")
-
-
 def check_shape(api, shape, dtype, what="the result"):
     """Raise ValueError when an array of static ``shape`` and ``dtype`` could
     not exist (see the module docstring); unknown sizes pass."""
@@ -102,11 +99,11 @@ def check_shape(api, shape, dtype, what="the result"):
         return
     if n > MAX_ELEMENTS:
         raise ValueError("%s: %s would have shape %s, %d elements, more than an array can "
-                         "hold (%d)" % (api, what, _shape_str(shape), n, MAX_ELEMENTS))
+                         "hold (%d)" % (api, what, format_shape(shape), n, MAX_ELEMENTS))
     memory = memory_bytes()
     if memory is not None and nbytes > memory // 2:
         raise ValueError("%s: %s would have shape %s and dtype %s, %s, more than half the %s "
-                         "this process can use" % (api, what, _shape_str(shape), dtype,
+                         "this process can use" % (api, what, format_shape(shape), dtype,
                                                    _bytes_str(nbytes), _bytes_str(memory)))
 
 

@@ -5,14 +5,10 @@ branch; when the condition is known at compile time (the learning phase,
 which every compiled Function fixes per plan) ``Where.simplify`` forwards the
 chosen branch and the other one is never computed.
 """
+from cyback.graph.shapes import format_shape
 from cyback.graph.tensor import as_tensor
 from cyback.ops import elementwise as ew
 from cyback.ops.shape import reshape_static_dims
-
-
-def _fmt(shape):
-    return "(%s%s)" % (", ".join("None" if d is None else str(d) for d in shape),
-                       "," if len(shape) == 1 else "")
 
 
 def select(condition, then_t, else_t):
@@ -30,8 +26,8 @@ def select(condition, then_t, else_t):
         raise ValueError("switch: rank of `condition` should be less than or equal to rank of "
                          "`then_expression` and `else_expression`; ndim(condition)=%d %s, "
                          "ndim(then_expression)=%d %s"
-                         % (condition.ndim, _fmt(condition.shape), expr_ndim,
-                            _fmt(then_t.shape)))
+                         % (condition.ndim, format_shape(condition.shape), expr_ndim,
+                            format_shape(then_t.shape)))
     given = condition.shape
     if 0 < condition.ndim < expr_ndim:
         condition = reshape_static_dims(condition, tuple(range(condition.ndim, expr_ndim)),
@@ -39,5 +35,5 @@ def select(condition, then_t, else_t):
     for i, (c, d) in enumerate(zip(condition.shape, then_t.shape)):
         if c is not None and d is not None and c not in (1, d):
             raise ValueError("switch: condition of shape %s does not match expressions of shape "
-                             "%s at axis %d" % (_fmt(given), _fmt(then_t.shape), i))
+                             "%s at axis %d" % (format_shape(given), format_shape(then_t.shape), i))
     return ew.where(condition, then_t, else_t)

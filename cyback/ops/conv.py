@@ -19,6 +19,7 @@ and 'causal' work with spatial sizes unknown while building.
 import numpy as np
 
 from cyback.graph.op import Op
+from cyback.graph.shapes import format_shape
 from cyback.kernels import conv as _conv
 from cyback.kernels import conv_utils
 from cyback.kernels import depthwise as _dw
@@ -183,7 +184,8 @@ class Geometry(object):
                                  "output positions %s, but the kernel %s / output_shape are "
                                  "for %s"
                                  % (self.api, format_shape(xshape), self.kernel_size, self.strides,
-                                    format_shape(out), format_shape(kshape), format_shape(self.local_out)))
+                                    format_shape(out), format_shape(kshape),
+                                    format_shape(self.local_out)))
             out = self.local_out
         return self.assemble(xshape[0], out, self.out_channels(kshape))
 
@@ -280,8 +282,9 @@ class Geometry(object):
         if dy.shape != want:
             raise ValueError("%s: the input has shape %s but a convolution producing %s "
                              "(kernel %s, strides %s, padding %r) takes inputs of shape %s"
-                             % (self.api, format_shape(dy.shape), format_shape(xshape), format_shape(k.shape),
-                                self.strides, self.padding, format_shape(want)))
+                             % (self.api, format_shape(dy.shape), format_shape(xshape),
+                                format_shape(k.shape), self.strides, self.padding,
+                                format_shape(want)))
         if self.family == "conv":
             dx = _conv.conv_backward_input(dy, k, xshape, self.strides, self.dilation,
                                            self.pads(sizes, k.shape), self.channels_last)
@@ -463,8 +466,9 @@ class ConvInput(Op):
             if a is not None and b is not None and a != b:
                 raise ValueError("%s: the input has shape %s but a convolution producing %s "
                                  "(kernel %s, strides %s, padding %r) takes inputs of shape %s"
-                                 % (self.api, format_shape(dy.shape), format_shape(static), format_shape(k.shape),
-                                    g.strides, g.padding, format_shape(want)))
+                                 % (self.api, format_shape(dy.shape), format_shape(static),
+                                    format_shape(k.shape), g.strides, g.padding,
+                                    format_shape(want)))
         return [(static, dy.dtype)]
 
     def compute(self, dy, k, *shape):

@@ -16,10 +16,10 @@ import numpy as np
 
 from cyback.graph import limits
 from cyback.graph.op import Op
+from cyback.graph.shapes import format_shape
 from cyback.graph.tensor import Constant
 from cyback.ops import elementwise as ew
 from cyback.ops.shape import GetItem, reshape_like, reshape_static_dims, shape_of, static_entries
-from cyback.ops.shape import format_shape as _fmt
 
 
 def _mul(a, b):
@@ -412,8 +412,9 @@ class Slice(Op):
                 out = None
             if d is not None and b is not None and (b > d or (out is not None and b + out > d)):
                 raise ValueError("slice: start %s and size %s are out of range on axis %d of a "
-                                 "tensor of shape %s" % (_fmt(self.start), _fmt(self.size), i,
-                                                         _fmt(x_shape)))
+                                 "tensor of shape %s" % (format_shape(self.start),
+                                                         format_shape(self.size), i,
+                                                         format_shape(x_shape)))
             shape.append(out)
         return tuple(shape)
 

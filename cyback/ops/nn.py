@@ -8,14 +8,10 @@ gradient.
 import numpy as np
 
 from cyback.graph.op import Op
+from cyback.graph.shapes import format_shape
 from cyback.kernels import softmax as _softmax
 from cyback.ops import elementwise as ew
 from cyback.ops import reduction as red
-
-
-def _fmt(shape):
-    return "(%s%s)" % (", ".join("None" if d is None else str(d) for d in shape),
-                       "," if len(shape) == 1 else "")
 
 
 def _dims_agree(a, b):
@@ -25,7 +21,7 @@ def _dims_agree(a, b):
 def _same_shape(api, what, a, b):
     if not _compatible(a.shape, b.shape):
         raise ValueError("%s: %s must have the same shape, got %s and %s"
-                         % (api, what, _fmt(a.shape), _fmt(b.shape)))
+                         % (api, what, format_shape(a.shape), format_shape(b.shape)))
 
 
 def _compatible(a, b):
@@ -265,7 +261,7 @@ def _labels(labels, logits, axis):
     if labels.size != int(np.prod(shape)):
         raise ValueError("sparse_categorical_crossentropy: target of shape %s does not match "
                          "output of shape %s (expected %s labels)"
-                         % (labels.shape, logits.shape, _fmt(shape)))
+                         % (labels.shape, logits.shape, format_shape(shape)))
     labels = labels.reshape(shape)
     if labels.dtype.kind not in "iub":
         labels = labels.astype(np.int64)
@@ -293,8 +289,8 @@ class SparseSoftmaxCrossEntropy(Op):
                     not known and labels.ndim not in (len(shape), len(shape) + 1):
                 raise ValueError("sparse_categorical_crossentropy: target of shape %s does not "
                                  "match output of shape %s; expected %s or %s"
-                                 % (_fmt(labels.shape), _fmt(logits.shape), _fmt(shape),
-                                    _fmt(shape + (1,))))
+                                 % (format_shape(labels.shape), format_shape(logits.shape),
+                                    format_shape(shape), format_shape(shape + (1,))))
         return [(shape, logits.dtype)]
 
     def compute(self, labels, logits):

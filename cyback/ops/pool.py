@@ -16,12 +16,9 @@ in an average (the kernels skip them).
 import numpy as np
 
 from cyback.graph.op import Op
+from cyback.graph.shapes import format_shape
 from cyback.kernels import conv_utils
 from cyback.kernels import pool as _pool
-
-
-def _fmt(shape):
-    return "(%s)" % ", ".join("None" if d is None else str(d) for d in shape)
 
 
 class _PoolBase(Op):
@@ -47,7 +44,8 @@ class _PoolBase(Op):
             if n is not None and self.padding == "valid" and n < k:
                 raise ValueError("%s: pool_size %s is larger than the input's spatial shape %s "
                                  "with padding='valid' (input %s)"
-                                 % (self.api, self.pool_size, _fmt(sizes), _fmt(shape)))
+                                 % (self.api, self.pool_size, format_shape(sizes),
+                                    format_shape(shape)))
             out.append(conv_utils.conv_output_length(n, k, s, 1, self.padding))
         if self.channels_last:
             return (shape[0],) + tuple(out) + (shape[-1],)

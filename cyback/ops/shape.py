@@ -11,15 +11,10 @@ import numpy as np
 
 from cyback.graph import limits
 from cyback.graph.op import Op
+from cyback.graph.shapes import format_shape
 from cyback.graph.tensor import Constant, Tensor, as_tensor, is_int_dtype
 from cyback.ops import elementwise as ew
 from cyback.ops.reduction import Reduce
-
-
-def format_shape(shape):
-    """``(2, None, 3)`` for error messages."""
-    return "(%s)" % ", ".join("None" if d is None else str(d) for d in shape)
-
 
 # ------------------------------------------------------------------ shape of
 

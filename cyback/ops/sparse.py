@@ -6,6 +6,7 @@ Sparse inputs are leaves: the gradient flows to the dense side only.
 import numpy as np
 
 from cyback.graph.op import Op
+from cyback.graph.shapes import format_shape
 from cyback.graph.tensor import as_tensor, is_float_dtype
 from cyback.ops import elementwise as ew
 
@@ -25,11 +26,6 @@ class ToDense(Op):
 
     def grad(self, inputs, outputs, grads):
         return [grads[0]]
-
-
-def _fmt(shape):
-    return "(%s%s)" % (", ".join("None" if d is None else str(d) for d in shape),
-                       "," if len(shape) == 1 else "")
 
 
 class SparseDot(Op):
@@ -56,8 +52,8 @@ class SparseDot(Op):
             inner = rows
         if k is not None and inner is not None and k != inner:
             raise ValueError("dot: cannot multiply shapes %s and %s (%d != %d)"
-                             % (_fmt(a.shape), _fmt(b.shape), inner if self.sparse_left else k,
-                                k if self.sparse_left else inner))
+                             % (format_shape(a.shape), format_shape(b.shape),
+                                inner if self.sparse_left else k, k if self.sparse_left else inner))
         return [(out, ew.result_dtype(a.dtype, b.dtype))]
 
     def compute(self, a, b):
@@ -99,7 +95,7 @@ class SparseConcat(Op):
         known = {x.shape[other] for x in xs if x.shape[other] is not None}
         if len(known) > 1:
             raise ValueError("concatenate: sparse tensors of shapes %s do not match on axis %d"
-                             % (", ".join(_fmt(x.shape) for x in xs), other))
+                             % (", ".join(format_shape(x.shape) for x in xs), other))
         shape = [None, None]
         shape[self.axis] = None if None in sizes else sum(sizes)
         shape[other] = known.pop() if known else None
@@ -135,13 +131,15 @@ def sparse_dot(x, y):
     sx, sy = is_sparse_tensor(x), is_sparse_tensor(y)
     if sx and sy:
         raise ValueError("dot: the product of two sparse tensors is not supported (shapes "
-                         "%s and %s); convert one with to_dense" % (_fmt(x.shape), _fmt(y.shape)))
+                         "%s and %s); convert one with to_dense"
+                         % (format_shape(x.shape), format_shape(y.shape)))
     sparse, dense = (x, y) if sx else (y, x)
     if sparse.ndim != 2:
-        raise ValueError("dot: a sparse operand must be 2-D, got shape %s" % _fmt(sparse.shape))
+        raise ValueError("dot: a sparse operand must be 2-D, got shape %s"
+                         % format_shape(sparse.shape))
     if dense.ndim not in (1, 2):
         raise ValueError("dot: the dense operand of a sparse product must be 1-D or 2-D, got "
-                         "shapes %s and %s" % (_fmt(x.shape), _fmt(y.shape)))
+                         "shapes %s and %s" % (format_shape(x.shape), format_shape(y.shape)))
     if not is_float_dtype(dense.dtype):
         dense = ew.cast(dense, sparse.dtype if is_float_dtype(sparse.dtype) else "float32")
     return SparseDot(sx, False)(x if sx else dense, dense if sx else y)
