@@ -29,6 +29,7 @@ import numpy as np
 from cyback import config
 from cyback.graph import calls, collector, limits, optimize
 from cyback.graph import tensor as tensor_mod
+from cyback.graph.codegen import Namer, inline_call
 from cyback.graph.frozen import Frozen
 from cyback.graph.shapes import format_shape
 from cyback.graph.tensor import (
@@ -205,18 +206,8 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
         if inference:
             steps, frozen = _freeze(steps, targets)
 
-    names, ns = {}, {"__builtins__": __builtins__, "ndarray": np.ndarray}
-
-    def name_of(t):
-        n = names.get(t.id)
-        if n is None:
-            if type(t) is Constant:
-                n = "c%d" % len(names)
-                ns[n] = t.value
-            else:
-                n = "t%d" % len(names)
-            names[t.id] = n
-        return n
+    ns = {"__builtins__": __builtins__, "ndarray": np.ndarray}
+    name_of = Namer(ns, "c", "t")
 
     feed_index = {ph: i for i, ph in enumerate(inputs)}
     args, feed_slots, variables, prologue = [], [], [], []
@@ -233,7 +224,7 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
         if leaf not in feed_index:
             if isinstance(leaf, Placeholder) and leaf.default is not None:
                 givens_value = Constant(np.asarray(leaf.default, dtype=leaf.dtype))
-                names[leaf.id] = name_of(givens_value)
+                name_of.bind(leaf, name_of(givens_value))
                 continue
             raise _missing_placeholder(name, leaf)
         feed_slots.append(feed_index[leaf])
@@ -308,11 +299,10 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
 def _inline_step(op, ins, outs, ns, name_of):
     """The source computing the step's one output in the plan itself, for ops
     whose ``inline_src`` is exactly their compute (``inline_in_plan``; see
-    graph/op.py), or None. Never for a 0-d result, which NumPy returns as a
-    scalar."""
-    if not getattr(op, "inline_in_plan", False) or len(outs) != 1 or outs[0].ndim == 0:
+    graph/op.py), or None."""
+    if not getattr(op, "inline_in_plan", False):
         return None
-    made = op.inline_src(ins, outs, ns, [name_of(x) for x in ins])
+    made = inline_call(op, ins, outs, ns, name_of)
     return None if made is None else made[0]
 
 

@@ -11,6 +11,7 @@ hook) are added into one buffer.
 """
 import numpy as np
 
+from cyback.graph.codegen import Namer, inline_call
 from cyback.graph.function import leaves_of
 from cyback.graph.tensor import Constant
 from cyback.kernels.blas_threads import numpy_local_threads
@@ -25,16 +26,6 @@ _set_local_threads = numpy_local_threads()
 # the loop runs its products on the calling thread only; larger steps keep
 # BLAS's threads.
 SINGLE_THREAD_MACS = 1 << 24
-
-
-def _fast_call(op, ins, outs, ns, name_of):
-    """``(source, multiply-adds, takes out=)`` calling ``op`` without its
-    generic ``compute`` wrapper (the op's ``inline_src`` hook), or None.
-    Never for 0-d results, which NumPy returns as scalars."""
-    hook = getattr(op, "inline_src", None)
-    if hook is None or len(outs) != 1 or outs[0].ndim == 0:
-        return None
-    return hook(ins, outs, ns, [name_of(x) for x in ins])
 
 
 def _scatter_groups(steps, targets):
@@ -99,26 +90,15 @@ def compile_loop(name, slices, carries, consts, emits, accums, reverse, lasts=()
 
     ns = {"__builtins__": __builtins__, "_empty": np.empty, "_copy": np.array,
           "_set_threads": _set_local_threads, "_LIMIT": SINGLE_THREAD_MACS}
-    names = {}
-
-    def name_of(t):
-        n = names.get(t)
-        if n is None:
-            if type(t) is Constant:
-                n = "k%d" % len(names)
-                ns[n] = t.value
-            else:
-                n = "v%d" % len(names)
-            names[t] = n
-        return n
+    name_of = Namer(ns, "k", "v")
 
     s_args = ["S%d" % i for i in range(len(slices))]
     c_args = ["C%d" % i for i in range(nc)]
     k_args = ["K%d" % i for i in range(len(consts))]
     for ph, a in zip(consts, k_args):
-        names[ph] = a
+        name_of.bind(ph, a)
     for (ph, _), a in zip(carries, c_args):
-        names[ph] = a
+        name_of.bind(ph, a)
     # Every leaf of the body must be one of the loop's inputs.
     known = set(slices) | set(consts) | {ph for ph, _ in carries}
     for leaf in leaves_of(targets):
@@ -149,7 +129,7 @@ def compile_loop(name, slices, carries, consts, emits, accums, reverse, lasts=()
                 ns[idx] = index
                 body.append("%s[%s] += %s" % (v, idx, name_of(g)))
             continue
-        fast = _fast_call(op, ins, outs, ns, name_of)
+        fast = inline_call(op, ins, outs, ns, name_of)
         if fast is not None:
             src, m, outable = fast
             v = name_of(outs[0])
