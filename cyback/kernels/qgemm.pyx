@@ -286,41 +286,10 @@ def gemm_prepared(a, packed, vectors, zero_a, activation=None, out_scale=None,
     if h.k != k:
         raise ValueError("gemm: the activations have K = %d columns, the packed weights %d rows"
                          % (k, h.k))
-    if activation not in ACTIVATIONS:
-        raise ValueError("gemm: activation must be None, 'linear', 'relu' or 'relu6', got %r"
-                         % (activation,))
-    cdef int32_t za = _zero("gemm", "zero_a", zero_a)
-    cdef Py_ssize_t npan = cb_q_panels(n)
-    if not isinstance(vectors, np.ndarray) or vectors.dtype != np.float32 or \
-            vectors.ndim != 2 or vectors.shape[0] not in (1, 2) or \
-            vectors.shape[1] != npan * CB_Q_NR or not vectors.flags.c_contiguous:
-        raise ValueError("gemm: the epilogue vectors must be epilogue_vectors' float32 "
-                         "(1 or 2, %d) array for N = %d, got %s"
-                         % (npan * CB_Q_NR, n, _describe(vectors)))
-    cdef bint quantized = out_scale is not None or out_zero_point is not None
     cdef cb_q_epilogue e
-    cdef const float* padded = <const float*>cnp.PyArray_DATA(vectors)
-    e.scale = padded
-    e.bias = NULL
-    if vectors.shape[0] == 2:
-        e.bias = padded + npan * CB_Q_NR
-    e.za = za
-    e.act = ACTIVATIONS[activation]
-    e.out_f = NULL
-    e.out_q = NULL
-    e.ldf = e.ldq = n
-    if quantized:
-        if out_scale is None or out_zero_point is None:
-            raise ValueError("gemm: a uint8 output needs both out_scale and out_zero_point")
-        e.q_scale = _scale("gemm", "out_scale", out_scale)
-        e.q_zero = _zero("gemm", "out_zero_point", out_zero_point)
-        e.q_lo = <float>(-e.q_zero)
-        e.q_hi = <float>(255 - e.q_zero)
-        out = np.empty((m, n), dtype=np.uint8)
-        e.out_q = <uint8_t*>cnp.PyArray_DATA(out)
-    else:
-        out = np.empty((m, n), dtype=np.float32)
-        e.out_f = <float*>cnp.PyArray_DATA(out)
+    out = _epilogue("gemm", &e, vectors, n, zero_a, activation, out_scale, out_zero_point,
+                    (m, n))
+    cdef Py_ssize_t npan = cb_q_panels(n)
     if m == 0 or n == 0:
         return out
     if a.strides[1] != 1 or a.strides[0] < k:
@@ -344,6 +313,49 @@ def gemm_prepared(a, packed, vectors, zero_a, activation=None, out_scale=None,
             for t in prange(parts, schedule='static', num_threads=nt):
                 _gemm_part(level, ap, lda, m, k, bp, npan, n, &e, t, parts, by_rows)
     team_done(nt)
+    return out
+
+
+cdef object _epilogue(str fname, cb_q_epilogue* e, vectors, Py_ssize_t n, zero_a, activation,
+                      out_scale, out_zero_point, shape):
+    """Fill ``e`` for N = n output columns (rows n apart in the output) and
+    return the output array of ``shape``: float32, or uint8 with
+    ``out_scale`` and ``out_zero_point``."""
+    if activation not in ACTIVATIONS:
+        raise ValueError("%s: activation must be None, 'linear', 'relu' or 'relu6', got %r"
+                         % (fname, activation))
+    cdef int32_t za = _zero(fname, "zero_a", zero_a)
+    cdef Py_ssize_t npan = cb_q_panels(n)
+    if not isinstance(vectors, np.ndarray) or vectors.dtype != np.float32 or \
+            vectors.ndim != 2 or vectors.shape[0] not in (1, 2) or \
+            vectors.shape[1] != npan * CB_Q_NR or not vectors.flags.c_contiguous:
+        raise ValueError("%s: the epilogue vectors must be epilogue_vectors' float32 "
+                         "(1 or 2, %d) array for N = %d, got %s"
+                         % (fname, npan * CB_Q_NR, n, _describe(vectors)))
+    cdef bint quantized = out_scale is not None or out_zero_point is not None
+    cdef const float* padded = <const float*>cnp.PyArray_DATA(vectors)
+    e.scale = padded
+    e.bias = NULL
+    if vectors.shape[0] == 2:
+        e.bias = padded + npan * CB_Q_NR
+    e.za = za
+    e.act = ACTIVATIONS[activation]
+    e.out_f = NULL
+    e.out_q = NULL
+    e.ldf = e.ldq = n
+    if quantized:
+        if out_scale is None or out_zero_point is None:
+            raise ValueError("%s: a uint8 output needs both out_scale and out_zero_point"
+                             % fname)
+        e.q_scale = _scale(fname, "out_scale", out_scale)
+        e.q_zero = _zero(fname, "out_zero_point", out_zero_point)
+        e.q_lo = <float>(-e.q_zero)
+        e.q_hi = <float>(255 - e.q_zero)
+        out = np.empty(shape, dtype=np.uint8)
+        e.out_q = <uint8_t*>cnp.PyArray_DATA(out)
+    else:
+        out = np.empty(shape, dtype=np.float32)
+        e.out_f = <float*>cnp.PyArray_DATA(out)
     return out
 
 
@@ -413,6 +425,11 @@ def im2col(x, kernel_size, strides=(1, 1), dilation=(1, 1), pads=((0, 0), (0, 0)
                             dst, (lines * t) // parts, (lines * (t + 1)) // parts)
     team_done(nt)
     return out
+
+
+# ---------------------------------------------------------------- depthwise
+
+include "qconv_depthwise.pxi"
 
 
 # ---------------------------------------------------------------- arguments

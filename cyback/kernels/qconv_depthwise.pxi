@@ -1,0 +1,103 @@
+# The int8 depthwise convolution of qgemm (include/cyback_qdepthwise.h):
+# uint8 activations, one int8 filter per channel, exact int32 sums and
+# gemm's requantizing epilogue per channel.
+
+cdef extern from "cyback_qdepthwise.h" nogil:
+    ctypedef struct cb_qdw_geometry:
+        Py_ssize_t h, w, c
+        Py_ssize_t kh, kw, sh, sw, dh, dw, pt, pl
+        Py_ssize_t oh, ow
+        Py_ssize_t cp
+        uint8_t pad
+    void cb_qdw_pack(const int8_t* w, Py_ssize_t taps, Py_ssize_t c, Py_ssize_t cp,
+                     int32_t* out)
+    void cb_qdw_lines(int level, const cb_qdw_geometry* g, const uint8_t* x, const int32_t* wp,
+                      const cb_q_epilogue* e, Py_ssize_t r0, Py_ssize_t r1)
+
+
+def pack_depthwise(w):
+    """The packed form of an int8 depthwise kernel (kh, kw, C) for
+    ``depthwise_conv``: int32 (kh * kw + 1, C rounded up to 16), each tap's
+    weights widened, then each channel's sum over the taps."""
+    if not isinstance(w, np.ndarray) or w.dtype != np.int8 or w.ndim != 3:
+        raise TypeError("pack_depthwise: expected a 3-D int8 array (kh, kw, C), got %s"
+                        % _describe(w))
+    cdef Py_ssize_t taps = w.shape[0] * w.shape[1], c = w.shape[2]
+    if taps > CB_Q_MAX_K:
+        raise ValueError("pack_depthwise: %d taps are above %d, where int32 sums may overflow"
+                         % (taps, CB_Q_MAX_K))
+    cdef Py_ssize_t cp = cb_q_panels(c) * CB_Q_NR
+    w = np.ascontiguousarray(w)
+    out = np.empty((taps + 1, cp), dtype=np.int32)
+    cdef const int8_t* src = <const int8_t*>cnp.PyArray_DATA(w)
+    cdef int32_t* dst = <int32_t*>cnp.PyArray_DATA(out)
+    with nogil:
+        cb_qdw_pack(src, taps, c, cp, dst)
+    return out
+
+
+def depthwise_conv(x, packed, vectors, zero_a, kernel_size, strides=(1, 1), dilation=(1, 1),
+                   pads=((0, 0), (0, 0)), activation=None, out_scale=None, out_zero_point=None):
+    """The depthwise convolution of uint8 codes x (N, H, W, C) with packed
+    weights (``pack_depthwise``) and ``epilogue_vectors`` for C channels:
+    per output (n, oy, ox, c), with acc the int32 sum over the window of
+    x * w (taps in the padding read ``zero_a``, the code of 0.0),
+
+        y = act(float32(acc - zero_a * wsum[c]) * s[c] + bias[c])
+
+    as float32 (N, OH, OW, C), or uint8 codes with ``out_scale`` and
+    ``out_zero_point``, as ``gemm``. ``pads``: ((top, bottom), (left, right))."""
+    if not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 4:
+        raise TypeError("depthwise_conv: expected a 4-D uint8 array (N, H, W, C), got %s"
+                        % _describe(x))
+    cdef Py_ssize_t kh, kw, sh, sw, dh, dw, pt, pb, pl, pr
+    kh, kw = _pair("depthwise_conv", "kernel_size", kernel_size, 1)
+    sh, sw = _pair("depthwise_conv", "strides", strides, 1)
+    dh, dw = _pair("depthwise_conv", "dilation", dilation, 1)
+    try:
+        (pt, pb), (pl, pr) = [[_index(v) for v in p] for p in pads]
+    except (TypeError, ValueError):
+        raise ValueError("depthwise_conv: pads must be ((top, bottom), (left, right)), got %r"
+                         % (pads,)) from None
+    if min(pt, pb, pl, pr) < 0:
+        raise ValueError("depthwise_conv: pads must be >= 0, got %r" % (pads,))
+    cdef Py_ssize_t b = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3]
+    cdef Py_ssize_t cp = cb_q_panels(c) * CB_Q_NR
+    if not isinstance(packed, np.ndarray) or packed.dtype != np.int32 or \
+            packed.shape != (kh * kw + 1, cp) or not packed.flags.c_contiguous:
+        raise ValueError("depthwise_conv: expected pack_depthwise's int32 (%d, %d) array for a "
+                         "%dx%d window on %d channels, got %s"
+                         % (kh * kw + 1, cp, kh, kw, c, _describe(packed)))
+    cdef Py_ssize_t eh = h + pt + pb - (kh - 1) * dh, ew = w + pl + pr - (kw - 1) * dw
+    if eh < 1 or ew < 1:
+        raise ValueError("depthwise_conv: the %dx%d window (dilation %s) does not fit the "
+                         "padded input %s" % (kh, kw, (dh, dw), (h + pt + pb, w + pl + pr)))
+    cdef Py_ssize_t oh = (eh - 1) // sh + 1, ow = (ew - 1) // sw + 1
+    cdef cb_q_epilogue e
+    out = _epilogue("depthwise_conv", &e, vectors, c, zero_a, activation, out_scale,
+                    out_zero_point, (b, oh, ow, c))
+    if out.size == 0:
+        return out
+    x = np.ascontiguousarray(x)
+    cdef cb_qdw_geometry g
+    g.h, g.w, g.c = h, w, c
+    g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl = kh, kw, sh, sw, dh, dw, pt, pl
+    g.oh, g.ow, g.cp = oh, ow, cp
+    g.pad = <uint8_t>e.za
+    cdef const uint8_t* src = <const uint8_t*>cnp.PyArray_DATA(x)
+    cdef const int32_t* wp = <const int32_t*>cnp.PyArray_DATA(packed)
+    cdef Py_ssize_t lines = b * oh
+    cdef int level = cb_q_level()
+    cdef double work = 0.25 * <double>out.size * kh * kw
+    cdef int parts = team_parts(work), nt = threads_for(work), t
+    if parts > lines:
+        parts = <int>lines
+    with nogil:
+        if parts <= 1:
+            cb_qdw_lines(level, &g, src, wp, &e, 0, lines)
+        else:
+            for t in prange(parts, schedule='static', num_threads=nt):
+                cb_qdw_lines(level, &g, src, wp, &e, (lines * t) // parts,
+                             (lines * (t + 1)) // parts)
+    team_done(nt)
+    return out
