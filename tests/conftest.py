@@ -2,6 +2,7 @@
 sys.path and test modules can ``import gradcheck``; sub-folders are packages so
 that equal file names in different folders do not clash."""
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -16,6 +17,50 @@ os.environ.setdefault("CYBACK_PARALLEL_MIN_WORK", "0")
 # source tree in the working directory, which has no compiled kernels after a
 # plain `pip install .` (Python 3.11+ honours this; older ones need cwd=).
 os.environ["PYTHONSAFEPATH"] = "1"
+
+# A test that cannot run without a capability of the build or the CPU skips
+# with a reason of the form "needs <capability>: <why>". Such a skip fails
+# instead where the capability is required: CYBACK_TEST_REQUIRE=openmp,avx2
+# (.ci/run sets it, as CI builds with OpenMP on CPUs with AVX2 + FMA, so a
+# build that lost either is a bug there, not a reason to pass green).
+CAPABILITIES = {
+    "openmp": "the kernels are built with OpenMP",
+    "openblas": "an OpenBLAS whose thread count cyback controls (NumPy's or SciPy's)",
+    "winograd": "the Winograd kernels (GCC vector extensions)",
+    "avx2": "the kernels' AVX2 + FMA sets run on this CPU",
+    "avx512": "the kernels' AVX-512 sets run on this CPU (and CYBACK_AVX512 is not 0)",
+    "avx_vnni": "qgemm's AVX-VNNI set runs on this CPU",
+    "avx512_vnni": "qgemm's AVX-512 VNNI set runs on this CPU",
+}
+_NEEDS = re.compile(r"needs ([a-z0-9_]+): ")
+
+
+def _required_capabilities(environ=os.environ):
+    names = {n.strip() for n in environ.get("CYBACK_TEST_REQUIRE", "").split(",") if n.strip()}
+    unknown = sorted(names - set(CAPABILITIES))
+    if unknown:
+        raise pytest.UsageError("CYBACK_TEST_REQUIRE names unknown capabilities %s; known: %s"
+                                % (", ".join(unknown), ", ".join(sorted(CAPABILITIES))))
+    return names
+
+
+def pytest_configure(config):
+    config._cyback_required = _required_capabilities()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    required = getattr(item.config, "_cyback_required", ())
+    if not (report.skipped and required) or hasattr(report, "wasxfail"):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    m = _NEEDS.search(reason)
+    if m and m.group(1) in required:
+        report.outcome = "failed"
+        report.longrepr = ("%s\nCYBACK_TEST_REQUIRE=%s requires %s (%s): this skip is a failure"
+                           % (reason, ",".join(sorted(required)), m.group(1),
+                              CAPABILITIES[m.group(1)]))
 
 
 @pytest.fixture

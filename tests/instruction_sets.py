@@ -13,10 +13,10 @@ def instruction_set(module, which):
     CYBACK_AVX512=0). Each kernel module keeps its own switch
     (include/cyback_simd.h)."""
     if which == "avx2" and not module._use_avx2(True):
-        pytest.skip("this CPU has no AVX2 + FMA")
+        pytest.skip("needs avx2: this CPU has no AVX2 + FMA")
     if which == "avx512" and not module._use_avx512(True):
         module._use_avx2(True)
-        pytest.skip("AVX-512 is off: no AVX-512F on this CPU, or CYBACK_AVX512=0")
+        pytest.skip("needs avx512: AVX-512 is off: no AVX-512F on this CPU, or CYBACK_AVX512=0")
     if which == "avx2" and hasattr(module, "_use_avx512"):
         module._use_avx512(False)
     elif which == "baseline":

@@ -608,7 +608,7 @@ def test_pointwise_tiles_give_way_to_short_avx512_direct_tiles():
     # channels than the direct kernel takes, or few input channels and a
     # large output; 12-pixel tiles keep the rule by width and size.
     if not conv._use_avx512(True):
-        pytest.skip("AVX-512 is off: no AVX-512F on this CPU, or CYBACK_AVX512=0")
+        pytest.skip("needs avx512: AVX-512 is off: no AVX-512F on this CPU, or CYBACK_AVX512=0")
     args = ((1, 1), (1, 1), [(0, 0), (0, 0)])
 
     def tiles(x_shape, c, f):
@@ -1019,7 +1019,7 @@ def test_wide_tiles_follow_the_cpu_unless_set():
 
 def test_avx512_setting_caps_the_kernels_at_avx2():
     if not conv._use_avx512(True):
-        pytest.skip("AVX-512 is off: no AVX-512F on this CPU, or CYBACK_AVX512=0")
+        pytest.skip("needs avx512: AVX-512 is off: no AVX-512F on this CPU, or CYBACK_AVX512=0")
     import subprocess
     import sys
     code = ("from cyback.kernels import conv, winograd; "

@@ -17,7 +17,7 @@ SETS = qgemm.INSTRUCTION_SETS
 def instruction_set(name):
     """Run the kernels with at most set ``name``; skip when the CPU lacks it."""
     if name not in qgemm.instruction_sets():
-        pytest.skip("this CPU (or this build's compiler) has no %s" % name)
+        pytest.skip("needs %s: this CPU (or this build's compiler) has no %s" % (name, name))
     try:
         assert qgemm._use_instruction_set(name) == name
         yield

@@ -12,7 +12,8 @@ import pytest
 import cyback as K
 from cyback.kernels import runtime
 
-needs_openmp = pytest.mark.skipif(not runtime.openmp_enabled(), reason="built without OpenMP")
+needs_openmp = pytest.mark.skipif(not runtime.openmp_enabled(),
+                                  reason="needs openmp: built without OpenMP")
 
 
 @pytest.fixture

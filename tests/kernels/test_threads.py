@@ -140,7 +140,7 @@ def _team(body, warm=1.0, busy=False):
 
 
 needs_openmp = pytest.mark.skipif(not __import__("cyback").kernels.runtime.openmp_enabled(),
-                                  reason="built without OpenMP")
+                                  reason="needs openmp: built without OpenMP")
 
 
 @needs_openmp

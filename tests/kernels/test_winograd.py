@@ -12,7 +12,7 @@ from instruction_sets import instruction_set
 from kernels.test_conv import _ref_epilogue, ref_backward_input, ref_forward, same_on_threads
 
 pytestmark = pytest.mark.skipif(not winograd.available(),
-                                reason="this build has no vector kernels")
+                                reason="needs winograd: this build has no vector kernels")
 
 STRIDE1 = ((1, 1), (1, 1))
 
@@ -344,7 +344,7 @@ def test_sixteen_channels_with_short_avx512_tiles_need_wide_outputs():
     # With the direct kernel's 6-pixel AVX-512 tiles, 16 channels in take
     # Winograd once F > 16 (its two-vector blocks); with 12-pixel tiles 24.
     if not conv._use_avx512(True):
-        pytest.skip("AVX-512 is off: no AVX-512F on this CPU, or CYBACK_AVX512=0")
+        pytest.skip("needs avx512: AVX-512 is off: no AVX-512F on this CPU, or CYBACK_AVX512=0")
 
     def runs(c, f):
         g, _, _ = conv._geometry((2, 16, 16, c), (3, 3, c, f), (1, 1), (1, 1), [(1, 1)] * 2,
