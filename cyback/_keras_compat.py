@@ -67,9 +67,13 @@ import collections
 import collections.abc
 import importlib.abc
 import inspect
+import io
+import os
 import sys
 
 import numpy as np
+
+from cyback.graph import pickling as _graph_pickling
 
 __all__ = ['install', 'installed']
 
@@ -424,7 +428,7 @@ def _patch_network_pickling(module):
     Keras already imported on the right backend where it is unpickled. On
     cyback a model pickles as the bytes of an in-memory HDF5 save, loaded by
     cyback (which selects itself as Keras's backend when Keras is not yet
-    imported): see cyback/graph/pickling.py.
+    imported): see "pickling Keras models" below.
     """
     network = getattr(module, 'Network', None)
     if network is None or not _cyback_is_backend() or \
@@ -432,7 +436,6 @@ def _patch_network_pickling(module):
         return
 
     def __reduce__(self):
-        from cyback.graph.pickling import reduce_keras_model
         return reduce_keras_model(self)
 
     setattr(__reduce__, _MARK, True)
@@ -566,3 +569,74 @@ def install():
 def installed():
     """True once install() has run in this interpreter."""
     return _installed
+
+
+# -- pickling Keras models --------------------------------------------------
+#
+# On cyback a Keras model pickles (pickle, cloudpickle) as the bytes of an
+# in-memory HDF5 save (Network.__reduce__, installed by
+# _patch_network_pickling), so a pickle holds no Keras internals and loads with
+# any supported Keras. The graph layer pickles tensors and functions and knows
+# no Keras; pickles made when this code lived there name
+# cyback.graph.pickling._load_pickled_keras_model, registered there below.
+
+def keras_model_bytes(model, include_optimizer=True):
+    """The model saved as HDF5 (architecture, weights and, when compiled and
+    asked for, the optimizer state), in memory."""
+    import h5py
+    from keras.models import save_model
+    buf = io.BytesIO()
+    with h5py.File(buf, 'w') as f:
+        save_model(model, f, include_optimizer=include_optimizer and
+                   getattr(model, 'optimizer', None) is not None)
+    return buf.getvalue()
+
+
+def _use_cyback_keras():
+    """Import Keras on cyback (selecting it if Keras is not imported yet)."""
+    if 'keras' not in sys.modules:
+        os.environ.setdefault('KERAS_BACKEND', 'cyback')
+    import keras
+    if keras.backend.backend() != 'cyback':
+        raise RuntimeError(
+            'cannot load a Keras model pickled on cyback: Keras in this process runs on '
+            'backend %r; set KERAS_BACKEND=cyback before Keras is imported'
+            % keras.backend.backend())
+    return keras
+
+
+def load_keras_model(data, custom_objects=None, compile=True):
+    """A Keras model from ``keras_model_bytes`` output (compiled as it was
+    saved when ``compile``; a model saved uncompiled stays so, silently)."""
+    import h5py
+    keras = _use_cyback_keras()
+    with h5py.File(io.BytesIO(data), 'r') as f:
+        compile = compile and 'training_config' in f.attrs
+        return keras.models.load_model(f, custom_objects=custom_objects, compile=compile)
+
+
+def custom_objects_of(model):
+    """Layer classes of ``model`` that Keras does not define, by name, so that
+    the receiving side can deserialize them (cloudpickle ships classes
+    defined in ``__main__`` by value; others must be importable there)."""
+    found = {}
+    stack = list(getattr(model, 'layers', []))
+    while stack:
+        layer = stack.pop()
+        cls = type(layer)
+        if not cls.__module__.startswith('keras.'):
+            found[cls.__name__] = cls
+        stack.extend(getattr(layer, 'layers', []))
+    return found
+
+
+def _load_pickled_keras_model(data, custom_objects):
+    return load_keras_model(data, custom_objects or None, compile=True)
+
+
+def reduce_keras_model(model):
+    """``__reduce__`` of a Keras Network on cyback."""
+    return _load_pickled_keras_model, (keras_model_bytes(model), custom_objects_of(model))
+
+
+_graph_pickling.register_moved('_load_pickled_keras_model', _load_pickled_keras_model)

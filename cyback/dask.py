@@ -120,7 +120,7 @@ class _Model(object):
 
     def load(self):
         if self.kind == "keras":
-            from cyback.graph.pickling import load_keras_model
+            from cyback._keras_compat import load_keras_model
             return _Runner(load_keras_model(self.data, self.custom_objects or None,
                                             compile=False))
         import cloudpickle
@@ -287,7 +287,7 @@ def _model_source(model):
                 data = f.read()
         except OSError as e:
             raise ValueError("%s: cannot read the model file %r: %s" % (_API, path, e)) from None
-        from cyback.graph.pickling import load_keras_model
+        from cyback._keras_compat import load_keras_model
         try:
             local = load_keras_model(data, compile=False)
         except (OSError, ValueError, KeyError) as e:
@@ -298,7 +298,7 @@ def _model_source(model):
             _read_files.popitem(last=False)
         return found
     if hasattr(model, "predict") and hasattr(model, "outputs") and hasattr(model, "layers"):
-        from cyback.graph.pickling import custom_objects_of, keras_model_bytes
+        from cyback._keras_compat import custom_objects_of, keras_model_bytes
         fingerprint = _fingerprint(model)
         try:
             saved = _saved_models.get(model)

@@ -400,7 +400,10 @@ def _is_scipy_sparse(value):
 
 
 class Function(object):
-    """A compiled graph: ``f(list_of_input_values)`` → list of output values."""
+    """A compiled graph: ``f(list_of_input_values)`` → list of output values.
+
+    It pickles as its graph and its constructor's arguments, never its plans
+    (``__reduce__``, from graph/pickling.py)."""
 
     def __init__(self, inputs, outputs, updates=None, name=None, **kwargs):
         unknown = set(kwargs) - {"fetches", "feed_dict", "session_kwargs", "options",
@@ -524,12 +527,6 @@ class Function(object):
                 group.lock.release()
         return outs[0] if self._single else outs
 
-    def __reduce__(self):
-        # The graph and the constructor's arguments; plans are rebuilt, never
-        # pickled (cyback/graph/pickling.py).
-        from cyback.graph.pickling import reduce_function
-        return reduce_function(self)
-
     def _dict_feed(self, feeds, ph):
         if ph in feeds:
             return feeds[ph]
@@ -633,6 +630,9 @@ def eval_tensor(x):
                 _eval_cache.popitem(last=False)
     out = entry[1]([])[0]
     return np.asarray(out) if not hasattr(out, "toarray") else out
+
+
+Tensor.eval = eval_tensor
 
 
 def clear_caches():

@@ -1,4 +1,4 @@
-"""Pickling of graphs, compiled functions and Keras models built on cyback.
+"""Pickling of graphs and compiled functions built on cyback.
 
 What travels is the graph and the variables' current values; what is rebuilt
 on the other side is everything derived from them:
@@ -24,20 +24,21 @@ recursion limit. A function (and a Scan's step graph) therefore pickles its
 nodes first as a flat list in topological order: when a node is written, its
 inputs have already been written, and each entry adds a constant depth.
 
-Keras models pickle as the bytes of an in-memory HDF5 save (``Network``'s
-``__reduce__``, installed by cyback/_keras_compat.py when Keras runs on cyback),
-so a pickle holds no Keras internals and loads with any supported Keras.
+Tensors and functions get their ``__reduce__`` from this module, which sits
+above tensor.py and function.py. Keras models are pickled by
+cyback/_keras_compat.py (the graph knows no Keras); pickles made before that
+code moved there name ``cyback.graph.pickling._load_pickled_keras_model``,
+which that module registers here (``register_moved``).
 """
 import copyreg
 import hashlib
-import io
-import os
 import threading
 
 from cyback import config
 from cyback.graph import tensor as _tensor
+from cyback.graph.function import Function, topo_nodes
 from cyback.graph.op import Op
-from cyback.graph.tensor import Constant, Node, Placeholder, Variable
+from cyback.graph.tensor import Constant, Node, Placeholder, Tensor, Variable
 
 #: Keras attributes a tensor keeps across a pickle (``_keras_history`` is not
 #: one: it references the layer that made the tensor).
@@ -193,14 +194,12 @@ def _register_ops():
 # ---------------------------------------------------------------- functions
 
 def _make_function(nodes, inputs, outputs, updates, name, options):
-    from cyback.graph.function import Function
     return Function(inputs, outputs, updates=updates, name=name, **options)
 
 
 def reduce_function(f):
     """``__reduce__`` of Function: its graph as a flat node list, then what
     its constructor takes."""
-    from cyback.graph.function import topo_nodes
     _register_ops()
     targets = list(f.outputs) + list(f._fetches) + list(f._updates)
     outputs = f.outputs[0] if f._single else list(f.outputs)
@@ -213,68 +212,6 @@ def reduce_function(f):
                             f.name, options)
 
 
-# ------------------------------------------------------------- keras models
-
-def keras_model_bytes(model, include_optimizer=True):
-    """The model saved as HDF5 (architecture, weights and, when compiled and
-    asked for, the optimizer state), in memory."""
-    import h5py
-    from keras.models import save_model
-    buf = io.BytesIO()
-    with h5py.File(buf, "w") as f:
-        save_model(model, f, include_optimizer=include_optimizer and
-                   getattr(model, "optimizer", None) is not None)
-    return buf.getvalue()
-
-
-def _use_cyback_keras():
-    """Import Keras on cyback (selecting it if Keras is not imported yet)."""
-    import sys
-    if "keras" not in sys.modules:
-        os.environ.setdefault("KERAS_BACKEND", "cyback")
-    import keras
-    if keras.backend.backend() != "cyback":
-        raise RuntimeError(
-            "cannot load a Keras model pickled on cyback: Keras in this process runs on "
-            "backend %r; set KERAS_BACKEND=cyback before Keras is imported"
-            % keras.backend.backend())
-    return keras
-
-
-def load_keras_model(data, custom_objects=None, compile=True):
-    """A Keras model from ``keras_model_bytes`` output (compiled as it was
-    saved when ``compile``; a model saved uncompiled stays so, silently)."""
-    import h5py
-    keras = _use_cyback_keras()
-    with h5py.File(io.BytesIO(data), "r") as f:
-        compile = compile and "training_config" in f.attrs
-        return keras.models.load_model(f, custom_objects=custom_objects, compile=compile)
-
-
-def custom_objects_of(model):
-    """Layer classes of ``model`` that Keras does not define, by name, so that
-    the receiving side can deserialize them (cloudpickle ships classes
-    defined in ``__main__`` by value; others must be importable there)."""
-    found = {}
-    stack = list(getattr(model, "layers", []))
-    while stack:
-        layer = stack.pop()
-        cls = type(layer)
-        if not cls.__module__.startswith("keras."):
-            found[cls.__name__] = cls
-        stack.extend(getattr(layer, "layers", []))
-    return found
-
-
-def _load_pickled_keras_model(data, custom_objects):
-    return load_keras_model(data, custom_objects or None, compile=True)
-
-
-def reduce_keras_model(model):
-    """``__reduce__`` of a Keras Network on cyback."""
-    return _load_pickled_keras_model, (keras_model_bytes(model), custom_objects_of(model))
-
-
 # --------------------------------------------------------------------- misc
 
 def token(data):
@@ -282,5 +219,26 @@ def token(data):
     return hashlib.sha1(data).hexdigest()
 
 
-__all__ = ["reduce_tensor", "reduce_function", "reduce_keras_model", "keras_model_bytes",
-           "load_keras_model", "custom_objects_of", "token"]
+#: Functions that pickles made by earlier releases name in this module, defined
+#: now by a layer above it (the Keras model loader): {name: function}.
+_moved = {}
+
+
+def register_moved(name, function):
+    """Let a pickle that names ``cyback.graph.pickling.<name>`` load with
+    ``function``."""
+    _moved[name] = function
+
+
+def __getattr__(name):
+    # pickle finds a pickled function's name with getattr on this module
+    try:
+        return _moved[name]
+    except KeyError:
+        raise AttributeError("module %r has no attribute %r" % (__name__, name)) from None
+
+
+Tensor.__reduce__ = reduce_tensor
+Function.__reduce__ = reduce_function
+
+__all__ = ["reduce_tensor", "reduce_function", "register_reducer", "register_moved", "token"]

@@ -126,16 +126,9 @@ class Tensor(object):
         raise TypeError("the truth value of a symbolic tensor is unknown until it is run; "
                         "use K.switch or K.eval")
 
-    def eval(self):
-        from cyback.graph.function import eval_tensor
-        return eval_tensor(self)
-
-    def __reduce__(self):
-        # An explicit state, rebuilt on the other side (cyback/graph/pickling.py).
-        from cyback.graph.pickling import reduce_tensor
-        return reduce_tensor(self)
-
-    # Operators are attached in cyback.ops.operators to keep this module free of ops.
+    # Attached by the modules above this one that define them: ``eval`` by
+    # graph/function.py (it compiles a function), ``__reduce__`` by
+    # graph/pickling.py, the operators by ops/operators.py (they are ops).
 
 
 class _StaticShape(tuple):

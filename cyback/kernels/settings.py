@@ -339,7 +339,7 @@ _DECLARED = [
         "KERAS_BACKEND", "text", None,
         "The backend multi-backend Keras loads; `cyback` selects cyback.",
         group="Keras", read=IMPORT, owner=KERAS,
-        readers=("cyback/__main__.py", "cyback/bench/__main__.py", "cyback/graph/pickling.py",
+        readers=("cyback/__main__.py", "cyback/bench/__main__.py", "cyback/_keras_compat.py",
                  "cyback/demo.py", "cyback/layers/_keras.py", "cyback/cli.py"),
         default_text="`keras.json`'s `backend`, else `tensorflow`",
         details="Keras reads it when it is first imported. cyback's programs that import "
