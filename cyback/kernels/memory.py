@@ -15,6 +15,22 @@ to 256 MiB of it is kept rather than returned. ``CYBACK_MALLOC=system`` keeps
 glibc's defaults, and so does any glibc malloc setting of the user's own
 (``GLIBC_TUNABLES`` with a ``glibc.malloc.`` tunable, ``MALLOC_*_``
 variables). Other C libraries are left alone.
+
+``set_thresholds(mmap_threshold, trim_threshold)`` is the one place that
+calls ``mallopt``. Two policies use it:
+
+- a plain process (``keep_freed_memory``, at ``import cyback``): 32 MiB and
+  ``TRIM_THRESHOLD`` (256 MiB);
+- a Dask worker (``cyback.dask``, on its first chunk): 32 MiB and
+  ``WORKER_TRIM_THRESHOLD`` (64 MiB). Dask's nanny starts its workers with
+  ``MALLOC_TRIM_THRESHOLD_=65536``, a malloc setting ``keep_freed_memory``
+  leaves alone, which also pins the mmap threshold at 128 KiB, so every
+  intermediate array is mapped afresh and page-faulted in again; the mmap
+  threshold is raised for the same reason as in a plain process. The trim
+  threshold stays lower because the nanny watches the worker's resident
+  memory against its memory limit (pausing, spilling and restarting on it)
+  and several workers share a host: free heap kept for reuse counts there
+  as memory the worker holds.
 """
 import ctypes
 import os
@@ -27,6 +43,7 @@ _M_MMAP_THRESHOLD = -3
 
 MMAP_THRESHOLD = 32 << 20       # glibc's largest accepted value on 64-bit
 TRIM_THRESHOLD = 256 << 20
+WORKER_TRIM_THRESHOLD = 64 << 20    # a Dask worker's (the docstring above says why)
 
 _applied = None
 
@@ -46,20 +63,30 @@ def _user_chose(environ):
     return bool(_registry.matching("MALLOC_*_", environ))
 
 
+def set_thresholds(mmap_threshold, trim_threshold):
+    """Set glibc's mmap and trim thresholds (bytes) for this process; returns
+    whether glibc took both (False off glibc). No check of the user's own
+    settings: that is the caller's policy."""
+    if not _glibc():
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and \
+            bool(libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+    except (OSError, AttributeError):
+        return False
+
+
 def keep_freed_memory(environ=os.environ):
-    """Apply the settings above once per process; returns whether they are
-    in force (False: not glibc, or the user chose otherwise)."""
+    """Apply the plain process's settings above once per process; returns
+    whether they are in force (False: not glibc, or the user chose
+    otherwise)."""
     global _applied
     if _applied is not None:
         return _applied
     _applied = False
     if _glibc() and not _user_chose(environ):
-        try:
-            libc = ctypes.CDLL(None)
-            _applied = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and \
-                bool(libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
-        except (OSError, AttributeError):
-            _applied = False
+        _applied = set_thresholds(MMAP_THRESHOLD, TRIM_THRESHOLD)
     return _applied
 
 
