@@ -4,29 +4,33 @@ results equal local predictions; each worker loads the model once and runs
 cyback on its share of the cores; a worker killed mid-job changes nothing;
 bad chunks and bad arguments fail clearly."""
 import os
+import pickle
+import pickletools
+import re
 import signal
 import time
 
 import numpy as np
 import pytest
 
+from keras_on_cyback import import_keras
+
 dask = pytest.importorskip("dask")
 da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
 pd = pytest.importorskip("pandas")
 dd = pytest.importorskip("dask.dataframe")
-pytest.importorskip("h5py")
-# Keras reads its backend once, on first import (tests/keras/conftest.py does
-# the same when that folder is collected first).
-os.environ.setdefault("KERAS_BACKEND", "cyback")
-keras = pytest.importorskip("keras")
+cloudpickle = pytest.importorskip("cloudpickle")
+# Keras on cyback whichever test module imports it first (an error, not a
+# skip, if Keras was imported on another backend in this process).
+keras = import_keras("tests/test_dask.py")
+if keras is None:
+    pytest.skip("multi-backend keras and h5py are not installed", allow_module_level=True)
 from keras import layers  # noqa: E402
 
 import cyback as K  # noqa: E402
 import cyback.dask as cd  # noqa: E402
-
-if keras.backend.backend() != "cyback":
-    pytest.skip("keras runs on another backend in this process", allow_module_level=True)
+from cyback.dask import jobs, model, task_size  # noqa: E402
 
 SYNC = {"scheduler": "synchronous"}
 
@@ -303,6 +307,81 @@ def test_a_changed_model_is_shipped_anew(tmp_path, images):
     assert not np.allclose(before, second)
 
 
+# ------------------------------------------------------------ pickles
+
+#: what a graph of cyback.dask carries that Dask pickles by name to ship it:
+#: the functions its tasks call and the classes of the objects they take
+PICKLED = ("_Model", "_Settings", "_Rows", "_task_one", "_task_all", "_frame_partition",
+           "_read_rows", "_write_npy")
+
+
+@pytest.mark.parametrize("name", PICKLED)
+def test_what_graphs_carry_keeps_its_cyback_dask_name(name):
+    # A pickle names a function or a class by module and name (pickle's
+    # GLOBAL opcode, written out here): cyback.dask.<name>, whichever module
+    # of the package defines it.
+    obj = getattr(cd, name)
+    assert (obj.__module__, obj.__qualname__) == ("cyback.dask", name)
+    assert pickle.loads(b"ccyback.dask\n" + name.encode() + b"\n.") is obj
+
+
+def _cyback_modules_named(data):
+    """The cyback modules a pickle names (pickle and cloudpickle write a
+    module name as a string of its own)."""
+    return {arg for _, arg, _ in pickletools.genops(data)
+            if isinstance(arg, str) and re.fullmatch(r"cyback(\.\w+)+", arg.split(" ")[0])}
+
+
+def _graph_jobs(tmp_path, cnn, images):
+    """One job of each shape of graph: {what: (dask collection, how to join
+    the results of its output keys)}."""
+    files = []
+    for i, part in enumerate(np.split(images, [20, 45, 70])):
+        files.append(str(tmp_path / ("x%d.npy" % i)))
+        np.save(files[-1], part)
+    _, two_outputs = _mlp_function()
+    y = K.placeholder((None, 2), name="y")
+    tanh = K.function([y], [K.tanh(y)])
+    frame = dd.from_pandas(pd.DataFrame(images[:40, 0, 0], columns=list("ab")), npartitions=2)
+    pred = cd.predict(cnn, images, batch_size=8, chunk_rows=32)
+    return {
+        "a Keras model over NumPy": (pred, np.concatenate),
+        "rows of .npy files": (cd.predict(cnn, files, batch_size=8, chunk_rows=40),
+                               np.concatenate),
+        "from_npy_files": (cd.from_npy_files(files, chunk_rows=40), np.concatenate),
+        "a function of two outputs": (
+            cd.predict(two_outputs, images[:30, 0, 0].repeat(2, axis=1), chunk_rows=16)[0],
+            np.concatenate),
+        "a DataFrame": (cd.predict(tanh, frame, output_columns=["p", "q"]), pd.concat),
+        "save": (cd.save(pred, tmp_path / "out", compute=False), lambda parts: parts[0]),
+    }
+
+
+@pytest.mark.parametrize("module", [pickle, cloudpickle], ids=["pickle", "cloudpickle"])
+@pytest.mark.parametrize("inline_bytes", [1 << 20, 0])
+def test_graphs_pickle_load_and_run(tmp_path, cnn, images, monkeypatch, module, inline_bytes):
+    # What Dask ships to the workers: the graph, pickled. It names cyback's
+    # objects as cyback.dask.<name> only, and loaded again it computes what
+    # the graph computes. (With inline_bytes 0 the model is a key of its
+    # own; the LocalCluster tests below run such graphs on workers.)
+    monkeypatch.setattr(jobs, "_INLINE_BYTES", inline_bytes)
+    named = set()
+    for what, (job, join) in _graph_jobs(tmp_path, cnn, images).items():
+        data = module.dumps(dict(job.__dask_graph__()))
+        assert _cyback_modules_named(data) == {"cyback.dask"}, what
+        named |= {n for n in PICKLED if n.encode() in data}
+        keys = list(dask.core.flatten(job.__dask_keys__()))
+        got = join(dask.get(module.loads(data), keys))
+        expected = job.compute(**SYNC)
+        if isinstance(expected, pd.DataFrame):
+            pd.testing.assert_frame_equal(got, expected, check_index_type=False)
+        elif isinstance(expected, list):
+            assert got == expected and len(got) == 3, what
+        else:
+            np.testing.assert_array_equal(got, expected)
+    assert named == set(PICKLED)        # every one of them is carried by some graph
+
+
 # ------------------------------------------------------------ task size
 
 @pytest.mark.parametrize("per_row, n_rows, row_bytes, batch, slots, rows", [
@@ -318,7 +397,7 @@ def test_a_changed_model_is_shipped_anew(tmp_path, images):
 ])
 def test_auto_rows_rule(per_row, n_rows, row_bytes, batch, slots, rows):
     with dask.config.set({"array.chunk-size": "128MiB"}):
-        assert cd._auto_rows(per_row, n_rows, row_bytes, batch, slots) == rows
+        assert task_size._auto_rows(per_row, n_rows, row_bytes, batch, slots) == rows
 
 
 @pytest.mark.parametrize("sizes, rows, groups", [
@@ -330,48 +409,48 @@ def test_auto_rows_rule(per_row, n_rows, row_bytes, batch, slots, rows):
     ((), 10, [[]]),
 ])
 def test_small_chunks_are_joined_with_their_neighbours(sizes, rows, groups):
-    assert cd._merged(sizes, rows) == groups
+    assert task_size._merged(sizes, rows) == groups
 
 
 def test_chunks_on_different_workers_are_not_joined():
     holders = [("a",), ("a",), ("b",), ("a",), ("a",), ("a",)]
-    assert cd._merged((10,) * 6, 30, holders) == [[0, 1], [2], [3, 4, 5]]
+    assert task_size._merged((10,) * 6, 30, holders) == [[0, 1], [2], [3, 4, 5]]
 
 
 def test_batches_span_blocks_and_are_views_within_one():
     blocks = [np.arange(5.0), np.arange(5.0, 8.0), np.arange(8.0, 18.0)]
-    batches = list(cd._batches(blocks, 4))
+    batches = list(model._batches(blocks, 4))
     assert [len(b) for b in batches] == [4, 4, 4, 4, 2]
     np.testing.assert_array_equal(np.concatenate(batches), np.arange(18.0))
     assert np.shares_memory(batches[0], blocks[0]) and np.shares_memory(batches[3], blocks[2])
 
 
 def test_probe_times_two_batches_of_zeros_once_per_model(cnn):
-    cd._probes.clear()
-    runner = cd._Runner(cnn)
+    task_size._probes.clear()
+    runner = model._Runner(cnn)
     run_batch, seen = runner.run_batch, []
     runner.run_batch = lambda b: seen.append((b.shape, float(abs(b).max()))) or run_batch(b)
     sample = np.zeros((10, 10, 2), "float32")
-    per_row = cd._seconds_per_row(runner, "token", sample, 8)
+    per_row = task_size._seconds_per_row(runner, "token", sample, 8)
     assert 0 < per_row < 1 and seen == [((8, 10, 10, 2), 0.0)] * 2
-    assert cd._seconds_per_row(runner, "token", sample, 8) == per_row and len(seen) == 2
+    assert task_size._seconds_per_row(runner, "token", sample, 8) == per_row and len(seen) == 2
 
 
 def test_probe_counts_the_model_cpu_time_not_the_wait(cnn):
     # A batch that waits 50 ms for the core (as on a busy machine) takes no
     # more CPU time than one that does not.
-    cd._probes.clear()
-    runner = cd._Runner(cnn)
+    task_size._probes.clear()
+    runner = model._Runner(cnn)
     run_batch = runner.run_batch
     runner.run_batch = lambda b: time.sleep(0.05) or run_batch(b)
-    per_row = cd._seconds_per_row(runner, "token", np.zeros((10, 10, 2), "float32"), 8)
+    per_row = task_size._seconds_per_row(runner, "token", np.zeros((10, 10, 2), "float32"), 8)
     assert 0 < per_row < 0.01 / 8
 
 
 @pytest.fixture
 def rows_32_per_task(monkeypatch):
     # The probe says a task's time is 32 rows (4 batches of 8).
-    monkeypatch.setattr(cd, "_seconds_per_row", lambda *a: cd._TASK_SECONDS / 32)
+    monkeypatch.setattr(jobs, "_seconds_per_row", lambda *a: task_size._TASK_SECONDS / 32)
 
 
 def test_auto_chunks_for_each_kind_of_data(tmp_path, cnn, images, rows_32_per_task):
@@ -497,7 +576,7 @@ def test_scoring_config_reaches_the_workers_and_the_scheduler(client):
 def test_cluster_matches_local_and_loads_once_per_worker(client, cnn, images, monkeypatch,
                                                          inline_bytes):
     # A small model rides in each task; a big one is a key of its own.
-    monkeypatch.setattr(cd, "_INLINE_BYTES", inline_bytes)
+    monkeypatch.setattr(jobs, "_INLINE_BYTES", inline_bytes)
     client.run(cd.clear_cache)
     pred = cd.predict(cnn, images, batch_size=6, chunk_rows=6)
     model_keys = [k for k in pred.__dask_graph__() if str(k).startswith("_Model-")]

@@ -216,7 +216,7 @@ _DECLARED = [
         "CYBACK_NUM_THREADS", "int", None,
         "Threads for cyback's kernels, for the whole process.",
         group="Threads", read=IMPORT, minimum=1, maximum=MAX_THREADS, unit="threads",
-        readers=("cyback/config.py", "cyback/dask.py", "cyback/__main__.py",
+        readers=("cyback/config.py", "cyback/dask/resources.py", "cyback/__main__.py",
                  "cyback/bench/scripts.py"),
         default_text="the CPUs this process may use",
         in_code="cyback.set_num_threads(n)",

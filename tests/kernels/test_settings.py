@@ -114,7 +114,7 @@ def test_the_scan_covers_the_sources():
     rels = {p.relative_to(ROOT).as_posix() for p in source_files()}
     assert {"setup.py", "include/cyback_omp.h", "include/cyback_simd.h",
             "cyback/kernels/runtime.pyx", "cyback/kernels/conv.pyx", "cyback/config.py",
-            "cyback/dask.py"} <= rels
+            "cyback/dask/resources.py"} <= rels
     assert not any(r.endswith((".c", ".cpp")) for r in rels)
     assert len({name for _, _, name in all_reads()}) >= 20
 
