@@ -18,8 +18,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from cyback.bench.timing import time_alternated  # noqa: E402
-from cyback.kernels.conv import small_k_product  # noqa: E402
-from cyback.kernels.linalg import batch_gemm, matmul  # noqa: E402
+from cyback.kernels.linalg import batch_gemm, matmul, small_k_product  # noqa: E402
 
 from _common import (  # noqa: E402
     median_time,

@@ -244,63 +244,6 @@ cdef class ForwardCall:
         check_interrupt(&intr)
 
 
-# Products a @ b with a short inner axis through the 1x1 convolution kernels
-# (small_k_product): (M, K, F, has_bias) -> that shape's ForwardCall.
-_PRODUCTS = {}
-
-
-@cython.wraparound(True)
-@cython.boundscheck(True)
-def small_k_product(a, b, bias=None):
-    """a @ b (+ bias along the last axis) for a C-contiguous float32 (M, K)
-    matrix a with a short inner axis and many rows, and a C-contiguous
-    (K, F) b, as the 1x1 convolution of M pixels it is; None when the
-    product is not of that kind (the caller then runs its GEMM).
-
-    BLAS's packed GEMM spends as long packing and writing (M, F) as it
-    multiplies when K is this short; the 1x1 kernels (the direct kernel, or
-    where it decides so, GEMM tiles) read a in place and add the bias in
-    registers (an LSTM's input projection over all steps is such a
-    product). A product of few rows keeps the GEMM, which is faster there
-    (benchmarks/bench_linalg.py, "matmul / small_k"). Results do not depend
-    on the thread count."""
-    if a.ndim != 2 or b.ndim != 2 or a.dtype != np.float32 or b.dtype != np.float32 or \
-            not a.flags.c_contiguous or not b.flags.c_contiguous:
-        return None
-    M, K, F = a.shape[0], a.shape[1], b.shape[1]
-    if K > 64 or K < 1 or M < 512 or F < 16 or b.shape[0] != K:
-        return None
-    if bias is not None and (bias.dtype != np.float32 or bias.shape != (F,)
-                             or not bias.flags.c_contiguous):
-        return None
-    key = (M, K, F, bias is not None)
-    known = _PRODUCTS.get(key)
-    if known is None:
-        rows = M // _product_row(M)
-        shape = (rows, M // rows, K)
-        known = (forward_call(shape, (1, K, F), (1,), (1,), [(0, 0)], True, np.float32,
-                              has_bias=bias is not None), shape)
-        if len(_PRODUCTS) >= 64:
-            _PRODUCTS.clear()
-        _PRODUCTS[key] = known
-    call, shape = known
-    return call(a.reshape(shape), b.reshape(1, K, F), bias).reshape(M, F)
-
-
-def _product_row(Py_ssize_t M):
-    """Pixels per row of the M-pixel 1x1 convolution small_k_product runs: the
-    largest divisor of M from 16 to 128, else M. The direct kernel's work
-    items are (row, block of output channels), so with one row of M pixels
-    each thread reads all of a, which the calling thread has usually just
-    written, from the other core's cache; with rows, each reads only its
-    own."""
-    cdef Py_ssize_t L
-    for L in range(min(M, 128), 15, -1):
-        if M % L == 0:
-            return L
-    return M
-
-
 @cython.wraparound(True)
 @cython.boundscheck(True)
 def forward_call(x_shape, k_shape, strides, dilation, pads, channels_last, dtype,

@@ -1,5 +1,7 @@
 """Matrix products on the OpenMP thread pool: ``matmul`` (one GEMM split across
-threads) and ``batch_gemm`` (the kernel behind ``batch_dot``).
+threads), ``small_k_product`` (a product with a short inner axis, run as the
+1x1 convolution it is), the small dense layers' kernels and ``batch_gemm``
+(the kernel behind ``batch_dot``).
 
 cyback keeps BLAS single-threaded and does all its parallelism on OpenMP:
 two pools on the same cores slow each other down even when they never run at
@@ -10,6 +12,7 @@ here into one single-threaded GEMM per thread.
 """
 from cyback.kernels import settings as _settings
 import numpy as np
+cimport cython
 cimport numpy as cnp
 from cython.parallel cimport prange
 from libc.limits cimport INT_MAX
@@ -18,6 +21,7 @@ from cyback.kernels._blas cimport floating, gemm
 from cyback.kernels.runtime cimport team_done, team_parts, threads_for
 from cyback.kernels._arrays cimport fits_layout
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
+from cyback.kernels.conv import forward_call
 
 cnp.import_array()
 
@@ -161,6 +165,63 @@ def matmul(a, b, bias=None):
     team_done(nt)
     check_interrupt(&intr)
     return out
+
+
+# Products a @ b with a short inner axis through the 1x1 convolution kernels
+# (small_k_product): (M, K, F, has_bias) -> that shape's ForwardCall.
+_PRODUCTS = {}
+
+
+@cython.wraparound(True)
+@cython.boundscheck(True)
+def small_k_product(a, b, bias=None):
+    """a @ b (+ bias along the last axis) for a C-contiguous float32 (M, K)
+    matrix a with a short inner axis and many rows, and a C-contiguous
+    (K, F) b, as the 1x1 convolution of M pixels it is; None when the
+    product is not of that kind (the caller then runs its GEMM).
+
+    BLAS's packed GEMM spends as long packing and writing (M, F) as it
+    multiplies when K is this short; the 1x1 kernels (the direct kernel, or
+    where it decides so, GEMM tiles) read a in place and add the bias in
+    registers (an LSTM's input projection over all steps is such a
+    product). A product of few rows keeps the GEMM, which is faster there
+    (benchmarks/bench_linalg.py, "matmul / small_k"). Results do not depend
+    on the thread count."""
+    if a.ndim != 2 or b.ndim != 2 or a.dtype != np.float32 or b.dtype != np.float32 or \
+            not a.flags.c_contiguous or not b.flags.c_contiguous:
+        return None
+    M, K, F = a.shape[0], a.shape[1], b.shape[1]
+    if K > 64 or K < 1 or M < 512 or F < 16 or b.shape[0] != K:
+        return None
+    if bias is not None and (bias.dtype != np.float32 or bias.shape != (F,)
+                             or not bias.flags.c_contiguous):
+        return None
+    key = (M, K, F, bias is not None)
+    known = _PRODUCTS.get(key)
+    if known is None:
+        rows = M // _product_row(M)
+        shape = (rows, M // rows, K)
+        known = (forward_call(shape, (1, K, F), (1,), (1,), [(0, 0)], True, np.float32,
+                              has_bias=bias is not None), shape)
+        if len(_PRODUCTS) >= 64:
+            _PRODUCTS.clear()
+        _PRODUCTS[key] = known
+    call, shape = known
+    return call(a.reshape(shape), b.reshape(1, K, F), bias).reshape(M, F)
+
+
+def _product_row(Py_ssize_t M):
+    """Pixels per row of the M-pixel 1x1 convolution small_k_product runs: the
+    largest divisor of M from 16 to 128, else M. The direct kernel's work
+    items are (row, block of output channels), so with one row of M pixels
+    each thread reads all of a, which the calling thread has usually just
+    written, from the other core's cache; with rows, each reads only its
+    own."""
+    cdef Py_ssize_t L
+    for L in range(min(M, 128), 15, -1):
+        if M % L == 0:
+            return L
+    return M
 
 
 # dense_rows takes products of at most this many rows, with a weight matrix of

@@ -10,8 +10,14 @@ import numpy as np
 
 from cyback.graph.op import Op
 from cyback.graph.tensor import as_tensor
-from cyback.kernels.conv import small_k_product
-from cyback.kernels.linalg import DENSE_T_MAX_ROWS, batch_gemm, dense, dense_t, matmul
+from cyback.kernels.linalg import (
+    DENSE_T_MAX_ROWS,
+    batch_gemm,
+    dense,
+    dense_t,
+    matmul,
+    small_k_product,
+)
 from cyback.kernels.runtime import parallel_min_work
 from cyback.ops import elementwise as ew
 from cyback.ops.shape import transpose
@@ -118,7 +124,7 @@ class TensorDot(Op):
         # product over (time, contracted axes) of the stacked operands
         return (0, 1)
 
-    def sum_over_steps(self, stacked, like):
+    def sum_over_steps(self, stacked, like, sum_steps):
         a, b = stacked
         return TensorDot((0,) + tuple(i + 1 for i in self.ax),
                          (0,) + tuple(i + 1 for i in self.ay))(a, b)

@@ -1,10 +1,10 @@
 """Products with a short inner axis through the 1x1 convolution kernels
-(cyback.kernels.conv.small_k_product); tests/ops/test_linalg.py checks that
+(cyback.kernels.linalg.small_k_product); tests/ops/test_linalg.py checks that
 contract runs them."""
 import numpy as np
 import pytest
 
-from cyback.kernels import conv
+from cyback.kernels import linalg
 
 from kernels.test_conv import same_on_threads
 
@@ -28,31 +28,31 @@ def _ref(a, b, bias=None):
 def test_matches_the_product(m, k, f, with_bias):
     a, b, bias = _operands(m, k, f, seed=m + k + f)
     bias = bias if with_bias else None
-    out = same_on_threads(lambda: conv.small_k_product(a, b, bias))
+    out = same_on_threads(lambda: linalg.small_k_product(a, b, bias))
     assert out.shape == (m, f) and out.dtype == np.float32
     np.testing.assert_allclose(out, _ref(a, b, bias), rtol=1e-5, atol=1e-4 * np.sqrt(k))
 
 
 def test_declines_what_it_does_not_run():
     a, b, bias = _operands(600, 32, 64)
-    assert conv.small_k_product(a[:511], b) is None                       # few rows
-    assert conv.small_k_product(a.astype(np.float64), b.astype(np.float64)) is None
-    assert conv.small_k_product(np.asfortranarray(a), b) is None          # not C-contiguous
-    assert conv.small_k_product(a, np.asfortranarray(b)) is None
-    assert conv.small_k_product(a, b[:, :15]) is None                      # few columns
+    assert linalg.small_k_product(a[:511], b) is None                       # few rows
+    assert linalg.small_k_product(a.astype(np.float64), b.astype(np.float64)) is None
+    assert linalg.small_k_product(np.asfortranarray(a), b) is None          # not C-contiguous
+    assert linalg.small_k_product(a, np.asfortranarray(b)) is None
+    assert linalg.small_k_product(a, b[:, :15]) is None                      # few columns
     wide_a, wide_b, _ = _operands(600, 65, 64)
-    assert conv.small_k_product(wide_a, wide_b) is None                    # long inner axis
-    assert conv.small_k_product(a, b, bias[:10]) is None                   # bias of another shape
-    assert conv.small_k_product(a, b, bias.astype(np.float64)) is None
-    assert conv.small_k_product(a, b[:16]) is None                         # shapes disagree
-    assert conv.small_k_product(a[None], b) is None
+    assert linalg.small_k_product(wide_a, wide_b) is None                    # long inner axis
+    assert linalg.small_k_product(a, b, bias[:10]) is None                   # bias of another shape
+    assert linalg.small_k_product(a, b, bias.astype(np.float64)) is None
+    assert linalg.small_k_product(a, b[:16]) is None                         # shapes disagree
+    assert linalg.small_k_product(a[None], b) is None
 
 
 def test_non_finite_values_reach_their_rows_and_columns():
     a, b, bias = _operands(640, 8, 32)
     a[3, 2] = np.nan
     b[5, 7] = np.inf
-    out = conv.small_k_product(a, b, bias)
+    out = linalg.small_k_product(a, b, bias)
     with np.errstate(invalid="ignore"):
         want = a @ b + bias
     np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
@@ -64,17 +64,17 @@ def test_non_finite_values_reach_their_rows_and_columns():
 def test_rows_of_the_product(m, row):
     # the pixels are cut into rows of 16 to 128 where M allows, so that each
     # thread reads only its rows of a; a prime M stays one row
-    assert conv._product_row(m) == row
+    assert linalg._product_row(m) == row
 
 
 def test_rows_do_not_change_the_sums(monkeypatch):
     a, b, bias = _operands(704, 16, 144, seed=3)
-    conv._PRODUCTS.clear()
-    in_rows = conv.small_k_product(a, b, bias)
-    monkeypatch.setattr(conv, "_product_row", lambda m: m)
-    conv._PRODUCTS.clear()
+    linalg._PRODUCTS.clear()
+    in_rows = linalg.small_k_product(a, b, bias)
+    monkeypatch.setattr(linalg, "_product_row", lambda m: m)
+    linalg._PRODUCTS.clear()
     try:
-        one_row = conv.small_k_product(a, b, bias)
+        one_row = linalg.small_k_product(a, b, bias)
     finally:
-        conv._PRODUCTS.clear()
+        linalg._PRODUCTS.clear()
     np.testing.assert_array_equal(in_rows, one_row)
