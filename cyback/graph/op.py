@@ -59,10 +59,11 @@ Loops (``ops/scan.py``: ``scan_trace``, ``scan_program``, ``scan_backward``):
 - ``addends(inputs)``: the terms the op adds up (``Binary('add')``), or None:
   sums are regrouped so that their loop-invariant part is hoisted, and split
   into terms whose sum over steps is taken after the loop.
-- ``steps_summed(inputs)`` and ``sum_over_steps(stacked, like)``: which inputs
-  to record per step, and the op that sums this op's output over all steps
-  from their (T, ...) stacks (``TensorDot``: one product over time and the
-  contracted axes; ``SumToShape``: one reduction), or None.
+- ``steps_summed(inputs)`` and ``sum_over_steps(stacked, like, sum_steps)``:
+  which inputs to record per step, and the op that sums this op's output over
+  all steps from their (T, ...) stacks (``TensorDot``: one product over time
+  and the contracted axes; ``SumToShape``: ``sum_steps(stack)``, the loop's
+  sum of a stack over its steps, then to its shape), or None.
 - ``static_scatter(inputs)``: ``(g, like, index)`` when the op is
   ``zeros_like(like)`` with ``g`` added at a static ``index``
   (``ScatterAdd``): a loop adds several such slices into one buffer.

@@ -126,9 +126,8 @@ class SumToShape(Op):
         # stacked per-step gradients over (time, broadcast axes) after it
         return (0,)
 
-    def sum_over_steps(self, stacked, like):
-        from cyback.ops.reduction import reduce_sum
-        return unbroadcast(reduce_sum(stacked[0], 0, False), like)
+    def sum_over_steps(self, stacked, like, sum_steps):
+        return unbroadcast(sum_steps(stacked[0]), like)
 
     def grad(self, inputs, outputs, grads):
         return [broadcast_like(grads[0], inputs[0]), None]

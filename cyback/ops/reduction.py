@@ -9,6 +9,7 @@ from cyback.graph.op import Op
 from cyback.graph.tensor import as_tensor, is_float_dtype
 from cyback.ops import axis_sums
 from cyback.ops import elementwise as ew
+from cyback.ops.shape import reshape_static_dims
 
 
 def normalize_axes(api, axis, ndim):
@@ -72,6 +73,15 @@ class Reduce(Op):
             y = y.astype(x.dtype)
         return (y,)
 
+    def static_value(self, entries):
+        """The result for a 1-D int input whose ``entries`` are all known when
+        building (``shape.static_int``: ``K.prod(K.shape(x)[1:])``), or None."""
+        if self.kind == "sum":
+            return int(np.sum(entries))
+        if self.kind == "prod":
+            return int(np.prod(entries))
+        return None
+
     def rewrite(self, inputs, ctx):
         # A reduction of a fill is a fill: over static, non-empty axes, the
         # max, min or mean of one value is that value, the sum of zeros zero.
@@ -112,7 +122,6 @@ class Reduce(Op):
 
 def expand_reduced(t, ndim, axes):
     """Put back the reduced axes of ``t`` as size-1 axes."""
-    from cyback.ops.shape import reshape_static_dims
     if axes is None:
         axes = tuple(range(ndim))
     return reshape_static_dims(t, axes, ndim)

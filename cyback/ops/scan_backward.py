@@ -14,6 +14,7 @@ from collections import namedtuple
 from cyback.graph.function import leaves_of, topo_nodes
 from cyback.graph.tensor import Constant, Placeholder, is_float_dtype
 from cyback.ops.gradients import gradients_with_seeds
+from cyback.ops.reduction import reduce_sum
 from cyback.ops.scan_program import compile_loop
 from cyback.ops.scan_trace import addends, clone
 
@@ -50,7 +51,13 @@ class SummedAfterLoop(namedtuple("SummedAfterLoop", "op refs")):
     __slots__ = ()
 
     def total(self, stacks, sums, like):
-        return self.op.sum_over_steps([r.of(stacks) for r in self.refs], like)
+        return self.op.sum_over_steps([r.of(stacks) for r in self.refs], like, _sum_steps)
+
+
+def _sum_steps(stack):
+    """A (T, ...) stack summed over its steps (the tool ``sum_over_steps``
+    hooks are given)."""
+    return reduce_sum(stack, 0, False)
 
 
 def _summed_over_steps(op, ins):

@@ -14,7 +14,6 @@ from cyback.graph.op import Op
 from cyback.graph.shapes import format_shape
 from cyback.graph.tensor import Constant, Tensor, as_tensor, is_int_dtype
 from cyback.ops import elementwise as ew
-from cyback.ops.reduction import Reduce
 
 # ------------------------------------------------------------------ shape of
 
@@ -62,11 +61,11 @@ def static_int(t):
         if a is not None and b is not None:
             return _STATIC_ARITH[node.op.name](a, b)
     if node is not None and t.ndim == 0 and is_int_dtype(t.dtype) and \
-            type(node.op) is Reduce and \
-            node.op.kind in ("sum", "prod") and node.inputs[0].ndim == 1:
+            hasattr(node.op, "static_value") and node.inputs[0].ndim == 1:
+        # a reduction of known sizes (ops/reduction.py)
         entries = static_entries(node.inputs[0])
         if entries is not None and None not in entries:
-            return int(np.sum(entries) if node.op.kind == "sum" else np.prod(entries))
+            return node.op.static_value(entries)
     return None
 
 
