@@ -160,18 +160,32 @@ class QuantizedDense(_Quantized):
         return (y.reshape(q.shape[:-1] + (self.units,)),)
 
 
+def _patches(q, window, strides, dilation, pads, out, pad_value):
+    """The uint8 patch matrix of a channels_last convolution of any rank
+    (taps in the kernel's row order, channels fastest), in NumPy: the 3-D
+    convolution's, which qgemm.im2col (2-D) does not make."""
+    q = np.pad(q, [(0, 0)] + list(pads) + [(0, 0)], constant_values=pad_value)
+    taps = []
+    for tap in np.ndindex(*window):
+        index = tuple(slice(t * d, t * d + (o - 1) * s + 1, s)
+                      for t, d, o, s in zip(tap, dilation, out, strides))
+        taps.append(q[(slice(None),) + index])
+    return np.stack(taps, axis=-2).reshape(-1, len(taps) * q.shape[-1])
+
+
 class QuantizedConv(_Quantized):
-    """y = the int8 convolution of a channels_last x (N, W, C) or
-    (N, H, W, C) with a packed kernel (kernel_size + (C, filters)),
-    dequantized to float32. Padding 'valid', 'same' or 'causal' (1-D)."""
+    """y = the int8 convolution of a channels_last x (N, W, C),
+    (N, H, W, C) or (N, D, H, W, C) with a packed kernel (kernel_size +
+    (C, filters)), dequantized to float32. Padding 'valid', 'same' or
+    'causal' (1-D). The 3-D convolution's patches are formed in NumPy."""
 
     api = "quantized_conv"
 
     def __init__(self, rank, filters, kernel_size, strides, dilation, padding, in_scale,
                  in_zero, activation="linear"):
         super().__init__(in_scale, in_zero, activation)
-        if rank not in (1, 2):
-            raise ValueError("%s: rank must be 1 or 2, got %r" % (self.api, rank))
+        if rank not in (1, 2, 3):
+            raise ValueError("%s: rank must be 1, 2 or 3, got %r" % (self.api, rank))
         if padding not in ("valid", "same", "causal") or (padding == "causal" and rank != 1):
             raise ValueError("%s: padding must be 'valid' or 'same' (or 'causal' in 1-D), "
                              "got %r" % (self.api, padding))
@@ -204,7 +218,8 @@ class QuantizedConv(_Quantized):
         if x.ndim != self.rank + 2:
             raise ValueError("%s: expected a %d-D input (batch, %sspatial, channels), got "
                              "shape %s" % (self.api, self.rank + 2,
-                                           "" if self.rank == 1 else "2 ", x.shape))
+                                           "" if self.rank == 1 else "%d " % self.rank,
+                                           x.shape))
         c = x.shape[-1]
         self._check_operands(x, packed, vectors,
                              None if c is None else c * int(np.prod(self.kernel_size)),
@@ -229,13 +244,125 @@ class QuantizedConv(_Quantized):
                 not any(p != (0, 0) for p in pads):
             a = q.reshape(-1, c)       # a 1x1 convolution is a product as it is
         else:
-            if self.rank == 1:
-                q = q[:, None]
-                window, strides, dilation = (1,) + self.kernel_size, (1,) + self.strides, \
-                    (1,) + self.dilation
-                pads = [(0, 0)] + pads
+            if self.rank == 3:
+                a = _patches(q, self.kernel_size, self.strides, self.dilation, pads, out,
+                             self.in_zero)
+            elif self.rank == 1:
+                a = qgemm.im2col(q[:, None], (1,) + self.kernel_size, (1,) + self.strides,
+                                 (1,) + self.dilation, [(0, 0)] + pads, self.in_zero)
             else:
-                window, strides, dilation = self.kernel_size, self.strides, self.dilation
-            a = qgemm.im2col(q, window, strides, dilation, pads, self.in_zero)
+                a = qgemm.im2col(q, self.kernel_size, self.strides, self.dilation, pads,
+                                 self.in_zero)
         y = self._product(a, packed, vectors)
         return (y.reshape((b,) + out + (self.filters,)),)
+
+
+class PackDepthwise(Op):
+    """The packed form of an int8 depthwise kernel (kh, kw, C, M), its
+    C * M output channels in Keras's order (channel c, multiplier m at
+    c * M + m): ``qgemm.pack_depthwise``."""
+
+    api = "quantized_weights"
+
+    def infer(self, w):
+        if w.dtype != "int8" or w.ndim != 4:
+            raise ValueError("%s: a depthwise kernel must be int8 (kh, kw, C, M), got %s %s"
+                             % (self.api, w.dtype, w.shape))
+        _known(self.api, "kernel shape", w.shape)
+        kh, kw, c, m = w.shape
+        if kh * kw > qgemm.MAX_K:
+            raise ValueError("%s: a window of %d taps is above the %d the int32 sums allow"
+                             % (self.api, kh * kw, qgemm.MAX_K))
+        width = -(-(c * m) // qgemm.PANEL_COLUMNS) * qgemm.PANEL_COLUMNS
+        return [((kh * kw + 1, width), "int32")]
+
+    def compute(self, w):
+        w = np.asarray(w)
+        return (qgemm.pack_depthwise(w.reshape(w.shape[0], w.shape[1], -1)),)
+
+    def grad(self, inputs, outputs, output_grads):
+        _no_gradient(self.api)
+
+
+class QuantizedDepthwiseConv(_Quantized):
+    """y = the int8 depthwise convolution of a channels_last x (N, H, W, C)
+    with a packed kernel (``PackDepthwise``, depth multiplier M: each input
+    channel feeds M output channels), dequantized to float32 (N, OH, OW,
+    C * M); padding 'valid' or 'same'.
+
+    With ``pointwise`` (a separable convolution) the depthwise result is
+    requantized in the depthwise epilogue to uint8 codes of
+    (``mid_scale``, ``mid_zero``) and multiplied by a packed (C * M,
+    filters) kernel in int8: operands (x, dw_packed, dw_vectors, pw_packed,
+    pw_vectors), the bias and activation in the second epilogue."""
+
+    api = "quantized_depthwise_conv"
+
+    def __init__(self, kernel_size, strides, dilation, padding, multiplier, in_scale, in_zero,
+                 activation="linear", pointwise=None, mid_scale=None, mid_zero=None):
+        super().__init__(in_scale, in_zero, activation)
+        self.kernel_size = tuple(int(v) for v in kernel_size)
+        self.strides = tuple(int(v) for v in strides)
+        self.dilation = tuple(int(v) for v in dilation)
+        if padding not in ("valid", "same"):
+            raise ValueError("%s: padding must be 'valid' or 'same', got %r"
+                             % (self.api, padding))
+        for name in ("kernel_size", "strides", "dilation"):
+            value = getattr(self, name)
+            if len(value) != 2 or min(value) < 1:
+                raise ValueError("%s: %s must be 2 integers >= 1, got %r"
+                                 % (self.api, name, value))
+        self.padding = padding
+        self.multiplier = int(multiplier)
+        self.pointwise = None if pointwise is None else int(pointwise)
+        if self.pointwise is not None:
+            self.mid_scale = float(mid_scale)
+            self.mid_zero = int(mid_zero)
+
+    def _out_spatial(self, sizes):
+        return tuple(None if n is None else
+                     conv_utils.conv_output_length(n, k, s, d, self.padding)
+                     for n, k, s, d in zip(sizes, self.kernel_size, self.strides,
+                                           self.dilation))
+
+    def infer(self, x, packed, vectors, pw_packed=None, pw_vectors=None):
+        if x.ndim != 4:
+            raise ValueError("%s: expected a 4-D input (batch, 2 spatial, channels), got "
+                             "shape %s" % (self.api, x.shape))
+        if x.dtype not in ("float16", "float32", "float64"):
+            raise ValueError("%s: expected a float input, got %s" % (self.api, x.dtype))
+        if packed.dtype != "int32" or packed.ndim != 2 or vectors.dtype != "float32":
+            raise ValueError("%s: expected packed depthwise weights (PackDepthwise) and "
+                             "epilogue vectors, got %s %s and %s"
+                             % (self.api, packed.dtype, packed.shape, vectors.dtype))
+        if (pw_packed is None) != (self.pointwise is None):
+            raise ValueError("%s: the pointwise operands and the op's pointwise width go "
+                             "together" % self.api)
+        c = x.shape[-1]
+        width = self.pointwise if self.pointwise is not None else \
+            (None if c is None else c * self.multiplier)
+        for n, k, s, d in zip(x.shape[1:3], self.kernel_size, self.strides, self.dilation):
+            if n is not None and self.padding == "valid" and n < (k - 1) * d + 1:
+                raise ValueError("%s: the kernel window %s (dilation %s) is larger than the "
+                                 "input's spatial shape %s with padding='valid'"
+                                 % (self.api, self.kernel_size, self.dilation, x.shape[1:3]))
+        return [((x.shape[0],) + self._out_spatial(x.shape[1:3]) + (width,), "float32")]
+
+    def compute(self, x, packed, vectors, pw_packed=None, pw_vectors=None):
+        q = self._quantized_input(x)
+        if self.multiplier > 1:
+            q = np.repeat(q, self.multiplier, axis=-1)
+        pads = [conv_utils.conv_pads(n, k, s, d, self.padding)
+                for n, k, s, d in zip(q.shape[1:3], self.kernel_size, self.strides,
+                                      self.dilation)]
+        act = self.activation if self.pointwise is None else "linear"
+        if self.pointwise is None:
+            y = qgemm.depthwise_conv(q, packed, vectors, self.in_zero, self.kernel_size,
+                                     self.strides, self.dilation, pads, activation=act)
+            return (y,)
+        mid = qgemm.depthwise_conv(q, packed, vectors, self.in_zero, self.kernel_size,
+                                   self.strides, self.dilation, pads, out_scale=self.mid_scale,
+                                   out_zero_point=self.mid_zero)
+        y = qgemm.gemm_prepared(mid.reshape(-1, mid.shape[-1]), pw_packed, pw_vectors,
+                                self.mid_zero, self.activation)
+        return (y.reshape(mid.shape[:-1] + (self.pointwise,)),)

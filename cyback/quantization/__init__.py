@@ -26,7 +26,10 @@ from cyback.quantization.layers import (  # noqa: E402
     LAYERS,
     QuantizedConv1D,
     QuantizedConv2D,
+    QuantizedConv3D,
     QuantizedDense,
+    QuantizedDepthwiseConv2D,
+    QuantizedSeparableConv2D,
     custom_objects,
 )
 from cyback.quantization.recurrent import (  # noqa: E402
@@ -38,6 +41,7 @@ from cyback.quantization.report import LayerError, QuantizationReport, report  #
 from cyback.quantization.weights import quantize_kernel  # noqa: E402
 
 __all__ = ['quantize', 'report', 'custom_objects', 'quantizable', 'QuantizedDense',
-           'QuantizedConv1D', 'QuantizedConv2D', 'QuantizedLSTM', 'QuantizedGRU',
+           'QuantizedConv1D', 'QuantizedConv2D', 'QuantizedConv3D', 'QuantizedDepthwiseConv2D',
+           'QuantizedSeparableConv2D', 'QuantizedLSTM', 'QuantizedGRU',
            'QuantizedSimpleRNN', 'LAYERS', 'QuantizationReport', 'LayerError',
            'scale_and_zero', 'quantize_kernel']

@@ -23,7 +23,10 @@ from cyback.quantization.data import Batches, graph_function
 from cyback.quantization.layers import (
     QuantizedConv1D,
     QuantizedConv2D,
+    QuantizedConv3D,
     QuantizedDense,
+    QuantizedDepthwiseConv2D,
+    QuantizedSeparableConv2D,
 )
 from cyback.quantization.layers import custom_objects as _quantized_objects
 from cyback.quantization.recurrent import QuantizedGRU, QuantizedLSTM, QuantizedSimpleRNN
@@ -78,7 +81,9 @@ def quantizable(keras, layer):
     kind = type(layer)
     if kind is keras.layers.Dense:
         return True
-    if kind in (keras.layers.Conv1D, keras.layers.Conv2D):
+    if kind in (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D):
+        return True         # channels_first through a transpose
+    if kind in (keras.layers.DepthwiseConv2D, keras.layers.SeparableConv2D):
         return layer.data_format == 'channels_last'
     return kind in _recurrent_classes(keras)
 
@@ -129,16 +134,30 @@ def _calibrate(keras, model, picked, inputs_of, data, method, percentile, activa
         for t in inputs_of[layer.name]:
             tensors.append(t)
             owners.append(layer.name)
+            if type(layer) is keras.layers.SeparableConv2D:
+                # the depthwise result inside the layer, requantized before
+                # the pointwise product
+                observers[(layer.name, 'depthwise')] = calibration.Observer(
+                    method, percentile, symmetric=(activations == 'int8'))
+                tensors.append(keras.backend.depthwise_conv2d(
+                    t, layer.depthwise_kernel, strides=layer.strides, padding=layer.padding,
+                    data_format=layer.data_format, dilation_rate=layer.dilation_rate))
+                owners.append((layer.name, 'depthwise'))
     run = graph_function(keras, model.inputs, tensors)
     batches = Batches(data, len(model.inputs), batch_size)
     for pass_index in range(observers[picked[0].name].passes):
         for batch in batches:
             for name, value in zip(owners, run(batch)):
                 observers[name].observe(value, pass_index)
-    return {name: obs.scale_and_zero(activations) for name, obs in observers.items()}
+    params = {name: obs.scale_and_zero(activations) for name, obs in observers.items()
+              if isinstance(name, str)}
+    for name, obs in observers.items():
+        if not isinstance(name, str):
+            params[name[0]] += obs.scale_and_zero(activations)
+    return params
 
 
-def _int8_layer(keras, layer, scale, zero):
+def _int8_layer(keras, layer, scale, zero, *middle):
     config = layer.get_config()
     recurrent = _recurrent_classes(keras).get(type(layer))
     if recurrent is not None:
@@ -150,13 +169,35 @@ def _int8_layer(keras, layer, scale, zero):
                   use_bias=config['use_bias'], input_scale=scale, input_zero_point=zero)
     if isinstance(layer, keras.layers.Dense):
         return QuantizedDense(config['units'], **common)
-    cls = QuantizedConv1D if layer.rank == 1 else QuantizedConv2D
+    if type(layer) in (keras.layers.DepthwiseConv2D, keras.layers.SeparableConv2D):
+        args = dict(strides=config['strides'], padding=config['padding'],
+                    depth_multiplier=config['depth_multiplier'],
+                    dilation_rate=config.get('dilation_rate', 1), **common)
+        if type(layer) is keras.layers.DepthwiseConv2D:
+            return QuantizedDepthwiseConv2D(config['kernel_size'], **args)
+        return QuantizedSeparableConv2D(config['filters'], config['kernel_size'],
+                                        depthwise_output_scale=middle[0],
+                                        depthwise_output_zero_point=middle[1], **args)
+    cls = {1: QuantizedConv1D, 2: QuantizedConv2D, 3: QuantizedConv3D}[layer.rank]
     return cls(config['filters'], config['kernel_size'], strides=config['strides'],
-               padding=config['padding'], dilation_rate=config['dilation_rate'], **common)
+               padding=config['padding'], dilation_rate=config['dilation_rate'],
+               data_format=config['data_format'], **common)
 
 
 def _set_int8_weights(old, new, per_channel):
     values = old.get_weights()
+    if isinstance(new, (QuantizedDepthwiseConv2D, QuantizedSeparableConv2D)):
+        # a depthwise kernel (kh, kw, C, M) has C * M output channels
+        dw = values[0]
+        codes, scale = weights.quantize_kernel(dw.reshape(dw.shape[:2] + (-1,)), per_channel)
+        arrays = [codes.reshape(dw.shape), scale]
+        if isinstance(new, QuantizedSeparableConv2D):
+            arrays += list(weights.quantize_kernel(values[1], per_channel))
+            values = values[1:]
+        if new.use_bias:
+            arrays.append(np.asarray(values[1], dtype=np.float32))
+        new.set_weights(arrays)
+        return
     codes, scale = weights.quantize_kernel(values[0], per_channel)
     arrays = [codes, scale]
     if isinstance(new, (QuantizedLSTM, QuantizedGRU, QuantizedSimpleRNN)):
