@@ -33,9 +33,18 @@ tensors), ``graph.pickling.register_reducer`` (the loop ops) and
 """
 from cyback._version import __version__  # noqa: F401
 
+# What importing cyback changes in the process (OpenMP's environment, before
+# any kernel loads libgomp; bad kernel settings; the allocator), all in one
+# place: cyback/kernels/process.py lists each effect and how to opt out.
+from cyback.kernels.process import apply_process_settings as _apply  # noqa: E402
+
+_apply()
+del _apply
+
 from cyback import _keras_compat as _compat  # noqa: E402
 
 _compat.install()
+_compat.share_backend_settings()
 
 from cyback.config import (  # noqa: E402,F401
     backend, epsilon, set_epsilon, floatx, set_floatx, cast_to_floatx, image_data_format,

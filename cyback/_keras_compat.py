@@ -571,6 +571,27 @@ def installed():
     return _installed
 
 
+# -- the backend settings Keras keeps a copy of -----------------------------
+#
+# keras.backend.common holds Keras's own floatx, epsilon and
+# image_data_format, read from keras.json before Keras imports its backend.
+# cyback.config keeps them in step with its own through the holder
+# registered here (config itself knows no Keras). Keras rejects a bad floatx
+# or data format in keras.json itself but takes any float as epsilon, which
+# is why config gives the holder its own epsilon when Keras's fails the check.
+
+def _keras_backend_common():
+    # Only when Keras itself is loading or has loaded us; never import Keras.
+    return sys.modules.get("keras.backend.common")
+
+
+def share_backend_settings():
+    """Register Keras's copy of floatx/epsilon/image_data_format with
+    cyback.config (``config.register_settings_mirror``)."""
+    from cyback import config
+    config.register_settings_mirror(_keras_backend_common)
+
+
 # -- pickling Keras models --------------------------------------------------
 #
 # On cyback a Keras model pickles (pickle, cloudpickle) as the bytes of an

@@ -1,36 +1,25 @@
 """Settings shared by the whole backend: keras.json, floatx, epsilon, data format,
 learning phase, uids, name scopes and threads.
 
-When multi-backend Keras has loaded cyback, ``keras.backend.common`` holds
-Keras's copy of floatx/epsilon/image_data_format; the getters here read it and
-the setters write both, so the two never disagree.
+Another holder of floatx/epsilon/image_data_format may be registered
+(``register_settings_mirror``: the Keras compatibility layer registers
+Keras's own copy); the getters here then read it and the setters write
+both, so the two never disagree.
+
+Importing this module changes nothing in the process: the import-time side
+effects of ``import cyback`` are in cyback/kernels/process.py.
 """
 import json
 import os
-import sys
 import threading
 from collections import defaultdict
 
 import numpy as np
 
 from cyback.kernels import cpu_budget as _cpu_budget
-from cyback.kernels import memory as _memory
+from cyback.kernels import process as _process
 from cyback.kernels import settings as _registry
 from cyback.kernels._checks import ConfigWarning  # noqa: F401  (re-exported)
-
-# Before any kernel module loads libgomp, which reads its environment once.
-_cpu_budget.set_openmp_environment()
-
-# Settings the compiled kernels read themselves (getenv in the C headers, or
-# Cython at the module's import): a bad value is warned about and removed
-# here, before any kernel module loads, so that they take their default
-# instead of reading it in their own way (atof takes 'abc' for 0).
-_KERNEL_READ = ("CYBACK_PARALLEL_MIN_WORK", "CYBACK_TEAM_WARM_US", "CYBACK_JOIN_US",
-                "CYBACK_WINOGRAD", "CYBACK_AVX512")
-_registry.remove_bad(_KERNEL_READ)
-# Freed intermediate arrays stay in the process for the next call
-# (cyback/kernels/memory.py says why and how to opt out).
-_memory.keep_freed_memory()
 
 _VALID_FLOATX = ("float16", "float32", "float64")
 _VALID_FORMATS = ("channels_last", "channels_first")
@@ -95,13 +84,6 @@ def _load_keras_json():
                         % (path, key, json.dumps(cfg[key]), problem, _DEFAULTS[key]))
         _settings[key] = _DEFAULTS[key]
         _sources[key] = "default"
-        # Keras (when it is loading cyback) applied the same file already; it
-        # rejects bad floatx and data formats itself but takes any float as
-        # epsilon, so put the value used into its copy as well.
-        common = _keras_common()
-        if common is not None and key == "epsilon" and hasattr(common, "set_epsilon"):
-            if _check_epsilon(common.epsilon()) is not None:
-                common.set_epsilon(_DEFAULTS[key])
 
 
 def _reject_constant(name):
@@ -138,12 +120,29 @@ def _config_warning(message):
     setting_warning(message)
 
 
-def _keras_common():
-    # Only when Keras itself is loading or has loaded us; never import Keras.
-    return sys.modules.get("keras.backend.common")
-
-
 _load_keras_json()
+
+
+# The registered holder: a function returning it, or None while there is none.
+_mirror = {"find": lambda: None}
+
+
+def register_settings_mirror(find):
+    """Keep another holder of floatx, epsilon and image_data_format in step
+    with this module: ``find()`` returns it (an object with any of
+    ``floatx()``, ``set_floatx(v)``, ``epsilon()``, ...) or None when there is
+    none at the moment. The getters read it, the setters write both. A
+    holder whose epsilon fails keras.json's check (it read the same file
+    without checking it) gets the epsilon in use here."""
+    _mirror["find"] = find
+    held = find()
+    if held is not None and hasattr(held, "epsilon") and hasattr(held, "set_epsilon"):
+        if _check_epsilon(held.epsilon()) is not None:
+            held.set_epsilon(_settings["epsilon"])
+
+
+def _shared():
+    return _mirror["find"]()
 
 
 def settings_sources():
@@ -153,9 +152,9 @@ def settings_sources():
 
 def floatx():
     """The default float type, as a string: 'float16', 'float32' or 'float64'."""
-    common = _keras_common()
-    if common is not None and hasattr(common, "floatx"):
-        return common.floatx()
+    held = _shared()
+    if held is not None and hasattr(held, "floatx"):
+        return held.floatx()
     return _settings["floatx"]
 
 
@@ -169,16 +168,16 @@ def set_floatx(floatx):
                          % (floatx, ", ".join(_VALID_FLOATX)))
     _settings["floatx"] = floatx
     _sources["floatx"] = "set_floatx"
-    common = _keras_common()
-    if common is not None and hasattr(common, "set_floatx"):
-        common.set_floatx(floatx)
+    held = _shared()
+    if held is not None and hasattr(held, "set_floatx"):
+        held.set_floatx(floatx)
 
 
 def epsilon():
     """The fuzz factor used in numeric expressions."""
-    common = _keras_common()
-    if common is not None and hasattr(common, "epsilon"):
-        return common.epsilon()
+    held = _shared()
+    if held is not None and hasattr(held, "epsilon"):
+        return held.epsilon()
     return _settings["epsilon"]
 
 
@@ -193,16 +192,16 @@ def set_epsilon(e):
         raise ValueError("set_epsilon: expected a finite non-negative number, got %r" % (e,))
     _settings["epsilon"] = e
     _sources["epsilon"] = "set_epsilon"
-    common = _keras_common()
-    if common is not None and hasattr(common, "set_epsilon"):
-        common.set_epsilon(e)
+    held = _shared()
+    if held is not None and hasattr(held, "set_epsilon"):
+        held.set_epsilon(e)
 
 
 def image_data_format():
     """'channels_last' or 'channels_first'."""
-    common = _keras_common()
-    if common is not None and hasattr(common, "image_data_format"):
-        return common.image_data_format()
+    held = _shared()
+    if held is not None and hasattr(held, "image_data_format"):
+        return held.image_data_format()
     return _settings["image_data_format"]
 
 
@@ -215,9 +214,9 @@ def set_image_data_format(data_format):
                          "'channels_last' or 'channels_first'" % (data_format,))
     _settings["image_data_format"] = data_format
     _sources["image_data_format"] = "set_image_data_format"
-    common = _keras_common()
-    if common is not None and hasattr(common, "set_image_data_format"):
-        common.set_image_data_format(data_format)
+    held = _shared()
+    if held is not None and hasattr(held, "set_image_data_format"):
+        held.set_image_data_format(data_format)
 
 
 def normalize_data_format(value):
@@ -328,7 +327,7 @@ def set_num_threads(n):
 def _init_threads():
     from cyback.kernels import runtime
     from cyback.kernels.blas_threads import set_blas_threads
-    _registry.remove_bad(_KERNEL_READ)
+    _process.remove_bad_kernel_settings()
     runtime.set_parallel_min_work(_registry.get("CYBACK_PARALLEL_MIN_WORK"))
     warm = _registry.get("CYBACK_TEAM_WARM_US")
     if warm is not None:

@@ -15,8 +15,9 @@ from cyback.graph import function as _function
 @pytest.fixture
 def fresh_settings(monkeypatch):
     """Isolate config._settings/_sources so that loading keras.json leaks nothing,
-    and hide a Keras that another test imported (cyback then defers to it)."""
-    monkeypatch.delitem(sys.modules, "keras.backend.common", raising=False)
+    and hide the settings mirror (Keras's copy, when another test imported
+    Keras: cyback then defers to it)."""
+    monkeypatch.setitem(config._mirror, "find", lambda: None)
     monkeypatch.setattr(config, "_settings", dict(config._settings))
     monkeypatch.setattr(config, "_sources", dict(config._sources))
     return config._settings
@@ -406,10 +407,100 @@ def test_bad_setting_warns_and_import_goes_on():
     assert "ConfigWarning: cyback: CYBACK_NUM_THREADS must be" in out.stderr, out.stderr
 
 
-def test_good_min_work_setting(monkeypatch):
+def test_good_thread_settings_are_taken_as_given(monkeypatch, recwarn):
+    # Good values reach the runtime, stay in the environment (where the
+    # kernels read them too) and are not warned about.
+    for name in ("CYBACK_NUM_THREADS", "CYBACK_BLAS_THREADS", "CYBACK_JOIN_US"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CYBACK_PARALLEL_MIN_WORK", "2.5e5")
     monkeypatch.setenv("CYBACK_TEAM_WARM_US", "40")
-    config._init_threads()
+    from cyback.kernels import runtime
+    n0, work, warm = K.get_num_threads(), runtime.parallel_min_work(), runtime.get_warm_window()
+    try:
+        config._init_threads()
+        assert runtime.parallel_min_work() == 2.5e5
+        assert runtime.get_warm_window() == pytest.approx(40e-6, rel=1e-12)
+        assert os.environ["CYBACK_PARALLEL_MIN_WORK"] == "2.5e5"
+        assert os.environ["CYBACK_TEAM_WARM_US"] == "40"
+    finally:
+        K.set_num_threads(n0)
+        runtime.set_parallel_min_work(work)
+        runtime.set_warm_window(warm)
+    assert not [w for w in recwarn if issubclass(w.category, config.ConfigWarning)]
+
+
+_PROCESS_CHILD = """
+import os
+import cyback
+from cyback.kernels import memory
+print(os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT"),
+      "CYBACK_WINOGRAD" in os.environ, memory.settings(), memory._glibc())
+"""
+
+
+def _process_settings_with_env(**env):
+    import subprocess
+    full = {k: v for k, v in os.environ.items()
+            if not k.startswith("MALLOC_") and k not in (
+                "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "GLIBC_TUNABLES", "CYBACK_MALLOC",
+                "CYBACK_WINOGRAD")}
+    full.update(env)
+    out = subprocess.run([sys.executable, "-c", _PROCESS_CHILD], env=full,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    wait, spin, winograd, allocator, glibc = out.stdout.split()
+    return (wait, spin, winograd == "True", allocator, glibc == "True"), out.stderr
+
+
+def test_what_import_changes_in_the_process():
+    # cyback/kernels/process.py's three effects, and their opt-outs.
+    (wait, spin, winograd, allocator, glibc), err = _process_settings_with_env(
+        CYBACK_WINOGRAD="sometimes")
+    assert (wait, spin) == ("PASSIVE", "2000")
+    assert not winograd and "CYBACK_WINOGRAD must be 0 or 1" in err
+    assert allocator == ("kept" if glibc else "system")
+    (wait, spin, winograd, allocator, _), err = _process_settings_with_env(
+        OMP_WAIT_POLICY="ACTIVE", CYBACK_MALLOC="system", CYBACK_WINOGRAD="0")
+    assert (wait, spin, winograd, allocator) == ("ACTIVE", "None", True, "system")
+    assert "ConfigWarning" not in err
+
+
+class _Holder(object):
+    """A settings mirror as Keras's copy is one."""
+
+    def __init__(self, epsilon):
+        self.values = {"floatx": "float64", "epsilon": epsilon,
+                       "image_data_format": "channels_first"}
+
+    def floatx(self):
+        return self.values["floatx"]
+
+    def epsilon(self):
+        return self.values["epsilon"]
+
+    def set_epsilon(self, e):
+        self.values["epsilon"] = e
+
+    def image_data_format(self):
+        return self.values["image_data_format"]
+
+    def set_image_data_format(self, f):
+        self.values["image_data_format"] = f
+
+
+def test_a_registered_mirror_is_read_and_written(monkeypatch, fresh_settings):
+    holder = _Holder(-1.0)
+    config.register_settings_mirror(lambda: holder)
+    # An epsilon keras.json's check refuses is replaced by the one in use here.
+    assert holder.epsilon() == config._settings["epsilon"]
+    assert (K.floatx(), K.image_data_format()) == ("float64", "channels_first")
+    K.set_epsilon(1e-3)
+    K.set_image_data_format("channels_last")
+    assert holder.values["epsilon"] == 1e-3 == K.epsilon()
+    assert holder.values["image_data_format"] == "channels_last"
+    # A mirror that is absent for now (Keras not imported): this module's own values.
+    config.register_settings_mirror(lambda: None)
+    assert K.floatx() == config._settings["floatx"]
 
 
 def test_keras_with_bad_epsilon_in_keras_json_uses_the_default(tmp_path):

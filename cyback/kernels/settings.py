@@ -240,7 +240,7 @@ _DECLARED = [
         "waking the thread team.",
         group="Threads", read=IMPORT, minimum=0, unit="work units",
         empty_is_unset=False, default_text="1e6",
-        readers=("cyback/config.py",),
+        readers=("cyback/config.py", "cyback/kernels/process.py"),
         details=_WORK_UNIT),
     Setting(
         "CYBACK_TEAM_WARM_US", "float", None,
@@ -248,7 +248,7 @@ _DECLARED = [
         "awake (at most one second).",
         group="Threads", read=IMPORT, minimum=0, unit="microseconds",
         empty_is_unset=False,
-        readers=("cyback/config.py", "cyback/kernels/runtime.pyx"),
+        readers=("cyback/config.py", "cyback/kernels/process.py", "cyback/kernels/runtime.pyx"),
         default_text="the time libgomp's idle threads spin (from `GOMP_SPINCOUNT` or "
                      "`OMP_WAIT_POLICY`)",
         details="Within this window work from a quarter of `CYBACK_PARALLEL_MIN_WORK` "
@@ -260,7 +260,7 @@ _DECLARED = [
         "before OpenMP's barrier takes over (at most one second).",
         group="Threads", read=IMPORT, minimum=0, unit="microseconds",
         empty_is_unset=False,
-        readers=("cyback/config.py", "cyback/kernels/runtime.pyx"),
+        readers=("cyback/config.py", "cyback/kernels/process.py", "cyback/kernels/runtime.pyx"),
         details="`0` leaves every wait to OpenMP. While other processes take this "
                 "process's cores the spin is skipped whatever this says."),
     # ------------------------------------------------------------ kernels
@@ -268,16 +268,17 @@ _DECLARED = [
         "CYBACK_WINOGRAD", "choice", True,
         "`0` turns off Winograd F(2x2, 3x3) for 3x3 stride-1 float32 convolutions.",
         group="Kernels", read=IMPORT, choices=("0", "1"), values=_ON_OFF,
-        readers=("cyback/config.py", "cyback/kernels/conv.pyx"),
+        readers=("cyback/kernels/process.py", "cyback/kernels/conv_tuning.pxi"),
         details="With it off such convolutions sum their taps directly: slower on many "
                 "channels, and their results differ from Winograd's in the last bits."),
     Setting(
         "CYBACK_AVX512", "choice", True,
         "`0` caps the vector kernels at AVX2 + FMA on CPUs with AVX-512F.",
         group="Kernels", read=IMPORT, choices=("0", "1"), values=_ON_OFF,
-        readers=("cyback/config.py", "cyback/kernels/conv.pyx", "cyback/kernels/depthwise.pyx",
-                 "cyback/kernels/linalg.pyx", "cyback/kernels/rnn_cell.pyx",
-                 "cyback/kernels/winograd.pyx", "cyback/kernels/qgemm.pyx"),
+        readers=("cyback/kernels/process.py", "cyback/kernels/conv_direct.pxi",
+                 "cyback/kernels/depthwise.pyx", "cyback/kernels/linalg.pyx",
+                 "cyback/kernels/rnn_cell.pyx", "cyback/kernels/winograd.pyx",
+                 "cyback/kernels/qgemm.pyx"),
         details="For hosts where 512-bit code lowers the clock of other work (the "
                 "quantized products then stop at AVX-VNNI). CPUs without AVX-512F never "
                 "run the AVX-512 kernels."),

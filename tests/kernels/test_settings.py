@@ -71,7 +71,7 @@ def source_files():
     """cyback's sources (not the C the build generates from the .pyx), the
     headers and setup.py; the registry itself is the declaration."""
     files = [ROOT / "setup.py"] + sorted((ROOT / "include").glob("*.h"))
-    for ext in ("py", "pyx", "pxd"):
+    for ext in ("py", "pyx", "pxd", "pxi"):
         files += sorted((ROOT / "cyback").rglob("*." + ext))
     return [f for f in files if f.name != "settings.py" or f.parent.name != "kernels"]
 
@@ -269,7 +269,7 @@ def test_config_reads_threads_through_the_registry(monkeypatch):
     # a bad value of a setting the kernels read themselves is removed, so that
     # the kernels take their default (the policy), and said once
     monkeypatch.setenv("CYBACK_AVX512", "off")
-    from cyback import config
+    from cyback.kernels import process
     with pytest.warns(ConfigWarning, match="CYBACK_AVX512 must be 0 or 1"):
-        config._registry.remove_bad(config._KERNEL_READ)
+        process.remove_bad_kernel_settings()
     assert "CYBACK_AVX512" not in os.environ
