@@ -5,26 +5,10 @@ import threading
 
 import numpy as np
 import pytest
+from thread_runner import run_threads
 
 import cyback as K
 from cyback.graph.tensor import _root
-
-
-def _run_threads(n, target):
-    errors = []
-
-    def wrapped(i):
-        try:
-            target(i)
-        except BaseException as e:   # pragma: no cover - reported below
-            errors.append(e)
-    threads = [threading.Thread(target=wrapped, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(t.is_alive() for t in threads), "deadlock: threads still running"
-    assert not errors, errors
 
 
 def _deep_body(x, layers=10):
@@ -43,7 +27,7 @@ def test_update_add_from_eight_threads_is_exact(with_body):
     f = K.function([x], [out], updates=[K.update_add(c, 1.0)])
     xv = np.ones((4, 16), "float32")
     n = 200
-    _run_threads(8, lambda i: [f([xv]) for _ in range(n)])
+    run_threads(8, lambda i: [f([xv]) for _ in range(n)])
     assert K.get_value(c) == 8 * n
 
 
@@ -53,7 +37,7 @@ def test_two_functions_sharing_a_variable_serialise():
     f = K.function([], [], updates=[K.update_add(c, 1), K.update_add(d, 1)])
     g = K.function([], [], updates=[K.update_add(c, 2)])
     n = 300
-    _run_threads(6, lambda i: [(f if i % 2 else g)([]) for _ in range(n)])
+    run_threads(6, lambda i: [(f if i % 2 else g)([]) for _ in range(n)])
     assert K.get_value(c) == 3 * n * 1 + 3 * n * 2
     assert K.get_value(d) == 3 * n
 
@@ -67,7 +51,7 @@ def test_overlapping_sets_in_different_orders_do_not_deadlock():
     h = K.function([], [], updates=[K.update_add(c, 1.0), K.update_add(a, 1.0)])
     fns = [f, g, h]
     n = 200
-    _run_threads(6, lambda i: [fns[(i + k) % 3]([]) for k in range(n)])
+    run_threads(6, lambda i: [fns[(i + k) % 3]([]) for k in range(n)])
     # Each thread calls each function n/3 times (rounded by k's phase).
     calls = [sum(1 for i in range(6) for k in range(n) if (i + k) % 3 == j) for j in range(3)]
     assert K.get_value(a) == calls[0] + calls[1] + calls[2]
@@ -115,7 +99,7 @@ def test_inference_takes_no_lock_and_stays_correct():
             xv = np.full((3, 16), float(i), "float32")
             for _ in range(50):
                 results.append(np.allclose(predict([xv])[0], xv.dot(wv), rtol=1e-5))
-        _run_threads(4, work)              # would deadlock if predict locked
+        run_threads(4, work)              # would deadlock if predict locked
     finally:
         group.lock.release()
     assert len(results) == 200 and all(results)
@@ -186,5 +170,5 @@ def test_prepared_kernel_calls_serve_threads_with_different_batch_sizes():
             n = (1, 2, 3, 5)[(i + j) % 4]
             if not np.array_equal(f([feeds[n]])[0], want[n]):
                 bad.append((i, j, n))
-    _run_threads(4, work)
+    run_threads(4, work)
     assert not bad

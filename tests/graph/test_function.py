@@ -1,10 +1,10 @@
 """Compiled functions: feeds, updates (Theano semantics), rewrites, threads,
 learning-phase specialisation."""
 import sys
-import threading
 
 import numpy as np
 import pytest
+from thread_runner import run_threads
 
 import cyback as K
 from cyback import config
@@ -339,23 +339,15 @@ def test_reentrant_calls_from_threads():
     x = K.placeholder((None, 3))
     w = K.variable(wv)
     f = K.function([x], [K.dot(x, w) + K.sum(x)])
-    errors, ok = [], []
+    ok = []
 
     def worker(i):
-        try:
-            for k in range(100):
-                xv = np.full((1 + (i + k) % 3, 3), float(i * 1000 + k), "float32")
-                out = f([xv])[0]
-                expect = xv.dot(wv) + xv.sum()
-                ok.append(np.allclose(out, expect, rtol=1e-5))
-        except Exception as e:   # pragma: no cover - reported below
-            errors.append(e)
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+        for k in range(100):
+            xv = np.full((1 + (i + k) % 3, 3), float(i * 1000 + k), "float32")
+            out = f([xv])[0]
+            expect = xv.dot(wv) + xv.sum()
+            ok.append(np.allclose(out, expect, rtol=1e-5))
+    run_threads(4, worker)
     assert len(ok) == 400 and all(ok)
 
 

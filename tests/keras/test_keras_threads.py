@@ -2,12 +2,11 @@
 model lose no update (the optimizer's iteration count is exact) and predict
 stays correct."""
 
-import threading
-
 import keras
 import numpy as np
 from keras import backend as K
 from keras import layers as L
+from thread_runner import run_threads
 
 
 def _model():
@@ -19,23 +18,6 @@ def _model():
     return model
 
 
-def _threads(n, target):
-    errors = []
-
-    def run(i):
-        try:
-            target(i)
-        except BaseException as e:  # pragma: no cover - reported below
-            errors.append(e)
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads)
-    assert not errors, errors
-
-
 def test_train_on_batch_from_four_threads_counts_every_step():
     model = _model()
     x = np.random.rand(16, 8).astype('float32')
@@ -43,7 +25,7 @@ def test_train_on_batch_from_four_threads_counts_every_step():
     model.train_on_batch(x, y)   # builds the train function once
     start = int(K.get_value(model.optimizer.iterations))
     n = 50
-    _threads(4, lambda i: [model.train_on_batch(x, y) for _ in range(n)])
+    run_threads(4, lambda i: [model.train_on_batch(x, y) for _ in range(n)])
     assert int(K.get_value(model.optimizer.iterations)) == start + 4 * n
     assert np.isfinite(model.evaluate(x, y, verbose=0))
 
@@ -57,5 +39,5 @@ def test_predict_from_four_threads_is_correct():
     def work(i):
         for _ in range(30):
             ok.append(np.allclose(model.predict(xs[i]), expected[i], rtol=1e-6))
-    _threads(4, work)
+    run_threads(4, work)
     assert len(ok) == 120 and all(ok)
