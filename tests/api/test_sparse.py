@@ -1,4 +1,5 @@
-"""Sparse placeholders: is_sparse, to_dense and sparse × dense products."""
+"""Sparse placeholders: to_dense and sparse × dense products (the seeds'
+is_sparse example is in tests/test_seeds.py)."""
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -10,15 +11,6 @@ from cyback.ops.sparse import maybe_sparse_dot, sparse_dot
 def _csr(rng, shape, density=0.3, dtype="float32"):
     return sp.random(*shape, density=density, format="csr", random_state=1,
                      dtype=dtype)
-
-
-def test_seed_examples_is_sparse_and_to_dense():
-    a = K.placeholder((2, 2), sparse=False)
-    assert K.is_sparse(a) is False
-    b = K.placeholder((2, 2), sparse=True)
-    assert K.is_sparse(b) is True
-    c = K.to_dense(b)
-    assert K.is_sparse(c) is False
 
 
 def test_to_dense_runs(rng):
