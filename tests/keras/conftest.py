@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from keras_on_cyback import import_keras, remove_keras_home
+from keras_on_cyback import fresh_keras_state, import_keras, pytest_sessionfinish  # noqa: F401
 
 keras = import_keras('tests/keras/conftest.py')
 if keras is None:
@@ -38,17 +38,6 @@ def seed_everything(seed=0):
     random.seed(seed)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_keras_state():
-    if keras is None:
-        pytest.skip('multi-backend keras and h5py are not installed')
-    # Layer names come from backend uids; resetting them keeps names (and so
-    # save/load by name) independent of the order tests run in.
-    keras.backend.reset_uids()
-    seed_everything(0)
-    yield
-
-
 @pytest.fixture
 def fixtures_dir():
     return FIXTURES_DIR
@@ -64,7 +53,3 @@ def architectures():
 def reseed():
     """reseed(seed): seed NumPy's and Python's global generators."""
     return seed_everything
-
-
-def pytest_sessionfinish(session, exitstatus):
-    remove_keras_home()

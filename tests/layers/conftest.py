@@ -2,12 +2,11 @@
 by tests/keras_on_cyback.py; without keras or h5py the directory is skipped).
 """
 import os
-import random
 
 import numpy as np
 import pytest
 
-from keras_on_cyback import import_keras, remove_keras_home
+from keras_on_cyback import fresh_keras_state, import_keras, pytest_sessionfinish  # noqa: F401
 
 keras = import_keras('tests/layers/conftest.py')
 if keras is None:
@@ -16,25 +15,9 @@ if keras is None:
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')
 
 
-@pytest.fixture(autouse=True)
-def _fresh_keras_state():
-    if keras is None:
-        pytest.skip('multi-backend keras and h5py are not installed')
-    keras.backend.reset_uids()
-    np.random.seed(0)
-    random.seed(0)
-    saved_floatx = keras.backend.floatx()
-    yield
-    keras.backend.set_floatx(saved_floatx)
-
-
 @pytest.fixture(scope='session')
 def reference():
     """tests/layers/data/reference.npz (written by make_reference.py with tf_keras and
     Keras 3)."""
     with np.load(os.path.join(DATA_DIR, 'reference.npz')) as data:
         return {k: data[k] for k in data.files}
-
-
-def pytest_sessionfinish(session, exitstatus):
-    remove_keras_home()
