@@ -6,7 +6,6 @@ factors, data_format) and builds ops from ``cyback.ops.shape`` and
 code passes them (``K.tile(x, [K.shape(y)[0], 1])``).
 """
 import numbers
-import os
 
 import numpy as np
 
@@ -24,6 +23,7 @@ from cyback.graph.tensor import (
     is_int_dtype,
     register_list_stacker,
 )
+from cyback.kernels import settings as _settings
 from cyback.ops import elementwise as ew
 from cyback.ops import manip as mp
 from cyback.ops import shape as shp
@@ -329,8 +329,7 @@ def _factors(api, names, values):
     return [_int(api, n, v, 1) for n, v in zip(names, values)]
 
 
-_resize = {"half_pixel_centers": os.environ.get("CYBACK_RESIZE_HALF_PIXEL_CENTERS", "0")
-           .strip().lower() not in ("", "0", "false", "no")}
+_resize = {"half_pixel_centers": _settings.get("CYBACK_RESIZE_HALF_PIXEL_CENTERS")}
 
 
 def set_resize_half_pixel_centers(value):

@@ -64,7 +64,7 @@ class Setting(object):
                  default_text=None, minimum=None, maximum=None, choices=None, values=None,
                  empty_is_unset=True, unit=None, in_code=None, details=""):
         self.name = name
-        self.kind = kind                # int, float, choice, spin, text, pattern
+        self.kind = kind                # int, float, choice, flag, spin, text, pattern
         self.default = default
         self.default_text = default_text
         self.minimum, self.maximum = minimum, maximum
@@ -104,6 +104,8 @@ class Setting(object):
             if len(self.choices) == 2:
                 return "%s or %s" % self.choices
             return "one of " + ", ".join(self.choices)
+        if self.kind == "flag":
+            return "%s for off, anything else for on" % ", ".join(_FLAG_OFF)
         if self.kind == "spin":
             return "a number of rounds (with an optional k, M, G or T suffix) or 'infinite'"
         return "a string"
@@ -132,6 +134,8 @@ class Setting(object):
             if key not in self.choices:
                 raise ValueError(self.expects())
             return self.values.get(key, key)
+        if self.kind == "flag":
+            return value.lower() not in _FLAG_OFF
         if self.kind == "spin":
             return _spin_rounds(value)
         return text
@@ -166,6 +170,9 @@ def _spin_rounds(value):
 
 
 _ON_OFF = {"0": False, "1": True}
+#: What a "flag" setting takes for off (blank is unset: its default); any
+#: other value is on.
+_FLAG_OFF = ("0", "false", "no")
 
 # What each kernel family counts as its work (the threads_for calls of the .pyx).
 _WORK_COUNTED = [
@@ -312,19 +319,15 @@ _DECLARED = [
         readers=("cyback/graph/optimize.py",), in_code="cyback.set_graph_optimizer(False)",
         details="See [the optimizer](optimizer.md)."),
     Setting(
-        "CYBACK_RESIZE_HALF_PIXEL_CENTERS", "choice", False,
+        "CYBACK_RESIZE_HALF_PIXEL_CENTERS", "flag", False,
         "`1` makes bilinear `resize_images` sample at pixel centres, as TF 2's "
         "`tf.image.resize` does.",
-        group="Graphs", read=IMPORT,
-        choices=("0", "1", "false", "true", "no", "yes"),
-        values={"0": False, "false": False, "no": False, "1": True, "true": True,
-                "yes": True},
+        group="Graphs", read=IMPORT, default_text="0",
         readers=("cyback/api/manip.py",),
         in_code="cyback.set_resize_half_pixel_centers(True)",
         details="Off by default (TF 1's `resize_bilinear`, which Keras 2.3.1's "
                 "TensorFlow backend calls); for models trained with TF 2. "
-                "`cyback/api/manip.py` reads it itself and takes any value other than "
-                "empty, 0, false or no for on. See [Keras](keras.md)."),
+                "Any value other than empty, 0, false or no is on. See [Keras](keras.md)."),
     # ------------------------------------------------------------ Keras
     Setting(
         "KERAS_HOME", "text", None,
@@ -593,6 +596,8 @@ def _allowed(s):
         return "number >= %g%s" % (s.minimum, " (%s)" % s.unit if s.unit else "")
     if s.kind == "choice":
         return ", ".join("`%s`" % c for c in s.choices)
+    if s.kind == "flag":
+        return "%s (off); anything else (on)" % ", ".join("`%s`" % c for c in _FLAG_OFF)
     if s.kind == "spin":
         return "rounds (`k`/`M`/`G`/`T` suffix) or `infinite`"
     if s.kind == "pattern":

@@ -190,6 +190,15 @@ def test_values_and_defaults():
     assert settings.raw("KERAS_HOME", {}) is None
 
 
+def test_a_flag_is_off_for_0_false_and_no_and_on_for_anything_else(recwarn):
+    name = "CYBACK_RESIZE_HALF_PIXEL_CENTERS"
+    for text, on in [("0", False), (" False ", False), ("NO", False), ("", False),
+                     ("1", True), ("yes", True), ("on", True), ("2", True)]:
+        assert settings.get(name, {name: text}) is on, text
+    assert settings.get(name, {}) is False
+    assert not [w for w in recwarn if issubclass(w.category, ConfigWarning)]
+
+
 @pytest.mark.parametrize("name,value,message", [
     ("CYBACK_NUM_THREADS", "two", "CYBACK_NUM_THREADS must be an integer from 1 to 4096, "
                                   "got 'two'; using the default"),
