@@ -10,15 +10,8 @@ import numpy as np
 
 from cyback.graph.op import Op
 from cyback.graph.tensor import as_tensor
-from cyback.kernels.linalg import (
-    DENSE_T_MAX_ROWS,
-    batch_gemm,
-    dense,
-    dense_t,
-    matmul,
-    small_k_product,
-)
-from cyback.kernels.runtime import parallel_min_work
+from cyback.kernels import linalg as _linalg
+from cyback.kernels import runtime as _runtime
 from cyback.ops import elementwise as ew
 from cyback.ops.shape import transpose
 
@@ -95,8 +88,9 @@ class TensorDot(Op):
             # checked by the kernel, which does it on the calling thread when
             # it is small: the calls around it cost as much as its product at
             # batch 32, and an LSTM's input projection at batch 1 takes it
-            out = dense(x if x.ndim == 2 else x.reshape(-1, x.shape[-1]), y,
-                        bias if bias.ndim == 1 else bias.reshape(-1), _ACTIVATIONS[activation])
+            out = _linalg.dense(x if x.ndim == 2 else x.reshape(-1, x.shape[-1]), y,
+                                bias if bias.ndim == 1 else bias.reshape(-1),
+                                _ACTIVATIONS[activation])
             if out is not None:
                 return out if x.ndim == 2 else out.reshape(x.shape[:-1] + y.shape[1:])
         if y.ndim != 2 or self.ax != (x.ndim - 1,) or bias is None or residual is not None \
@@ -191,7 +185,7 @@ class NarrowProduct(Op):
         return self._DOT.infer(x, w)
 
     def compute(self, x, w, wt):
-        out = dense_t(x, wt) if x.shape[0] <= DENSE_T_MAX_ROWS else None
+        out = _linalg.dense_t(x, wt) if x.shape[0] <= _linalg.DENSE_T_MAX_ROWS else None
         return (out,) if out is not None else self._DOT.compute(x, w)
 
     def kernel_epilogue(self, bias_axis, activation, out, residual=False, exact=False):
@@ -210,11 +204,11 @@ class NarrowProduct(Op):
         if residual is None:
             # (the kernels check the rest; several rows: the product's first
             # path, without a call of its own)
-            if x.shape[0] <= DENSE_T_MAX_ROWS:
-                out = dense_t(x, wt, bias, _ACTIVATIONS[activation])
+            if x.shape[0] <= _linalg.DENSE_T_MAX_ROWS:
+                out = _linalg.dense_t(x, wt, bias, _ACTIVATIONS[activation])
             elif bias is not None:
-                out = dense(x, w, bias if bias.ndim == 1 else bias.reshape(-1),
-                            _ACTIVATIONS[activation])
+                out = _linalg.dense(x, w, bias if bias.ndim == 1 else bias.reshape(-1),
+                                    _ACTIVATIONS[activation])
             else:
                 out = None
             if out is not None:
@@ -242,7 +236,7 @@ def contract(x, y, ax, ay, bias=None):
     (contracted, free) matrices; a transposed layout stays a transposed view,
     which the kernel reads without copying."""
     if x.ndim == 2 and y.ndim == 2 and ax == (1,) and ay == (0,) and \
-            2.0 * x.shape[0] * x.shape[1] * y.shape[1] < parallel_min_work():
+            2.0 * x.shape[0] * x.shape[1] * y.shape[1] < _runtime.parallel_min_work():
         out = np.dot(x, y)     # small dense products: no reshape bookkeeping
         if bias is not None:
             out += bias
@@ -259,15 +253,15 @@ def contract(x, y, ax, ay, bias=None):
         a = np.transpose(x, fx + list(ax)).reshape(math.prod(free_x), k)
         b = np.transpose(y, list(ay) + fy).reshape(k, math.prod(free_y))
         shape = free_x + free_y
-    if 2.0 * a.shape[0] * a.shape[1] * b.shape[1] < parallel_min_work() or \
+    if 2.0 * a.shape[0] * a.shape[1] * b.shape[1] < _runtime.parallel_min_work() or \
             a.dtype != b.dtype or a.dtype.char not in "fd":
         out = np.dot(a, b)
         if bias is not None:
             out += bias
         return out.reshape(shape)
-    out = small_k_product(a, b, bias)
+    out = _linalg.small_k_product(a, b, bias)
     if out is None:
-        out = matmul(a, b, bias)
+        out = _linalg.matmul(a, b, bias)
     return out.reshape(shape)
 
 
@@ -319,7 +313,7 @@ class BatchTensorDot(Op):
         a = np.transpose(x, [0] + fx + list(self.ax)).reshape(nb, m, k)
         b = np.transpose(y, [0] + list(self.ay) + fy).reshape(nb, k, n)
         if a.dtype == b.dtype and a.dtype in (np.float32, np.float64):
-            out = batch_gemm(a, b)
+            out = _linalg.batch_gemm(a, b)
         else:
             out = np.matmul(a, b)
         return (out.reshape([nb] + xs + ys),)
