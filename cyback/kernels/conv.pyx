@@ -71,7 +71,7 @@ from cyback.kernels._arrays cimport fits
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 from cyback.kernels._tiles cimport (cb_tiles, cb_tiles_finish, cb_tiles_init, cb_tiles_join,
                                    cb_tiles_take, cb_tiles_wait_done)
-from cyback.kernels._checks import remembered
+from cyback.kernels._checks import check_float, float_dtype, int_tuple, pad_pairs, remembered
 from cyback.kernels.blas_threads import blas_limit
 from cyback.kernels import winograd
 
@@ -109,7 +109,7 @@ def conv_forward(x, kernel, strides, dilation, pads, channels_last=True, out=Non
     fname = "conv_forward"
     x = np.asarray(x)
     kernel = np.asarray(kernel)
-    dt = _dtype(fname, x, kernel)
+    dt = check_float(fname, x, kernel, half=True)
     g, osp, pointwise = _geometry(x.shape, kernel.shape, strides, dilation, pads,
                                   channels_last, fname)
     if activation not in _ACTIVATIONS:
@@ -255,10 +255,7 @@ def forward_call(x_shape, k_shape, strides, dilation, pads, channels_last, dtype
     conv_forward (the same errors) made here, once."""
     fname = "conv_forward"
     cdef ForwardCall call = ForwardCall()
-    dtype = np.dtype(dtype)
-    if dtype != np.float32 and dtype != np.float64:
-        raise TypeError("%s: a prepared call takes float32 or float64 arrays, got %s"
-                        % (fname, dtype))
+    dtype = float_dtype(fname, dtype)
     x_shape = tuple(int(d) for d in x_shape)
     k_shape = tuple(int(d) for d in k_shape)
     g, osp, pointwise = _geometry(x_shape, k_shape, strides, dilation, pads, channels_last,
@@ -343,7 +340,7 @@ def conv_backward_input(dy, kernel, x_shape, strides, dilation, pads, channels_l
     fname = "conv_backward_input"
     dy = np.asarray(dy)
     kernel = np.asarray(kernel)
-    dt = _dtype(fname, dy, kernel)
+    dt = check_float(fname, dy, kernel, half=True)
     try:
         x_shape = tuple(int(s) for s in x_shape)
     except TypeError:
@@ -401,7 +398,7 @@ def conv_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, channels_
     fname = "conv_backward_kernel"
     x = np.asarray(x)
     dy = np.asarray(dy)
-    dt = _dtype(fname, x, dy)
+    dt = check_float(fname, x, dy, half=True)
     try:
         kernel_shape = tuple(int(s) for s in kernel_shape)
     except TypeError:

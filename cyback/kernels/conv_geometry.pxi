@@ -20,47 +20,6 @@ cdef struct Geom:
     Py_ssize_t P       # OD * OH * OW: output positions per sample
 
 
-# The Python-level code indexes tuples with negative indices, so it opts back
-# into wraparound and bounds checks, which the build turns off globally.
-
-@cython.wraparound(True)
-@cython.boundscheck(True)
-def _tuple(v, rank, name, fname, lo):
-    try:
-        t = tuple(int(e) for e in v)
-    except TypeError:
-        raise TypeError("%s: %s must be a sequence of %d ints, got %r" % (fname, name, rank, v))
-    if len(t) != rank or any(e < lo for e in t):
-        raise ValueError("%s: %s must be %d ints >= %d, got %r" % (fname, name, rank, lo, v))
-    return t
-
-
-@cython.wraparound(True)
-@cython.boundscheck(True)
-def _pads(pads, rank, fname):
-    try:
-        t = tuple((int(a), int(b)) for a, b in pads)
-    except (TypeError, ValueError):
-        raise TypeError("%s: pads must be %d (before, after) pairs, got %r" % (fname, rank, pads))
-    if len(t) != rank or any(a < 0 or b < 0 for a, b in t):
-        raise ValueError("%s: pads must be %d non-negative (before, after) pairs, got %r"
-                         % (fname, rank, pads))
-    return t
-
-
-@cython.wraparound(True)
-@cython.boundscheck(True)
-def _dtype(fname, *arrays):
-    dt = arrays[0].dtype
-    for a in arrays[1:]:
-        if a.dtype != dt:
-            raise TypeError("%s: arrays must share one dtype, got %s"
-                            % (fname, ", ".join(str(b.dtype) for b in arrays)))
-    if dt not in (np.float16, np.float32, np.float64):
-        raise TypeError("%s: expected float16, float32 or float64 arrays, got %s" % (fname, dt))
-    return dt
-
-
 _GEOMETRIES = {}
 
 
@@ -107,9 +66,9 @@ def _compute_geometry(x_shape, k_shape, strides, dilation, pads, channels_last, 
                          % (fname, k_shape, x_shape, rank + 2))
     if any(s < 0 for s in x_shape) or any(s < 1 for s in k_shape[:rank]) or min(k_shape) < 0:
         raise ValueError("%s: invalid shapes %s, kernel %s" % (fname, x_shape, k_shape))
-    strides = _tuple(strides, rank, "strides", fname, 1)
-    dilation = _tuple(dilation, rank, "dilation", fname, 1)
-    pads = _pads(pads, rank, fname)
+    strides = int_tuple(fname, "strides", strides, rank, scalar=False)
+    dilation = int_tuple(fname, "dilation", dilation, rank, scalar=False)
+    pads = pad_pairs(fname, pads, rank)
     if channels_last:
         n, spatial, c = x_shape[0], x_shape[1:-1], x_shape[-1]
     else:
