@@ -22,6 +22,7 @@ from cyback.ops import shape as shp
 from cyback.ops import state
 from cyback.ops.gradients import gradients as _gradients
 from cyback.ops.identity import Identity, PrintTensor, StopGradient
+from cyback.ops.reduction import reduce
 from cyback.ops.sparse import ToDense
 
 __all__ = [
@@ -194,7 +195,6 @@ def size(x, name=None):
     x = as_tensor(x)
     if all(d is not None for d in x.shape):
         return Constant(np.asarray(int(np.prod(x.shape)), dtype="int32"))
-    from cyback.ops.reduction import reduce
     return reduce(shp.shape_of(x), "prod")
 
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from cyback import config
 from cyback.api._args import integer
+from cyback.api.core import to_dense
 from cyback.graph import calls as _calls
 from cyback.graph import limits
 from cyback.graph.shapes import format_shape
@@ -27,6 +28,7 @@ from cyback.kernels import settings as _settings
 from cyback.ops import elementwise as ew
 from cyback.ops import manip as mp
 from cyback.ops import shape as shp
+from cyback.ops.sparse import sparse_concatenate
 
 __all__ = [
     "gather", "concatenate", "reshape", "permute_dimensions", "resize_images",
@@ -132,7 +134,6 @@ def concatenate(tensors, axis=-1):
     if all(getattr(t, "sparse", False) for t in tensors) and all(t.ndim == 2 for t in tensors):
         # Sparse stays sparse, as with TensorFlow's sparse_concat and Theano's
         # sparse stack; a mix with dense tensors is joined densely.
-        from cyback.ops.sparse import sparse_concatenate
         return sparse_concatenate(tensors, _axis("concatenate", axis, 2))
     tensors = [_dense(t) for t in tensors]
     ndim = tensors[0].ndim
@@ -148,7 +149,6 @@ def concatenate(tensors, axis=-1):
 
 def _dense(t):
     if getattr(t, "sparse", False):
-        from cyback.api.core import to_dense
         return to_dense(t)
     return t
 

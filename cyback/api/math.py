@@ -2,6 +2,7 @@
 import numpy as np
 
 from cyback import config
+from cyback.api.core import stop_gradient
 from cyback.graph import calls as _calls
 from cyback.graph.tensor import Tensor, as_tensor, is_float_dtype
 from cyback.ops import elementwise as ew
@@ -69,7 +70,6 @@ def argmin(x, axis=-1):
 
 def logsumexp(x, axis=None, keepdims=False):
     """log(sum(exp(x))) computed stably by shifting by the maximum."""
-    from cyback.api.core import stop_gradient
     x = as_tensor(x)
     axes = red.normalize_axes("logsumexp", axis, x.ndim)
     if not is_float_dtype(x.dtype):

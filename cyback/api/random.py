@@ -7,6 +7,7 @@ sequence (the same in every process). See cyback/ops/random.py.
 import numpy as np
 
 from cyback import config
+from cyback.api.core import variable
 from cyback.graph import calls as _calls
 from cyback.graph import limits
 from cyback.graph.tensor import Tensor, dtype_name, is_float_dtype, is_int_dtype
@@ -131,7 +132,6 @@ def _static_shape(api, shape, dtype):
 
 def random_normal_variable(shape, mean, scale, dtype=None, name=None, seed=None):
     """A variable of N(mean, scale²) samples."""
-    from cyback.api.core import variable
     api = "random_normal_variable"
     dtype = _dtype(api, dtype)
     static = _static_shape(api, shape, dtype)
@@ -149,7 +149,6 @@ def random_normal_variable(shape, mean, scale, dtype=None, name=None, seed=None)
 
 def random_uniform_variable(shape, low, high, dtype=None, name=None, seed=None):
     """A variable of U[low, high) samples."""
-    from cyback.api.core import variable
     api = "random_uniform_variable"
     dtype = _dtype(api, dtype)
     static = _static_shape(api, shape, dtype)

@@ -4,6 +4,7 @@ import numpy as np
 
 from cyback.graph.op import Op
 from cyback.kernels import ctc as kernels
+from cyback.ops.shape import reshape_static_dims
 
 
 def _writable(a):
@@ -37,7 +38,6 @@ class CTCLoss(Op):
         return loss.astype(logits.dtype, copy=False), grad.astype(logits.dtype, copy=False)
 
     def grad(self, inputs, outputs, grads):
-        from cyback.ops.shape import reshape_static_dims
         g = grads[0]
         if g is None:
             return [None] * 4

@@ -13,7 +13,8 @@ from cyback.graph.tensor import as_tensor
 from cyback.kernels import linalg as _linalg
 from cyback.kernels import runtime as _runtime
 from cyback.ops import elementwise as ew
-from cyback.ops.shape import transpose
+from cyback.ops.shape import reshape, reshape_static_dims, transpose
+from cyback.ops.sparse import maybe_sparse_dot
 
 # kernels.linalg.dense's activation codes
 _ACTIVATIONS = {None: 0, "relu": 1, "relu6": 2}
@@ -143,7 +144,6 @@ class TensorDot(Op):
             return None
         if ctx.channel_vector(v, out, out.ndim - 1) is None:
             return None
-        from cyback.ops.shape import reshape
         return TensorDot(self.ax, self.ay)(x, w * reshape(v, (w.shape[1],)))
 
     def grad(self, inputs, outputs, grads):
@@ -266,7 +266,6 @@ def contract(x, y, ax, ay, bias=None):
 
 
 def dot(x, y):
-    from cyback.ops.sparse import maybe_sparse_dot
     x, y = as_tensor(x), as_tensor(y)
     out = maybe_sparse_dot(x, y)
     if out is not None:
@@ -332,7 +331,6 @@ class BatchTensorDot(Op):
 
 
 def batch_dot(x, y, axes=None):
-    from cyback.ops.shape import reshape_static_dims
     x, y = as_tensor(x), as_tensor(y)
     if x.ndim < 2 or y.ndim < 2:
         raise ValueError("batch_dot: both tensors need rank >= 2 (a batch axis and at least one "

@@ -1,6 +1,7 @@
 """Python operators on tensors (``x + y``, ``x[i]``, ``-x`` ...)."""
 from cyback.graph.tensor import Tensor
 from cyback.ops import elementwise as ew
+from cyback.ops.linalg import dot
 from cyback.ops.shape import getitem
 
 
@@ -36,7 +37,6 @@ Tensor.__getitem__ = getitem
 
 
 def _matmul(x, y):
-    from cyback.ops.linalg import dot
     return dot(x, y)
 
 

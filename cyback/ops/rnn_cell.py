@@ -15,7 +15,10 @@ import numpy as np
 from cyback.graph.op import Op
 from cyback.graph.tensor import Constant
 from cyback.kernels import rnn_cell as _k
+from cyback.ops import elementwise as ew
+from cyback.ops.elementwise import Binary
 from cyback.ops.linalg import TensorDot, contract
+from cyback.ops.shape import Concatenate, GetItem
 
 #: gate count per cell type
 GATES = {"lstm": 4, "gru": 3, "simple": 1}
@@ -291,7 +294,6 @@ class FusedRecurrent(Op):
         return list(out) if isinstance(out, tuple) else [out]
 
     def grad(self, inputs, outputs, grads):
-        from cyback.ops import elementwise as ew
         if all(g is None for g in grads[:1 + len(self.state_roles)]):
             return [None] * len(inputs)
         n_st = len(self.state_roles)
@@ -388,7 +390,6 @@ class FusedRecurrentGrad(Op):
 def _sliced_from(tensors, axis, ctx):
     """The tensor whose consecutive slices along ``axis`` (from 0 to its end,
     in order, every other axis whole) the ``tensors`` are, or None."""
-    from cyback.ops.shape import GetItem
     base, at = None, 0
     for k, t in enumerate(tensors):
         made = ctx.producer(t)
@@ -420,7 +421,6 @@ def _one_projection(tensors, ctx):
     bias to the update and reset gates, its candidate only the input bias:
     the candidate's missing outer bias is zeros. The adds keep their order
     and adding zero changes no value, so every value is the same."""
-    from cyback.ops.elementwise import Binary
     x, dot, adds, ws, biases = None, None, None, [], []
     for t in tensors:
         made, chain = ctx.producer(t), []
@@ -495,7 +495,6 @@ def _projection_of(zx, ctx, made_here):
     made), so that an LSTM or GRU projects x itself (_PROJECT_MIN_ROWS); else
     None.
     The kernel adds the bias after the product, as the add does."""
-    from cyback.ops.elementwise import Binary
     if not made_here and ctx.users(zx) != 1:
         return None
     made, roles = ctx.producer(zx), {}
@@ -519,7 +518,6 @@ def _projection_of(zx, ctx, made_here):
 
 def _whole(tensors, axis, ctx):
     """The array ``tensors`` are consecutive slices of, else their join."""
-    from cyback.ops.shape import Concatenate
     whole = _sliced_from(tensors, axis, ctx)
     return whole if whole is not None else Concatenate(axis)(*tensors)
 

@@ -20,7 +20,9 @@ from cyback.graph.function import topo_nodes
 from cyback.graph.op import Op
 from cyback.graph.pickling import register_reducer
 from cyback.graph.tensor import is_float_dtype
+from cyback.ops import elementwise as ew
 from cyback.ops.scan_backward import EMITTED, OUTPUT_GRAD, RESIDUAL, SEQUENCE, BackwardLoop
+from cyback.ops.scan_cells import fuse_cell
 from cyback.ops.scan_program import compile_loop, seq_length, zero_seq
 from cyback.ops.scan_trace import apply_op, trace_step
 
@@ -31,7 +33,6 @@ def build_scan(step, sequences, initial_states, name="scan"):
     traced = trace_step(step, sequences, initial_states, name)
     loop_seq_in, state_in, inv_in = traced.seq_in, traced.state_in, traced.inv_in
     body_outputs, body_states = traced.outputs, traced.new_states
-    from cyback.ops.scan_cells import fuse_cell
     op = fuse_cell(loop_seq_in, state_in, inv_in, body_outputs, body_states, name) or \
         Scan(loop_seq_in, state_in, inv_in, body_outputs, body_states, name)
     outs = apply_op(op, traced.outer_inputs)
@@ -122,7 +123,6 @@ class Scan(Op):
         return tuple(emitted[:no]) + tuple(finals) + tuple(emitted[no:]) + tuple(lasts)
 
     def grad(self, inputs, outputs, grads):
-        from cyback.ops import elementwise as ew
         bw = self.backward
         if bw is None:
             if self._backward_error is not None:

@@ -13,6 +13,7 @@ from collections import namedtuple
 
 from cyback.graph.function import leaves_of, topo_nodes
 from cyback.graph.tensor import Constant, Placeholder, is_float_dtype
+from cyback.ops import elementwise as ew
 from cyback.ops.gradients import gradients_with_seeds
 from cyback.ops.reduction import reduce_sum
 from cyback.ops.scan_program import compile_loop
@@ -83,7 +84,6 @@ class BackwardLoop(object):
     """
 
     def __init__(self, scan):
-        from cyback.ops import elementwise as ew
         api = scan.api
         fwd_targets = scan.body_outputs + scan.body_states
         self.g_out = [Placeholder(o.shape, o.dtype, name="%s_gy%d" % (api, i))

@@ -23,6 +23,7 @@ import numpy as np
 from cyback.graph.tensor import Constant
 from cyback.ops import elementwise as ew
 from cyback.ops.linalg import TensorDot
+from cyback.ops.rnn_cell import FusedRecurrent
 from cyback.ops.shape import ExpandTo, GetItem
 
 #: set to False to keep every loop on the general Scan (tests compare both)
@@ -381,7 +382,6 @@ def _simple(body, outputs, new_states):
 
 def fuse_cell(seq_in, state_in, inv_in, outputs, new_states, name):
     """A ``FusedRecurrent`` op computing this Scan body, or None."""
-    from cyback.ops.rnn_cell import FusedRecurrent
     if not ENABLED or not state_in:
         return None
     dt = state_in[0].dtype

@@ -12,7 +12,7 @@ hook) are added into one buffer.
 import numpy as np
 
 from cyback.graph.codegen import Namer, inline_call
-from cyback.graph.function import leaves_of
+from cyback.graph.function import leaves_of, rewritten_steps
 from cyback.graph.tensor import Constant
 from cyback.kernels.blas_threads import numpy_local_threads
 from cyback.ops.scan_trace import addends
@@ -79,7 +79,6 @@ def compile_loop(name, slices, carries, consts, emits, accums, reverse, lasts=()
     of ``emitted``, ``sums`` and ``last_values`` are None when T == 0), and
     ``steps`` the (op, inputs, outputs) the body runs each step.
     """
-    from cyback.graph.function import rewritten_steps
     next_t = [n for _, n in carries]
     targets = list(next_t) + list(emits) + list(accums) + list(lasts)
     steps, targets = rewritten_steps(targets, {})

@@ -20,6 +20,7 @@ from collections import namedtuple
 
 from cyback.graph.function import topo_nodes
 from cyback.graph.tensor import Constant, Placeholder, as_tensor
+from cyback.ops.elementwise import cast
 
 
 def apply_op(op, inputs):
@@ -131,7 +132,6 @@ def _call_step(step, sequences, initial_states, name):
                          % (name, len(new_states), len(state_in)))
     for i, (s_in, s_new) in enumerate(zip(state_in, new_states)):
         if s_new.dtype != s_in.dtype:
-            from cyback.ops.elementwise import cast
             new_states[i] = cast(s_new, s_in.dtype)
         if s_new.ndim != s_in.ndim:
             raise ValueError("%s: a state changed rank from %s to %s in the step function"
