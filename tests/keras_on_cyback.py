@@ -1,5 +1,5 @@
 """Multi-backend Keras (2.3.1) on cyback, for the test folders that need it
-(tests/keras, tests/layers, tests/saving, tests/quantization), and what their
+(tests/keras_models, tests/layers, tests/saving, tests/quantization), and what their
 conftests share: ``fresh_keras_state`` (autouse there) and the session's end.
 
 Keras reads KERAS_BACKEND and KERAS_HOME once, when ``keras`` is first
@@ -24,13 +24,10 @@ _home = []      # the temporary KERAS_HOME, once made
 
 
 def installed(name):
-    # tests/ is on sys.path (pytest's rootdir-relative imports), where
-    # tests/keras would pass for a namespace package named keras.
     try:
-        spec = importlib.util.find_spec(name)
+        return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
-    return spec is not None and spec.origin is not None
 
 
 def import_keras(conftest):

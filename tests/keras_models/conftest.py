@@ -12,7 +12,7 @@ import pytest
 
 from keras_on_cyback import fresh_keras_state, import_keras, pytest_sessionfinish  # noqa: F401
 
-keras = import_keras('tests/keras/conftest.py')
+keras = import_keras('tests/keras_models/conftest.py')
 if keras is None:
     collect_ignore_glob = ['test_*.py']     # skip the folder (keras_on_cyback.py)
 

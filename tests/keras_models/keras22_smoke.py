@@ -5,7 +5,7 @@ hard_sigmoid) run on the fused cell with the general loop's values and
 gradients, a Lambda layer infers its output shape, and a saved model reloads
 with equal predictions.
 
-    PYTHONPATH=<folder with keras 2.2.x> python tests/keras/keras22_smoke.py 2.2.4
+    PYTHONPATH=<folder with keras 2.2.x> python tests/keras_models/keras22_smoke.py 2.2.4
 """
 import os
 import sys
