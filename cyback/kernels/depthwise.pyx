@@ -31,57 +31,57 @@ cnp.import_array()
 cdef extern from "cyback_depthwise.h" nogil:
     int cb_simd_use_avx2(int on)
     void cb_simd_set_default_cap(int cap)
-    int cb_dw_use_k3(int on)
-    int cb_dw_read_edges(int on)
-    void cb_dw_sum_groups_f(const float* t, float* d, Py_ssize_t n, Py_ssize_t M)
-    void cb_dw_sum_groups_d(const double* t, double* d, Py_ssize_t n, Py_ssize_t M)
-    bint cb_dw_fwd_cf_same3_f(const float* x, Py_ssize_t H, Py_ssize_t W, const float* k,
+    int cb_depthwise_use_k3(int on)
+    int cb_depthwise_read_edges(int on)
+    void cb_depthwise_sum_groups_f(const float* t, float* d, Py_ssize_t n, Py_ssize_t M)
+    void cb_depthwise_sum_groups_d(const double* t, double* d, Py_ssize_t n, Py_ssize_t M)
+    bint cb_depthwise_fwd_cf_same3_f(const float* x, Py_ssize_t H, Py_ssize_t W, const float* k,
                               Py_ssize_t ks, float* y, const float* zero, float bias, int act)
-    bint cb_dw_fwd_cf_same3_d(const double* x, Py_ssize_t H, Py_ssize_t W, const double* k,
+    bint cb_depthwise_fwd_cf_same3_d(const double* x, Py_ssize_t H, Py_ssize_t W, const double* k,
                               Py_ssize_t ks, double* y, const double* zero, double bias,
                               int act)
-    void cb_dw_transpose_f(const float* src, Py_ssize_t ls, float* dst, Py_ssize_t ld,
+    void cb_depthwise_transpose_f(const float* src, Py_ssize_t ls, float* dst, Py_ssize_t ld,
                            Py_ssize_t R, Py_ssize_t S)
-    void cb_dw_transpose_d(const double* src, Py_ssize_t ls, double* dst, Py_ssize_t ld,
+    void cb_depthwise_transpose_d(const double* src, Py_ssize_t ls, double* dst, Py_ssize_t ld,
                            Py_ssize_t R, Py_ssize_t S)
-    void cb_dw_fwd_cl_row_f(const float** xr, const float* k, float* y, Py_ssize_t C,
+    void cb_depthwise_fwd_cl_row_f(const float** xr, const float* k, float* y, Py_ssize_t C,
                             Py_ssize_t xs, Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW,
                             Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw,
                             const float* bias, int act, const void* pf,
                             Py_ssize_t pfb)
-    void cb_dw_fwd_cl_row_d(const double** xr, const double* k, double* y, Py_ssize_t C,
+    void cb_depthwise_fwd_cl_row_d(const double** xr, const double* k, double* y, Py_ssize_t C,
                             Py_ssize_t xs, Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW,
                             Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw,
                             const double* bias, int act, const void* pf,
                             Py_ssize_t pfb)
-    void cb_dw_kgrad_cl_row_f(const float** xr, const float* dy, float* part, Py_ssize_t C,
+    void cb_depthwise_kgrad_cl_row_f(const float** xr, const float* dy, float* part, Py_ssize_t C,
                               Py_ssize_t xs, Py_ssize_t ys, Py_ssize_t W, Py_ssize_t KH,
                               Py_ssize_t KW, Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dw,
                               Py_ssize_t pw, const void* pf, Py_ssize_t pfb,
                               const void* pf2, Py_ssize_t pf2b)
-    void cb_dw_kgrad_cl_row_d(const double** xr, const double* dy, double* part, Py_ssize_t C,
+    void cb_depthwise_kgrad_cl_row_d(const double** xr, const double* dy, double* part, Py_ssize_t C,
                               Py_ssize_t xs, Py_ssize_t ys, Py_ssize_t W, Py_ssize_t KH,
                               Py_ssize_t KW, Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dw,
                               Py_ssize_t pw, const void* pf, Py_ssize_t pfb,
                               const void* pf2, Py_ssize_t pf2b)
-    void cb_dw_pad_plane_f(const float* src, Py_ssize_t H, Py_ssize_t W, float* buf,
+    void cb_depthwise_pad_plane_f(const float* src, Py_ssize_t H, Py_ssize_t W, float* buf,
                            Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t pt, Py_ssize_t pl,
                            Py_ssize_t sw, Py_ssize_t uh, Py_ssize_t uw)
-    void cb_dw_pad_plane_d(const double* src, Py_ssize_t H, Py_ssize_t W, double* buf,
+    void cb_depthwise_pad_plane_d(const double* src, Py_ssize_t H, Py_ssize_t W, double* buf,
                            Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t pt, Py_ssize_t pl,
                            Py_ssize_t sw, Py_ssize_t uh, Py_ssize_t uw)
-    void cb_dw_fwd_cf_plane_f(const float* x, Py_ssize_t rs, const float* k, Py_ssize_t ks,
+    void cb_depthwise_fwd_cf_plane_f(const float* x, Py_ssize_t rs, const float* k, Py_ssize_t ks,
                               float* y, Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh,
                               Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t KH,
                               Py_ssize_t KW, int accumulate, float bias, int act)
-    void cb_dw_fwd_cf_plane_d(const double* x, Py_ssize_t rs, const double* k, Py_ssize_t ks,
+    void cb_depthwise_fwd_cf_plane_d(const double* x, Py_ssize_t rs, const double* k, Py_ssize_t ks,
                               double* y, Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh,
                               Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t KH,
                               Py_ssize_t KW, int accumulate, double bias, int act)
-    void cb_dw_kgrad_cf_plane_f(const float* x, Py_ssize_t rs, const float* dy, Py_ssize_t OH,
+    void cb_depthwise_kgrad_cf_plane_f(const float* x, Py_ssize_t rs, const float* dy, Py_ssize_t OH,
                                 Py_ssize_t OW, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh,
                                 Py_ssize_t dw, Py_ssize_t KH, Py_ssize_t KW, float* acc)
-    void cb_dw_kgrad_cf_plane_d(const double* x, Py_ssize_t rs, const double* dy,
+    void cb_depthwise_kgrad_cf_plane_d(const double* x, Py_ssize_t rs, const double* dy,
                                 Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh, Py_ssize_t sw,
                                 Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t KH, Py_ssize_t KW,
                                 double* acc)
@@ -153,9 +153,9 @@ cdef inline void _cl_row(const floating** xr, const floating* k, floating* y, Py
     # Input pixels are xs values apart (C when read in place). pf: pfb bytes
     # the next row will read, prefetched while this one computes.
     if floating is float:
-        cb_dw_fwd_cl_row_f(xr, k, y, C, xs, W, KH, KW, OW, sw, dw, pw, bias, act, pf, pfb)
+        cb_depthwise_fwd_cl_row_f(xr, k, y, C, xs, W, KH, KW, OW, sw, dw, pw, bias, act, pf, pfb)
     else:
-        cb_dw_fwd_cl_row_d(xr, k, y, C, xs, W, KH, KW, OW, sw, dw, pw, bias, act, pf, pfb)
+        cb_depthwise_fwd_cl_row_d(xr, k, y, C, xs, W, KH, KW, OW, sw, dw, pw, bias, act, pf, pfb)
 
 
 cdef inline void _kg_row(const floating** xr, const floating* dy, floating* part, Py_ssize_t C,
@@ -166,10 +166,10 @@ cdef inline void _kg_row(const floating** xr, const floating* dy, floating* part
     # Pixels of the input rows are xs values apart, of dy ys. pf, pf2: pfb
     # and pf2b bytes the next row will read, prefetched meanwhile.
     if floating is float:
-        cb_dw_kgrad_cl_row_f(xr, dy, part, C, xs, ys, W, KH, KW, OW, sw, dw, pw, pf, pfb, pf2,
+        cb_depthwise_kgrad_cl_row_f(xr, dy, part, C, xs, ys, W, KH, KW, OW, sw, dw, pw, pf, pfb, pf2,
                              pf2b)
     else:
-        cb_dw_kgrad_cl_row_d(xr, dy, part, C, xs, ys, W, KH, KW, OW, sw, dw, pw, pf, pfb, pf2,
+        cb_depthwise_kgrad_cl_row_d(xr, dy, part, C, xs, ys, W, KH, KW, OW, sw, dw, pw, pf, pfb, pf2,
                              pf2b)
 
 
@@ -177,9 +177,9 @@ cdef inline void _transpose(const floating* src, Py_ssize_t ls, floating* dst, P
                             Py_ssize_t R, Py_ssize_t S) noexcept nogil:
     # dst[j*ld + i] = src[i*ls + j] for i < R, j < S (cyback_depthwise.h).
     if floating is float:
-        cb_dw_transpose_f(src, ls, dst, ld, R, S)
+        cb_depthwise_transpose_f(src, ls, dst, ld, R, S)
     else:
-        cb_dw_transpose_d(src, ls, dst, ld, R, S)
+        cb_depthwise_transpose_d(src, ls, dst, ld, R, S)
 
 
 cdef inline void _cl_rows(const floating** xr, const floating[:, :, :, ::1] x, Py_ssize_t n,
@@ -646,9 +646,9 @@ cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
                 _cl_row(xr, &kf[0, 0, 0, 0], t, C * M, rp.xs, rp.Ws, KH, KW, W, 1, g.dw,
                         g.pw - rp.pl, NULL, 0, pf, pfb)
                 if floating is float:
-                    cb_dw_sum_groups_f(t, dxp, W * C, M)
+                    cb_depthwise_sum_groups_f(t, dxp, W * C, M)
                 else:
-                    cb_dw_sum_groups_d(t, dxp, W * C, M)
+                    cb_depthwise_sum_groups_d(t, dxp, W * C, M)
         free(t)
         free(tags)
         free(ring)
@@ -730,9 +730,9 @@ cdef inline const floating* _padded(const floating* src, Py_ssize_t H, Py_ssize_
     if pt == 0 and pl == 0 and Hp <= H and Wp <= W and sw == 1 and uh == 1 and uw == 1:
         return src
     if floating is float:
-        cb_dw_pad_plane_f(src, H, W, buf, Hp, Wp, pt, pl, sw, uh, uw)
+        cb_depthwise_pad_plane_f(src, H, W, buf, Hp, Wp, pt, pl, sw, uh, uw)
     else:
-        cb_dw_pad_plane_d(src, H, W, buf, Hp, Wp, pt, pl, sw, uh, uw)
+        cb_depthwise_pad_plane_d(src, H, W, buf, Hp, Wp, pt, pl, sw, uh, uw)
     return buf
 
 
@@ -745,10 +745,10 @@ cdef inline void _cf_plane(const floating* rows, Py_ssize_t rs, const floating* 
     # with the taps k[(ky*KW + kx) * ks], plus bias, through the activation
     # act (bias and act only when not accumulating).
     if floating is float:
-        cb_dw_fwd_cf_plane_f(rows, rs, k, ks, dst, OH, OW, sh, sw, dh, dw, KH, KW, accumulate,
+        cb_depthwise_fwd_cf_plane_f(rows, rs, k, ks, dst, OH, OW, sh, sw, dh, dw, KH, KW, accumulate,
                              bias, act)
     else:
-        cb_dw_fwd_cf_plane_d(rows, rs, k, ks, dst, OH, OW, sh, sw, dh, dw, KH, KW, accumulate,
+        cb_depthwise_fwd_cf_plane_d(rows, rs, k, ks, dst, OH, OW, sh, sw, dh, dw, KH, KW, accumulate,
                              bias, act)
 
 
@@ -759,9 +759,9 @@ cdef inline bint _cf_same3(const floating* plane, Py_ssize_t H, Py_ssize_t W,
     # plane), when the kernel takes the plane (see cyback_depthwise.h); zero
     # holds a row of W zeros.
     if floating is float:
-        return cb_dw_fwd_cf_same3_f(plane, H, W, k, ks, dst, zero, bias, act)
+        return cb_depthwise_fwd_cf_same3_f(plane, H, W, k, ks, dst, zero, bias, act)
     else:
-        return cb_dw_fwd_cf_same3_d(plane, H, W, k, ks, dst, zero, bias, act)
+        return cb_depthwise_fwd_cf_same3_d(plane, H, W, k, ks, dst, zero, bias, act)
 
 
 cdef void _planes_cf(const floating[:, :, :, ::1] src, const floating[:, :, :, ::1] k,
@@ -998,10 +998,10 @@ cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
                 rs = W if rows == &x[n, c, 0, 0] else span
                 for m in range(M):
                     if floating is float:
-                        cb_dw_kgrad_cf_plane_f(rows, rs, &dy[n, c * M + m, 0, 0], OH, OW, g.sh,
+                        cb_depthwise_kgrad_cf_plane_f(rows, rs, &dy[n, c * M + m, 0, 0], OH, OW, g.sh,
                                                g.sw, g.dh, g.dw, KH, KW, acc + m * T * 8)
                     else:
-                        cb_dw_kgrad_cf_plane_d(rows, rs, &dy[n, c * M + m, 0, 0], OH, OW, g.sh,
+                        cb_depthwise_kgrad_cf_plane_d(rows, rs, &dy[n, c * M + m, 0, 0], OH, OW, g.sh,
                                                g.sw, g.dh, g.dw, KH, KW, acc + m * T * 8)
             for m in range(M):
                 for tap in range(T):
@@ -1102,14 +1102,14 @@ def _read_edges(bint on):
     """Let the 3x3 "same" channels_first plane kernel read the planes' edges
     (the default), or pad every plane into a buffer first (for tests).
     Returns the new setting."""
-    return bool(cb_dw_read_edges(on))
+    return bool(cb_depthwise_read_edges(on))
 
 
 def _use_k3(bint on):
     """Run 3x3 channels_first planes at row stride 1 or 2 and unit row
     dilation through their row-reuse tiles (the default), or through the
     general ones (for tests). Returns whether the row-reuse tiles now run."""
-    return bool(cb_dw_use_k3(on))
+    return bool(cb_depthwise_use_k3(on))
 
 
 @cython.wraparound(True)

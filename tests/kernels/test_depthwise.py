@@ -358,7 +358,7 @@ def test_3x3_row_reuse_equals_general_tiles(isa, dtype):
     # into its planes), over heights leaving each remainder of 3 rows,
     # rows with vector tails, column dilation, stride 2 along the row, row
     # stride 2 (and the unit-stride pass of its input gradient). The first
-    # case's "same" planes are read in place (cb_dw_fwd_cf_same3), which
+    # case's "same" planes are read in place (cb_depthwise_fwd_cf_same3), which
     # the switch turns off with the row-reuse tiles.
     rng = np.random.default_rng(zlib.crc32(repr(dtype).encode()))
     for h, w, m, ss, ds, ps in [(9, 40, 1, (1, 1), (1, 1), ((1, 1), (1, 1))),
