@@ -16,27 +16,59 @@ The output is viewed as ``(P, C, Q)`` and each operand is one of:
 - SCALAR: one value.
 
 The results match NumPy's element-wise ufuncs in the same precision for the
-arithmetic, min/max (NaN propagates as in np.maximum) and select opcodes;
-transcendental opcodes use the C library and may differ from NumPy's SIMD
-versions in the last bit.
+arithmetic, min/max (NaN propagates as in np.maximum) and select opcodes.
+Transcendental opcodes may differ from NumPy in the last bits: float32 exp,
+tanh, sigmoid and erf run through include/cyback_vmath.h (vectorised, AVX-512 /
+AVX2 / baseline picked at run time, within a few units in the last place; the
+same bits on AVX-512 and AVX2), the others and every float64 one through the C
+library. ``exp_f32``, ``tanh_f32``, ``sigmoid_f32`` and ``erf_f32`` apply those
+rows to a whole array.
 """
 import numpy as np
 cimport numpy as cnp
 from cython.parallel cimport prange, parallel
 from libc.stdlib cimport malloc, free
 from libc.math cimport (sqrt, sqrtf, exp, expf, expm1, expm1f, log, logf, log1p, log1pf,
-                        tanh, tanhf, fabs, fabsf)
+                        tanh, fabs, fabsf, erf)
 
 from cyback.kernels._blas cimport floating
+from cyback.kernels import settings as _settings
 from cyback.kernels._omp cimport cb_get_thread_num
 from cyback.kernels.runtime cimport team_done, threads_for
 
 cnp.import_array()
 
+
+cdef extern from "cyback_vmath.h" nogil:
+    void cb_vm_exp_f(const float* x, float* y, Py_ssize_t n)
+    void cb_vm_tanh_f(const float* x, float* y, Py_ssize_t n)
+    void cb_vm_sigmoid_f(const float* x, float* y, Py_ssize_t n)
+    void cb_vm_erf_f(const float* x, float* y, Py_ssize_t n)
+    int cb_simd_use_avx2(int on)
+    int cb_simd_use_avx512(int on)
+    void cb_simd_set_default_cap(int cap)
+
+
+cb_simd_set_default_cap(2 if _settings.get("CYBACK_AVX512") else 1)
+
+
+def _use_avx2(bint on):
+    """Run the float32 exp/tanh/sigmoid/erf rows' AVX2 + FMA set when the CPU
+    has it (the default), or the baseline one (for tests). Returns whether
+    AVX2 now runs."""
+    return bool(cb_simd_use_avx2(on))
+
+
+def _use_avx512(bint on):
+    """Let the float32 rows' AVX-512 set run when the CPU has it (the
+    default), or cap them at AVX2 (for tests). Returns whether AVX-512 now
+    runs."""
+    return bool(cb_simd_use_avx512(on))
+
 cdef enum:
     OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_MAX, OP_MIN, OP_NEG, OP_ABS, OP_SQUARE, OP_SQRT,
     OP_EXP, OP_EXPM1, OP_LOG, OP_LOG1P, OP_TANH, OP_SIGMOID, OP_SOFTPLUS, OP_SOFTSIGN,
-    OP_RECIP, OP_SELECT_GT, OP_SELECT_GE, OP_COPY, N_OPS
+    OP_RECIP, OP_SELECT_GT, OP_SELECT_GE, OP_COPY, OP_ERF, N_OPS
 
 cdef enum:
     FULL = 0
@@ -55,6 +87,7 @@ OPCODES = {
     "log1p": (OP_LOG1P, 1), "tanh": (OP_TANH, 1), "sigmoid": (OP_SIGMOID, 1),
     "softplus": (OP_SOFTPLUS, 1), "softsign": (OP_SOFTSIGN, 1), "reciprocal": (OP_RECIP, 1),
     "select_gt": (OP_SELECT_GT, 4), "select_ge": (OP_SELECT_GE, 4), "copy": (OP_COPY, 1),
+    "erf": (OP_ERF, 1),
 }
 #: opcodes whose results are bit-identical to NumPy's ufuncs
 EXACT = {"add", "subtract", "multiply", "divide", "maximum", "minimum", "negative", "abs",
@@ -125,8 +158,11 @@ cdef void _step(int op, floating* d, const floating* a, const floating* b,
             for i in range(n):
                 d[i] = sqrt(a[i])
     elif op == OP_EXP:
-        for i in range(n):
-            d[i] = _exp(a[i])
+        if floating is float:
+            cb_vm_exp_f(a, d, n)
+        else:
+            for i in range(n):
+                d[i] = exp(a[i])
     elif op == OP_EXPM1:
         if floating is float:
             for i in range(n):
@@ -146,15 +182,23 @@ cdef void _step(int op, floating* d, const floating* a, const floating* b,
             d[i] = _log1p(a[i])
     elif op == OP_TANH:
         if floating is float:
-            for i in range(n):
-                d[i] = tanhf(a[i])
+            cb_vm_tanh_f(a, d, n)
         else:
             for i in range(n):
                 d[i] = tanh(a[i])
     elif op == OP_SIGMOID:
-        # 1 / (1 + exp(-x)) overflows harmlessly to 0 for very negative x
-        for i in range(n):
-            d[i] = one / (one + _exp(-a[i]))
+        if floating is float:
+            cb_vm_sigmoid_f(a, d, n)
+        else:
+            # 1 / (1 + exp(-x)) overflows harmlessly to 0 for very negative x
+            for i in range(n):
+                d[i] = one / (one + exp(-a[i]))
+    elif op == OP_ERF:
+        if floating is float:
+            cb_vm_erf_f(a, d, n)
+        else:
+            for i in range(n):
+                d[i] = erf(a[i])
     elif op == OP_SOFTPLUS:
         # log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)), stable both ways
         for i in range(n):
@@ -453,3 +497,73 @@ cdef class Program:
             return out
         return _dispatch(out, self.code, self.n_regs, ptrs, self.kinds, n_arr + self.n_consts,
                          P, C, Q)
+
+
+# ------------------------------------------------- float32 functions of arrays
+
+DEF CHUNK = 4096    # elements per parallel part of the whole-array functions
+
+
+cdef void _map_f(int op, const float* x, float* y, Py_ssize_t n, int threads) noexcept nogil:
+    cdef Py_ssize_t k, start, m, n_chunks = (n + CHUNK - 1) // CHUNK
+    for k in prange(n_chunks, num_threads=threads, schedule="static"):
+        start = k * CHUNK
+        m = n - start
+        if m > CHUNK:
+            m = CHUNK
+        if op == OP_EXP:
+            cb_vm_exp_f(x + start, y + start, m)
+        elif op == OP_TANH:
+            cb_vm_tanh_f(x + start, y + start, m)
+        elif op == OP_SIGMOID:
+            cb_vm_sigmoid_f(x + start, y + start, m)
+        else:
+            cb_vm_erf_f(x + start, y + start, m)
+
+
+cdef object _map(str name, int op, x, out):
+    cdef cnp.ndarray a, y
+    cdef int threads
+    a = np.asarray(x)
+    if a.dtype != np.float32:
+        raise TypeError("%s: float32 only, got %s" % (name, a.dtype))
+    a = np.ascontiguousarray(a)
+    if out is None:
+        y = np.empty_like(a)
+    else:
+        y = out
+        if y.dtype != np.float32 or not y.flags.c_contiguous or not y.flags.writeable \
+                or (<object> y).shape != (<object> a).shape:
+            raise ValueError("%s: out must be a writable C-contiguous float32 array of shape %s"
+                             % (name, (<object> a).shape))
+    if a.size == 0:
+        return y
+    threads = threads_for(20.0 * a.size)
+    if threads > (a.size + CHUNK - 1) // CHUNK:
+        threads = <int> ((a.size + CHUNK - 1) // CHUNK)
+    with nogil:
+        _map_f(op, <const float*> cnp.PyArray_DATA(a), <float*> cnp.PyArray_DATA(y),
+               cnp.PyArray_SIZE(a), threads)
+    team_done(threads)
+    return y
+
+
+def exp_f32(x, out=None):
+    """exp of a float32 array (any shape and strides; ``out``: a C-contiguous
+    float32 array of its shape, else a new one) through the vectorised rows."""
+    return _map("exp_f32", OP_EXP, x, out)
+
+
+def tanh_f32(x, out=None):
+    """tanh of a float32 array, as ``exp_f32``."""
+    return _map("tanh_f32", OP_TANH, x, out)
+
+
+def sigmoid_f32(x, out=None):
+    """1 / (1 + exp(-x)) of a float32 array, as ``exp_f32``."""
+    return _map("sigmoid_f32", OP_SIGMOID, x, out)
+
+
+def erf_f32(x, out=None):
+    """erf of a float32 array, as ``exp_f32`` (absolute error <= 2e-7)."""
+    return _map("erf_f32", OP_ERF, x, out)

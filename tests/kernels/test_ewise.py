@@ -13,6 +13,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from scipy import special
 
 from cyback.kernels import ewise, runtime
 
@@ -36,6 +37,7 @@ REF = {
     "select_gt": lambda a, b, c, d: np.where(a > b, c, d),
     "select_ge": lambda a, b, c, d: np.where(a >= b, c, d),
     "copy": np.copy,
+    "erf": special.erf,
 }
 
 
@@ -64,7 +66,7 @@ def _inputs(name, n, dtype, rng, special):
         xs = [rng.uniform(-0.9, 50.0, n)]
     elif name in ("exp", "expm1"):
         xs = [rng.uniform(-20.0, 20.0, n)]
-    elif name in ("sigmoid", "softplus", "tanh", "softsign"):
+    elif name in ("sigmoid", "softplus", "tanh", "softsign", "erf"):
         xs = [rng.uniform(-40.0, 40.0, n) * rng.uniform(0, 1, n) ** 3]
     else:
         xs = [rng.standard_normal(n) * 3 for _ in range(n_src)]
