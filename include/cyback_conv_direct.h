@@ -66,7 +66,7 @@ typedef struct {
     ptrdiff_t OD, OH, OW;
     ptrdiff_t KD, KH, KW;
     ptrdiff_t sd, sh, sw;
-    ptrdiff_t dd, dh, dw;
+    ptrdiff_t dil_d, dil_h, dil_w;
     ptrdiff_t pd, ph;
     ptrdiff_t FB, nfb;       /* output channels per block, number of blocks */
     /* Filled by cb_cd_prepare: with ntab > 0 (taps of all tap rows, at most
@@ -84,15 +84,16 @@ typedef struct {
 static void cb_cd_prepare(cb_cd_geom *g, ptrdiff_t xw0) {
     const ptrdiff_t C = g->C, rowlen = (g->Wp + xw0) * C;
     ptrdiff_t kd, kh, kw, c, t = 0;
-    g->span = (CB_CD_TILE_MAX - 1) * g->sw + (g->KW - 1) * g->dw + 1;
+    g->span = (CB_CD_TILE_MAX - 1) * g->sw + (g->KW - 1) * g->dil_w + 1;
     g->ntab = 0;
     if (g->KD * g->KH * g->KW * C > CB_CD_SHORT_K) return;
     for (kd = 0; kd < g->KD; kd++)
         for (kh = 0; kh < g->KH; kh++)
             for (kw = 0; kw < g->KW; kw++)
                 for (c = 0; c < C; c++, t++) {
-                    g->offs[t] = (kd * g->dd * g->H + kh * g->dh) * rowlen + kw * g->dw * C + c;
-                    g->eoffs[t] = ((kd * g->KH + kh) * g->span + kw * g->dw) * C + c;
+                    g->offs[t] = (kd * g->dil_d * g->H + kh * g->dil_h) * rowlen
+                        + kw * g->dil_w * C + c;
+                    g->eoffs[t] = ((kd * g->KH + kh) * g->span + kw * g->dil_w) * C + c;
                 }
     g->ntab = t;
 }
@@ -102,7 +103,7 @@ static void cb_cd_prepare(cb_cd_geom *g, ptrdiff_t xw0) {
 static int cb_cd_pads_itself(void) { return CB_SIMD_VECTOR; }
 
 /* Output channels per block of the AVX2 or the baseline set, whichever runs
- * now (the kernel gradient's width, cyback_conv_dw.h). */
+ * now (the kernel gradient's width, cyback_conv_wgrad.h). */
 static ptrdiff_t cb_cd_block(int dbl) {
 #if CB_SIMD_AVX2
     if (cb_simd_has_avx2()) return dbl ? 8 : 16;
@@ -156,7 +157,7 @@ static void cb_cd_tile_scalar_##SUF(const T *const *xr, ptrdiff_t R, const T *wp
                 if (!xb) continue;                                                        \
                 for (kw = 0; kw < g->KW; kw++)                                            \
                     for (c = 0; c < C; c++)                                               \
-                        s += xb[(p * g->sw + kw * g->dw) * C + c]                         \
+                        s += xb[(p * g->sw + kw * g->dil_w) * C + c]                      \
                              * wp[((r * g->KW + kw) * C + c) * FB + j];                   \
             }                                                                             \
             if (bp) s += bp[j];                                                           \
@@ -219,7 +220,7 @@ ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const in
     const ptrdiff_t lead = g->Wp == g->W ? g->pw : 0;                                     \
     /* Undilated taps of a row are one run of KW * C inputs and of kernel    */          \
     /* vectors: one loop instead of two (few channels: the first layer).     */          \
-    const int run = inside && g->dw == 1;                                                 \
+    const int run = inside && g->dil_w == 1;                                              \
     const ptrdiff_t KW = run ? 1 : g->KW, CK = run ? g->KW * C : C;                       \
     const V zero = (V){0};                                                                \
     V a[CB_CD_TILE_MAX], b[CB_CD_TILE_MAX], e[CB_CD_TILE_MAX], d[CB_CD_TILE_MAX];         \
@@ -257,7 +258,7 @@ ATTR static inline __attribute__((always_inline)) void cb_cd_tile_##SUF(const in
         for (kw = 0; kw < KW; kw++) {                                                     \
             const T *wk = wr + kw * tap;                                                  \
             CB_CD_PIXELS {                                                                \
-                const ptrdiff_t iw = (ow + p) * g->sw - lead + kw * g->dw;                \
+                const ptrdiff_t iw = (ow + p) * g->sw - lead + kw * g->dil_w;             \
                 xk[p] = inside || (iw >= 0 && iw < g->Wp) ? xb + iw * C                   \
                                                           : cb_cd_zeros_##T;              \
             }                                                                             \
@@ -362,7 +363,7 @@ ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,  
         const T *bp, const T *res, int act, T *y, ptrdiff_t ys, ptrdiff_t nf,             \
         const cb_cd_geom *g) {                                                            \
     const ptrdiff_t OW = g->OW, lead = g->Wp == g->W ? g->pw : 0;                         \
-    const ptrdiff_t last = g->Wp - 1 + lead - (g->KW - 1) * g->dw;                        \
+    const ptrdiff_t last = g->Wp - 1 + lead - (g->KW - 1) * g->dil_w;                     \
     const ptrdiff_t lo = (lead + g->sw - 1) / g->sw, hi = last < 0 ? 0 : last / g->sw + 1; \
     const ptrdiff_t nt = (OW + TM - 1) / TM;                                              \
     const ptrdiff_t base = nt ? OW / nt : 0, extra = nt ? OW % nt : 0;                    \
@@ -394,7 +395,7 @@ ATTR static void cb_cd_row_##SUF(const T *const *xr, ptrdiff_t R, const T *wp,  
             /* the window's pixels [w0, w0 + wn) of each row: those in  */                \
             /* [0, Wp) are one run, zeros before and after it            */                \
             const ptrdiff_t w0 = ow * g->sw - lead;                                       \
-            const ptrdiff_t wn = (np - 1) * g->sw + (KW - 1) * g->dw + 1;                 \
+            const ptrdiff_t wn = (np - 1) * g->sw + (KW - 1) * g->dil_w + 1;              \
             const ptrdiff_t a = w0 < 0 ? -w0 : 0;                                         \
             const ptrdiff_t e = w0 + wn > g->Wp ? g->Wp - w0 : wn;                        \
             for (r = r0; r < r1; r++) {                                                   \
@@ -519,8 +520,8 @@ static void cb_cd_item_out_##SUF(const T *x, const T *wp, const T *bp, const T *
     n = row / (g->OH * g->OD);                                                            \
     for (kd = 0; kd < g->KD; kd++)                                                        \
         for (kh = 0; kh < g->KH; kh++) {                                                  \
-            id = od * g->sd - g->pd + kd * g->dd;                                         \
-            ih = oh * g->sh - g->ph + kh * g->dh;                                         \
+            id = od * g->sd - g->pd + kd * g->dil_d;                                      \
+            ih = oh * g->sh - g->ph + kh * g->dil_h;                                      \
             xr[R++] = (id < 0 || id >= g->D || ih < 0 || ih >= g->H) ? NULL               \
                 : x + ((n * g->D + id) * g->H + ih) * rowlen + x0 * g->C;                 \
         }                                                                                 \

@@ -29,7 +29,7 @@ geometry by the rule named after it:
   include/cyback_conv_direct.h (channels_last forward, few input channels
   and short patches; reads the input in place and applies the bias /
   residual / relu epilogue itself: _use_direct) and
-  include/cyback_conv_dw.h (channels_last kernel gradient: _use_direct_dw);
+  include/cyback_conv_wgrad.h (channels_last kernel gradient: _use_direct_wgrad);
 - conv_taps.pxi: stride-1 taps (forward and kernel gradient, C >= 32): each
   kernel tap reads a zero-padded copy of the input at a constant offset, so
   one K = C GEMM per tap runs straight on its rows (_tap_rows);
@@ -417,17 +417,17 @@ def conv_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, channels_
         return np.zeros(kernel_shape, dtype=dt)
     x = _writable(np.ascontiguousarray(x, dtype=cdt))
     dy = _writable(np.ascontiguousarray(dy, dtype=cdt))
-    dw = np.empty(kernel_shape, dtype=cdt)
+    dk = np.empty(kernel_shape, dtype=cdt)
     cdef bint last = channels_last
     nt, limit = _threads(g)
-    if _use_direct_dw(g, last, cdt == np.float64):
+    if _use_direct_wgrad(g, last, cdt == np.float64):
         with limit:
-            _run_backward_kernel_direct(x, dy, dw, g, nt)
-        return dw.astype(dt, copy=False)
+            _run_backward_kernel_direct(x, dy, dk, g, nt)
+        return dk.astype(dt, copy=False)
     B = _tap_rows(g, pointwise, last)
     with limit:
         if B > 0:
-            _run_backward_kernel_taps(x, dy, dw, g, last, B, nt)
+            _run_backward_kernel_taps(x, dy, dk, g, last, B, nt)
         else:
-            _run_backward_kernel_im2col(x, dy, dw, g, last, pointwise, nt)
-    return dw.astype(dt, copy=False)
+            _run_backward_kernel_im2col(x, dy, dk, g, last, pointwise, nt)
+    return dk.astype(dt, copy=False)

@@ -1,12 +1,12 @@
 # The direct kernels (included by conv.pyx): include/cyback_conv_direct.h for
-# the forward pass and include/cyback_conv_dw.h for the kernel gradient.
+# the forward pass and include/cyback_conv_wgrad.h for the kernel gradient.
 #
 # The dispatcher picks the forward kernel (_use_direct) for channels_last
 # layers with few input channels and short patches, or wider ones with
 # enough pixels, when neither Winograd nor the 1x1 GEMM tiles took the call;
 # it reads the input in place and applies the bias / residual / activation
 # epilogue in registers. conv_backward_kernel picks the kernel-gradient one
-# (_use_direct_dw) for channels_last layers with few input channels and a
+# (_use_direct_wgrad) for channels_last layers with few input channels and a
 # gradient that stays in L2. The switches at the end choose among the
 # kernels' instruction sets and tile shapes (tests and benchmarks).
 
@@ -14,7 +14,7 @@
 cdef extern from "cyback_conv_direct.h" nogil:
     ctypedef struct cb_cd_geom:
         Py_ssize_t N, C, F, D, H, W, Wp, pw, OD, OH, OW, KD, KH, KW
-        Py_ssize_t sd, sh, sw, dd, dh, dw, pd, ph, FB, nfb
+        Py_ssize_t sd, sh, sw, dil_d, dil_h, dil_w, pd, ph, FB, nfb
     enum: CB_CD_MAX_ROWS
     enum: CB_CD_MAX_C
     int cb_simd_use_avx2(int on)
@@ -50,11 +50,11 @@ cdef extern from "cyback_conv_direct.h" nogil:
 # CYBACK_AVX512=0 caps this module's vector kernels at AVX2 (the registry reads it).
 cb_simd_set_default_cap(2 if _settings.get("CYBACK_AVX512") else 1)
 
-cdef extern from "cyback_conv_dw.h" nogil:
-    enum: CB_CDW_ROWS
-    void cb_cdw_item_f(const float* x, const float* dy, float* part, const cb_cd_geom* g,
+cdef extern from "cyback_conv_wgrad.h" nogil:
+    enum: CB_CWG_ROWS
+    void cb_cwg_item_f(const float* x, const float* dy, float* part, const cb_cd_geom* g,
                        Py_ssize_t it)
-    void cb_cdw_item_d(const double* x, const double* dy, double* part, const cb_cd_geom* g,
+    void cb_cwg_item_d(const double* x, const double* dy, double* part, const cb_cd_geom* g,
                        Py_ssize_t it)
 
 
@@ -165,12 +165,12 @@ cdef _DirectGeom _direct_geom(g, Py_ssize_t FB):
         return entry[1]
     d = _DirectGeom()
     nfb = (g["F"] + FB - 1) // FB
-    reach = (g["OW"] - 1) * g["sw"] + (g["KW"] - 1) * g["dw"] + 1
+    reach = (g["OW"] - 1) * g["sw"] + (g["KW"] - 1) * g["dil_w"] + 1
     row = g["W"] if _skip_pad() else max(reach, g["pw"] + g["W"])
     geom = dict(N=g["N"], C=g["C"], F=g["F"], D=g["D"], H=g["H"], W=g["W"], Wp=row,
                 pw=g["pw"], OD=g["OD"], OH=g["OH"], OW=g["OW"], KD=g["KD"], KH=g["KH"],
-                KW=g["KW"], sd=g["sd"], sh=g["sh"], sw=g["sw"], dd=g["dd"], dh=g["dh"],
-                dw=g["dw"], pd=g["pd"], ph=g["ph"], FB=FB, nfb=nfb)
+                KW=g["KW"], sd=g["sd"], sh=g["sh"], sw=g["sw"], dil_d=g["dil_d"], dil_h=g["dil_h"],
+                dil_w=g["dil_w"], pd=g["pd"], ph=g["ph"], FB=FB, nfb=nfb)
     if g["K"] == g["C"] and (g["OD"], g["OH"], g["OW"]) == (g["D"], g["H"], g["W"]) and \
             g["sd"] == g["sh"] == g["sw"] == 1 and g["pd"] == g["ph"] == g["pw"] == 0:
         # A 1x1 convolution reads its input as one run of pixels: rows of up
@@ -241,21 +241,21 @@ def _direct(_DirectGeom d, floating[::1] x, floating[::1] xp, floating[::1] k,
 
 @cython.wraparound(True)
 @cython.boundscheck(True)
-def _use_direct_dw(g, bint last, bint dbl):
-    """Whether a kernel gradient runs the direct kernel (cyback_conv_dw.h):
+def _use_direct_wgrad(g, bint last, bint dbl):
+    """Whether a kernel gradient runs the direct kernel (cyback_conv_wgrad.h):
     channels_last, output channels in whole vector pairs, few input channels
     and a gradient (each group's partial sums, read and written by every
     tile) that stays in L2. Those are the products (taps * C x F outputs over
-    every pixel) that BLAS runs slowly. Past those bounds (direct_dw_max_c,
-    direct_dw_max_bytes) the tap GEMMs are faster, even with the output
+    every pixel) that BLAS runs slowly. Past those bounds (direct_wgrad_max_c,
+    direct_wgrad_max_bytes) the tap GEMMs are faster, even with the output
     channels split into ranges whose gradient fits L2."""
-    return last and _TUNE["direct_dw"] and cb_cd_pads_itself() and \
-        g["F"] % cb_cd_block(dbl) == 0 and g["C"] <= _TUNE["direct_dw_max_c"] and \
-        g["K"] * g["F"] * (8 if dbl else 4) <= _TUNE["direct_dw_max_bytes"]
+    return last and _TUNE["direct_wgrad"] and cb_cd_pads_itself() and \
+        g["F"] % cb_cd_block(dbl) == 0 and g["C"] <= _TUNE["direct_wgrad_max_c"] and \
+        g["K"] * g["F"] * (8 if dbl else 4) <= _TUNE["direct_wgrad_max_bytes"]
 
 
 def _backward_kernel_direct(floating[::1] x, floating[::1] dy, floating[::1] parts,
-                            floating[::1] dw, cb_cd_geom g, Py_ssize_t nitems,
+                            floating[::1] dk, cb_cd_geom g, Py_ssize_t nitems,
                             Py_ssize_t ngroups, int nt):
     """Each group of work items (blocks of output rows) sums into its own
     partial gradient; the partials are then added in group order, so the
@@ -271,24 +271,24 @@ def _backward_kernel_direct(floating[::1] x, floating[::1] dy, floating[::1] par
                 if cb_intr_poll(&intr):
                     break
                 if floating is float:
-                    cb_cdw_item_f(&x[0], &dy[0], &parts[gi * KF], &g, it)
+                    cb_cwg_item_f(&x[0], &dy[0], &parts[gi * KF], &g, it)
                 else:
-                    cb_cdw_item_d(&x[0], &dy[0], &parts[gi * KF], &g, it)
-        _sum_parts(&parts[0], &dw[0], KF, ngroups)
+                    cb_cwg_item_d(&x[0], &dy[0], &parts[gi * KF], &g, it)
+        _sum_parts(&parts[0], &dk[0], KF, ngroups)
     check_interrupt(&intr)
 
 
 def _run_backward_kernel_direct(x, dy, dk, g, int nt):
     """dk = the kernel gradient by the direct kernel, each group of work
-    items (blocks of CB_CDW_ROWS output rows) into a partial of its own."""
+    items (blocks of CB_CWG_ROWS output rows) into a partial of its own."""
     cdef cb_cd_geom dg
-    nitems = g["N"] * g["OD"] * ((g["OH"] + CB_CDW_ROWS - 1) // CB_CDW_ROWS)
+    nitems = g["N"] * g["OD"] * ((g["OH"] + CB_CWG_ROWS - 1) // CB_CWG_ROWS)
     kf = g["K"] * g["F"]
     ngroups = _groups(nitems, kf, x.itemsize)
     dg = dict(N=g["N"], C=g["C"], F=g["F"], D=g["D"], H=g["H"], W=g["W"], Wp=g["W"],
               pw=g["pw"], OD=g["OD"], OH=g["OH"], OW=g["OW"], KD=g["KD"], KH=g["KH"],
-              KW=g["KW"], sd=g["sd"], sh=g["sh"], sw=g["sw"], dd=g["dd"], dh=g["dh"],
-              dw=g["dw"], pd=g["pd"], ph=g["ph"], FB=g["F"], nfb=1)
+              KW=g["KW"], sd=g["sd"], sh=g["sh"], sw=g["sw"], dil_d=g["dil_d"], dil_h=g["dil_h"],
+              dil_w=g["dil_w"], pd=g["pd"], ph=g["ph"], FB=g["F"], nfb=1)
     cb_cd_prepare(&dg, 0)
     _backward_kernel_direct(_flat(x), _flat(dy), np.empty(ngroups * kf, dtype=x.dtype),
                             _flat(dk), dg, nitems, ngroups, nt)

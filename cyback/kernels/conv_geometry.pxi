@@ -14,7 +14,7 @@ cdef struct Geom:
     Py_ssize_t OD, OH, OW
     Py_ssize_t KD, KH, KW
     Py_ssize_t sd, sh, sw
-    Py_ssize_t dd, dh, dw
+    Py_ssize_t dil_d, dil_h, dil_w
     Py_ssize_t pd, ph, pw
     Py_ssize_t K       # KD * KH * KW * C: one patch, ordered like the kernel
     Py_ssize_t P       # OD * OH * OW: output positions per sample
@@ -99,7 +99,7 @@ def _compute_geometry(x_shape, k_shape, strides, dilation, pads, channels_last, 
     sp, ks, ss, ds, ps, _, os = zip(*axes)
     g = dict(N=n, C=c, F=k_shape[-1], D=sp[0], H=sp[1], W=sp[2], OD=os[0], OH=os[1], OW=os[2],
              KD=ks[0], KH=ks[1], KW=ks[2], sd=ss[0], sh=ss[1], sw=ss[2],
-             dd=ds[0], dh=ds[1], dw=ds[2], pd=ps[0], ph=ps[1], pw=ps[2],
+             dil_d=ds[0], dil_h=ds[1], dil_w=ds[2], pd=ps[0], ph=ps[1], pw=ps[2],
              K=ks[0] * ks[1] * ks[2] * c, P=os[0] * os[1] * os[2])
     pointwise = (all(k == 1 for k in ks) and all(s == 1 for s in ss)
                  and all(a == 0 and b == 0 for a, b in pads))

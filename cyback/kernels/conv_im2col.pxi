@@ -64,23 +64,23 @@ cdef void _im2col_last(const floating* x, floating* cols, const Geom* g,
         dst = cols + r * g.K
         iw0 = ow * g.sw - g.pw
         for kd in range(g.KD):
-            i_d = od * g.sd - g.pd + kd * g.dd
+            i_d = od * g.sd - g.pd + kd * g.dil_d
             if i_d < 0 or i_d >= g.D:
                 memset(dst, 0, g.KH * rsz)
                 dst += g.KH * rowlen
                 continue
             for kh in range(g.KH):
-                ih = oh * g.sh - g.ph + kh * g.dh
+                ih = oh * g.sh - g.ph + kh * g.dil_h
                 if ih < 0 or ih >= g.H:
                     memset(dst, 0, rsz)
                 else:
                     src = x + ((n * g.D + i_d) * g.H + ih) * g.W * C
-                    if g.dw == 1 and iw0 >= 0 and iw0 + g.KW <= g.W:
+                    if g.dil_w == 1 and iw0 >= 0 and iw0 + g.KW <= g.W:
                         # The whole kernel row is one contiguous run of KW*C values.
                         memcpy(dst, src + iw0 * C, rsz)
                     else:
                         for kw in range(g.KW):
-                            iw = iw0 + kw * g.dw
+                            iw = iw0 + kw * g.dil_w
                             if iw < 0 or iw >= g.W:
                                 memset(dst + kw * C, 0, csz)
                             else:
@@ -103,21 +103,21 @@ cdef void _col2im_last(const floating* cols, floating* dx, const Geom* g,
         src = cols + r * g.K
         iw0 = ow * g.sw - g.pw
         for kd in range(g.KD):
-            i_d = od * g.sd - g.pd + kd * g.dd
+            i_d = od * g.sd - g.pd + kd * g.dil_d
             if i_d < 0 or i_d >= g.D:
                 src += g.KH * rowlen
                 continue
             for kh in range(g.KH):
-                ih = oh * g.sh - g.ph + kh * g.dh
+                ih = oh * g.sh - g.ph + kh * g.dil_h
                 if ih >= 0 and ih < g.H:
                     dst = dx + ((n * g.D + i_d) * g.H + ih) * g.W * C
-                    if g.dw == 1 and iw0 >= 0 and iw0 + g.KW <= g.W:
+                    if g.dil_w == 1 and iw0 >= 0 and iw0 + g.KW <= g.W:
                         dst += iw0 * C
                         for j in range(rowlen):
                             dst[j] += src[j]
                     else:
                         for kw in range(g.KW):
-                            iw = iw0 + kw * g.dw
+                            iw = iw0 + kw * g.dil_w
                             if iw >= 0 and iw < g.W:
                                 for c in range(C):
                                     dst[iw * C + c] += src[kw * C + c]
@@ -146,12 +146,12 @@ cdef void _im2col_first(const floating* x, floating* cols, const Geom* g,
         ow1 = ow0 + seg
         k = 0
         for kd in range(g.KD):
-            i_d = od * g.sd - g.pd + kd * g.dd
+            i_d = od * g.sd - g.pd + kd * g.dil_d
             for kh in range(g.KH):
-                ih = oh * g.sh - g.ph + kh * g.dh
+                ih = oh * g.sh - g.ph + kh * g.dil_h
                 row_ok = i_d >= 0 and i_d < g.D and ih >= 0 and ih < g.H
                 for kw in range(g.KW):
-                    b = kw * g.dw - g.pw
+                    b = kw * g.dil_w - g.pw
                     lo = _valid_lo(ow0, b, g.sw)
                     hi = _valid_hi(ow1, b, g.sw, g.W)
                     if not row_ok or hi <= lo:
@@ -191,14 +191,14 @@ cdef void _col2im_first(const floating* cols, floating* dx, const Geom* g,
         ow1 = ow0 + seg
         k = 0
         for kd in range(g.KD):
-            i_d = od * g.sd - g.pd + kd * g.dd
+            i_d = od * g.sd - g.pd + kd * g.dil_d
             for kh in range(g.KH):
-                ih = oh * g.sh - g.ph + kh * g.dh
+                ih = oh * g.sh - g.ph + kh * g.dil_h
                 if i_d < 0 or i_d >= g.D or ih < 0 or ih >= g.H:
                     k += g.KW * g.C
                     continue
                 for kw in range(g.KW):
-                    b = kw * g.dw - g.pw
+                    b = kw * g.dil_w - g.pw
                     lo = _valid_lo(ow0, b, g.sw)
                     hi = _valid_hi(ow1, b, g.sw, g.W)
                     if hi > lo:
@@ -301,9 +301,9 @@ cdef void _bwdk_group(const floating* x, const floating* dy, floating* part, flo
         beta = 1
 
 
-cdef void _sum_parts(const floating* parts, floating* dw, Py_ssize_t KF,
+cdef void _sum_parts(const floating* parts, floating* dk, Py_ssize_t KF,
                      Py_ssize_t ngroups) noexcept nogil:
-    """dw = the sum of the groups' partial kernel gradients (KF values each),
+    """dk = the sum of the groups' partial kernel gradients (KF values each),
     added in group order whatever the thread count."""
     cdef Py_ssize_t i, gi
     cdef floating s
@@ -311,7 +311,7 @@ cdef void _sum_parts(const floating* parts, floating* dw, Py_ssize_t KF,
         s = parts[i]
         for gi in range(1, ngroups):
             s = s + parts[gi * KF + i]
-        dw[i] = s
+        dk[i] = s
 
 
 def _groups(Py_ssize_t nitems, Py_ssize_t kf, Py_ssize_t itemsize):
@@ -406,7 +406,7 @@ def _backward_input(floating[::1] dy, floating[::1] w, floating[::1] dx,
 
 
 def _backward_kernel(floating[::1] x, floating[::1] dy, floating[::1] parts,
-                      floating[::1] dw, floating[::1] bufs, Py_ssize_t bufstride,
+                      floating[::1] dk, floating[::1] bufs, Py_ssize_t bufstride,
                       Geom g, bint last, bint direct, Py_ssize_t B,
                       Py_ssize_t ngroups, int nt):
     cdef Py_ssize_t nblk = 1, nitems, per, gi, c0, c1, i, KF = g.K * g.F
@@ -431,7 +431,7 @@ def _backward_kernel(floating[::1] x, floating[::1] dy, floating[::1] parts,
                     c1 = nitems
                 _bwdk_group(&x[0], &dy[0], &parts[gi * KF], buf, &g, last, direct, c0, c1, B,
                             nblk, &intr)
-        _sum_parts(&parts[0], &dw[0], KF, ngroups)
+        _sum_parts(&parts[0], &dk[0], KF, ngroups)
     check_interrupt(&intr)
 
 
@@ -518,7 +518,7 @@ def _run_backward_input_col2im(dy, kernel, x_shape, g, bint last, int nt):
     outs = (g["OD"], g["OH"], g["OW"])
     ks = (g["KD"], g["KH"], g["KW"])
     ss = (g["sd"], g["sh"], g["sw"])
-    ds = (g["dd"], g["dh"], g["dw"])
+    ds = (g["dil_d"], g["dil_h"], g["dil_w"])
     a = 0
     while a < 2 and outs[a] == 1:
         a += 1

@@ -95,8 +95,8 @@ def _phase_plan(g, Py_ssize_t FB):
     if not cb_cd_pads_itself():
         return None
     axes = [_axis_phases(g[X], g[K], g[s], g[d], g[p]) for X, K, s, d, p in
-            (("D", "KD", "sd", "dd", "pd"), ("H", "KH", "sh", "dh", "ph"),
-             ("W", "KW", "sw", "dw", "pw"))]
+            (("D", "KD", "sd", "dil_d", "pd"), ("H", "KH", "sh", "dil_h", "ph"),
+             ("W", "KW", "sw", "dil_w", "pw"))]
     live = [(a, b, c) for a in axes[0] for b in axes[1] for c in axes[2]
             if a[2] and b[2] and c[2]]
     zero = len(live) < len(axes[0]) * len(axes[1]) * len(axes[2])
@@ -113,8 +113,8 @@ def _phase_plan(g, Py_ssize_t FB):
         W = max(0, g["OW"] - x0)
         plan.p.geoms[i] = dict(N=g["N"], C=g["F"], F=g["C"], D=g["OD"], H=g["OH"], W=W,
                              Wp=W, pw=max(0, c[4]), OD=a[1], OH=b[1], OW=c[1], KD=len(a[2]),
-                             KH=len(b[2]), KW=len(c[2]), sd=1, sh=1, sw=1, dd=a[3], dh=b[3],
-                             dw=c[3], pd=a[4], ph=b[4], FB=FB, nfb=nfb)
+                             KH=len(b[2]), KW=len(c[2]), sd=1, sh=1, sw=1, dil_d=a[3], dil_h=b[3],
+                             dil_w=c[3], pd=a[4], ph=b[4], FB=FB, nfb=nfb)
         plan.p.outs[i] = dict(D=g["D"], H=g["H"], W=g["W"], d0=a[0], h0=b[0], w0=c[0],
                             sd=g["sd"], sh=g["sh"], sw=g["sw"], xw0=g["OW"] - W)
         cb_cd_prepare(&plan.p.geoms[i], g["OW"] - W)

@@ -70,7 +70,7 @@ cdef void _fwd_tap_item(const floating* xp, const floating* w, floating* y, floa
     for kd in range(g.KD):
         for kh in range(g.KH):
             for kw in range(g.KW):
-                a = base + (kd * g.dd * HpWp + kh * g.dh * Wp + kw * g.dw) * C
+                a = base + (kd * g.dil_d * HpWp + kh * g.dil_h * Wp + kw * g.dil_w) * C
                 gemm(False, False, <int>m, <int>F, <int>C, <floating>1, a, <int>C,
                      w + t * C * F, <int>F, <floating>(0 if t == 0 else 1), tmp, <int>F)
                 t += 1
@@ -118,7 +118,7 @@ cdef void _fwd_tap_item_first(const floating* xp, const floating* w, floating* y
         for kh in range(g.KH):
             for kw in range(g.KW):
                 gemm(True, False, <int>m, <int>F, <int>C, <floating>1,
-                     base + kd * g.dd * HpWp + kh * g.dh * Wp + kw * g.dw, <int>DpHpWp,
+                     base + kd * g.dil_d * HpWp + kh * g.dil_h * Wp + kw * g.dil_w, <int>DpHpWp,
                      w + t * C * F, <int>F, <floating>(0 if t == 0 else 1), tmp, <int>F)
                 t += 1
     q = q0
@@ -141,9 +141,9 @@ cdef struct TapGrid:
 
 cdef inline TapGrid _tap_grid(const Geom* g, Py_ssize_t B) noexcept nogil:
     cdef TapGrid t
-    t.Dp = g.OD + (g.KD - 1) * g.dd
-    t.Hp = g.OH + (g.KH - 1) * g.dh
-    t.Wp = g.OW + (g.KW - 1) * g.dw
+    t.Dp = g.OD + (g.KD - 1) * g.dil_d
+    t.Hp = g.OH + (g.KH - 1) * g.dil_h
+    t.Wp = g.OW + (g.KW - 1) * g.dil_w
     t.DpHpWp = t.Dp * t.Hp * t.Wp
     t.Qn = ((g.OD - 1) * t.Hp + g.OH - 1) * t.Wp + g.OW
     t.nblk = (t.Qn + B - 1) // B
@@ -229,18 +229,20 @@ cdef void _bwdk_tap_item(const floating* xp, const floating* dy, floating* part,
             for kw in range(g.KW):
                 if last:
                     gemm(True, False, <int>C, <int>F, <int>m, <floating>1,
-                         base + (kd * g.dd * HpWp + kh * g.dh * Wp + kw * g.dw) * C, <int>C,
-                         dyt, <int>F, <floating>(0 if first else 1), part + t * C * F, <int>F)
+                         base + (kd * g.dil_d * HpWp + kh * g.dil_h * Wp + kw * g.dil_w) * C,
+                         <int>C, dyt, <int>F, <floating>(0 if first else 1), part + t * C * F,
+                         <int>F)
                 else:
                     # The (C, m) block of channel planes of the channels_first copy.
                     gemm(False, False, <int>C, <int>F, <int>m, <floating>1,
-                         base + kd * g.dd * HpWp + kh * g.dh * Wp + kw * g.dw, <int>DpHpWp,
-                         dyt, <int>F, <floating>(0 if first else 1), part + t * C * F, <int>F)
+                         base + kd * g.dil_d * HpWp + kh * g.dil_h * Wp + kw * g.dil_w,
+                         <int>DpHpWp, dyt, <int>F, <floating>(0 if first else 1),
+                         part + t * C * F, <int>F)
                 t += 1
 
 
 def _backward_kernel_taps(floating[::1] x, floating[::1] dy, floating[::1] parts,
-                           floating[::1] dw, floating[::1] xp, floating[::1] bufs,
+                           floating[::1] dk, floating[::1] xp, floating[::1] bufs,
                            Py_ssize_t bufstride, Geom g, bint last, bint copy,
                            Py_ssize_t B, Py_ssize_t ngroups, int nt):
     cdef Py_ssize_t nitems, per, gi, c, n, q0, m, i
@@ -267,7 +269,7 @@ def _backward_kernel_taps(floating[::1] x, floating[::1] dy, floating[::1] parts
                         m = B
                     _bwdk_tap_item(src, &dy[0], &parts[gi * KF], buf, &g, last, t.Hp, t.Wp,
                                    t.DpHpWp, n, q0, m, c == gi * per)
-        _sum_parts(&parts[0], &dw[0], KF, ngroups)
+        _sum_parts(&parts[0], &dk[0], KF, ngroups)
     check_interrupt(&intr)
 
 
@@ -298,9 +300,9 @@ def _tap_rows(g, pointwise, last):
 def _padded_buffer(g, last, dtype, dummy):
     """(buffer for the padded channels_last copy of x, whether it is needed):
     no copy when x is channels_last with nothing to pad."""
-    dp = g["OD"] + (g["KD"] - 1) * g["dd"]
-    hp = g["OH"] + (g["KH"] - 1) * g["dh"]
-    wp = g["OW"] + (g["KW"] - 1) * g["dw"]
+    dp = g["OD"] + (g["KD"] - 1) * g["dil_d"]
+    hp = g["OH"] + (g["KH"] - 1) * g["dil_h"]
+    wp = g["OW"] + (g["KW"] - 1) * g["dil_w"]
     if last and (dp, hp, wp) == (g["D"], g["H"], g["W"]) and \
             g["pd"] == 0 and g["ph"] == 0 and g["pw"] == 0:
         return dummy[:1], False
@@ -319,8 +321,8 @@ def _run_forward_taps(x, kernel, y, g, bint last, Py_ssize_t B, int nt):
 def _run_backward_kernel_taps(x, dy, dk, g, bint last, Py_ssize_t B, int nt):
     """dk = the kernel gradient by one GEMM per kernel tap straight from the
     padded input, as in the forward pass, in tiles of B grid rows."""
-    q = ((g["OD"] - 1) * (g["OH"] + (g["KH"] - 1) * g["dh"]) + g["OH"] - 1) \
-        * (g["OW"] + (g["KW"] - 1) * g["dw"]) + g["OW"]
+    q = ((g["OD"] - 1) * (g["OH"] + (g["KH"] - 1) * g["dil_h"]) + g["OH"] - 1) \
+        * (g["OW"] + (g["KW"] - 1) * g["dil_w"]) + g["OW"]
     nitems = g["N"] * ((q + B - 1) // B)
     kf = g["K"] * g["F"]
     ngroups = _groups(nitems, kf, x.itemsize)

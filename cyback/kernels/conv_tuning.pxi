@@ -44,5 +44,5 @@ _TUNE = _Tuning({"winograd": _env_winograd(), "winograd_channels_first": True,
          "tap_min_c": 32, "tap_mnk": 1000000, "tap_min_rows": 96, "tap_rows": 1024,
          "tap_last_packed": False, "direct_skip_pad": None,
          "phase_split": None, "phase_max_c": 512, "phase_min_w": 24,
-         "direct_dw": True, "direct_dw_max_c": 64, "direct_dw_max_bytes": 192 << 10,
+         "direct_wgrad": True, "direct_wgrad_max_c": 64, "direct_wgrad_max_bytes": 192 << 10,
          "short_im2col": True, "short_im2col_bytes": 4 << 20})

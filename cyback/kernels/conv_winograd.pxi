@@ -19,15 +19,16 @@ def _use_winograd(g, last, dtype):
     costs as much as the products save. The transformed kernel (64 C F
     bytes) is streamed once per work item, so a call needs tiles in
     proportion to it (winograd_kernel_per_tile). benchmarks/bench_conv.py
-    compares the two ("Winograd" rows); docs/performance.md. channels_first goes through channels_last copies of x and y, made on
-    the team in the kernel's own parallel region (_run_winograd).
+    compares the two ("Winograd" rows); docs/performance.md. channels_first
+    goes through channels_last copies of x and y, made on the team in the
+    kernel's own parallel region (_run_winograd).
     CYBACK_WINOGRAD=0 turns it off (results then sum the taps directly)."""
     if not (_TUNE["winograd"] and dtype == np.float32 and winograd.available()):
         return False
     if not last and not _TUNE["winograd_channels_first"]:
         return False
     if (g["KH"], g["KW"]) != (3, 3) or g["sd"] != 1 or g["sh"] != 1 or g["sw"] != 1 or \
-            g["dd"] != 1 or g["dh"] != 1 or g["dw"] != 1:
+            g["dil_d"] != 1 or g["dil_h"] != 1 or g["dil_w"] != 1:
         return False
     if not (_winograd_min_c(g) <= g["C"] <= winograd.MAX_CHANNELS) or \
             g["F"] < _TUNE["winograd_min_f"]:

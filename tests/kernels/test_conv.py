@@ -1282,7 +1282,7 @@ def test_direct_kernel_gradient(direct_isa, case, dtype):
         x = rng.standard_normal((n,) + spatial + (c,)).astype(dtype)
         w_shape = k + (c, f)
         g, _, _ = conv._geometry(x.shape, w_shape, s, d, p, True, "test")
-        assert conv._use_direct_dw(g, True, dtype == np.float64)
+        assert conv._use_direct_wgrad(g, True, dtype == np.float64)
         dy = rng.standard_normal(ref_forward(x, np.zeros(w_shape, dtype), s, d, p).shape)
         dy = dy.astype(dtype)
         got = conv.conv_backward_kernel(x, dy, w_shape, s, d, p)
@@ -1300,17 +1300,17 @@ def test_direct_kernel_gradient_paths_and_threads():
     dy = rng.standard_normal((5, 17, 19, 32)).astype(np.float32)
     args = ((1, 1), (1, 1), [(1, 1), (1, 1)])
     dw = same_on_threads(lambda: conv.conv_backward_kernel(x, dy, (3, 3, 24, 32), *args))
-    conv._TUNE["direct_dw"] = False
+    conv._TUNE["direct_wgrad"] = False
     try:
         gemm = conv.conv_backward_kernel(x, dy, (3, 3, 24, 32), *args)
     finally:
-        conv._TUNE["direct_dw"] = True
+        conv._TUNE["direct_wgrad"] = True
     np.testing.assert_allclose(dw, gemm, rtol=1e-5, atol=1e-3)
     for shape in ((3, 3, 24, 20), (3, 3, 64, 128)):
         g, _, _ = conv._geometry((5, 17, 19, shape[2]), shape, *args, True, "test")
-        assert not conv._use_direct_dw(g, True, False), shape
+        assert not conv._use_direct_wgrad(g, True, False), shape
     g, _, _ = conv._geometry((5, 24, 17, 19), (3, 3, 24, 32), *args, False, "test")
-    assert not conv._use_direct_dw(g, False, False)
+    assert not conv._use_direct_wgrad(g, False, False)
 
 
 def test_direct_kernel_gradient_of_an_empty_batch():

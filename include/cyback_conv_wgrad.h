@@ -1,7 +1,7 @@
 /* Kernel gradient of a channels_last convolution, direct (cyback/kernels/
  * conv.pyx, conv_backward_kernel).
  *
- * dw[t][c][f] = sum over output pixels p of x[input pixel of p at tap t][c]
+ * dk[t][c][f] = sum over output pixels p of x[input pixel of p at tap t][c]
  * * dy[p][f]. Through im2col or one GEMM per tap this is a product whose
  * output is only taps * C x F and whose inner dimension is every pixel of
  * the batch: BLAS runs such skinny products at a third of its speed. Here a
@@ -13,11 +13,11 @@
  *
  * An output pixel whose tap falls in the W padding is left out of that tap's
  * loop (its input is zero); rows of the D and H padding are NULL. For one
- * dw value the sum runs over the block's rows, then its pixels, in order, so
+ * dk value the sum runs over the block's rows, then its pixels, in order, so
  * it never depends on the thread count.
  */
-#ifndef CYBACK_CONV_DW_H
-#define CYBACK_CONV_DW_H
+#ifndef CYBACK_CONV_WGRAD_H
+#define CYBACK_CONV_WGRAD_H
 
 #include <stddef.h>
 #include <string.h>
@@ -25,9 +25,9 @@
 #include "cyback_conv_direct.h"
 
 /* Output rows per work item (a block of rows of one sample). */
-#define CB_CDW_ROWS 8
+#define CB_CWG_ROWS 8
 /* Most input channels per register tile. */
-#define CB_CDW_TILE 6
+#define CB_CWG_TILE 6
 
 #if CB_SIMD_VECTOR
 
@@ -36,11 +36,11 @@
  * += the sums over rows i < nr (xr[i]: input row at this tap, offset to the
  * tile's channel, or NULL; dyr[i]: dy row, offset to the tile's output
  * channel) and pixels [o0, o1), whose input is column ow * sw + xoff. */
-#define CB_CDW_TILE_FN(T, V, VL, SUF, ATTR)                                               \
-ATTR static inline __attribute__((always_inline)) void cb_cdw_tile_##SUF(const int NC,   \
+#define CB_CWG_TILE_FN(T, V, VL, SUF, ATTR)                                               \
+ATTR static inline __attribute__((always_inline)) void cb_cwg_tile_##SUF(const int NC,   \
         const T *const *xr, const T *const *dyr, ptrdiff_t nr, ptrdiff_t o0,              \
         ptrdiff_t o1, ptrdiff_t xoff, ptrdiff_t sC, ptrdiff_t C, ptrdiff_t F, T *part) {  \
-    V a[CB_CDW_TILE], b[CB_CDW_TILE];                                                     \
+    V a[CB_CWG_TILE], b[CB_CWG_TILE];                                                     \
     ptrdiff_t i, ow;                                                                      \
     int q;                                                                                \
     for (q = 0; q < NC; q++) {                                                            \
@@ -68,32 +68,32 @@ ATTR static inline __attribute__((always_inline)) void cb_cdw_tile_##SUF(const i
     }                                                                                     \
 }                                                                                         \
                                                                                           \
-/* Work item `it` over N * OD * ceil(OH / CB_CDW_ROWS): its rows' sums added  */         \
+/* Work item `it` over N * OD * ceil(OH / CB_CWG_ROWS): its rows' sums added  */         \
 /* to part (taps * C x F). F is a multiple of 2 * VL.                         */         \
-ATTR static void cb_cdw_item_##SUF(const T *x, const T *dy, T *part, const cb_cd_geom *g, \
+ATTR static void cb_cwg_item_##SUF(const T *x, const T *dy, T *part, const cb_cd_geom *g, \
                                    ptrdiff_t it) {                                        \
-    const ptrdiff_t C = g->C, F = g->F, OW = g->OW, nrb = (g->OH + CB_CDW_ROWS - 1)       \
-        / CB_CDW_ROWS;                                                                    \
-    const ptrdiff_t oh0 = (it % nrb) * CB_CDW_ROWS, od = (it / nrb) % g->OD;              \
+    const ptrdiff_t C = g->C, F = g->F, OW = g->OW, nrb = (g->OH + CB_CWG_ROWS - 1)       \
+        / CB_CWG_ROWS;                                                                    \
+    const ptrdiff_t oh0 = (it % nrb) * CB_CWG_ROWS, od = (it / nrb) % g->OD;              \
     const ptrdiff_t n = it / (nrb * g->OD);                                               \
-    const ptrdiff_t nr = g->OH - oh0 < CB_CDW_ROWS ? g->OH - oh0 : CB_CDW_ROWS;           \
-    const ptrdiff_t nct = (C + CB_CDW_TILE - 1) / CB_CDW_TILE;                            \
+    const ptrdiff_t nr = g->OH - oh0 < CB_CWG_ROWS ? g->OH - oh0 : CB_CWG_ROWS;           \
+    const ptrdiff_t nct = (C + CB_CWG_TILE - 1) / CB_CWG_TILE;                            \
     const ptrdiff_t base = C / nct, extra = C % nct;                                      \
-    const T *xr[CB_CDW_ROWS], *xc[CB_CDW_ROWS], *dyr[CB_CDW_ROWS], *dyf[CB_CDW_ROWS];     \
+    const T *xr[CB_CWG_ROWS], *xc[CB_CWG_ROWS], *dyr[CB_CWG_ROWS], *dyf[CB_CWG_ROWS];     \
     ptrdiff_t i, kd, kh, kw, k, c, fb, t = 0;                                             \
     for (i = 0; i < nr; i++)                                                              \
         dyr[i] = dy + ((n * g->OD + od) * g->OH + oh0 + i) * OW * F;                      \
     for (kd = 0; kd < g->KD; kd++)                                                        \
         for (kh = 0; kh < g->KH; kh++) {                                                  \
-            const ptrdiff_t id = od * g->sd - g->pd + kd * g->dd;                         \
+            const ptrdiff_t id = od * g->sd - g->pd + kd * g->dil_d;                      \
             for (i = 0; i < nr; i++) {                                                    \
-                const ptrdiff_t ih = (oh0 + i) * g->sh - g->ph + kh * g->dh;              \
+                const ptrdiff_t ih = (oh0 + i) * g->sh - g->ph + kh * g->dil_h;           \
                 xr[i] = (id < 0 || id >= g->D || ih < 0 || ih >= g->H) ? NULL             \
                     : x + ((n * g->D + id) * g->H + ih) * g->W * C;                       \
             }                                                                             \
             for (kw = 0; kw < g->KW; kw++, t++) {                                         \
                 /* pixels whose input column ow * sw + xoff lies in the row */           \
-                const ptrdiff_t xoff = kw * g->dw - g->pw;                                \
+                const ptrdiff_t xoff = kw * g->dil_w - g->pw;                             \
                 ptrdiff_t o0 = xoff >= 0 ? 0 : (-xoff + g->sw - 1) / g->sw;               \
                 ptrdiff_t o1 = g->W - 1 - xoff < 0 ? 0 : (g->W - 1 - xoff) / g->sw + 1;   \
                 if (o1 > OW) o1 = OW;                                                     \
@@ -105,17 +105,17 @@ ATTR static void cb_cdw_item_##SUF(const T *x, const T *dy, T *part, const cb_cd
                         T *pt = part + (t * C + c) * F + fb;                              \
                         for (i = 0; i < nr; i++) dyf[i] = dyr[i] + fb;                    \
                         switch (nc) {                                                     \
-                        case 6: cb_cdw_tile_##SUF(6, xc, dyf, nr, o0, o1, xoff,           \
+                        case 6: cb_cwg_tile_##SUF(6, xc, dyf, nr, o0, o1, xoff,           \
                                                   g->sw * C, C, F, pt); break;            \
-                        case 5: cb_cdw_tile_##SUF(5, xc, dyf, nr, o0, o1, xoff,           \
+                        case 5: cb_cwg_tile_##SUF(5, xc, dyf, nr, o0, o1, xoff,           \
                                                   g->sw * C, C, F, pt); break;            \
-                        case 4: cb_cdw_tile_##SUF(4, xc, dyf, nr, o0, o1, xoff,           \
+                        case 4: cb_cwg_tile_##SUF(4, xc, dyf, nr, o0, o1, xoff,           \
                                                   g->sw * C, C, F, pt); break;            \
-                        case 3: cb_cdw_tile_##SUF(3, xc, dyf, nr, o0, o1, xoff,           \
+                        case 3: cb_cwg_tile_##SUF(3, xc, dyf, nr, o0, o1, xoff,           \
                                                   g->sw * C, C, F, pt); break;            \
-                        case 2: cb_cdw_tile_##SUF(2, xc, dyf, nr, o0, o1, xoff,           \
+                        case 2: cb_cwg_tile_##SUF(2, xc, dyf, nr, o0, o1, xoff,           \
                                                   g->sw * C, C, F, pt); break;            \
-                        default: cb_cdw_tile_##SUF(1, xc, dyf, nr, o0, o1, xoff,          \
+                        default: cb_cwg_tile_##SUF(1, xc, dyf, nr, o0, o1, xoff,          \
                                                    g->sw * C, C, F, pt); break;           \
                         }                                                                 \
                     }                                                                     \
@@ -125,39 +125,39 @@ ATTR static void cb_cdw_item_##SUF(const T *x, const T *dy, T *part, const cb_cd
         }                                                                                 \
 }
 
-CB_CDW_TILE_FN(float, cb_v4f, 4, f_base, )
-CB_CDW_TILE_FN(double, cb_v2d, 2, d_base, )
+CB_CWG_TILE_FN(float, cb_v4f, 4, f_base, )
+CB_CWG_TILE_FN(double, cb_v2d, 2, d_base, )
 #if CB_SIMD_AVX2
-CB_CDW_TILE_FN(float, cb_v8f, 8, f_avx2, CB_AVX2_ATTR)
-CB_CDW_TILE_FN(double, cb_v4d, 4, d_avx2, CB_AVX2_ATTR)
+CB_CWG_TILE_FN(float, cb_v8f, 8, f_avx2, CB_AVX2_ATTR)
+CB_CWG_TILE_FN(double, cb_v4d, 4, d_avx2, CB_AVX2_ATTR)
 #endif
 
-static void cb_cdw_item_f(const float *x, const float *dy, float *part, const cb_cd_geom *g,
+static void cb_cwg_item_f(const float *x, const float *dy, float *part, const cb_cd_geom *g,
                           ptrdiff_t it) {
 #if CB_SIMD_AVX2
-    if (cb_simd_has_avx2()) { cb_cdw_item_f_avx2(x, dy, part, g, it); return; }
+    if (cb_simd_has_avx2()) { cb_cwg_item_f_avx2(x, dy, part, g, it); return; }
 #endif
-    cb_cdw_item_f_base(x, dy, part, g, it);
+    cb_cwg_item_f_base(x, dy, part, g, it);
 }
 
-static void cb_cdw_item_d(const double *x, const double *dy, double *part,
+static void cb_cwg_item_d(const double *x, const double *dy, double *part,
                           const cb_cd_geom *g, ptrdiff_t it) {
 #if CB_SIMD_AVX2
-    if (cb_simd_has_avx2()) { cb_cdw_item_d_avx2(x, dy, part, g, it); return; }
+    if (cb_simd_has_avx2()) { cb_cwg_item_d_avx2(x, dy, part, g, it); return; }
 #endif
-    cb_cdw_item_d_base(x, dy, part, g, it);
+    cb_cwg_item_d_base(x, dy, part, g, it);
 }
 
 #else
 
 /* Compilers without vector extensions: the same sums, plain loops. */
-#define CB_CDW_SCALAR(T, SUF)                                                             \
-static void cb_cdw_item_##SUF(const T *x, const T *dy, T *part, const cb_cd_geom *g,      \
+#define CB_CWG_SCALAR(T, SUF)                                                             \
+static void cb_cwg_item_##SUF(const T *x, const T *dy, T *part, const cb_cd_geom *g,      \
                               ptrdiff_t it) {                                             \
-    const ptrdiff_t C = g->C, F = g->F, nrb = (g->OH + CB_CDW_ROWS - 1) / CB_CDW_ROWS;    \
-    const ptrdiff_t oh0 = (it % nrb) * CB_CDW_ROWS, od = (it / nrb) % g->OD;              \
+    const ptrdiff_t C = g->C, F = g->F, nrb = (g->OH + CB_CWG_ROWS - 1) / CB_CWG_ROWS;    \
+    const ptrdiff_t oh0 = (it % nrb) * CB_CWG_ROWS, od = (it / nrb) % g->OD;              \
     const ptrdiff_t n = it / (nrb * g->OD);                                               \
-    const ptrdiff_t nr = g->OH - oh0 < CB_CDW_ROWS ? g->OH - oh0 : CB_CDW_ROWS;           \
+    const ptrdiff_t nr = g->OH - oh0 < CB_CWG_ROWS ? g->OH - oh0 : CB_CWG_ROWS;           \
     ptrdiff_t kd, kh, kw, c, f, i, ow, t;                                                 \
     for (kd = 0; kd < g->KD; kd++)                                                        \
         for (kh = 0; kh < g->KH; kh++)                                                    \
@@ -167,11 +167,11 @@ static void cb_cdw_item_##SUF(const T *x, const T *dy, T *part, const cb_cd_geom
                     for (f = 0; f < F; f++) {                                             \
                         T s = part[(t * C + c) * F + f];                                  \
                         for (i = 0; i < nr; i++) {                                        \
-                            const ptrdiff_t id = od * g->sd - g->pd + kd * g->dd;         \
-                            const ptrdiff_t ih = (oh0 + i) * g->sh - g->ph + kh * g->dh;  \
+                            const ptrdiff_t id = od * g->sd - g->pd + kd * g->dil_d;      \
+                            const ptrdiff_t ih = (oh0 + i) * g->sh - g->ph + kh * g->dil_h; \
                             if (id < 0 || id >= g->D || ih < 0 || ih >= g->H) continue;   \
                             for (ow = 0; ow < g->OW; ow++) {                              \
-                                const ptrdiff_t iw = ow * g->sw + kw * g->dw - g->pw;     \
+                                const ptrdiff_t iw = ow * g->sw + kw * g->dil_w - g->pw;  \
                                 if (iw < 0 || iw >= g->W) continue;                       \
                                 s += x[(((n * g->D + id) * g->H + ih) * g->W + iw) * C + c] \
                                     * dy[(((n * g->OD + od) * g->OH + oh0 + i) * g->OW    \
@@ -182,8 +182,8 @@ static void cb_cdw_item_##SUF(const T *x, const T *dy, T *part, const cb_cd_geom
                     }                                                                     \
             }                                                                             \
 }
-CB_CDW_SCALAR(float, f)
-CB_CDW_SCALAR(double, d)
+CB_CWG_SCALAR(float, f)
+CB_CWG_SCALAR(double, d)
 
 #endif  /* CB_SIMD_VECTOR */
 
