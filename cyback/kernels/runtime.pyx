@@ -203,10 +203,6 @@ def set_busy_work_factor(factor):
     cb_team_busy_factor = max(0.0, float(factor))
 
 
-def get_busy_work_factor():
-    return cb_team_busy_factor
-
-
 def set_busy_margin(cpus):
     """How many CPUs short of the team the idle and own CPUs of a sample
     window may fall before the host counts as busy (tests; the default is
