@@ -527,7 +527,8 @@ cdef object _map(str name, int op, x, out):
     a = np.asarray(x)
     if a.dtype != np.float32:
         raise TypeError("%s: float32 only, got %s" % (name, a.dtype))
-    a = np.ascontiguousarray(a)
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
     if out is None:
         y = np.empty_like(a)
     else:
