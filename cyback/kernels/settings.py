@@ -285,7 +285,8 @@ _DECLARED = [
         readers=("cyback/kernels/process.py", "cyback/kernels/conv_direct.pxi",
                  "cyback/kernels/depthwise.pyx", "cyback/kernels/linalg.pyx",
                  "cyback/kernels/rnn_cell.pyx", "cyback/kernels/winograd.pyx",
-                 "cyback/kernels/qgemm.pyx"),
+                 "cyback/kernels/qgemm.pyx", "cyback/kernels/softmax.pyx",
+                 "cyback/kernels/ewise.pyx"),
         details="For hosts where 512-bit code lowers the clock of other work (the "
                 "quantized products then stop at AVX-VNNI). CPUs without AVX-512F never "
                 "run the AVX-512 kernels."),
