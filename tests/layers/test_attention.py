@@ -337,3 +337,50 @@ def test_bad_calls():
     with pytest.raises(ValueError, match='given twice'):
         MultiHeadAttention(2, 2)([q, q, q, keras.layers.Input((3, 3))],
                                  attention_mask=K.ones((1, 3, 3)))
+
+
+@pytest.mark.parametrize('use_bias', [True, False])
+@pytest.mark.parametrize('shape,axes', [((2, 5, 6), None), ((2, 3, 4, 6), (1, 2)),
+                                        ((1, 1, 6), None)])
+def test_self_attention_from_one_product_matches_three(use_bias, shape, axes):
+    # query is value is key: q, k and v come from one product of the joined kernels
+    rs = np.random.RandomState(7)
+    x = rs.randn(*shape)
+    layer = MultiHeadAttention(num_heads=2, key_dim=3, use_bias=use_bias, attention_axes=axes,
+                               dtype='float64')
+    xp, other = _placeholders(x, x)
+    joined = layer([xp, xp])
+    separate = layer([xp, other])            # the same values through three products
+    _set_random(layer, seed=3)
+    f = K.function([xp, other], [joined, separate])
+    got, want = f([x, x])
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    grads = K.gradients(K.sum(joined * joined), layer.trainable_weights)
+    assert all(g is not None for g in grads)
+    values = K.function([xp], grads)([x])
+    want_grads = K.function([xp, other], K.gradients(K.sum(separate * separate),
+                                                     layer.trainable_weights))([x, x])
+    assert len(values) == (8 if use_bias else 4)
+    for a, b in zip(values, want_grads):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_self_attention_with_other_value_dim_keeps_three_products():
+    rs = np.random.RandomState(8)
+    x = rs.randn(2, 4, 5)
+    layer = MultiHeadAttention(num_heads=2, key_dim=3, value_dim=2, dtype='float64')
+    xp, = _placeholders(x)
+    out = layer([xp, xp])
+    w = _set_random(layer, seed=4)
+    got = K.function([xp], [out])([x])[0]
+    np.testing.assert_allclose(got, np_mha_general(w, x), rtol=1e-10, atol=1e-12)
+
+
+def np_mha_general(w, x):
+    def proj(name):
+        return np.einsum('btd,dnh->btnh', x, w[name + '/kernel']) + w[name + '/bias']
+    q, k, v = proj('query') / np.sqrt(w['query/kernel'].shape[-1]), proj('key'), proj('value')
+    probs = np_softmax(np.einsum('btnh,bsnh->bnts', q, k), (-1,))
+    ctx = np.einsum('bnts,bsnh->btnh', probs, v)
+    return np.einsum('btnh,nho->bto', ctx, w['attention_output/kernel']) + \
+        w['attention_output/bias']
