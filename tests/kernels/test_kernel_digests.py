@@ -1,5 +1,6 @@
 """Kernel outputs against a reference recorded from the code before the kernel
-modules were split (tests/kernels/digests/): a fixed set of small problems
+modules were split (tests/kernels/digests/, kernel_outputs.py says which
+entries were re-recorded since, and why): a fixed set of small problems
 through every kernel module, forward and gradients, float32 and float64, on
 one and two threads.
 
