@@ -38,13 +38,6 @@ REFERENCE_TAG = "t2f2"
 #: float64 bound.
 TOLERANCE = {"float32": (1e-3, 1e-4), "float64": (1e-5, 1e-6)}
 
-#: Entries computed with the vectorised float32 exp/tanh/sigmoid of
-#: include/cyback_vmath.h (softmax rows, element-wise programs; issue 39),
-#: which differ from the libm calls of the reference's code in the last bits
-#: by design: compared within tolerance even where bit-identity is demanded.
-VECTOR_MATH = ("softmax/float32/", "softmax_3d/float32/", "softmax_entry_point/float32/",
-               "elementwise_chain/float32/", "ctc_batch_cost/float32/")
-
 
 def _reference_name(entry):
     parts = entry.split("/")
@@ -129,7 +122,7 @@ def test_kernel_outputs_match_the_reference(tmp_path):
 
     for entry in sorted(set(ours) & set(theirs)):
         a, r = arrays[entry], ref_arrays[_reference_name(entry)]
-        if exact and not entry.startswith(VECTOR_MATH):
+        if exact:
             if ours[entry] != theirs[entry]:
                 problems.append("%s: bytes differ (%s)" % (entry, _max_diff(a, r)))
         else:
