@@ -347,12 +347,8 @@ def conv_backward_input(dy, kernel, x_shape, strides, dilation, pads, channels_l
         raise TypeError("%s: x_shape must be a sequence of ints, got %r" % (fname, x_shape))
     g, osp, pointwise = _geometry(x_shape, kernel.shape, strides, dilation, pads,
                                   channels_last, fname)
-    yshape = _y_shape(g, osp, channels_last)
-    if dy.shape != yshape:
-        raise ValueError("%s: dy has shape %s but a convolution of input %s with kernel %s, "
-                         "strides %s, dilation %s, pads %s gives %s"
-                         % (fname, dy.shape, x_shape, kernel.shape, tuple(strides),
-                            tuple(dilation), tuple(pads), yshape))
+    _check_dy(fname, dy, _y_shape(g, osp, channels_last), x_shape, kernel.shape, strides,
+              dilation, pads)
     cdt = np.float32 if dt == np.float16 else dt
     if dy.size == 0 or g["K"] == 0 or int(np.prod(x_shape)) == 0:
         return np.zeros(x_shape, dtype=dt)
@@ -406,12 +402,8 @@ def conv_backward_kernel(x, dy, kernel_shape, strides, dilation, pads, channels_
                         % (fname, kernel_shape))
     g, osp, pointwise = _geometry(x.shape, kernel_shape, strides, dilation, pads,
                                   channels_last, fname)
-    yshape = _y_shape(g, osp, channels_last)
-    if dy.shape != yshape:
-        raise ValueError("%s: dy has shape %s but a convolution of input %s with kernel %s, "
-                         "strides %s, dilation %s, pads %s gives %s"
-                         % (fname, dy.shape, x.shape, kernel_shape, tuple(strides),
-                            tuple(dilation), tuple(pads), yshape))
+    _check_dy(fname, dy, _y_shape(g, osp, channels_last), x.shape, kernel_shape, strides,
+              dilation, pads)
     cdt = np.float32 if dt == np.float16 else dt
     if dy.size == 0 or g["K"] == 0 or int(np.prod(kernel_shape)) == 0:
         return np.zeros(kernel_shape, dtype=dt)

@@ -112,6 +112,16 @@ def _y_shape(g, out, channels_last):
     return ((g["N"],) + out + (g["F"],)) if channels_last else ((g["N"], g["F"]) + out)
 
 
+def _check_dy(fname, dy, yshape, x_shape, k_shape, strides, dilation, pads):
+    """A gradient's check that dy has yshape, the shape of the forward
+    pass's output."""
+    if dy.shape != yshape:
+        raise ValueError("%s: dy has shape %s but a convolution of input %s with kernel %s, "
+                         "strides %s, dilation %s, pads %s gives %s"
+                         % (fname, dy.shape, x_shape, k_shape, tuple(strides),
+                            tuple(dilation), tuple(pads), yshape))
+
+
 @cython.wraparound(True)
 @cython.boundscheck(True)
 def _threads(g):

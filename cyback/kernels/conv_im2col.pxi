@@ -48,6 +48,17 @@ cdef inline void _position(const Geom* g, Py_ssize_t p, Py_ssize_t* od, Py_ssize
     od[0] = p // (g.OW * g.OH)
 
 
+cdef inline Py_ssize_t _row_run(const Geom* g, Py_ssize_t p, Py_ssize_t end, Py_ssize_t* od,
+                                Py_ssize_t* oh, Py_ssize_t* ow) noexcept nogil:
+    # Output position p of a sample as (od, oh, ow), and how many positions
+    # from p on lie in its output row before `end` (the rest of the row,
+    # within a block).
+    cdef Py_ssize_t seg
+    _position(g, p, od, oh, ow)
+    seg = g.OW - ow[0]
+    return seg if seg < end - p else end - p
+
+
 cdef void _im2col_last(const floating* x, floating* cols, const Geom* g,
                        Py_ssize_t r0, Py_ssize_t nr) noexcept nogil:
     """cols[r, :] = the patch of output row r0 + r (rows run over N * P)."""
@@ -139,10 +150,7 @@ cdef void _im2col_first(const floating* x, floating* cols, const Geom* g,
     p = p0
     while p < p0 + npos:
         j = p - p0
-        _position(g, p, &od, &oh, &ow0)
-        seg = g.OW - ow0            # the rest of this output row, within the block
-        if seg > p0 + npos - p:
-            seg = p0 + npos - p
+        seg = _row_run(g, p, p0 + npos, &od, &oh, &ow0)
         ow1 = ow0 + seg
         k = 0
         for kd in range(g.KD):
@@ -184,10 +192,7 @@ cdef void _col2im_first(const floating* cols, floating* dx, const Geom* g,
     p = p0
     while p < p0 + npos:
         j = p - p0
-        _position(g, p, &od, &oh, &ow0)
-        seg = g.OW - ow0            # the rest of this output row, within the block
-        if seg > p0 + npos - p:
-            seg = p0 + npos - p
+        seg = _row_run(g, p, p0 + npos, &od, &oh, &ow0)
         ow1 = ow0 + seg
         k = 0
         for kd in range(g.KD):

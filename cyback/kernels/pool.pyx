@@ -132,6 +132,29 @@ cdef inline void _vmax_grad(floating* dx, floating* rem, const floating* x,
         cb_pool_maxgrad_d(dx, rem, x, y, c)
 
 
+cdef struct OutRow:
+    # An output row of the forward kernels' B * OD * OH: its sample b, depth
+    # od and row oh, and the input cells its windows cover along D and H,
+    # [d0, d1) and [h0, h1) (padded cells are never read).
+    Py_ssize_t b, od, oh, d0, d1, h0, h1
+
+
+cdef inline OutRow _out_row(Py_ssize_t r, Py_ssize_t OD, Py_ssize_t OH, Py_ssize_t D,
+                            Py_ssize_t H, Py_ssize_t kd, Py_ssize_t kh, Py_ssize_t sd,
+                            Py_ssize_t sh, Py_ssize_t pd, Py_ssize_t ph) noexcept nogil:
+    # Returned, not written through pointers: Cython only privatizes a prange
+    # variable that it sees assigned.
+    cdef OutRow o
+    o.b = r // (OD * OH)
+    o.od = (r // OH) % OD
+    o.oh = r % OH
+    o.d0 = _imax(o.od * sd - pd, 0)
+    o.d1 = _imin(o.od * sd - pd + kd, D)
+    o.h0 = _imax(o.oh * sh - ph, 0)
+    o.h1 = _imin(o.oh * sh - ph + kh, H)
+    return o
+
+
 cdef void _fwd(const floating[:, :, :, :, ::1] x, floating[:, :, :, :, ::1] y,
                Py_ssize_t kd, Py_ssize_t kh, Py_ssize_t kw,
                Py_ssize_t sd, Py_ssize_t sh, Py_ssize_t sw,
@@ -141,6 +164,7 @@ cdef void _fwd(const floating[:, :, :, :, ::1] x, floating[:, :, :, :, ::1] y,
     cdef Py_ssize_t C = x.shape[4]
     cdef Py_ssize_t OD = y.shape[1], OH = y.shape[2], OW = y.shape[3]
     cdef Py_ssize_t r, b, od, oh, ow, d0, d1, h0, h1, w0, w1, i, j, k
+    cdef OutRow row
     cdef floating* yp
     cdef floating inv
     # Work: every output element reads its window once and is written once.
@@ -150,13 +174,8 @@ cdef void _fwd(const floating[:, :, :, :, ::1] x, floating[:, :, :, :, ::1] y,
     for r in prange(B * OD * OH, schedule='static', num_threads=nt):
         if cb_intr_poll(intr):
             continue
-        b = r // (OD * OH)
-        od = (r // OH) % OD
-        oh = r % OH
-        d0 = _imax(od * sd - pd, 0)
-        d1 = _imin(od * sd - pd + kd, D)
-        h0 = _imax(oh * sh - ph, 0)
-        h1 = _imin(oh * sh - ph + kh, H)
+        row = _out_row(r, OD, OH, D, H, kd, kh, sd, sh, pd, ph)
+        b, od, oh, d0, d1, h0, h1 = row.b, row.od, row.oh, row.d0, row.d1, row.h0, row.h1
         for ow in range(OW):
             w0 = _imax(ow * sw - pw, 0)
             w1 = _imin(ow * sw - pw + kw, W)
@@ -247,19 +266,15 @@ cdef void _fwd_c1(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] y,
     cdef Py_ssize_t B = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t OD = y.shape[1], OH = y.shape[2], OW = y.shape[3]
     cdef Py_ssize_t r, b, od, oh, ow, d0, d1, h0, h1, i, j, kx, off, lo, hi, n
+    cdef OutRow row
     cdef floating* yr
     cdef const floating* xr
     cdef int nt = threads_for(<double>(B * OD * OH * OW) * (kd * kh * kw + 1))
     for r in prange(B * OD * OH, schedule='static', num_threads=nt):
         if cb_intr_poll(intr):
             continue
-        b = r // (OD * OH)
-        od = (r // OH) % OD
-        oh = r % OH
-        d0 = _imax(od * sd - pd, 0)
-        d1 = _imin(od * sd - pd + kd, D)
-        h0 = _imax(oh * sh - ph, 0)
-        h1 = _imin(oh * sh - ph + kh, H)
+        row = _out_row(r, OD, OH, D, H, kd, kh, sd, sh, pd, ph)
+        b, od, oh, d0, d1, h0, h1 = row.b, row.od, row.oh, row.d0, row.d1, row.h0, row.h1
         yr = &y[b, od, oh, 0]
         for ow in range(OW):
             yr[ow] = -INFINITY if is_max else 0
