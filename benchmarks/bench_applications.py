@@ -99,7 +99,7 @@ def _transformer_block(keras):
     return keras.Model(inp, x)
 
 
-def build(name, keras):
+def build(name, keras, classifier_activation="softmax"):
     import numpy as np
     apps = keras.applications
     ctor = {"mobilenet": apps.MobileNet, "mobilenetv2": apps.MobileNetV2,
@@ -107,7 +107,7 @@ def build(name, keras):
             "inceptionv3": apps.InceptionV3, "nasnetmobile": apps.NASNetMobile}.get(name)
     keras.utils.set_random_seed(0)
     if ctor is not None:
-        model = ctor(weights=None)
+        model = ctor(weights=None, classifier_activation=classifier_activation)
     else:
         model = {"text_bilstm": _text_bilstm, "text_cnn": _text_cnn,
                  "transformer_block": _transformer_block}[name](keras)
@@ -136,8 +136,9 @@ def inputs_for(model, batch, seed=1):
     return rng.standard_normal(shape).astype("float32")
 
 
-def export(work, models, batches, threads):
-    """Each model's .h5, .onnx and .tflite files, inputs and TF's outputs."""
+def export(work, models, batches, threads, classifier_activation="softmax"):
+    """Each model's .h5, .onnx and .tflite files, inputs and TF's outputs
+    (``classifier_activation=None``: the applications output their logits)."""
     tf, keras = _tf_env(threads)
     import numpy as np
     import tf2onnx
@@ -146,7 +147,7 @@ def export(work, models, batches, threads):
         if all(os.path.exists(os.path.join(d, "y_b%d.npy" % b)) for b in batches):
             continue
         os.makedirs(d, exist_ok=True)
-        model = build(name, keras)
+        model = build(name, keras, classifier_activation)
         model.save(os.path.join(d, "model.h5"))
         dtype = tf.int32 if model.inputs[0].dtype.name.startswith("int") else tf.float32
         spec = (tf.TensorSpec((None,) + tuple(model.input_shape[1:]), dtype, name="input"),)
