@@ -211,6 +211,10 @@ def _cyback_makers(d, threads):
     return [lambda x, f=f: (lambda: f([x])[0]) for f in functions]
 
 
+class Unavailable(Exception):
+    """A peer that could not quantize a model (the message says why)."""
+
+
 def makers(engine, d, threads):
     """(float, int8): each a function of the input giving a function that
     computes the model on it with ``engine``."""
@@ -220,7 +224,7 @@ def makers(engine, d, threads):
     with open(os.path.join(q, "status.json")) as f:
         status = json.load(f)["peers"][engine]
     if status.startswith("skipped"):
-        raise RuntimeError(status)
+        raise Unavailable(status[len("skipped: "):])
 
     def make_float(x):
         return apps.peer_runner(engine, d, x, threads)
@@ -268,8 +272,9 @@ def run_engine(engine, work, models, batches, threads, accuracy):
                                       **accuracy_row(engine, d, make_float, make_int8))),
                       flush=True)
         except Exception as e:      # reported, not fatal: the other models still run
-            print(json.dumps(dict(base, kind="accuracy", skipped="%s: %s" % (
-                type(e).__name__, str(e).splitlines()[0][:200]))), flush=True)
+            reason = str(e) if isinstance(e, Unavailable) else "%s: %s" % (
+                type(e).__name__, str(e).splitlines()[0][:200])
+            print(json.dumps(dict(base, kind="accuracy", skipped=reason)), flush=True)
             continue
         for b in batches:
             x = np.load(os.path.join(d, "x_b%d.npy" % b))
