@@ -1,0 +1,107 @@
+# Depthwise arguments and geometry (included by depthwise.pyx).
+#
+# The checks every entry makes before it picks a path: ranks, channels,
+# strides, dilation and pads, and the output size they give, remembered per
+# argument tuple; the geometry of one call as a _Geom; the 4-D views every
+# path works on (1-D data as images of height 1) and the output shape.
+
+
+# Strides, dilations and leading pads (rows, columns) of one call.
+ctypedef struct _Geom:
+    Py_ssize_t sh, sw, dh, dw, ph, pw
+
+
+cdef _Geom _geom(tuple t):
+    # (sh, sw, dh, dw, ph, pw) as a _Geom
+    cdef _Geom g
+    g.sh, g.sw, g.dh, g.dw, g.ph, g.pw = t
+    return g
+
+
+@cython.wraparound(True)
+def _pair(name, what, v, nd):
+    if isinstance(v, (int, np.integer)):
+        v = (int(v),) * nd
+    try:
+        v = tuple(int(a) for a in v)
+    except TypeError:
+        raise TypeError("%s: %s must be an int or a tuple of ints, got %r" % (name, what, v))
+    if len(v) != nd or any(a < 1 for a in v):
+        raise ValueError("%s: %s must be %d positive ints, got %r" % (name, what, nd, v))
+    return v
+
+
+_PARAMS = {}
+
+
+def _params(name, x_shape, k_shape, strides, dilation, pads, channels_last):
+    """_compute_params, remembered per argument tuple."""
+    return remembered(_PARAMS, (tuple(x_shape), tuple(k_shape), strides, dilation, pads,
+                                bool(channels_last)),
+                      _compute_params, name, x_shape, k_shape, strides, dilation, pads,
+                      channels_last)
+
+
+@cython.wraparound(True)
+def _compute_params(name, x_shape, k_shape, strides, dilation, pads, channels_last):
+    """Validate and return 2-D params plus out spatial shape."""
+    nd = len(x_shape) - 2
+    if nd not in (1, 2):
+        raise ValueError("%s: expected a 3-D (1 spatial dim) or 4-D input, got shape %s"
+                         % (name, tuple(x_shape)))
+    if len(k_shape) != nd + 2:
+        raise ValueError("%s: kernel must be %d-D (%s, C, M) for input %s, got %s"
+                         % (name, nd + 2, "kh, kw" if nd == 2 else "kw", tuple(x_shape),
+                            tuple(k_shape)))
+    c = x_shape[-1] if channels_last else x_shape[1]
+    if k_shape[nd] != c:
+        raise ValueError("%s: kernel %s has %d input channels, input %s has %d"
+                         % (name, tuple(k_shape), k_shape[nd], tuple(x_shape), c))
+    ss = _pair(name, "strides", strides, nd)
+    ds = _pair(name, "dilation", dilation, nd)
+    try:
+        ps = tuple((int(p[0]), int(p[1])) for p in pads)
+    except (TypeError, IndexError):
+        raise TypeError("%s: pads must be (before, after) pairs, got %r" % (name, pads))
+    if len(ps) != nd or any(a < 0 or b < 0 for a, b in ps):
+        raise ValueError("%s: pads must be %d non-negative (before, after) pairs, got %r"
+                         % (name, nd, ps))
+    spatial = tuple(x_shape[1:-1] if channels_last else x_shape[2:])
+    out = []
+    for d in range(nd):
+        span = (k_shape[d] - 1) * ds[d] + 1
+        o = (spatial[d] + ps[d][0] + ps[d][1] - span) // ss[d] + 1
+        if k_shape[d] < 1 or o < 1:
+            raise ValueError("%s: dilated kernel %s larger than padded input %s (pads %r)"
+                             % (name, tuple(k_shape[:nd]), spatial, ps))
+        out.append(o)
+    if nd == 1:
+        ss, ds, ps, spatial, out = (1,) + ss, (1,) + ds, ((0, 0),) + ps, (1,) + spatial, [1] + out
+    return nd, ss, ds, ps, spatial, tuple(out)
+
+
+def _cl_shape(shape):
+    return (shape[0], shape[2], shape[3], shape[1])
+
+
+@cython.wraparound(True)
+def _img(a, nd, channels_last):
+    """C-contiguous 4-D view; 1-D data gets height 1."""
+    a = np.ascontiguousarray(a)
+    if nd == 1:
+        return a[:, None] if channels_last else a[:, :, None]
+    return a
+
+
+def _ker(k, nd):
+    k = np.ascontiguousarray(k)
+    return k[None] if nd == 1 else k
+
+
+@cython.wraparound(True)
+def _out_shape(n, ch, out, nd, channels_last):
+    sp = out[1:] if nd == 1 else out
+    return (n,) + sp + (ch,) if channels_last else (n, ch) + sp
+
+
+_ACTIVATIONS = {None: 0, "linear": 0, "relu": 1, "relu6": 2}
