@@ -1,6 +1,7 @@
 """Sums over the middle axis of an (outer, n, inner) array: what a mean over
 the spatial axes of NHWC (global average pooling) and a bias gradient (the
-sum over every axis but the channels) come to.
+sum over every axis but the channels) come to; and layer normalization of
+the rows of a (rows, n) array, its statistics and the scaling in one kernel.
 
 NumPy reduces a non-last axis one output row at a time, with a fixed cost
 per row of ``inner`` values that for short rows is many times a pass over the
@@ -16,6 +17,7 @@ result is the same for any thread count.
 import numpy as np
 cimport numpy as cnp
 from cython.parallel cimport prange
+from libc.math cimport sqrt
 from libc.stdlib cimport free, malloc
 
 from cyback.kernels._blas cimport floating
@@ -126,5 +128,115 @@ def sum_middle(x, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner, bint mean=Fa
                             splits, mean, threads)
     finally:
         free(slots)
+    team_done(threads)
+    return out
+
+
+# ---------------------------------------------------------------- layer normalization
+
+cdef enum:
+    LANES = 8
+
+
+cdef floating _lane_sum(const floating* x, floating shift, bint square,
+                        Py_ssize_t n) noexcept nogil:
+    """sum(x - shift) or sum((x - shift)^2), in LANES interleaved partial sums
+    added in a fixed order (the compiler vectorises the lanes; one running sum
+    could not be reordered)."""
+    cdef floating part[LANES]
+    cdef floating v, total = 0
+    cdef Py_ssize_t i, j, whole = n - n % LANES
+    for j in range(LANES):
+        part[j] = 0
+    i = 0
+    while i < whole:
+        for j in range(LANES):
+            v = x[i + j] - shift
+            part[j] = part[j] + (v * v if square else v)
+        i = i + LANES
+    for j in range(LANES):
+        total = total + part[j]
+    for i in range(whole, n):
+        v = x[i] - shift
+        total = total + (v * v if square else v)
+    return total
+
+
+cdef void _normalize_row(const floating* x, floating* y, const floating* gamma,
+                         const floating* beta, floating eps, Py_ssize_t n) noexcept nogil:
+    cdef floating mean = _lane_sum(x, 0, False, n) / n
+    # the variance of the centred values: no cancellation for rows far from 0
+    cdef floating var = _lane_sum(x, mean, True, n) / n
+    cdef floating inv = 1 / sqrt(var + eps)
+    cdef Py_ssize_t i
+    if gamma != NULL and beta != NULL:
+        for i in range(n):
+            y[i] = (x[i] - mean) * (inv * gamma[i]) + beta[i]
+    elif gamma != NULL:
+        for i in range(n):
+            y[i] = (x[i] - mean) * (inv * gamma[i])
+    elif beta != NULL:
+        for i in range(n):
+            y[i] = (x[i] - mean) * inv + beta[i]
+    else:
+        for i in range(n):
+            y[i] = (x[i] - mean) * inv
+
+
+cdef void _normalize_rows(const floating* x, floating* y, const floating* gamma,
+                          const floating* beta, floating eps, Py_ssize_t rows, Py_ssize_t n,
+                          int threads) noexcept nogil:
+    cdef Py_ssize_t r
+    if threads > 1:
+        for r in prange(rows, num_threads=threads, schedule="static"):
+            _normalize_row(x + r * n, y + r * n, gamma, beta, eps, n)
+    else:
+        for r in range(rows):
+            _normalize_row(x + r * n, y + r * n, gamma, beta, eps, n)
+
+
+def layer_norm_last(x, gamma, beta, double epsilon):
+    """(x - mean) / sqrt(var + epsilon) * gamma + beta over the last axis of a
+    float32/float64 array (mean and biased variance of each row), ``gamma`` and
+    ``beta`` vectors of the last axis's length or None: a new C-contiguous
+    array of x's dtype. Each row is computed alone and in a fixed order, so
+    the result does not depend on the thread count."""
+    cdef cnp.ndarray a, out, g = None, b = None
+    cdef Py_ssize_t n, rows
+    cdef int threads
+    cdef char* gp
+    cdef char* bp
+    if np.ndim(x) == 0:
+        raise ValueError("layer_norm_last: expected an array of rank >= 1, got a scalar")
+    a = np.ascontiguousarray(x)
+    if a.dtype != np.float32 and a.dtype != np.float64:
+        raise TypeError("layer_norm_last: float32 or float64 only, got %s" % a.dtype)
+    if not epsilon >= 0:
+        raise ValueError("layer_norm_last: epsilon must be >= 0, got %r" % (epsilon,))
+    n = a.shape[a.ndim - 1]
+    for name, v in (("gamma", gamma), ("beta", beta)):
+        if v is not None and (np.ndim(v) != 1 or np.shape(v)[0] != n):
+            raise ValueError("layer_norm_last: %s must be a vector of %d values (the last axis), "
+                             "got shape %s" % (name, n, np.shape(v)))
+    if gamma is not None:
+        g = np.ascontiguousarray(gamma, dtype=a.dtype)
+    if beta is not None:
+        b = np.ascontiguousarray(beta, dtype=a.dtype)
+    out = np.empty_like(a)
+    if a.size == 0:
+        return out
+    rows = a.size // n
+    threads = threads_for(8.0 * a.size)
+    gp = NULL if g is None else <char*> cnp.PyArray_DATA(g)
+    bp = NULL if b is None else <char*> cnp.PyArray_DATA(b)
+    if a.dtype == np.float32:
+        with nogil:
+            _normalize_rows(<const float*> cnp.PyArray_DATA(a), <float*> cnp.PyArray_DATA(out),
+                            <const float*> gp, <const float*> bp, <float> epsilon, rows, n,
+                            threads)
+    else:
+        with nogil:
+            _normalize_rows(<const double*> cnp.PyArray_DATA(a), <double*> cnp.PyArray_DATA(out),
+                            <const double*> gp, <const double*> bp, epsilon, rows, n, threads)
     team_done(threads)
     return out

@@ -1,6 +1,7 @@
 """LayerNormalization, GroupNormalization and UnitNormalization (tf.keras 2.x /
 Keras 3 semantics) as Keras 2.3.1 layers."""
 from cyback.layers import _args
+from cyback.ops.normalization import layer_norm
 from cyback.layers._keras import import_keras
 
 keras = import_keras()
@@ -96,6 +97,10 @@ class LayerNormalization(_WeightArgs, Layer):
     def call(self, inputs):
         ndim = len(self._input_shape)
         axes = self._axes
+        if axes == (ndim - 1,) and not self.rms_scaling and \
+                all(K.dtype(w) == K.dtype(inputs) for w in self.weights):
+            # one op: the statistics and the scaling in one pass per row
+            return layer_norm(inputs, self.gamma, self.beta, self.epsilon)
         variance_of = inputs
         if not self.rms_scaling:
             mean = K.mean(inputs, axis=axes, keepdims=True)
