@@ -1,8 +1,8 @@
 """LayerNormalization, GroupNormalization and UnitNormalization (tf.keras 2.x /
 Keras 3 semantics) as Keras 2.3.1 layers."""
 from cyback.layers import _args
-from cyback.ops.normalization import layer_norm
 from cyback.layers._keras import import_keras
+from cyback.ops.normalization import layer_norm
 
 keras = import_keras()
 K = keras.backend
