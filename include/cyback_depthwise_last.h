@@ -4,11 +4,12 @@
  * A template (see cyback_depthwise_common.h), included by cyback_depthwise.h
  * once per instance:
  *   - a vector instance (V, VL defined; SUF f_base, d_avx2 ...) holds the
- *     scalar edge kernels and the vector row kernels;
+ *     scalar edge pixel and the vector row kernels;
  *   - a type's instance (SUF f or d) holds the entries depthwise.pyx calls:
  *     the pick between the vector instances, or, for compilers without GCC
- *     vector extensions, the same arithmetic in plain loops; and the sum over
- *     the depth multiplier.
+ *     vector extensions, the same arithmetic in plain loops (the kernel
+ *     gradient row is one function for both, its vector loop under VL); and
+ *     the sum over the depth multiplier.
  *
  * Row kernels: xr[ky] is the input row read by kernel row ky (W pixels of C
  * values, xs >= C apart), or NULL when it is padding; k is (KH, KW, C); the
@@ -37,25 +38,65 @@ ATTR static inline void CB_TYPED(cb_depthwise_pixel_)(const T *const *xr, const 
     }
 }
 
-/* Kernel-gradient row, channels [c0, c1), scalar: part[ky, kx, c] += sum over
- * ow of dy[ow, c] * x[ky][ow*sw - pw + kx*dw, c] (the valid ow only); pixels
- * of x are xs values apart, of dy ys. */
-ATTR static inline void CB_TYPED(cb_depthwise_kgrad_cl_scalar_)(const T *const *xr,
-        const T *dy, T *part, ptrdiff_t C, ptrdiff_t xs, ptrdiff_t ys, ptrdiff_t W,
-        ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw,
-        ptrdiff_t c0, ptrdiff_t c1) {
-    ptrdiff_t c, ow, ky, kx, lo, hi, off;
-    for (ky = 0; ky < KH; ky++) {
-        if (!xr[ky]) continue;
-        for (kx = 0; kx < KW; kx++) {
-            T *kp = part + (ky * KW + kx) * C;
-            off = kx * dw - pw;
-            cb_depthwise_valid(off, sw, W, OW, &lo, &hi);
-            for (c = c0; c < c1; c++) {
-                T s = 0;
-                for (ow = lo; ow < hi; ow++)
-                    s += dy[ow * ys + c] * xr[ky][(ow * sw + off) * xs + c];
-                kp[c] += s;
+/* Kernel-gradient row: part[ky, kx, c] += sum over ow of dy[ow, c] *
+ * x[ky][ow*sw - pw + kx*dw, c] (the valid ow only); pixels of x are xs values
+ * apart, of dy ys. Vectors of channels where there are vectors, the channels
+ * after the last whole vector one at a time. pf, pf2: pfb and pf2b bytes the
+ * next row will read, prefetched meanwhile. */
+ATTR static void CB_TYPED(cb_depthwise_kgrad_cl_row_)(const T *const *xr, const T *dy,
+        T *part, ptrdiff_t C, ptrdiff_t xs, ptrdiff_t ys, ptrdiff_t W, ptrdiff_t KH,
+        ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw,
+        const void *pf, ptrdiff_t pfb, const void *pf2, ptrdiff_t pf2b) {
+    ptrdiff_t c, c0, c1, ow, ky, kx, lo, hi, off;
+#ifdef VL
+    ptrdiff_t CV = C - C % VL;
+    const char *pfp = (const char *)pf, *pfe = pf ? pfp + pfb : pfp;
+    const char *pfq = (const char *)pf2, *pfqe = pf2 ? pfq + pf2b : pfq;
+    ptrdiff_t pfn = 0, q_;
+    /* The next row's input and output-gradient lines (pf, pf2), spread over */
+    /* this row's vectors of channels and taps, as in the forward row.       */
+    if ((pf || pf2) && CV > 0)
+        pfn = cb_depthwise_cdiv(cb_depthwise_cdiv(pfb + pf2b, 64), KH * KW * (CV / VL));
+#else
+    ptrdiff_t CV = 0;
+    (void)pf; (void)pfb; (void)pf2; (void)pf2b;
+#endif
+    /* Blocks of 64 channels: the strided walks along the row then stay in */
+    /* L1 for all taps even when C is large.                                */
+    for (c0 = 0; c0 < C; c0 += 64) {
+        c1 = c0 + 64 < C ? c0 + 64 : C;
+        for (ky = 0; ky < KH; ky++) {
+            if (!xr[ky]) continue;
+            for (kx = 0; kx < KW; kx++) {
+                T *kp = part + (ky * KW + kx) * C;
+                off = kx * dw - pw;
+                cb_depthwise_valid(off, sw, W, OW, &lo, &hi);
+#ifdef VL
+                for (c = c0; c < c1 && c < CV; c += VL) {
+                    /* Two accumulators: the adds of one row are not one chain. */
+                    V a0 = (V){0}, a1 = a0;
+                    for (q_ = 0; q_ < pfn && (pfp < pfe || pfq < pfqe); q_++) {
+                        if (pfp < pfe) { __builtin_prefetch(pfp, 0, 3); pfp += 64; }
+                        else if (pfq < pfqe) { __builtin_prefetch(pfq, 0, 3); pfq += 64; }
+                    }
+                    for (ow = lo; ow + 1 < hi; ow += 2) {
+                        a0 += *(const V *)(dy + ow * ys + c)
+                              * *(const V *)(xr[ky] + (ow * sw + off) * xs + c);
+                        a1 += *(const V *)(dy + (ow + 1) * ys + c)
+                              * *(const V *)(xr[ky] + ((ow + 1) * sw + off) * xs + c);
+                    }
+                    if (ow < hi)
+                        a0 += *(const V *)(dy + ow * ys + c)
+                              * *(const V *)(xr[ky] + (ow * sw + off) * xs + c);
+                    *(V *)(kp + c) += a0 + a1;
+                }
+#endif
+                for (c = c0 > CV ? c0 : CV; c < c1; c++) {
+                    T s = 0;
+                    for (ow = lo; ow < hi; ow++)
+                        s += dy[ow * ys + c] * xr[ky][(ow * sw + off) * xs + c];
+                    kp[c] += s;
+                }
             }
         }
     }
@@ -287,57 +328,6 @@ ATTR static void CB_TYPED(cb_depthwise_fwd_cl_row_)(const T *const *xr, const T 
     }
 }
 
-/* Kernel-gradient row: part[ky, kx, c] += sum over ow of dy[ow, c] *
- * x[ky][ow*sw - pw + kx*dw, c] (the valid ow only); pixels of x are xs values
- * apart, of dy ys. pf, pf2: pfb and pf2b bytes the next row will read,
- * prefetched meanwhile. */
-ATTR static void CB_TYPED(cb_depthwise_kgrad_cl_row_)(const T *const *xr, const T *dy,
-        T *part, ptrdiff_t C, ptrdiff_t xs, ptrdiff_t ys, ptrdiff_t W, ptrdiff_t KH,
-        ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw,
-        const void *pf, ptrdiff_t pfb, const void *pf2, ptrdiff_t pf2b) {
-    ptrdiff_t c, c0, c1, ow, ky, kx, lo, hi, off, CV = C - C % VL;
-    const char *pfp = (const char *)pf, *pfe = pf ? pfp + pfb : pfp;
-    const char *pfq = (const char *)pf2, *pfqe = pf2 ? pfq + pf2b : pfq;
-    ptrdiff_t pfn = 0, q_;
-    /* The next row's input and output-gradient lines (pf, pf2), spread over */
-    /* this row's vectors of channels and taps, as in the forward row.       */
-    if ((pf || pf2) && CV > 0)
-        pfn = cb_depthwise_cdiv(cb_depthwise_cdiv(pfb + pf2b, 64), KH * KW * (CV / VL));
-    /* Blocks of 64 channels: the strided walks along the row then stay in */
-    /* L1 for all taps even when C is large.                                */
-    for (c0 = 0; c0 < CV; c0 += 64) {
-        c1 = c0 + 64 < CV ? c0 + 64 : CV;
-        for (ky = 0; ky < KH; ky++) {
-            if (!xr[ky]) continue;
-            for (kx = 0; kx < KW; kx++) {
-                T *kp = part + (ky * KW + kx) * C;
-                off = kx * dw - pw;
-                cb_depthwise_valid(off, sw, W, OW, &lo, &hi);
-                for (c = c0; c < c1; c += VL) {
-                    /* Two accumulators: the adds of one row are not one chain. */
-                    V a0 = (V){0}, a1 = a0;
-                    for (q_ = 0; q_ < pfn && (pfp < pfe || pfq < pfqe); q_++) {
-                        if (pfp < pfe) { __builtin_prefetch(pfp, 0, 3); pfp += 64; }
-                        else if (pfq < pfqe) { __builtin_prefetch(pfq, 0, 3); pfq += 64; }
-                    }
-                    for (ow = lo; ow + 1 < hi; ow += 2) {
-                        a0 += *(const V *)(dy + ow * ys + c)
-                              * *(const V *)(xr[ky] + (ow * sw + off) * xs + c);
-                        a1 += *(const V *)(dy + (ow + 1) * ys + c)
-                              * *(const V *)(xr[ky] + ((ow + 1) * sw + off) * xs + c);
-                    }
-                    if (ow < hi)
-                        a0 += *(const V *)(dy + ow * ys + c)
-                              * *(const V *)(xr[ky] + (ow * sw + off) * xs + c);
-                    *(V *)(kp + c) += a0 + a1;
-                }
-            }
-        }
-    }
-    CB_TYPED(cb_depthwise_kgrad_cl_scalar_)(xr, dy, part, C, xs, ys, W, KH, KW, OW, sw, dw,
-                                            pw, CV, C);
-}
-
 #elif CB_SIMD_VECTOR
 
 /* The type's entries: the AVX2 + FMA instance where the CPU has them. */
@@ -367,14 +357,6 @@ static void CB_TYPED(cb_depthwise_fwd_cl_row_)(const T *const *xr, const T *k, T
     for (ow = 0; ow < OW; ow++)
         CB_TYPED(cb_depthwise_pixel_)(xr, k, y + ow * C, C, xs, W, KH, KW, ow * sw - pw, dw,
                                       0, C, bias, act);
-}
-static void CB_TYPED(cb_depthwise_kgrad_cl_row_)(const T *const *xr, const T *dy, T *part,
-        ptrdiff_t C, ptrdiff_t xs, ptrdiff_t ys, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW,
-        ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw, const void *pf,
-        ptrdiff_t pfb, const void *pf2, ptrdiff_t pf2b) {
-    (void)pf; (void)pfb; (void)pf2; (void)pf2b;
-    CB_TYPED(cb_depthwise_kgrad_cl_scalar_)(xr, dy, part, C, xs, ys, W, KH, KW, OW, sw, dw,
-                                            pw, 0, C);
 }
 
 #endif
