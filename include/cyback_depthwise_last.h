@@ -109,7 +109,11 @@ ATTR static void CB_TYPED(cb_depthwise_kgrad_cl_row_)(const T *const *xr, const 
 #ifndef CB_DEPTHWISE_LAST_BLOCKS
 #define CB_DEPTHWISE_LAST_BLOCKS
 /* The blocks of the forward row below are statement macros expanded inside
- * it, over its variables, with the instance's T, V and VL. */
+ * it, over its variables, with the instance's T, V and VL. Written as
+ * always-inline functions they are compiled differently: for the smallest,
+ * CB_DEPTHWISE_ONE_PIXEL, GCC 12 allocates the row's vector registers and
+ * orders its loads otherwise in every instance of the forward row, so the
+ * macros stay until such a change is measured. */
 
 /* Eight pixels from o of a row, stride 1, three taps a row: they read ten
  * input columns a kernel row (column j: o - pw + j), each loaded once and
