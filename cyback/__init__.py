@@ -28,8 +28,12 @@ below it (``lint-imports`` checks this, contracts in pyproject.toml):
 
 Where a lower layer needs something defined above it, the upper layer
 registers it: ``graph.tensor.register_list_stacker`` (K.stack for lists of
-tensors), ``graph.pickling.register_reducer`` (the loop ops) and
-``config.register_learning_phase_factory`` (the placeholder).
+tensors), ``graph.pickling.register_reducer`` (the loop ops),
+``graph.pickling.register_moved`` (names older pickles hold),
+``config.register_learning_phase_factory`` (the placeholder) and
+``config.register_settings_mirror`` (Keras's copy of floatx, epsilon and the
+data format). docs/layout.md says where each backend function's wrapper, op
+and kernel live.
 """
 from cyback._version import __version__  # noqa: F401
 
