@@ -30,7 +30,7 @@ from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 
 from cyback.kernels._blas cimport floating
-from cyback.kernels._checks import check_float, remembered
+from cyback.kernels._checks import check_float, float_dtype, int_tuple, pad_pairs, remembered
 from cyback.kernels.runtime cimport team_done, threads_for
 from cyback.kernels._arrays cimport fits
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt

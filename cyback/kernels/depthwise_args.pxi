@@ -1,9 +1,10 @@
 # Depthwise arguments and geometry (included by depthwise.pyx).
 #
 # The checks every entry makes before it picks a path: ranks, channels,
-# strides, dilation and pads, and the output size they give, remembered per
-# argument tuple; the geometry of one call as a _Geom; the 4-D views every
-# path works on (1-D data as images of height 1) and the output shape.
+# strides, dilation and pads (through cyback/kernels/_checks.py), and the
+# output size they give, remembered per argument tuple; the geometry of one
+# call as a _Geom; the 4-D views every path works on (1-D data as images of
+# height 1) and the output shape.
 
 
 # Strides, dilations and leading pads (rows, columns) of one call.
@@ -16,19 +17,6 @@ cdef _Geom _geom(tuple t):
     cdef _Geom g
     g.sh, g.sw, g.dh, g.dw, g.ph, g.pw = t
     return g
-
-
-@cython.wraparound(True)
-def _pair(name, what, v, nd):
-    if isinstance(v, (int, np.integer)):
-        v = (int(v),) * nd
-    try:
-        v = tuple(int(a) for a in v)
-    except TypeError:
-        raise TypeError("%s: %s must be an int or a tuple of ints, got %r" % (name, what, v))
-    if len(v) != nd or any(a < 1 for a in v):
-        raise ValueError("%s: %s must be %d positive ints, got %r" % (name, what, nd, v))
-    return v
 
 
 _PARAMS = {}
@@ -57,15 +45,9 @@ def _compute_params(name, x_shape, k_shape, strides, dilation, pads, channels_la
     if k_shape[nd] != c:
         raise ValueError("%s: kernel %s has %d input channels, input %s has %d"
                          % (name, tuple(k_shape), k_shape[nd], tuple(x_shape), c))
-    ss = _pair(name, "strides", strides, nd)
-    ds = _pair(name, "dilation", dilation, nd)
-    try:
-        ps = tuple((int(p[0]), int(p[1])) for p in pads)
-    except (TypeError, IndexError):
-        raise TypeError("%s: pads must be (before, after) pairs, got %r" % (name, pads))
-    if len(ps) != nd or any(a < 0 or b < 0 for a, b in ps):
-        raise ValueError("%s: pads must be %d non-negative (before, after) pairs, got %r"
-                         % (name, nd, ps))
+    ss = int_tuple(name, "strides", strides, nd)
+    ds = int_tuple(name, "dilation", dilation, nd)
+    ps = pad_pairs(name, pads, nd)
     spatial = tuple(x_shape[1:-1] if channels_last else x_shape[2:])
     out = []
     for d in range(nd):

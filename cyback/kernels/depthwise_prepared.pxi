@@ -53,9 +53,7 @@ def forward_call(x_shape, k_shape, strides, dilation, pads, channels_last, dtype
     through depthwise_forward."""
     name = "depthwise_forward"
     cdef ForwardCall call = ForwardCall()
-    dtype = np.dtype(dtype)
-    if dtype != np.float32 and dtype != np.float64:
-        raise TypeError("%s: expected float32 or float64 arrays, got %s" % (name, dtype))
+    dtype = float_dtype(name, dtype)
     x_shape = tuple(int(d) for d in x_shape)
     k_shape = tuple(int(d) for d in k_shape)
     nd, ss, ds, ps, spatial, out = _params(name, x_shape, k_shape, strides, dilation, pads,
