@@ -265,7 +265,7 @@ def keras_gru_rows(args, x, torch):
 def small_batch_rows(repeats, torch):
     """Keras LSTM and GRU at batch 1 and 4, K.function: the default (units
     split over the threads where the team is worth waking,
-    cyback/kernels/rnn_cell.pyx) against row blocks only, with torch's
+    cyback/kernels/rnn_split.pxi) against row blocks only, with torch's
     nn.LSTM / nn.GRU on the same weights (a GRU with reset_after: torch has
     no other); outputs checked first, engines alternated."""
     keras = _keras()

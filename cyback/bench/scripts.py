@@ -17,7 +17,9 @@ QUICK_ARGS = {
     "bench_rnn.py": ["--repeats", "3", "--batch", "8", "--steps", "20", "--no-unroll"],
     "bench_linalg.py": ["--repeats", "3"], "bench_overhead.py": ["--calls", "300"],
 }
-SKIP = {"bench_models.py"}  # the model suite runs in-process
+# the model suite runs in-process; the peer suites need a second Python with
+# TensorFlow and the peers (their --tf-python), which a gathering run does not have
+SKIP = {"bench_models.py", "bench_applications.py", "bench_int8_models.py"}
 
 
 def benchmarks_dir():
