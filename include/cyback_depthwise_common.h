@@ -48,10 +48,10 @@ static inline void cb_depthwise_valid(ptrdiff_t off, ptrdiff_t sw, ptrdiff_t W, 
 
 /* Output columns [*lo, *hi) whose taps all fall inside [0, W). */
 static inline void cb_depthwise_interior(ptrdiff_t W, ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw,
-                                         ptrdiff_t dw, ptrdiff_t pw, ptrdiff_t *lo,
+                                         ptrdiff_t dil_w, ptrdiff_t pw, ptrdiff_t *lo,
                                          ptrdiff_t *hi) {
     ptrdiff_t a = cb_depthwise_cdiv(pw, sw), b;
-    ptrdiff_t last = W - 1 + pw - (KW - 1) * dw;  /* ow*sw <= last */
+    ptrdiff_t last = W - 1 + pw - (KW - 1) * dil_w;  /* ow*sw <= last */
     b = last < 0 ? 0 : last / sw + 1;
     if (a < 0) a = 0;
     if (a > OW) a = OW;
@@ -89,10 +89,10 @@ static int cb_depthwise_read_edges(int on) {
 
 /* Column offsets co[kx] of the kernel taps in a channels_first padded row
  * (cyback_depthwise_first.h): tap kx of output ow reads column co[kx] + ow. */
-static inline void cb_depthwise_cols(ptrdiff_t *co, ptrdiff_t KW, ptrdiff_t dw, ptrdiff_t sw,
+static inline void cb_depthwise_cols(ptrdiff_t *co, ptrdiff_t KW, ptrdiff_t dil_w, ptrdiff_t sw,
                                      ptrdiff_t rs) {
     ptrdiff_t kx;
-    for (kx = 0; kx < KW; kx++) co[kx] = kx * dw % sw * (rs / sw) + kx * dw / sw;
+    for (kx = 0; kx < KW; kx++) co[kx] = kx * dil_w % sw * (rs / sw) + kx * dil_w / sw;
 }
 
 #if CB_SIMD_VECTOR

@@ -18,10 +18,10 @@
  * strided convolution) it holds input ((i - pt) / uh, (j - pl) / uw) where
  * both divide, else zero. With a stride sw > 1 along the row, each padded row
  * is stored as sw phases of Wq = ceil(Wp / sw) values (phase p holds columns
- * p, p + sw, ...), so that the columns ow*sw + kx*dw of consecutive outputs
+ * p, p + sw, ...), so that the columns ow*sw + kx*dil_w of consecutive outputs
  * ow are consecutive: column co[kx] + ow (cb_depthwise_cols). Rows are
  * rs = sw * Wq apart (or the input's own rows, when it needs no padding and
- * sw == 1). Output (oh, ow) reads rows oh*sh + ky*dh with no bounds check.
+ * sw == 1). Output (oh, ow) reads rows oh*sh + ky*dil_h with no bounds check.
  * Kernel tap (ky, kx) is k[(ky*KW + kx) * ks].
  *
  * The caller zeroes a padding buffer of Hp * rs values once, and
@@ -62,30 +62,30 @@ ATTR static void CB_TYPED(cb_depthwise_pad_phases_)(const T *src, ptrdiff_t H, p
 }
 ATTR static void CB_TYPED(cb_depthwise_fwd_cf_scalar_)(const T *x, ptrdiff_t rs, const T *k,
         ptrdiff_t ks, T *y, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw,
-        ptrdiff_t dh, ptrdiff_t dw, ptrdiff_t KH, ptrdiff_t KW, int accumulate, T bias,
+        ptrdiff_t dil_h, ptrdiff_t dil_w, ptrdiff_t KH, ptrdiff_t KW, int accumulate, T bias,
         int act) {
     ptrdiff_t oh, ow, ky, kx, co[KW];
-    cb_depthwise_cols(co, KW, dw, sw, rs);
+    cb_depthwise_cols(co, KW, dil_w, sw, rs);
     for (oh = 0; oh < OH; oh++)
         for (ow = 0; ow < OW; ow++) {
             T s = accumulate ? y[oh * OW + ow] : bias;
             for (ky = 0; ky < KH; ky++)
                 for (kx = 0; kx < KW; kx++)
-                    s += x[(oh * sh + ky * dh) * rs + co[kx] + ow] * k[(ky * KW + kx) * ks];
+                    s += x[(oh * sh + ky * dil_h) * rs + co[kx] + ow] * k[(ky * KW + kx) * ks];
             y[oh * OW + ow] = CB_ACT(T, s, act);
         }
 }
 ATTR static void CB_TYPED(cb_depthwise_kgrad_cf_scalar_)(const T *x, ptrdiff_t rs,
-        const T *dy, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh,
-        ptrdiff_t dw, ptrdiff_t KH, ptrdiff_t KW, T *acc) {
+        const T *dy, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dil_h,
+        ptrdiff_t dil_w, ptrdiff_t KH, ptrdiff_t KW, T *acc) {
     ptrdiff_t oh, ow, ky, kx, co[KW];
-    cb_depthwise_cols(co, KW, dw, sw, rs);
+    cb_depthwise_cols(co, KW, dil_w, sw, rs);
     for (ky = 0; ky < KH; ky++)
         for (kx = 0; kx < KW; kx++) {
             T t = 0;
             for (oh = 0; oh < OH; oh++)
                 for (ow = 0; ow < OW; ow++)
-                    t += dy[oh * OW + ow] * x[(oh * sh + ky * dh) * rs + co[kx] + ow];
+                    t += dy[oh * OW + ow] * x[(oh * sh + ky * dil_h) * rs + co[kx] + ow];
             acc[(ky * KW + kx) * 8] += t;
         }
 }
@@ -98,13 +98,13 @@ ATTR static void CB_TYPED(cb_depthwise_kgrad_cf_scalar_)(const T *x, ptrdiff_t r
 #define CB_DEPTHWISE_FIRST_CALLS
 /* Calls of the always-inlined blocks below with the caller's arguments. */
 #define CB_DEPTHWISE_TILE(ow, dv, NV)                                                     \
-    CB_TYPED(cb_depthwise_cf_tile_)(x, rs, k, ks, w, y, OW, oh, ow, dv, sh, dh, co, KH, KW, \
+    CB_TYPED(cb_depthwise_cf_tile_)(x, rs, k, ks, w, y, OW, oh, ow, dv, sh, dil_h, co, KH, KW, \
                                     accumulate, b0, act, R, NV, K3)
 #define CB_DEPTHWISE_ROWS(R, K3)                                                          \
-    CB_TYPED(cb_depthwise_cf_rows_)(x, rs, k, ks, w, y, OW, oh, sh, dh, co, KH, KW,       \
+    CB_TYPED(cb_depthwise_cf_rows_)(x, rs, k, ks, w, y, OW, oh, sh, dil_h, co, KH, KW,    \
                                     accumulate, b0, act, R, K3)
 #define CB_DEPTHWISE_TAPS(NK)                                                             \
-    CB_TYPED(cb_depthwise_kg_cf_taps_)(x, rs, dy, OH, OW, sh, dh, co + kx0, ky,           \
+    CB_TYPED(cb_depthwise_kg_cf_taps_)(x, rs, dy, OH, OW, sh, dil_h, co + kx0, ky,        \
                                        ky * KW + kx0, keep, acc, NK)
 #endif
 
@@ -170,7 +170,7 @@ ATTR static void CB_TYPED(cb_depthwise_pad_plane_)(const T *src, ptrdiff_t H, pt
 ATTR static inline __attribute__((always_inline)) void
 CB_TYPED(cb_depthwise_cf_tile_)(const T *x,
         ptrdiff_t rs, const T *k, ptrdiff_t ks, const V *w, T *y, ptrdiff_t OW,
-        ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t dv, ptrdiff_t sh, ptrdiff_t dh,
+        ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t dv, ptrdiff_t sh, ptrdiff_t dil_h,
         const ptrdiff_t *co, ptrdiff_t KH, ptrdiff_t KW, int accumulate, V b0, int act,
         const int R, const int NV, const int K3) {
     V a[4][2];
@@ -195,7 +195,7 @@ CB_TYPED(cb_depthwise_cf_tile_)(const T *x,
         KH = 0;
     }
     for (ky = 0; ky < KH; ky++) {
-        const T *xr = x + (oh * sh + ky * dh) * rs + ow;
+        const T *xr = x + (oh * sh + ky * dil_h) * rs + ow;
         for (kx = 0; kx < KW; kx++) {
             T kv = k[(ky * KW + kx) * ks];
             for (r = 0; r < R; r++)
@@ -215,7 +215,7 @@ CB_TYPED(cb_depthwise_cf_tile_)(const T *x,
 ATTR static inline __attribute__((always_inline)) void
 CB_TYPED(cb_depthwise_cf_rows_)(const T *x,
         ptrdiff_t rs, const T *k, ptrdiff_t ks, const V *w, T *y, ptrdiff_t OW,
-        ptrdiff_t oh, ptrdiff_t sh, ptrdiff_t dh, const ptrdiff_t *co, ptrdiff_t KH,
+        ptrdiff_t oh, ptrdiff_t sh, ptrdiff_t dil_h, const ptrdiff_t *co, ptrdiff_t KH,
         ptrdiff_t KW, int accumulate, V b0, int act, const int R, const int K3) {
     ptrdiff_t ow, c, r, ky, kx;
     for (ow = 0; ow + 2 * VL <= OW; ow += 2 * VL) CB_DEPTHWISE_TILE(ow, VL, 2);
@@ -232,7 +232,7 @@ CB_TYPED(cb_depthwise_cf_rows_)(const T *x,
             T s = y[(oh + r) * OW + c];
             for (ky = 0; ky < KH; ky++)
                 for (kx = 0; kx < KW; kx++)
-                    s += x[((oh + r) * sh + ky * dh) * rs + co[kx] + c]
+                    s += x[((oh + r) * sh + ky * dil_h) * rs + co[kx] + c]
                          * k[(ky * KW + kx) * ks];
             y[(oh + r) * OW + c] = CB_ACT(T, s, act);
         }
@@ -245,17 +245,17 @@ CB_TYPED(cb_depthwise_cf_rows_)(const T *x,
  * the speed. */
 ATTR static void CB_TYPED(cb_depthwise_fwd_cf_plane_)(const T *x, ptrdiff_t rs, const T *k,
         ptrdiff_t ks, T *y, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw,
-        ptrdiff_t dh, ptrdiff_t dw, ptrdiff_t KH, ptrdiff_t KW, int accumulate, T bias,
+        ptrdiff_t dil_h, ptrdiff_t dil_w, ptrdiff_t KH, ptrdiff_t KW, int accumulate, T bias,
         int act) {
     V b0 = (V){0} + bias, w[9];
     ptrdiff_t oh = 0, t, co[KW];
     if (OW < VL) {
-        CB_TYPED(cb_depthwise_fwd_cf_scalar_)(x, rs, k, ks, y, OH, OW, sh, sw, dh, dw, KH, KW,
-                                              accumulate, bias, act);
+        CB_TYPED(cb_depthwise_fwd_cf_scalar_)(x, rs, k, ks, y, OH, OW, sh, sw, dil_h, dil_w, KH,
+                                              KW, accumulate, bias, act);
         return;
     }
-    cb_depthwise_cols(co, KW, dw, sw, rs);
-    if (KH == 3 && KW == 3 && (sh == 1 || sh == 2) && dh == 1 && cb_depthwise_k3_state) {
+    cb_depthwise_cols(co, KW, dil_w, sw, rs);
+    if (KH == 3 && KW == 3 && (sh == 1 || sh == 2) && dil_h == 1 && cb_depthwise_k3_state) {
         for (t = 0; t < 9; t++) w[t] = (V){0} + k[t * ks];
         if (sh == 1) {
             for (; oh + 3 <= OH; oh += 3) CB_DEPTHWISE_ROWS(3, 1);
@@ -389,15 +389,15 @@ ATTR static int CB_TYPED(cb_depthwise_fwd_cf_same3_)(const T *x, ptrdiff_t H, pt
  * off its lanes that were already counted. */
 ATTR static inline __attribute__((always_inline)) void
 CB_TYPED(cb_depthwise_kg_cf_taps_)(const T *x, ptrdiff_t rs, const T *dy, ptrdiff_t OH,
-        ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t dh, const ptrdiff_t *co, ptrdiff_t ky, ptrdiff_t t0,
-        V keep, T *acc, const int NK) {
+        ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t dil_h, const ptrdiff_t *co, ptrdiff_t ky,
+        ptrdiff_t t0, V keep, T *acc, const int NK) {
     typedef __typeof__(keep > keep) mask_t;
     V a0[4], a1[4];
     ptrdiff_t oh, ow;
     int j;
     for (j = 0; j < NK; j++) a0[j] = a1[j] = (V){0};
     for (oh = 0; oh < OH; oh++) {
-        const T *g = dy + oh * OW, *xr = x + (oh * sh + ky * dh) * rs;
+        const T *g = dy + oh * OW, *xr = x + (oh * sh + ky * dil_h) * rs;
         for (ow = 0; ow + 2 * VL <= OW; ow += 2 * VL) {
             V g0 = *(const V *)(g + ow), g1 = *(const V *)(g + ow + VL);
             for (j = 0; j < NK; j++) {
@@ -422,16 +422,17 @@ CB_TYPED(cb_depthwise_kg_cf_taps_)(const T *x, ptrdiff_t rs, const T *dy, ptrdif
 /* One plane, as cb_depthwise_kgrad_cf_scalar, with the sums spread over the
  * lanes. */
 ATTR static void CB_TYPED(cb_depthwise_kgrad_cf_plane_)(const T *x, ptrdiff_t rs, const T *dy,
-        ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh, ptrdiff_t dw,
+        ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dil_h, ptrdiff_t dil_w,
         ptrdiff_t KH, ptrdiff_t KW, T *acc) {
     T lane[VL];
     V keep;
     ptrdiff_t ky, kx0, j, co[KW];
     if (OW < VL) {
-        CB_TYPED(cb_depthwise_kgrad_cf_scalar_)(x, rs, dy, OH, OW, sh, sw, dh, dw, KH, KW, acc);
+        CB_TYPED(cb_depthwise_kgrad_cf_scalar_)(x, rs, dy, OH, OW, sh, sw, dil_h, dil_w, KH, KW,
+                                                acc);
         return;
     }
-    cb_depthwise_cols(co, KW, dw, sw, rs);
+    cb_depthwise_cols(co, KW, dil_w, sw, rs);
     /* Lanes at or after VL - OW % VL of the overlapping last vector are new. */
     for (j = 0; j < VL; j++) lane[j] = (T)j;
     keep = (V)(*(const V *)lane >= (V){0} + (T)(VL - OW % VL));
@@ -455,20 +456,20 @@ static void CB_TYPED(cb_depthwise_pad_plane_)(const T *src, ptrdiff_t H, ptrdiff
 }
 static void CB_TYPED(cb_depthwise_fwd_cf_plane_)(const T *x, ptrdiff_t rs, const T *k,
         ptrdiff_t ks, T *y, ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw,
-        ptrdiff_t dh, ptrdiff_t dw, ptrdiff_t KH, ptrdiff_t KW, int accumulate, T bias,
+        ptrdiff_t dil_h, ptrdiff_t dil_w, ptrdiff_t KH, ptrdiff_t KW, int accumulate, T bias,
         int act) {
-    CB_DEPTHWISE_PICK(cb_depthwise_fwd_cf_plane_)(x, rs, k, ks, y, OH, OW, sh, sw, dh, dw, KH,
-                                                  KW, accumulate, bias, act);
+    CB_DEPTHWISE_PICK(cb_depthwise_fwd_cf_plane_)(x, rs, k, ks, y, OH, OW, sh, sw, dil_h, dil_w,
+                                                  KH, KW, accumulate, bias, act);
 }
 static int CB_TYPED(cb_depthwise_fwd_cf_same3_)(const T *x, ptrdiff_t H, ptrdiff_t W,
         const T *k, ptrdiff_t ks, T *y, const T *zero, T bias, int act) {
     return CB_DEPTHWISE_PICK(cb_depthwise_fwd_cf_same3_)(x, H, W, k, ks, y, zero, bias, act);
 }
 static void CB_TYPED(cb_depthwise_kgrad_cf_plane_)(const T *x, ptrdiff_t rs, const T *dy,
-        ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh, ptrdiff_t dw,
+        ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dil_h, ptrdiff_t dil_w,
         ptrdiff_t KH, ptrdiff_t KW, T *acc) {
-    CB_DEPTHWISE_PICK(cb_depthwise_kgrad_cf_plane_)(x, rs, dy, OH, OW, sh, sw, dh, dw, KH, KW,
-                                                    acc);
+    CB_DEPTHWISE_PICK(cb_depthwise_kgrad_cf_plane_)(x, rs, dy, OH, OW, sh, sw, dil_h, dil_w, KH,
+                                                    KW, acc);
 }
 
 #endif

@@ -13,7 +13,7 @@
  *
  * Row kernels: xr[ky] is the input row read by kernel row ky (W pixels of C
  * values, xs >= C apart), or NULL when it is padding; k is (KH, KW, C); the
- * input column of tap kx of output ow is ow*sw - pw + kx*dw.
+ * input column of tap kx of output ow is ow*sw - pw + kx*dil_w.
  */
 
 #if defined(VL) || !CB_SIMD_VECTOR
@@ -22,14 +22,14 @@
  * are xs values apart. */
 ATTR static inline void CB_TYPED(cb_depthwise_pixel_)(const T *const *xr, const T *k, T *yp,
         ptrdiff_t C, ptrdiff_t xs, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t iw0,
-        ptrdiff_t dw, ptrdiff_t c0, ptrdiff_t c1, const T *bias, int act) {
+        ptrdiff_t dil_w, ptrdiff_t c0, ptrdiff_t c1, const T *bias, int act) {
     ptrdiff_t c, ky, kx, iw;
     for (c = c0; c < c1; c++) {
         T s = bias ? bias[c] : (T)0;
         for (ky = 0; ky < KH; ky++) {
             if (!xr[ky]) continue;
             for (kx = 0; kx < KW; kx++) {
-                iw = iw0 + kx * dw;
+                iw = iw0 + kx * dil_w;
                 if (iw < 0 || iw >= W) continue;
                 s += xr[ky][iw * xs + c] * k[(ky * KW + kx) * C + c];
             }
@@ -39,13 +39,13 @@ ATTR static inline void CB_TYPED(cb_depthwise_pixel_)(const T *const *xr, const 
 }
 
 /* Kernel-gradient row: part[ky, kx, c] += sum over ow of dy[ow, c] *
- * x[ky][ow*sw - pw + kx*dw, c] (the valid ow only); pixels of x are xs values
+ * x[ky][ow*sw - pw + kx*dil_w, c] (the valid ow only); pixels of x are xs values
  * apart, of dy ys. Vectors of channels where there are vectors, the channels
  * after the last whole vector one at a time. pf, pf2: pfb and pf2b bytes the
  * next row will read, prefetched meanwhile. */
 ATTR static void CB_TYPED(cb_depthwise_kgrad_cl_row_)(const T *const *xr, const T *dy,
         T *part, ptrdiff_t C, ptrdiff_t xs, ptrdiff_t ys, ptrdiff_t W, ptrdiff_t KH,
-        ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw,
+        ptrdiff_t KW, ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dil_w, ptrdiff_t pw,
         const void *pf, ptrdiff_t pfb, const void *pf2, ptrdiff_t pf2b) {
     ptrdiff_t c, c0, c1, ow, ky, kx, lo, hi, off;
 #ifdef VL
@@ -69,7 +69,7 @@ ATTR static void CB_TYPED(cb_depthwise_kgrad_cl_row_)(const T *const *xr, const 
             if (!xr[ky]) continue;
             for (kx = 0; kx < KW; kx++) {
                 T *kp = part + (ky * KW + kx) * C;
-                off = kx * dw - pw;
+                off = kx * dil_w - pw;
                 cb_depthwise_valid(off, sw, W, OW, &lo, &hi);
 #ifdef VL
                 for (c = c0; c < c1 && c < CV; c += VL) {
@@ -180,7 +180,7 @@ ATTR static void CB_TYPED(cb_depthwise_kgrad_cl_row_)(const T *const *xr, const 
         for (ky = 0; ky < KH; ky++) {                                                     \
             if (!xr[ky]) continue;                                                        \
             for (kx = 0; kx < KW; kx++) {                                                 \
-                iw = iw0 + kx * dw;                                                       \
+                iw = iw0 + kx * dil_w;                                                    \
                 if (iw < 0 || iw >= W) continue;                                          \
                 a0 += *(const V *)(xr[ky] + iw * xs + c)                                  \
                       * *(const V *)(k + (ky * KW + kx) * C + c);                         \
@@ -191,7 +191,7 @@ ATTR static void CB_TYPED(cb_depthwise_kgrad_cl_row_)(const T *const *xr, const 
     }                                                                                     \
     if (CV < C)                                                                           \
         CB_TYPED(cb_depthwise_pixel_)(xr, k, y + (px) * C, C, xs, W, KH, KW, (px) * sw - pw, \
-                                      dw, CV, C, bias, act)
+                                      dil_w, CV, C, bias, act)
 
 /* A row of 3-tap stride-1 outputs narrower than a block (5 <= OW < 8: the
  * 7x7 maps at the end of a MobileNet) as one block of 8 from the row's
@@ -267,16 +267,16 @@ ATTR static void CB_TYPED(cb_depthwise_kgrad_cl_row_)(const T *const *xr, const 
  * prefetched while this one computes. */
 ATTR static void CB_TYPED(cb_depthwise_fwd_cl_row_)(const T *const *xr, const T *k, T *y,
         ptrdiff_t C, ptrdiff_t xs, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW,
-        ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw, const T *bias, int act,
+        ptrdiff_t sw, ptrdiff_t dil_w, ptrdiff_t pw, const T *bias, int act,
         const void *pf, ptrdiff_t pfb) {
     ptrdiff_t lo, hi, c, ow, ky, kx, iw, CV = C - C % VL;
     ptrdiff_t sC = sw * xs;
     const char *pfp = (const char *)pf, *pfe = pf ? pfp + pfb : pfp;
     ptrdiff_t pfn = 0, q_;
-    cb_depthwise_interior(W, KW, OW, sw, dw, pw, &lo, &hi);
+    cb_depthwise_interior(W, KW, OW, sw, dil_w, pw, &lo, &hi);
     /* Pixels outer, channels inner: the kernel (KH*KW*C) stays in L1 while   */
     /* the input streams through once.                                        */
-    if (KW == 3 && sw == 1 && dw == 1 && cb_depthwise_k3_state && OW >= 8) {
+    if (KW == 3 && sw == 1 && dil_w == 1 && cb_depthwise_k3_state && OW >= 8) {
         /* The next row's lines spread over this row's vectors of channels. */
         if (pf && CV > 0)
             pfn = cb_depthwise_cdiv(cb_depthwise_cdiv(pfb, 64),
@@ -284,7 +284,7 @@ ATTR static void CB_TYPED(cb_depthwise_fwd_cl_row_)(const T *const *xr, const T 
         CB_DEPTHWISE_BY_ACT(CB_DEPTHWISE_K3_ROW);
         return;
     }
-    if (KW == 3 && sw == 1 && dw == 1 && cb_depthwise_k3_state && OW >= 5) {
+    if (KW == 3 && sw == 1 && dil_w == 1 && cb_depthwise_k3_state && OW >= 5) {
         CB_DEPTHWISE_BY_ACT(CB_DEPTHWISE_K3_SHORT);
         return;
     }
@@ -305,7 +305,7 @@ ATTR static void CB_TYPED(cb_depthwise_fwd_cl_row_)(const T *const *xr, const T 
                     kb = k + ky * KW * C + c;
                     for (kx = 0; kx < KW; kx++) {
                         V kv = *(const V *)(kb + kx * C);
-                        const T *xp = xb + kx * dw * xs;
+                        const T *xp = xb + kx * dil_w * xs;
                         a0 += *(const V *)(xp) * kv;
                         a1 += *(const V *)(xp + sC) * kv;
                         a2 += *(const V *)(xp + 2 * sC) * kv;
@@ -324,7 +324,7 @@ ATTR static void CB_TYPED(cb_depthwise_fwd_cl_row_)(const T *const *xr, const T 
             if (CV < C)
                 for (c = 0; c < 4; c++)
                     CB_TYPED(cb_depthwise_pixel_)(xr, k, y + (ow + c) * C, C, xs, W, KH, KW,
-                                                  (ow + c) * sw - pw, dw, CV, C, bias, act);
+                                                  (ow + c) * sw - pw, dil_w, CV, C, bias, act);
             ow += 3;
             continue;
         }
@@ -337,29 +337,29 @@ ATTR static void CB_TYPED(cb_depthwise_fwd_cl_row_)(const T *const *xr, const T 
 /* The type's entries: the AVX2 + FMA instance where the CPU has them. */
 static void CB_TYPED(cb_depthwise_fwd_cl_row_)(const T *const *xr, const T *k, T *y,
         ptrdiff_t C, ptrdiff_t xs, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW,
-        ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw, const T *bias, int act, const void *pf,
+        ptrdiff_t sw, ptrdiff_t dil_w, ptrdiff_t pw, const T *bias, int act, const void *pf,
         ptrdiff_t pfb) {
-    CB_DEPTHWISE_PICK(cb_depthwise_fwd_cl_row_)(xr, k, y, C, xs, W, KH, KW, OW, sw, dw, pw,
+    CB_DEPTHWISE_PICK(cb_depthwise_fwd_cl_row_)(xr, k, y, C, xs, W, KH, KW, OW, sw, dil_w, pw,
                                                 bias, act, pf, pfb);
 }
 static void CB_TYPED(cb_depthwise_kgrad_cl_row_)(const T *const *xr, const T *dy, T *part,
         ptrdiff_t C, ptrdiff_t xs, ptrdiff_t ys, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW,
-        ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw, const void *pf,
+        ptrdiff_t OW, ptrdiff_t sw, ptrdiff_t dil_w, ptrdiff_t pw, const void *pf,
         ptrdiff_t pfb, const void *pf2, ptrdiff_t pf2b) {
     CB_DEPTHWISE_PICK(cb_depthwise_kgrad_cl_row_)(xr, dy, part, C, xs, ys, W, KH, KW, OW, sw,
-                                                  dw, pw, pf, pfb, pf2, pf2b);
+                                                  dil_w, pw, pf, pfb, pf2, pf2b);
 }
 
 #else  /* no vector extensions: the same arithmetic, scalar */
 
 static void CB_TYPED(cb_depthwise_fwd_cl_row_)(const T *const *xr, const T *k, T *y,
         ptrdiff_t C, ptrdiff_t xs, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW,
-        ptrdiff_t sw, ptrdiff_t dw, ptrdiff_t pw, const T *bias, int act, const void *pf,
+        ptrdiff_t sw, ptrdiff_t dil_w, ptrdiff_t pw, const T *bias, int act, const void *pf,
         ptrdiff_t pfb) {
     ptrdiff_t ow;
     (void)pf; (void)pfb;
     for (ow = 0; ow < OW; ow++)
-        CB_TYPED(cb_depthwise_pixel_)(xr, k, y + ow * C, C, xs, W, KH, KW, ow * sw - pw, dw,
+        CB_TYPED(cb_depthwise_pixel_)(xr, k, y + ow * C, C, xs, W, KH, KW, ow * sw - pw, dil_w,
                                       0, C, bias, act);
 }
 

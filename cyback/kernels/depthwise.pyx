@@ -56,21 +56,21 @@ cdef extern from "cyback_depthwise.h" nogil:
                                   Py_ssize_t R, Py_ssize_t S)
     void cb_depthwise_fwd_cl_row_f(
         const float** xr, const float* k, float* y, Py_ssize_t C, Py_ssize_t xs, Py_ssize_t W,
-        Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dw,
+        Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dil_w,
         Py_ssize_t pw, const float* bias, int act, const void* pf, Py_ssize_t pfb)
     void cb_depthwise_fwd_cl_row_d(
         const double** xr, const double* k, double* y, Py_ssize_t C, Py_ssize_t xs,
-        Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dw,
+        Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dil_w,
         Py_ssize_t pw, const double* bias, int act, const void* pf, Py_ssize_t pfb)
     void cb_depthwise_kgrad_cl_row_f(
         const float** xr, const float* dy, float* part, Py_ssize_t C, Py_ssize_t xs,
         Py_ssize_t ys, Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW, Py_ssize_t sw,
-        Py_ssize_t dw, Py_ssize_t pw, const void* pf, Py_ssize_t pfb, const void* pf2,
+        Py_ssize_t dil_w, Py_ssize_t pw, const void* pf, Py_ssize_t pfb, const void* pf2,
         Py_ssize_t pf2b)
     void cb_depthwise_kgrad_cl_row_d(
         const double** xr, const double* dy, double* part, Py_ssize_t C, Py_ssize_t xs,
         Py_ssize_t ys, Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t OW, Py_ssize_t sw,
-        Py_ssize_t dw, Py_ssize_t pw, const void* pf, Py_ssize_t pfb, const void* pf2,
+        Py_ssize_t dil_w, Py_ssize_t pw, const void* pf, Py_ssize_t pfb, const void* pf2,
         Py_ssize_t pf2b)
     void cb_depthwise_pad_plane_f(
         const float* src, Py_ssize_t H, Py_ssize_t W, float* buf, Py_ssize_t Hp, Py_ssize_t Wp,
@@ -80,20 +80,20 @@ cdef extern from "cyback_depthwise.h" nogil:
         Py_ssize_t Wp, Py_ssize_t pt, Py_ssize_t pl, Py_ssize_t sw, Py_ssize_t uh, Py_ssize_t uw)
     void cb_depthwise_fwd_cf_plane_f(
         const float* x, Py_ssize_t rs, const float* k, Py_ssize_t ks, float* y, Py_ssize_t OH,
-        Py_ssize_t OW, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw,
+        Py_ssize_t OW, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dil_h, Py_ssize_t dil_w,
         Py_ssize_t KH, Py_ssize_t KW, int accumulate, float bias, int act)
     void cb_depthwise_fwd_cf_plane_d(
         const double* x, Py_ssize_t rs, const double* k, Py_ssize_t ks, double* y,
-        Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw,
-        Py_ssize_t KH, Py_ssize_t KW, int accumulate, double bias, int act)
+        Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dil_h,
+        Py_ssize_t dil_w, Py_ssize_t KH, Py_ssize_t KW, int accumulate, double bias, int act)
     void cb_depthwise_kgrad_cf_plane_f(
         const float* x, Py_ssize_t rs, const float* dy, Py_ssize_t OH, Py_ssize_t OW,
-        Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t KH, Py_ssize_t KW,
-        float* acc)
+        Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dil_h, Py_ssize_t dil_w, Py_ssize_t KH,
+        Py_ssize_t KW, float* acc)
     void cb_depthwise_kgrad_cf_plane_d(
         const double* x, Py_ssize_t rs, const double* dy, Py_ssize_t OH, Py_ssize_t OW,
-        Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t KH, Py_ssize_t KW,
-        double* acc)
+        Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dil_h, Py_ssize_t dil_w, Py_ssize_t KH,
+        Py_ssize_t KW, double* acc)
 
 # CYBACK_AVX512=0 caps this module's vector kernels at AVX2 (the registry reads it).
 cb_simd_set_default_cap(2 if _settings.get("CYBACK_AVX512") else 1)

@@ -9,13 +9,13 @@
 
 # Strides, dilations and leading pads (rows, columns) of one call.
 ctypedef struct _Geom:
-    Py_ssize_t sh, sw, dh, dw, ph, pw
+    Py_ssize_t sh, sw, dil_h, dil_w, ph, pw
 
 
 cdef _Geom _geom(tuple t):
-    # (sh, sw, dh, dw, ph, pw) as a _Geom
+    # (sh, sw, dil_h, dil_w, ph, pw) as a _Geom
     cdef _Geom g
-    g.sh, g.sw, g.dh, g.dw, g.ph, g.pw = t
+    g.sh, g.sw, g.dil_h, g.dil_w, g.ph, g.pw = t
     return g
 
 

@@ -32,17 +32,17 @@ cdef inline const floating* _padded(const floating* src, Py_ssize_t H, Py_ssize_
 
 cdef inline void _cf_plane(const floating* rows, Py_ssize_t rs, const floating* k,
                            Py_ssize_t ks, floating* dst, Py_ssize_t OH, Py_ssize_t OW,
-                           Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw,
+                           Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dil_h, Py_ssize_t dil_w,
                            Py_ssize_t KH, Py_ssize_t KW, bint accumulate, floating bias=0,
                            int act=0) noexcept nogil:
     # dst (OH, OW) (+)= the correlation of the padded plane (rows rs apart)
     # with the taps k[(ky*KW + kx) * ks], plus bias, through the activation
     # act (bias and act only when not accumulating).
     if floating is float:
-        cb_depthwise_fwd_cf_plane_f(rows, rs, k, ks, dst, OH, OW, sh, sw, dh, dw, KH, KW,
+        cb_depthwise_fwd_cf_plane_f(rows, rs, k, ks, dst, OH, OW, sh, sw, dil_h, dil_w, KH, KW,
                                     accumulate, bias, act)
     else:
-        cb_depthwise_fwd_cf_plane_d(rows, rs, k, ks, dst, OH, OW, sh, sw, dh, dw, KH, KW,
+        cb_depthwise_fwd_cf_plane_d(rows, rs, k, ks, dst, OH, OW, sh, sw, dil_h, dil_w, KH, KW,
                                     accumulate, bias, act)
 
 
@@ -74,11 +74,11 @@ cdef void _planes_cf(const floating[:, :, :, ::1] src, const floating[:, :, :, :
     cdef Py_ssize_t N = dst.shape[0], SH = src.shape[2], SW = src.shape[3]
     cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], C = k.shape[2], M = k.shape[3]
     cdef Py_ssize_t OH = dst.shape[2], OW = dst.shape[3]
-    cdef Py_ssize_t Hp = (OH - 1) * g.sh + (KH - 1) * g.dh + 1
-    cdef Py_ssize_t Wp = (OW - 1) * g.sw + (KW - 1) * g.dw + 1, span = _row_span(Wp, g.sw)
+    cdef Py_ssize_t Hp = (OH - 1) * g.sh + (KH - 1) * g.dil_h + 1
+    cdef Py_ssize_t Wp = (OW - 1) * g.sw + (KW - 1) * g.dil_w + 1, span = _row_span(Wp, g.sw)
     cdef Py_ssize_t t, n, c, m, rs = 0
-    cdef bint same3 = (KH == 3 and KW == 3 and g.sh == 1 and g.sw == 1 and g.dh == 1
-                       and g.dw == 1 and g.ph == 1 and g.pw == 1 and uh == 1 and uw == 1
+    cdef bint same3 = (KH == 3 and KW == 3 and g.sh == 1 and g.sw == 1 and g.dil_h == 1
+                       and g.dil_w == 1 and g.ph == 1 and g.pw == 1 and uh == 1 and uw == 1
                        and OH == SH and OW == SW)
     cdef floating* buf = NULL
     cdef floating* out
@@ -105,8 +105,8 @@ cdef void _planes_cf(const floating[:, :, :, ::1] src, const floating[:, :, :, :
                 if rows == NULL:
                     rows = _padded(plane, SH, SW, buf, Hp, Wp, g.ph, g.pw, g.sw, uh, uw)
                     rs = SW if rows == plane else span
-                _cf_plane(rows, rs, &k[0, 0, c, m], C * M, out, OH, OW, g.sh, g.sw, g.dh,
-                          g.dw, KH, KW, fan_in and m > 0,
+                _cf_plane(rows, rs, &k[0, 0, c, m], C * M, out, OH, OW, g.sh, g.sw, g.dil_h,
+                          g.dil_w, KH, KW, fan_in and m > 0,
                           bias[c * M + m] if bias != NULL else 0, act)
         free(buf)
     team_done(nt)
@@ -146,13 +146,13 @@ cdef void _bwd_in_cf(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::
             for oh in range(OH):
                 gr = &dy[n, c * M + m, oh, 0]
                 for ky in range(KH):
-                    ih = oh * g.sh - g.ph + ky * g.dh
+                    ih = oh * g.sh - g.ph + ky * g.dil_h
                     if ih < 0 or ih >= H:
                         continue
                     xr = &dx[n, c, ih, 0]
                     for kx in range(KW):
                         kv = k[ky, kx, c, m]
-                        off = kx * g.dw - g.pw
+                        off = kx * g.dil_w - g.pw
                         lo = _ow_lo(off, g.sw)
                         hi = _ow_hi(off, g.sw, W, OW, lo)
                         if g.sw == 1:
@@ -172,8 +172,8 @@ cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t KH = dk.shape[0], KW = dk.shape[1], M = dk.shape[3]
     cdef Py_ssize_t OH = dy.shape[2], OW = dy.shape[3]
-    cdef Py_ssize_t Hp = (OH - 1) * g.sh + (KH - 1) * g.dh + 1
-    cdef Py_ssize_t Wp = (OW - 1) * g.sw + (KW - 1) * g.dw + 1, span = _row_span(Wp, g.sw)
+    cdef Py_ssize_t Hp = (OH - 1) * g.sh + (KH - 1) * g.dil_h + 1
+    cdef Py_ssize_t Wp = (OW - 1) * g.sw + (KW - 1) * g.dil_w + 1, span = _row_span(Wp, g.sw)
     cdef Py_ssize_t T = KH * KW
     cdef Py_ssize_t c, n, m, tap, rs, j
     cdef floating* buf = NULL
@@ -194,11 +194,11 @@ cdef void _bwd_k_cf(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
                 for m in range(M):
                     if floating is float:
                         cb_depthwise_kgrad_cf_plane_f(rows, rs, &dy[n, c * M + m, 0, 0], OH,
-                                                      OW, g.sh, g.sw, g.dh, g.dw, KH, KW,
+                                                      OW, g.sh, g.sw, g.dil_h, g.dil_w, KH, KW,
                                                       acc + m * T * 8)
                     else:
                         cb_depthwise_kgrad_cf_plane_d(rows, rs, &dy[n, c * M + m, 0, 0], OH,
-                                                      OW, g.sh, g.sw, g.dh, g.dw, KH, KW,
+                                                      OW, g.sh, g.sw, g.dil_h, g.dil_w, KH, KW,
                                                       acc + m * T * 8)
             for m in range(M):
                 for tap in range(T):

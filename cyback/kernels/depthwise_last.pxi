@@ -39,7 +39,7 @@ cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
     cdef Py_ssize_t N = x.shape[0], W = x.shape[2], C = x.shape[3]
     cdef Py_ssize_t KH = k.shape[0], KW = k.shape[1], M = k.shape[3]
     cdef Py_ssize_t OH = y.shape[1], OW = y.shape[2]
-    cdef _Rows rp = _row_plan(W, C * M, M, OW, KH, KW, g.sw, g.dw, g.pw, sizeof(floating))
+    cdef _Rows rp = _row_plan(W, C * M, M, OW, KH, KW, g.sw, g.dil_w, g.pw, sizeof(floating))
     cdef Py_ssize_t r, n, oh, pfb = 0
     cdef bint prefetch = _prefetch_big(x, y)
     cdef const floating** xr = NULL
@@ -55,11 +55,11 @@ cdef void _fwd_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k
                 continue
             n = r // OH
             oh = r % OH
-            xr = _rows_of(ring, x, rp, n, oh * g.sh - g.ph, g.dh, KH, M)
+            xr = _rows_of(ring, x, rp, n, oh * g.sh - g.ph, g.dil_h, KH, M)
             pfb = 0     # assigned here: each thread's own
             pf = _next_rows(x, r + 1, OH, g, KH, &pfb) if prefetch else NULL
             _cl_row(xr, &k[0, 0, 0, 0], &y[n, oh, 0, 0], C * M, rp.xs, rp.Ws, KH, KW, OW, g.sw,
-                    g.dw, g.pw - rp.pl, &bias[0] if bias.shape[0] > 0 else NULL, act, pf, pfb)
+                    g.dil_w, g.pw - rp.pl, &bias[0] if bias.shape[0] > 0 else NULL, act, pf, pfb)
         _ring_free(ring)
     team_done(nt)
 
@@ -74,7 +74,7 @@ cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
     cdef Py_ssize_t KH = kf.shape[0], KW = kf.shape[1], M = kf.shape[3]
     cdef Py_ssize_t OW = dy.shape[2]
     # dy has C*M channels: read as a channels_last image with M == 1.
-    cdef _Rows rp = _row_plan(OW, C * M, 1, W, KH, KW, 1, g.dw, g.pw, sizeof(floating))
+    cdef _Rows rp = _row_plan(OW, C * M, 1, W, KH, KW, 1, g.dil_w, g.pw, sizeof(floating))
     cdef Py_ssize_t r, n, ih, pfb = 0
     cdef bint prefetch = _prefetch_big(dy, dx)
     cdef const void* pf = NULL
@@ -94,15 +94,15 @@ cdef void _bwd_in_cl_s1(const floating[:, :, :, ::1] dy, const floating[:, :, :,
                 continue
             n = r // H
             ih = r % H
-            xr = _rows_of(ring, dy, rp, n, ih - g.ph, g.dh, KH, 1)
+            xr = _rows_of(ring, dy, rp, n, ih - g.ph, g.dil_h, KH, 1)
             pfb = 0     # assigned here: each thread's own
             pf = _next_rows(dy, r + 1, H, g, KH, &pfb) if prefetch else NULL
             dxp = &dx[n, ih, 0, 0]
             if M == 1:
-                _cl_row(xr, &kf[0, 0, 0, 0], dxp, C, rp.xs, rp.Ws, KH, KW, W, 1, g.dw,
+                _cl_row(xr, &kf[0, 0, 0, 0], dxp, C, rp.xs, rp.Ws, KH, KW, W, 1, g.dil_w,
                         g.pw - rp.pl, NULL, 0, pf, pfb)
             else:
-                _cl_row(xr, &kf[0, 0, 0, 0], t, C * M, rp.xs, rp.Ws, KH, KW, W, 1, g.dw,
+                _cl_row(xr, &kf[0, 0, 0, 0], t, C * M, rp.xs, rp.Ws, KH, KW, W, 1, g.dil_w,
                         g.pw - rp.pl, NULL, 0, pf, pfb)
                 if floating is float:
                     cb_depthwise_sum_groups_f(t, dxp, W * C, M)
@@ -121,7 +121,7 @@ cdef void _bwd_k_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
     cdef Py_ssize_t OH = dy.shape[1], OW = dy.shape[2]
     cdef Py_ssize_t rows = N * OH
     # No zero columns: they would add terms, and change the sums' rounding.
-    cdef _Rows rp = _row_plan(W, C * M, M, OW, KH, KW, g.sw, g.dw, g.pw, sizeof(floating),
+    cdef _Rows rp = _row_plan(W, C * M, M, OW, KH, KW, g.sw, g.dil_w, g.pw, sizeof(floating),
                               False)
     # dy's rows are copied to the same pixel stride when that is wider.
     cdef Py_ssize_t ys = rp.xs
@@ -148,7 +148,7 @@ cdef void _bwd_k_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
                     break
                 n = r // OH
                 oh = r % OH
-                xr = _rows_of(ring, x, rp, n, oh * g.sh - g.ph, g.dh, KH, M)
+                xr = _rows_of(ring, x, rp, n, oh * g.sh - g.ph, g.dil_h, KH, M)
                 dyp = &dy[n, oh, 0, 0]
                 pf = pf2 = NULL
                 pfb = pf2b = 0      # assigned here: each thread's own
@@ -159,7 +159,7 @@ cdef void _bwd_k_cl(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1]
                     _stage(dyp, dyr, OW, C * M, 1, ys)
                     dyp = dyr
                 _kg_row(xr, dyp, &part[p, 0, 0, 0, 0], C * M, rp.xs, ys, W, KH, KW, OW,
-                        g.sw, g.dw, g.pw, pf, pfb, pf2, pf2b)
+                        g.sw, g.dil_w, g.pw, pf, pfb, pf2, pf2b)
         free(dyr)
         _ring_free(ring)
 
@@ -180,7 +180,7 @@ cdef inline Py_ssize_t _bin_pix_blocks(floating* dxp, const floating* gn, const 
                                        Py_ssize_t C, Py_ssize_t OH, Py_ssize_t OW,
                                        Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t th,
                                        Py_ssize_t tw, Py_ssize_t sh, Py_ssize_t sw,
-                                       Py_ssize_t dh, Py_ssize_t dw) noexcept nogil:
+                                       Py_ssize_t dil_h, Py_ssize_t dil_w) noexcept nogil:
     # One input pixel's gradient, M == 1, CB channels at a time with the sums
     # in registers (gather from the outputs that read this pixel); th, tw are
     # the pixel's padded coordinates. Used for strides > 1.
@@ -192,11 +192,11 @@ cdef inline Py_ssize_t _bin_pix_blocks(floating* dxp, const floating* gn, const 
         for c in range(CB):
             acc[c] = 0
         for ky in range(KH):
-            oh = _src(th - ky * dh, sh, OH)
+            oh = _src(th - ky * dil_h, sh, OH)
             if oh < 0:
                 continue
             for kx in range(KW):
-                ow = _src(tw - kx * dw, sw, OW)
+                ow = _src(tw - kx * dil_w, sw, OW)
                 if ow < 0:
                     continue
                 gp = gn + (oh * OW + ow) * C + c0
@@ -231,16 +231,16 @@ cdef void _bwd_in_cl(const floating[:, :, :, ::1] dy, const floating[:, :, :, ::
             c0 = 0
             if M == 1:
                 c0 = _bin_pix_blocks(dxp, &dy[n, 0, 0, 0], &k[0, 0, 0, 0], C, OH, OW, KH, KW,
-                                     ih + g.ph, iw + g.pw, g.sh, g.sw, g.dh, g.dw)
+                                     ih + g.ph, iw + g.pw, g.sh, g.sw, g.dil_h, g.dil_w)
             if c0 == C:
                 continue
             memset(dxp + c0, 0, (C - c0) * sizeof(floating))
             for ky in range(KH):
-                oh = _src(ih + g.ph - ky * g.dh, g.sh, OH)
+                oh = _src(ih + g.ph - ky * g.dil_h, g.sh, OH)
                 if oh < 0:
                     continue
                 for kx in range(KW):
-                    ow = _src(iw + g.pw - kx * g.dw, g.sw, OW)
+                    ow = _src(iw + g.pw - kx * g.dil_w, g.sw, OW)
                     if ow < 0:
                         continue
                     _tap_t(dxp + c0, &dy[n, oh, ow, c0 * M], &k[ky, kx, c0, 0], C - c0, M)

@@ -39,7 +39,7 @@ cdef inline Py_ssize_t _cf_narrow_width(Py_ssize_t W, Py_ssize_t OW, Py_ssize_t 
                                         _Geom g) noexcept nogil:
     # Pixels of a staged row of _fwd_cf_narrow: g.pw zeros, W, then zeros as
     # far as the last output's taps reach.
-    return W + g.pw + _imax(0, (OW - 1) * g.sw + (KW - 1) * g.dw - g.pw - (W - 1))
+    return W + g.pw + _imax(0, (OW - 1) * g.sw + (KW - 1) * g.dil_w - g.pw - (W - 1))
 
 
 cdef void _fwd_cf_narrow(const floating[:, :, :, ::1] x, const floating[:, :, :, ::1] k,
@@ -89,10 +89,10 @@ cdef void _fwd_cf_narrow(const floating[:, :, :, ::1] x, const floating[:, :, :,
                 memcpy(xt + (r * Ws + g.pw) * BC, yt + r * W * BC, W * BC * sizeof(floating))
             for oh in range(OH):
                 for ky in range(KH):
-                    ih = oh * g.sh - g.ph + ky * g.dh
+                    ih = oh * g.sh - g.ph + ky * g.dil_h
                     xr[ky] = xt + ih * Ws * BC if 0 <= ih < H else NULL
                 _cl_row(xr, kp + c0 * T, yt + oh * OW * cb, cb, BC, Ws, KH, KW, OW, g.sw,
-                        g.dw, 0, bias + c0 if bias != NULL else NULL, act)
+                        g.dil_w, 0, bias + c0 if bias != NULL else NULL, act)
             _transpose(yt, cb, &y[n, c0, 0, 0], OH * OW, OH * OW, cb)
         free(yt)
         free(xt)
@@ -138,9 +138,9 @@ cdef void _bwd_k_cf_narrow(const floating[:, :, :, ::1] x, const floating[:, :, 
                 _transpose(&dy[n, c0, 0, 0], OH * OW, dyt, BC, cb, OH * OW)
                 for oh in range(OH):
                     for ky in range(KH):
-                        ih = oh * g.sh - g.ph + ky * g.dh
+                        ih = oh * g.sh - g.ph + ky * g.dil_h
                         xr[ky] = xt + ih * W * BC if 0 <= ih < H else NULL
-                    _kg_row(xr, dyt + oh * OW * BC, acc, cb, BC, BC, W, KH, KW, OW, g.sw, g.dw,
+                    _kg_row(xr, dyt + oh * OW * BC, acc, cb, BC, BC, W, KH, KW, OW, g.sw, g.dil_w,
                             g.pw)
             for t in range(T):
                 for j in range(cb):

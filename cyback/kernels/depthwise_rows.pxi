@@ -11,39 +11,41 @@
 
 cdef inline void _cl_row(const floating** xr, const floating* k, floating* y, Py_ssize_t C,
                          Py_ssize_t xs, Py_ssize_t W, Py_ssize_t KH, Py_ssize_t KW,
-                         Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw,
+                         Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dil_w, Py_ssize_t pw,
                          const floating* bias=NULL, int act=0, const void* pf=NULL,
                          Py_ssize_t pfb=0) noexcept nogil:
     # Input pixels are xs values apart (C when read in place). pf: pfb bytes
     # the next row will read, prefetched while this one computes.
     if floating is float:
-        cb_depthwise_fwd_cl_row_f(xr, k, y, C, xs, W, KH, KW, OW, sw, dw, pw, bias, act, pf, pfb)
+        cb_depthwise_fwd_cl_row_f(xr, k, y, C, xs, W, KH, KW, OW, sw, dil_w, pw, bias, act, pf,
+                                  pfb)
     else:
-        cb_depthwise_fwd_cl_row_d(xr, k, y, C, xs, W, KH, KW, OW, sw, dw, pw, bias, act, pf, pfb)
+        cb_depthwise_fwd_cl_row_d(xr, k, y, C, xs, W, KH, KW, OW, sw, dil_w, pw, bias, act, pf,
+                                  pfb)
 
 
 cdef inline void _kg_row(const floating** xr, const floating* dy, floating* part, Py_ssize_t C,
                          Py_ssize_t xs, Py_ssize_t ys, Py_ssize_t W, Py_ssize_t KH,
-                         Py_ssize_t KW, Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dw,
+                         Py_ssize_t KW, Py_ssize_t OW, Py_ssize_t sw, Py_ssize_t dil_w,
                          Py_ssize_t pw, const void* pf=NULL, Py_ssize_t pfb=0,
                          const void* pf2=NULL, Py_ssize_t pf2b=0) noexcept nogil:
     # Pixels of the input rows are xs values apart, of dy ys. pf, pf2: pfb
     # and pf2b bytes the next row will read, prefetched meanwhile.
     if floating is float:
-        cb_depthwise_kgrad_cl_row_f(xr, dy, part, C, xs, ys, W, KH, KW, OW, sw, dw, pw, pf,
+        cb_depthwise_kgrad_cl_row_f(xr, dy, part, C, xs, ys, W, KH, KW, OW, sw, dil_w, pw, pf,
                                     pfb, pf2, pf2b)
     else:
-        cb_depthwise_kgrad_cl_row_d(xr, dy, part, C, xs, ys, W, KH, KW, OW, sw, dw, pw, pf,
+        cb_depthwise_kgrad_cl_row_d(xr, dy, part, C, xs, ys, W, KH, KW, OW, sw, dil_w, pw, pf,
                                     pfb, pf2, pf2b)
 
 
 cdef inline void _cl_rows(const floating** xr, const floating[:, :, :, ::1] x, Py_ssize_t n,
-                          Py_ssize_t ih0, Py_ssize_t dh, Py_ssize_t KH) noexcept nogil:
-    # xr[ky] = row ih0 + ky*dh of sample n, read in place, or NULL where that
+                          Py_ssize_t ih0, Py_ssize_t dil_h, Py_ssize_t KH) noexcept nogil:
+    # xr[ky] = row ih0 + ky*dil_h of sample n, read in place, or NULL where that
     # row is padding.
     cdef Py_ssize_t H = x.shape[1], ky, ih
     for ky in range(KH):
-        ih = ih0 + ky * dh
+        ih = ih0 + ky * dil_h
         xr[ky] = NULL if ih < 0 or ih >= H else &x[n, ih, 0, 0]
 
 
@@ -60,10 +62,10 @@ cdef inline Py_ssize_t _pixel_stride(Py_ssize_t CM, Py_ssize_t itemsize) noexcep
 
 
 cdef inline bint _row_needed(Py_ssize_t tag, Py_ssize_t n, Py_ssize_t H, Py_ssize_t ih0,
-                             Py_ssize_t dh, Py_ssize_t KH) noexcept nogil:
-    # Whether row tag (n*H + ih) is one of rows ih0 + ky*dh of sample n.
+                             Py_ssize_t dil_h, Py_ssize_t KH) noexcept nogil:
+    # Whether row tag (n*H + ih) is one of rows ih0 + ky*dil_h of sample n.
     cdef Py_ssize_t d = tag - (n * H + ih0)
-    return d >= 0 and d % dh == 0 and d // dh < KH and 0 <= ih0 + d < H
+    return d >= 0 and d % dil_h == 0 and d // dil_h < KH and 0 <= ih0 + d < H
 
 
 cdef inline void _stage(const floating* src, floating* dst, Py_ssize_t W, Py_ssize_t C,
@@ -96,9 +98,9 @@ cdef inline void _stage(const floating* src, floating* dst, Py_ssize_t W, Py_ssi
 
 cdef inline void _staged_rows(const floating** xr, const floating[:, :, :, ::1] x,
                               floating* ring, Py_ssize_t* tags, Py_ssize_t n, Py_ssize_t ih0,
-                              Py_ssize_t dh, Py_ssize_t KH, Py_ssize_t M, Py_ssize_t xs,
+                              Py_ssize_t dil_h, Py_ssize_t KH, Py_ssize_t M, Py_ssize_t xs,
                               Py_ssize_t Ws, Py_ssize_t pl) noexcept nogil:
-    # xr[ky] = row ih0 + ky*dh of sample n staged (_stage) in one of the KH
+    # xr[ky] = row ih0 + ky*dil_h of sample n staged (_stage) in one of the KH
     # slots of ring, or NULL where that row is padding. A slot holds Ws
     # pixels xs apart: pl zeros, the row's W pixels, zeros (written when the
     # ring was allocated). tags[s] = n*H + ih of the row slot s holds (-1:
@@ -108,18 +110,18 @@ cdef inline void _staged_rows(const floating** xr, const floating[:, :, :, ::1] 
     cdef Py_ssize_t ky, s, ih
     for ky in range(KH):
         xr[ky] = NULL
-        ih = ih0 + ky * dh
+        ih = ih0 + ky * dil_h
         if 0 <= ih < H:
             for s in range(KH):
                 if tags[s] == n * H + ih:
                     xr[ky] = ring + s * Ws * xs
     for ky in range(KH):
-        ih = ih0 + ky * dh
+        ih = ih0 + ky * dil_h
         if xr[ky] != NULL or ih < 0 or ih >= H:
             continue
         # A row is missing, so fewer than KH slots hold needed rows.
         s = 0
-        while s < KH - 1 and _row_needed(tags[s], n, H, ih0, dh, KH):
+        while s < KH - 1 and _row_needed(tags[s], n, H, ih0, dil_h, KH):
             s += 1
         _stage(&x[n, ih, 0, 0], ring + (s * Ws + pl) * xs, W, C, M, xs)
         tags[s] = n * H + ih
@@ -145,7 +147,7 @@ cdef Py_ssize_t STAGE_MAX_BYTES = 4 << 20
 
 
 cdef _Rows _row_plan(Py_ssize_t W, Py_ssize_t CM, Py_ssize_t M, Py_ssize_t OW, Py_ssize_t KH,
-                     Py_ssize_t KW, Py_ssize_t sw, Py_ssize_t dw, Py_ssize_t pw,
+                     Py_ssize_t KW, Py_ssize_t sw, Py_ssize_t dil_w, Py_ssize_t pw,
                      Py_ssize_t itemsize, bint columns=True) noexcept nogil:
     # Rows of W pixels (CM values each after a depth multiplier M expands
     # them) read by OW outputs. They are staged when M > 1, when their
@@ -157,7 +159,7 @@ cdef _Rows _row_plan(Py_ssize_t W, Py_ssize_t CM, Py_ssize_t M, Py_ssize_t OW, P
     # their edges. Past STAGE_MAX_BYTES only M > 1 stages, as it must.
     cdef _Rows rp
     # Zero pixels after the row: as many as the last output's taps reach.
-    cdef Py_ssize_t pr = _imax(0, (OW - 1) * sw + (KW - 1) * dw - pw - (W - 1))
+    cdef Py_ssize_t pr = _imax(0, (OW - 1) * sw + (KW - 1) * dil_w - pw - (W - 1))
     cdef bint faster = _staging and KH * (W + pw + pr) * (CM + 64) * itemsize <= STAGE_MAX_BYTES
     cdef bint padded = columns and faster and (pw > 0 or pr > 0) and CM * itemsize >= 256
     rp.xs = _pixel_stride(CM, itemsize) if faster else CM
@@ -198,16 +200,16 @@ cdef inline void _ring_free(_Ring ring) noexcept nogil:
 
 
 cdef inline const floating** _rows_of(_Ring ring, const floating[:, :, :, ::1] x, _Rows rp,
-                                      Py_ssize_t n, Py_ssize_t ih0, Py_ssize_t dh, Py_ssize_t KH,
-                                      Py_ssize_t M) noexcept nogil:
-    # The row pointers of ring, xr[ky] = row ih0 + ky*dh of sample n as rp
+                                      Py_ssize_t n, Py_ssize_t ih0, Py_ssize_t dil_h,
+                                      Py_ssize_t KH, Py_ssize_t M) noexcept nogil:
+    # The row pointers of ring, xr[ky] = row ih0 + ky*dil_h of sample n as rp
     # says (NULL where padding).
     cdef const floating** xr = <const floating**>ring.xr
     if rp.staged:
-        _staged_rows(xr, x, <floating*>ring.rows, ring.tags, n, ih0, dh, KH, M, rp.xs, rp.Ws,
+        _staged_rows(xr, x, <floating*>ring.rows, ring.tags, n, ih0, dil_h, KH, M, rp.xs, rp.Ws,
                      rp.pl)
     else:
-        _cl_rows(xr, x, n, ih0, dh, KH)
+        _cl_rows(xr, x, n, ih0, dil_h, KH)
     return xr
 
 
@@ -256,8 +258,8 @@ cdef inline const void* _next_rows(const floating[:, :, :, ::1] x, Py_ssize_t r,
     # (one at stride 1), as one contiguous range: its start, and its length
     # in *nbytes; NULL when there are none.
     cdef Py_ssize_t H = x.shape[1], n = r // OH, oh = r % OH
-    cdef Py_ssize_t lo = oh * g.sh - g.ph + max(0, KH - g.sh) * g.dh
-    cdef Py_ssize_t hi = oh * g.sh - g.ph + (KH - 1) * g.dh
+    cdef Py_ssize_t lo = oh * g.sh - g.ph + max(0, KH - g.sh) * g.dil_h
+    cdef Py_ssize_t hi = oh * g.sh - g.ph + (KH - 1) * g.dil_h
     if n >= x.shape[0]:
         return NULL
     lo = max(lo, 0)
