@@ -1,6 +1,6 @@
 """Kernels know arrays only: no kernel source imports a cyback module outside
 cyback.kernels. import-linter (pyproject.toml) checks the .py modules; it does
-not read Cython, so the .pyx/.pxd sources are checked here."""
+not read Cython, so the .pyx/.pxd/.pxi sources are checked here."""
 import pathlib
 import re
 
@@ -35,7 +35,8 @@ def test_checker_finds_outside_imports():
 def test_kernel_sources_import_only_kernels():
     if not KERNELS.is_dir():
         pytest.skip("tests copied without the source tree (cibuildwheel's test run)")
-    sources = sorted(KERNELS.glob("*.pyx")) + sorted(KERNELS.glob("*.pxd"))
+    sources = sorted(KERNELS.glob("*.pyx")) + sorted(KERNELS.glob("*.pxd")) + \
+        sorted(KERNELS.glob("*.pxi"))
     assert sources, "no kernel sources under %s" % KERNELS
     bad = {p.name: outside_imports(p.read_text()) for p in sources}
     assert not {k: v for k, v in bad.items() if v}
