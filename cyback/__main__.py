@@ -4,7 +4,7 @@ Without a subcommand it prints the build report and trains a small network
 with cyback's own API (placeholders, variables, gradients, a function with
 updates), as ``python -m cyback demo`` does. ``python -m cyback --help`` lists
 the subcommands: ``info``, ``demo``, ``bench``, ``settings``,
-``set-default-backend``, ``inspect`` and ``predict``.
+``set-default-backend``, ``inspect``, ``profile`` and ``predict``.
 """
 import argparse
 import os
@@ -232,6 +232,25 @@ def parser():
     i.add_argument("--unsafe", action="store_true",
                    help="load a file holding Python code (Lambda layers); only for files "
                         "you trust")
+    pr = sub.add_parser("profile", help="where a model's prediction spends its time, step "
+                                        "by step",
+                        description="Load MODEL with cyback.load_model, compile its prediction "
+                                    "and time each step of the plan a call runs (the median "
+                                    "of --calls runs): the time per kind of step and the "
+                                    "slowest steps.")
+    pr.add_argument("model", metavar="MODEL", help="a .h5 or .keras model file")
+    pr.add_argument("--input", metavar="INPUT.npy",
+                    help="the input batch (.npy; .npz with one array per input); without it, "
+                         "--batch rows of random values (zeros for integer inputs)")
+    pr.add_argument("--batch", type=_positive, default=1, help="rows of random input "
+                                                               "(default 1)")
+    pr.add_argument("--calls", type=_positive, default=10, help="runs to take the median of "
+                                                                "(default 10)")
+    pr.add_argument("--top", type=_positive, default=15, help="slowest steps listed "
+                                                              "(default 15)")
+    pr.add_argument("--unsafe", action="store_true",
+                    help="load a file holding Python code (Lambda layers); only for files "
+                         "you trust")
     r = sub.add_parser("predict", help="run a model file on a .npy input",
                        description="Load MODEL with cyback.load_model and predict on the "
                                    "arrays in INPUT (.npy; .npz with one array per input for "
@@ -277,6 +296,10 @@ def main(argv=None):
             return 0
         if args.command == "inspect":
             cli.inspect_model(args.model, unsafe=args.unsafe)
+            return 0
+        if args.command == "profile":
+            cli.profile_model(args.model, args.input, args.batch, args.calls, args.top,
+                              args.unsafe)
             return 0
         if args.command == "predict":
             cli.predict(args.model, args.input, args.output, args.batch_size, args.unsafe)

@@ -279,3 +279,40 @@ def predict(path, input_path, output=None, batch_size=32, unsafe=False, out=None
     print("wrote %s (%s)" % (output, "; ".join("shape %s %s" % (r.shape, r.dtype)
                                                for r in results)), file=out)
     return results
+
+
+def _profile_inputs(model, batch):
+    """Inputs of ``batch`` rows for the model's input shapes: standard normal
+    floats, zeros for integer inputs (a valid index for any Embedding)."""
+    import keras.backend as K
+    rng = np.random.default_rng(0)
+    arrays = []
+    for t in model.inputs:
+        shape = K.int_shape(t)
+        if any(d is None for d in shape[1:]):
+            raise CommandError("the input %s has shape %s with unknown sizes besides the batch: "
+                               "give an input file (--input)" % (t.name.split(":")[0],
+                                                                  _shape(shape)))
+        dtype = np.dtype(K.dtype(t))
+        full = (batch,) + tuple(shape[1:])
+        arrays.append(np.zeros(full, dtype) if dtype.kind in "iub"
+                      else rng.standard_normal(full).astype(dtype))
+    return arrays
+
+
+def profile_model(path, input_path=None, batch=1, calls=10, top=15, unsafe=False, out=None):
+    """Time each step of the plan that predicts with the model in ``path``
+    (cyback.graph.profile) on the inputs in ``input_path``, or on ``batch``
+    rows of random inputs; print where the time goes."""
+    out = sys.stdout if out is None else out
+    model = load(path, unsafe)
+    import keras.backend as K
+    arrays = _read_inputs(model, input_path) if input_path else _profile_inputs(model, batch)
+    _check_shapes(model, arrays)
+    fn = K.function(model.inputs, model.outputs)
+    result = fn.profile(arrays, calls=calls)
+    from cyback import config
+    print("%s at batch %d, %d thread(s): the median of %d runs" % (
+        path, len(arrays[0]), config.get_num_threads(), calls), file=out)
+    print(result.table(top), file=out)
+    return result

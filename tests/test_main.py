@@ -263,3 +263,25 @@ def test_predict_refuses_an_input_of_the_wrong_shape(model_files, tmp_path, caps
     (tmp_path / "junk.npy").write_text("junk")
     assert cmd.main(["predict", str(folder / "m.h5"), str(tmp_path / "junk.npy")]) == 1
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_profile_times_each_step_of_the_prediction(model_files, capsys):
+    folder, want = model_files
+    assert cmd.main(["profile", str(folder / "m.h5"), "--calls", "2", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "m.h5 at batch 1," in out and "the median of 2 runs" in out
+    assert "a call:" in out and "steps one by one" in out
+    assert "dot + add" in out                     # the Dense layer as one fused step
+    assert "the 3 slowest steps:" in out or "slowest steps:" in out
+    assert cmd.main(["profile", str(folder / "m.h5"), "--input", str(folder / "x.npy"),
+                     "--calls", "1"]) == 0
+    assert "at batch 5," in capsys.readouterr().out
+
+
+def test_profile_refuses_bad_inputs(model_files, tmp_path, capsys):
+    folder, _ = model_files
+    np.save(str(tmp_path / "bad.npy"), np.zeros((4, 7), np.float32))
+    assert cmd.main(["profile", str(folder / "m.h5"), "--input", str(tmp_path / "bad.npy")]) == 1
+    assert "has shape (4, 7); the model takes (None, 3)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cmd.main(["profile", str(folder / "m.h5"), "--calls", "0"])

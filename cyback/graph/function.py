@@ -28,6 +28,7 @@ import numpy as np
 
 from cyback import config
 from cyback.graph import calls, collector, limits, optimize
+from cyback.graph import profile as _profile
 from cyback.graph import tensor as tensor_mod
 from cyback.graph.codegen import Namer, inline_call
 from cyback.graph.frozen import Frozen
@@ -98,8 +99,11 @@ def _leaves(nodes, targets):
 class _Plan(object):
     """One compiled program: ``run(*feeds, *variable_values)`` → target values."""
 
-    def __init__(self, run, feed_slots, variables, step_lines, steps, src):
+    def __init__(self, run, feed_slots, variables, step_lines, steps, src, frozen=None,
+                 targets=()):
         self.run = run
+        self.targets = list(targets)      # what run returns, in order
+        self.frozen = frozen              # the weight-only prelude (graph/frozen.py) or None
         self.src = src                    # the generated source of run
         self.feed_slots = feed_slots      # index in Function.inputs, in run's arg order
         self.variables = variables        # Variables read, in run's arg order
@@ -293,7 +297,7 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
     src = "\n".join(lines) + "\n"
     filename = "<cyback function %s #%d>" % (name or "", next(_plan_ids))
     exec(compile(src, filename, "exec"), ns)
-    return _Plan(ns["run"], feed_slots, variables, step_lines, steps, src)
+    return _Plan(ns["run"], feed_slots, variables, step_lines, steps, src, frozen, targets)
 
 
 def _inline_step(op, ins, outs, ns, name_of):
@@ -466,6 +470,11 @@ class Function(object):
                 raise TypeError("function: an update must be a (variable, new_value) pair or "
                                 "the result of K.update/update_add/update_sub, got %r" % (u,))
         return list(updates)
+
+    def profile(self, inputs, calls=10, learning_phase=0):
+        """The time of each step of the plan a call on ``inputs`` runs
+        (``cyback.graph.profile``): which ops a call spends its time in."""
+        return _profile.profile(self, inputs, calls, learning_phase)
 
     def plan_ops(self, learning_phase=0):
         """The ops a call with this learning phase runs, in order: what folding,

@@ -153,6 +153,13 @@ class ProgramBuilder(object):
         return np.array(rows, dtype=np.int32).reshape(-1, 6), max(n_regs, 1)
 
 
+def _name(op):
+    describe = getattr(op, "describe", None)
+    if describe is not None:
+        return describe()
+    return getattr(op, "api", None) or type(op).__name__
+
+
 class Fused(Op):
     """One step for a group of element-wise ops, and optionally ``base``, the
     op that produces their full-size operand ``inplace``: the step's inputs
@@ -181,6 +188,12 @@ class Fused(Op):
 
     def key(self):
         return None
+
+    def describe(self):
+        """The step's ops in order, for a profile or a plan listing:
+        'conv2d + add + relu'."""
+        names = [] if self.base is None else [_name(self.base)]
+        return " + ".join(names + [_name(op) for op, _ in self.members])
 
     def infer(self, *inputs):
         return [self.out_spec]
