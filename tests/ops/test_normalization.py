@@ -7,6 +7,7 @@ import cyback as K
 from cyback.kernels import reduce as kreduce
 from cyback.kernels import runtime
 from cyback.ops.normalization import LayerNorm, layer_norm
+
 from gradcheck import check_grads
 
 
