@@ -97,7 +97,7 @@ class LayerNormalization(_WeightArgs, Layer):
     def call(self, inputs):
         ndim = len(self._input_shape)
         axes = self._axes
-        if axes == (ndim - 1,) and not self.rms_scaling and \
+        if list(axes) == [ndim - 1] and not self.rms_scaling and \
                 all(K.dtype(w) == K.dtype(inputs) for w in self.weights):
             # one op: the statistics and the scaling in one pass per row
             return layer_norm(inputs, self.gamma, self.beta, self.epsilon)

@@ -250,3 +250,23 @@ def test_group_norm_with_unknown_lengths():
     gamma, beta = _set_random_weights(layer)
     np.testing.assert_allclose(K.function([ph], [out])([x])[0],
                                group_norm_ref(x, 3, -1, 1e-3, gamma, beta), rtol=1e-10)
+
+
+@pytest.mark.parametrize('center,scale', [(True, True), (False, True), (True, False),
+                                          (False, False)])
+def test_layer_norm_over_the_last_axis_is_one_op(center, scale):
+    # the statistics and the scaling in one kernel pass (ops/normalization.py)
+    x = np.random.RandomState(5).randn(3, 4, 6).astype('float32') * 3 + 2
+    layer = LayerNormalization(epsilon=1e-3, center=center, scale=scale)
+    ph = K.placeholder(shape=(None, 4, 6))
+    f = K.function([ph], [layer(ph)])
+    weights = _set_random_weights(layer)
+    ops = [type(op).__name__ for op in f.plan_ops()]
+    assert 'LayerNorm' in ops and 'Reduce' not in ops
+    gamma = weights[0] if scale else None
+    beta = weights[-1] if center else None
+    np.testing.assert_allclose(f([x])[0], layer_norm_ref(x, [2], 1e-3, gamma, beta),
+                               rtol=1e-5, atol=1e-5)
+    axis_1 = LayerNormalization(axis=1)       # not the last axis: the general graph
+    g = K.function([ph], [axis_1(ph)])
+    assert 'LayerNorm' not in [type(op).__name__ for op in g.plan_ops()]
