@@ -244,8 +244,10 @@ def epilogue_vectors(scale_a, scale_b, bias=None):
     if sb.ndim != 1:
         raise ValueError("gemm: scale_b must be a vector of N scales, got shape %s"
                          % (sb.shape,))
-    if not (np.all(np.isfinite(sb)) and np.all(sb > 0)):
-        raise ValueError("gemm: scale_b must be finite and positive")
+    # any sign: a BatchNorm folded into an int8 layer scales its columns by
+    # its own, possibly negative, factors
+    if not np.all(np.isfinite(sb)):
+        raise ValueError("gemm: scale_b must be finite")
     n = sb.shape[0]
     out = np.zeros((1 if bias is None else 2, cb_q_panels(n) * CB_Q_NR), dtype=np.float32)
     out[0, :n] = np.float32(sa) * sb

@@ -23,6 +23,7 @@ import numpy as np
 
 from cyback.graph.op import Op
 from cyback.kernels import conv_utils, qgemm
+from cyback.ops.shape import reshape
 
 #: activations the product's epilogue applies itself
 FUSED_ACTIVATIONS = ("linear", "relu", "relu6")
@@ -97,6 +98,7 @@ class _Quantized(Op):
     (scale, zero point) and the fused activation."""
 
     fresh_output = True
+    epilogue_host = True
 
     def __init__(self, in_scale, in_zero, activation):
         if activation not in FUSED_ACTIVATIONS:
@@ -120,8 +122,60 @@ class _Quantized(Op):
             raise ValueError("%s: the packed weights do not hold a (%d, %d) kernel for an "
                              "input of %d features" % (self.api, k, n, k))
 
-    def _product(self, a, packed, vectors):
-        return qgemm.gemm_prepared(a, packed, vectors, self.in_zero, self.activation)
+    def _product(self, a, packed, vectors, activation=None):
+        return qgemm.gemm_prepared(a, packed, vectors, self.in_zero,
+                                   activation or self.activation)
+
+    # the epilogue's vectors (EpilogueVectors) among the operands: the last ones
+    # a step's output goes through
+    _vectors_at = 2
+
+    def _out_vectors_at(self):
+        return self._vectors_at
+
+    def scale_output(self, inputs, out, v, ctx):
+        """``out * v`` for a per-channel weight vector ``v`` (BatchNorm folded
+        into the op at inference): the epilogue's scales and bias times ``v``.
+        Not through a fused activation (relu does not commute with a negative
+        scale)."""
+        at = self._out_vectors_at()
+        vectors = inputs[at]
+        if self.activation != "linear" or vectors.node is None or \
+                not isinstance(vectors.node.op, EpilogueVectors) or \
+                ctx.channel_vector(v, out, out.ndim - 1) is None or out.shape[-1] is None:
+            return None
+        made = vectors.node
+        v = reshape(v, (out.shape[-1],))
+        parts = [made.inputs[0] * v] + [b * v for b in made.inputs[1:]]
+        new = list(inputs)
+        new[at] = made.op(*parts)
+        return self(*new)
+
+    def kernel_epilogue(self, bias_axis, activation, out, residual=False, exact=False):
+        """Whether the epilogue takes a per-channel bias add (into its bias row)
+        and relu / relu6 (as its fused activation, when the op has none) after
+        the product: not a residual, and never in an exact (training) fusion."""
+        if residual or exact or (bias_axis is not None and bias_axis != -1):
+            return False
+        return activation is None or self.activation == "linear"
+
+    def compute_epilogue(self, inputs, bias, activation, residual=None):
+        """The op's output + ``bias``, then ``activation``, from its own
+        epilogue; None when the arrays do not suit it."""
+        at = self._out_vectors_at()
+        if residual is not None:
+            return None
+        arrays = list(inputs)
+        if bias is not None:
+            vectors = arrays[at]
+            bias = np.asarray(bias, dtype=np.float32).reshape(-1)
+            if bias.shape[0] > vectors.shape[1]:
+                return None
+            merged = np.zeros((2, vectors.shape[1]), dtype=np.float32)
+            merged[:vectors.shape[0]] = vectors
+            merged[1, :bias.shape[0]] += bias
+            arrays[at] = merged
+        return self.compute(*arrays, activation=activation)[0]
 
     def _quantized_input(self, x):
         x = np.asarray(x)
@@ -150,13 +204,13 @@ class QuantizedDense(_Quantized):
         self._check_operands(x, packed, vectors, x.shape[-1], self.units)
         return [(tuple(x.shape[:-1]) + (self.units,), "float32")]
 
-    def compute(self, x, packed, vectors):
+    def compute(self, x, packed, vectors, activation=None):
         q = self._quantized_input(x)
         k = q.shape[-1]
         if qgemm.packed_shape(packed) != (k, self.units):
             raise ValueError("%s: the input has %d features, the packed kernel is %s"
                              % (self.api, k, qgemm.packed_shape(packed)))
-        y = self._product(q.reshape(-1, k), packed, vectors)
+        y = self._product(q.reshape(-1, k), packed, vectors, activation)
         return (y.reshape(q.shape[:-1] + (self.units,)),)
 
 
@@ -227,7 +281,7 @@ class QuantizedConv(_Quantized):
         out = self._out_spatial(x.shape[1:-1])
         return [((x.shape[0],) + out + (self.filters,), "float32")]
 
-    def compute(self, x, packed, vectors):
+    def compute(self, x, packed, vectors, activation=None):
         q = self._quantized_input(x)
         b, c = q.shape[0], q.shape[-1]
         sizes = q.shape[1:-1]
@@ -253,7 +307,7 @@ class QuantizedConv(_Quantized):
             else:
                 a = qgemm.im2col(q, self.kernel_size, self.strides, self.dilation, pads,
                                  self.in_zero)
-        y = self._product(a, packed, vectors)
+        y = self._product(a, packed, vectors, activation)
         return (y.reshape((b,) + out + (self.filters,)),)
 
 
@@ -297,6 +351,9 @@ class QuantizedDepthwiseConv(_Quantized):
     pw_vectors), the bias and activation in the second epilogue."""
 
     api = "quantized_depthwise_conv"
+
+    def _out_vectors_at(self):
+        return 2 if self.pointwise is None else 4
 
     def __init__(self, kernel_size, strides, dilation, padding, multiplier, in_scale, in_zero,
                  activation="linear", pointwise=None, mid_scale=None, mid_zero=None):
@@ -348,14 +405,15 @@ class QuantizedDepthwiseConv(_Quantized):
                                  % (self.api, self.kernel_size, self.dilation, x.shape[1:3]))
         return [((x.shape[0],) + self._out_spatial(x.shape[1:3]) + (width,), "float32")]
 
-    def compute(self, x, packed, vectors, pw_packed=None, pw_vectors=None):
+    def compute(self, x, packed, vectors, pw_packed=None, pw_vectors=None, activation=None):
         q = self._quantized_input(x)
         if self.multiplier > 1:
             q = np.repeat(q, self.multiplier, axis=-1)
         pads = [conv_utils.conv_pads(n, k, s, d, self.padding)
                 for n, k, s, d in zip(q.shape[1:3], self.kernel_size, self.strides,
                                       self.dilation)]
-        act = self.activation if self.pointwise is None else "linear"
+        activation = activation or self.activation
+        act = activation if self.pointwise is None else "linear"
         if self.pointwise is None:
             y = qgemm.depthwise_conv(q, packed, vectors, self.in_zero, self.kernel_size,
                                      self.strides, self.dilation, pads, activation=act)
@@ -364,5 +422,5 @@ class QuantizedDepthwiseConv(_Quantized):
                                    self.strides, self.dilation, pads, out_scale=self.mid_scale,
                                    out_zero_point=self.mid_zero)
         y = qgemm.gemm_prepared(mid.reshape(-1, mid.shape[-1]), pw_packed, pw_vectors,
-                                self.mid_zero, self.activation)
+                                self.mid_zero, activation)
         return (y.reshape(mid.shape[:-1] + (self.pointwise,)),)

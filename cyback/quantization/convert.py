@@ -17,6 +17,7 @@ SimpleRNN layers in int8 out.
 """
 import numpy as np
 
+from cyback.layers import convolutional as cyback_layers
 from cyback.layers import import_keras
 from cyback.quantization import calibration, weights
 from cyback.quantization.data import Batches, graph_function
@@ -83,6 +84,10 @@ def quantizable(keras, layer):
         return True
     if kind in (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D):
         return True         # channels_first through a transpose
+    if kind in (cyback_layers.Conv1D, cyback_layers.Conv2D):
+        # the Conv1D/Conv2D of models loaded from tf.keras and Keras 3 files, with
+        # tf.keras's groups: one group is Keras's own convolution
+        return layer.groups == 1
     if kind in (keras.layers.DepthwiseConv2D, keras.layers.SeparableConv2D):
         return layer.data_format == 'channels_last'
     return kind in _recurrent_classes(keras)

@@ -1,0 +1,80 @@
+"""int8 layers in inference plans: a BatchNormalization after an int8 convolution
+is folded into its epilogue (scales and bias, any sign), the bias add and
+relu / relu6 after it run in the epilogue too; and the Conv2D of models loaded
+from files (cyback.layers' class, with groups) is quantized like Keras's own."""
+import keras
+import numpy as np
+import pytest
+
+import cyback
+import cyback.layers
+from cyback.graph import optimize
+
+
+def _model(conv_class, negative_gamma):
+    rng = np.random.RandomState(0)
+    inp = keras.layers.Input((9, 9, 3))
+    x = conv_class(8, 3, use_bias=False, name='conv')(inp)
+    x = keras.layers.BatchNormalization(name='bn1')(x)
+    x = keras.layers.ReLU(6.0)(x)
+    x = keras.layers.DepthwiseConv2D(3, padding='same', use_bias=False, name='dw')(x)
+    x = keras.layers.BatchNormalization(name='bn2')(x)
+    x = keras.layers.ReLU()(x)
+    x = keras.layers.Conv2D(4, 1, name='project')(x)
+    x = keras.layers.BatchNormalization(name='bn3')(x)
+    model = keras.models.Model(inp, x)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            c = layer.get_weights()[0].shape[0]
+            gamma = rng.uniform(0.5, 1.5, c)
+            if negative_gamma:
+                gamma[::2] *= -1
+            layer.set_weights([gamma, rng.normal(0, 0.3, c), rng.normal(0, 0.3, c),
+                               rng.uniform(0.5, 1.5, c)])
+    return model, rng.standard_normal((16, 9, 9, 3)).astype('float32')
+
+
+def _labels(function):
+    labels = []
+    for op in function.plan_ops():
+        describe = getattr(op, 'describe', None)
+        labels.append(describe() if describe else (op.api or type(op).__name__))
+    return labels
+
+
+@pytest.mark.parametrize('negative_gamma', [False, True])
+def test_batchnorm_bias_and_relu_go_into_the_int8_epilogue(negative_gamma):
+    model, x = _model(cyback.layers.Conv2D, negative_gamma)
+    q = cyback.quantize(model, x)
+    classes = {layer.name: type(layer).__name__ for layer in q.layers}
+    assert classes['conv'] == 'QuantizedConv2D' and classes['dw'] == 'QuantizedDepthwiseConv2D'
+    K = keras.backend
+    f = K.function(q.inputs, q.outputs)
+    labels = _labels(f)
+    assert not any('multiply' in label for label in labels), labels
+    assert 'quantized_conv + add + relu' in labels                 # conv, bn1, ReLU(6)
+    assert 'quantized_depthwise_conv + add + relu' in labels       # dw, bn2, ReLU
+    assert 'quantized_conv + add' in labels                        # project + bn3
+    got = f([x])[0]
+    optimize.set_graph_optimizer(False)
+    try:
+        plain = K.function(q.inputs, q.outputs)
+        assert any('multiply' in label for label in _labels(plain))
+        want = plain([x])[0]
+    finally:
+        optimize.set_graph_optimizer(True)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    # and the int8 model still tracks the float one
+    ref = model.predict(x)
+    assert np.abs(got - ref).max() < 0.1 * np.abs(ref).max()
+
+
+def test_loaded_conv2d_class_is_quantized_unless_grouped():
+    model, x = _model(cyback.layers.Conv2D, False)
+    assert type(model.get_layer('conv')) is cyback.layers.Conv2D
+    q = cyback.quantize(model, x)
+    assert type(q.get_layer('conv')).__name__ == 'QuantizedConv2D'
+    inp = keras.layers.Input((6, 6, 4))
+    grouped = keras.models.Model(inp, cyback.layers.Conv2D(4, 3, groups=2, name='g')(inp))
+    q = cyback.quantize(grouped, np.random.RandomState(1).randn(4, 6, 6, 4).astype('float32'))
+    assert type(q.get_layer('g')) is cyback.layers.Conv2D
