@@ -23,6 +23,7 @@ import numpy as np
 
 from cyback.graph.op import Op
 from cyback.kernels import conv_utils, qgemm
+from cyback.ops.manip import Pad
 from cyback.ops.shape import reshape
 
 #: activations the product's epilogue applies itself
@@ -356,8 +357,13 @@ class QuantizedDepthwiseConv(_Quantized):
         return 2 if self.pointwise is None else 4
 
     def __init__(self, kernel_size, strides, dilation, padding, multiplier, in_scale, in_zero,
-                 activation="linear", pointwise=None, mid_scale=None, mid_zero=None):
+                 activation="linear", pointwise=None, mid_scale=None, mid_zero=None,
+                 extra_pads=None):
         super().__init__(in_scale, in_zero, activation)
+        # zeros around the spatial axes on top of ``padding``: a zero padding
+        # before the op, taken into it by an inference plan (``rewrite``)
+        self.extra_pads = None if extra_pads is None else \
+            tuple((int(b), int(a)) for b, a in extra_pads)
         self.kernel_size = tuple(int(v) for v in kernel_size)
         self.strides = tuple(int(v) for v in strides)
         self.dilation = tuple(int(v) for v in dilation)
@@ -376,11 +382,46 @@ class QuantizedDepthwiseConv(_Quantized):
             self.mid_scale = float(mid_scale)
             self.mid_zero = int(mid_zero)
 
+    def _padded(self, sizes):
+        if self.extra_pads is None:
+            return tuple(sizes)
+        return tuple(None if n is None else n + b + a
+                     for n, (b, a) in zip(sizes, self.extra_pads))
+
     def _out_spatial(self, sizes):
         return tuple(None if n is None else
                      conv_utils.conv_output_length(n, k, s, d, self.padding)
-                     for n, k, s, d in zip(sizes, self.kernel_size, self.strides,
-                                           self.dilation))
+                     for n, k, s, d in zip(self._padded(sizes), self.kernel_size,
+                                           self.strides, self.dilation))
+
+    def _pads(self, sizes):
+        pads = [conv_utils.conv_pads(n, k, s, d, self.padding)
+                for n, k, s, d in zip(self._padded(sizes), self.kernel_size, self.strides,
+                                      self.dilation)]
+        if self.extra_pads is not None:
+            pads = [(b + b0, a + a0) for (b, a), (b0, a0) in zip(pads, self.extra_pads)]
+        return pads
+
+    def rewrite(self, inputs, ctx):
+        """In an inference plan, a zero padding of the input's spatial axes
+        (MobileNet's ZeroPadding2D before a strided depthwise convolution) goes
+        into the op's pads, which the kernel fills with the code of 0.0."""
+        if not ctx.inference:
+            return None
+        made = ctx.producer(inputs[0])
+        if made is None or not isinstance(made[0], Pad) or len(made[1]) != 1:
+            return None
+        pads = made[0].pads
+        if len(pads) != 4 or pads[0] != (0, 0) or pads[3] != (0, 0) or \
+                any(b < 0 or a < 0 for b, a in pads[1:3]):
+            return None
+        extra = pads[1:3] if self.extra_pads is None else tuple(
+            (b + b0, a + a0) for (b, a), (b0, a0) in zip(pads[1:3], self.extra_pads))
+        op = QuantizedDepthwiseConv(
+            self.kernel_size, self.strides, self.dilation, self.padding, self.multiplier,
+            self.in_scale, self.in_zero, self.activation, self.pointwise,
+            getattr(self, "mid_scale", None), getattr(self, "mid_zero", None), extra)
+        return [op(made[1][0], *inputs[1:])]
 
     def infer(self, x, packed, vectors, pw_packed=None, pw_vectors=None):
         if x.ndim != 4:
@@ -398,7 +439,8 @@ class QuantizedDepthwiseConv(_Quantized):
         c = x.shape[-1]
         width = self.pointwise if self.pointwise is not None else \
             (None if c is None else c * self.multiplier)
-        for n, k, s, d in zip(x.shape[1:3], self.kernel_size, self.strides, self.dilation):
+        for n, k, s, d in zip(self._padded(x.shape[1:3]), self.kernel_size, self.strides,
+                              self.dilation):
             if n is not None and self.padding == "valid" and n < (k - 1) * d + 1:
                 raise ValueError("%s: the kernel window %s (dilation %s) is larger than the "
                                  "input's spatial shape %s with padding='valid'"
@@ -409,9 +451,7 @@ class QuantizedDepthwiseConv(_Quantized):
         q = self._quantized_input(x)
         if self.multiplier > 1:
             q = np.repeat(q, self.multiplier, axis=-1)
-        pads = [conv_utils.conv_pads(n, k, s, d, self.padding)
-                for n, k, s, d in zip(q.shape[1:3], self.kernel_size, self.strides,
-                                      self.dilation)]
+        pads = self._pads(q.shape[1:3])
         activation = activation or self.activation
         act = activation if self.pointwise is None else "linear"
         if self.pointwise is None:

@@ -78,3 +78,28 @@ def test_loaded_conv2d_class_is_quantized_unless_grouped():
     grouped = keras.models.Model(inp, cyback.layers.Conv2D(4, 3, groups=2, name='g')(inp))
     q = cyback.quantize(grouped, np.random.RandomState(1).randn(4, 6, 6, 4).astype('float32'))
     assert type(q.get_layer('g')) is cyback.layers.Conv2D
+
+
+@pytest.mark.parametrize('padding', ['valid', 'same'])
+@pytest.mark.parametrize('pads', [((0, 1), (0, 1)), ((2, 0), (1, 3))])
+def test_zero_padding_goes_into_the_int8_depthwise_pads(padding, pads):
+    rng = np.random.RandomState(2)
+    inp = keras.layers.Input((8, 7, 5))
+    x = keras.layers.ZeroPadding2D(pads)(inp)
+    x = keras.layers.DepthwiseConv2D(3, strides=2, padding=padding, name='dw')(x)
+    model = keras.models.Model(inp, x)
+    data = rng.standard_normal((6, 8, 7, 5)).astype('float32')
+    q = cyback.quantize(model, data)
+    K = keras.backend
+    f = K.function(q.inputs, q.outputs)
+    assert 'spatial_2d_padding' not in _labels(f)
+    got = f([data])[0]
+    optimize.set_graph_optimizer(False)
+    try:
+        plain = K.function(q.inputs, q.outputs)
+        assert 'spatial_2d_padding' in _labels(plain)
+        want = plain([data])[0]
+    finally:
+        optimize.set_graph_optimizer(True)
+    assert got.shape == want.shape == model.predict(data).shape
+    np.testing.assert_array_equal(got, want)
