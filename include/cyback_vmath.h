@@ -126,24 +126,7 @@ static inline float cb_vm_s_scale2(float p, float t) {
 #define SEL(m, a, b) ((m) ? (a) : (b))
 #define SCALE2(p, t) cb_vm_s_scale2(p, t)
 #include "cyback_vmath_body.h"
-#undef CB_VM_FN
-#undef CB_VM_ATTR
-#undef V
-#undef VF
-#undef ADD
-#undef SUB
-#undef MUL
-#undef DIV
-#undef FMA
-#undef FNMA
-#undef MIN
-#undef MAX
-#undef ABS
-#undef WITHSIGN
-#undef LT
-#undef ISNAN
-#undef SEL
-#undef SCALE2
+#include "cyback_vmath_end.h"
 
 #if CB_SIMD_AVX2
 /* ---------------------------------------------------------------- AVX2 set */
@@ -177,24 +160,7 @@ CB_AVX2_ATTR static inline __m256 cb_vm_avx2_scale2(__m256 p, __m256 t) {
 #define SEL(m, a, b) _mm256_blendv_ps(b, a, m)
 #define SCALE2 cb_vm_avx2_scale2
 #include "cyback_vmath_body.h"
-#undef CB_VM_FN
-#undef CB_VM_ATTR
-#undef V
-#undef VF
-#undef ADD
-#undef SUB
-#undef MUL
-#undef DIV
-#undef FMA
-#undef FNMA
-#undef MIN
-#undef MAX
-#undef ABS
-#undef WITHSIGN
-#undef LT
-#undef ISNAN
-#undef SEL
-#undef SCALE2
+#include "cyback_vmath_end.h"
 
 /* The lanes below `left` (1..8) of a masked load or store. */
 CB_AVX2_ATTR static inline __m256i cb_vm_avx2_tail(ptrdiff_t left) {
@@ -238,24 +204,7 @@ CB_AVX512_ATTR static inline __m512 cb_vm_avx512_withsign(__m512 y, __m512 x) {
 #define SEL(m, a, b) _mm512_mask_blend_ps(m, b, a)
 #define SCALE2 cb_vm_avx512_scale2
 #include "cyback_vmath_body.h"
-#undef CB_VM_FN
-#undef CB_VM_ATTR
-#undef V
-#undef VF
-#undef ADD
-#undef SUB
-#undef MUL
-#undef DIV
-#undef FMA
-#undef FNMA
-#undef MIN
-#undef MAX
-#undef ABS
-#undef WITHSIGN
-#undef LT
-#undef ISNAN
-#undef SEL
-#undef SCALE2
+#include "cyback_vmath_end.h"
 
 static inline __mmask16 cb_vm_avx512_tail(ptrdiff_t left) {
     return (__mmask16)((1u << left) - 1u);
