@@ -301,21 +301,20 @@ class BatchTensorDot(Op):
         return [(shape, ew.result_dtype(x.dtype, y.dtype))]
 
     def compute(self, x, y):
-        if x.shape[0] != y.shape[0]:
-            raise ValueError("batch_dot: batch sizes differ: %s and %s" % (x.shape, y.shape))
-        fx, fy = _free(x.ndim, self.ax, 1), _free(y.ndim, self.ay, 1)
-        nb = x.shape[0]
-        xs = [x.shape[i] for i in fx]
-        ys = [y.shape[i] for i in fy]
-        m, n = int(np.prod(xs)), int(np.prod(ys))
-        k = int(np.prod([x.shape[i] for i in self.ax]))
-        a = np.transpose(x, [0] + fx + list(self.ax)).reshape(nb, m, k)
-        b = np.transpose(y, [0] + list(self.ay) + fy).reshape(nb, k, n)
-        if a.dtype == b.dtype and a.dtype in (np.float32, np.float64):
+        key = (self.ax, self.ay, x.shape, y.shape)
+        layout = _batch_layouts.get(key)
+        if layout is None:
+            layout = _batch_layout(self.ax, self.ay, x.shape, y.shape)
+        perm_a, perm_b, a_shape, b_shape, out_shape = layout
+        # the identity permutation (an attention's (B, T, K) @ (B, K, S)) is skipped:
+        # at batch 1 the transposes cost as much as the product
+        a = (x if perm_a is None else np.transpose(x, perm_a)).reshape(a_shape)
+        b = (y if perm_b is None else np.transpose(y, perm_b)).reshape(b_shape)
+        if a.dtype == b.dtype and (a.dtype == np.float32 or a.dtype == np.float64):
             out = _linalg.batch_gemm(a, b)
         else:
             out = np.matmul(a, b)
-        return (out.reshape([nb] + xs + ys),)
+        return (out.reshape(out_shape),)
 
     def grad(self, inputs, outputs, grads):
         x, y = inputs
@@ -328,6 +327,32 @@ class BatchTensorDot(Op):
         dy = BatchTensorDot(tuple(fx), g_fx)(x, g)
         dy = transpose(dy, _grad_perm([0] + list(self.ay), fy))
         return [dx, dy]
+
+
+# (ax, ay, x shape, y shape) -> what BatchTensorDot.compute needs, worked out once
+_batch_layouts = {}
+
+
+def _batch_layout(ax, ay, xshape, yshape):
+    """BatchTensorDot's transposes and shapes for these run-time shapes:
+    (x's permutation or None, y's or None, (nb, m, k), (nb, k, n), the output
+    shape); remembered."""
+    if xshape[0] != yshape[0]:
+        raise ValueError("batch_dot: batch sizes differ: %s and %s" % (xshape, yshape))
+    fx, fy = _free(len(xshape), ax, 1), _free(len(yshape), ay, 1)
+    nb = xshape[0]
+    xs = [xshape[i] for i in fx]
+    ys = [yshape[i] for i in fy]
+    m, n = int(np.prod(xs)), int(np.prod(ys))
+    k = int(np.prod([xshape[i] for i in ax]))
+    perm_a, perm_b = [0] + fx + list(ax), [0] + list(ay) + fy
+    layout = (None if perm_a == sorted(perm_a) else perm_a,
+              None if perm_b == sorted(perm_b) else perm_b,
+              (nb, m, k), (nb, k, n), tuple([nb] + xs + ys))
+    if len(_batch_layouts) >= 256:
+        _batch_layouts.clear()
+    _batch_layouts[(ax, ay, xshape, yshape)] = layout
+    return layout
 
 
 def batch_dot(x, y, axes=None):
