@@ -154,11 +154,12 @@ class _Quantized(Op):
 
     def kernel_epilogue(self, bias_axis, activation, out, residual=False, exact=False):
         """Whether the epilogue takes a per-channel bias add (into its bias row)
-        and relu / relu6 (as its fused activation, when the op has none) after
-        the product: not a residual, and never in an exact (training) fusion."""
+        and relu / relu6 (as its fused activation) after the product: only for
+        an op without an activation of its own (a bias added after it cannot
+        move inside it), not a residual, never in an exact (training) fusion."""
         if residual or exact or (bias_axis is not None and bias_axis != -1):
             return False
-        return activation is None or self.activation == "linear"
+        return self.activation == "linear"
 
     def compute_epilogue(self, inputs, bias, activation, residual=None):
         """The op's output + ``bias``, then ``activation``, from its own

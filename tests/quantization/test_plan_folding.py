@@ -103,3 +103,25 @@ def test_zero_padding_goes_into_the_int8_depthwise_pads(padding, pads):
         optimize.set_graph_optimizer(True)
     assert got.shape == want.shape == model.predict(data).shape
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_bias_after_an_int8_layer_with_its_own_relu_stays_outside_it():
+    # relu(conv) + b is not relu(conv + b): the add must not enter the epilogue
+    rng = np.random.RandomState(3)
+    inp = keras.layers.Input((6, 6, 3))
+    x = keras.layers.Conv2D(4, 3, activation='relu', name='conv')(inp)
+    shift = keras.backend.constant(np.full(4, -0.5, 'float32'))
+    x = keras.layers.Lambda(lambda t: t + shift)(x)
+    model = keras.models.Model(inp, x)
+    data = rng.standard_normal((8, 6, 6, 3)).astype('float32')
+    q = cyback.quantize(model, data)
+    K = keras.backend
+    f = K.function(q.inputs, q.outputs)
+    got = f([data])[0]
+    optimize.set_graph_optimizer(False)
+    try:
+        want = K.function(q.inputs, q.outputs)([data])[0]
+    finally:
+        optimize.set_graph_optimizer(True)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert got.min() < -0.49          # the subtraction came after the relu
