@@ -93,6 +93,10 @@ def profile(function, inputs, calls=10, learning_phase=0):
         raise ValueError("profile: calls must be a positive int, got %r" % (calls,))
     if learning_phase not in (0, 1):
         raise ValueError("profile: learning_phase must be 0 or 1, got %r" % (learning_phase,))
+    if function._assigns:
+        raise ValueError("profile: the function assigns variables (updates); profile a "
+                         "function of the same outputs without updates, so that timing "
+                         "it does not change the variables")
     if not isinstance(inputs, (list, tuple)) or len(inputs) != len(function.inputs):
         raise ValueError("profile: expected a list of %d input value(s), got %r"
                          % (len(function.inputs), type(inputs).__name__))

@@ -68,3 +68,13 @@ def test_profile_bad_arguments(kwargs, match):
         f.profile([xv], **kwargs)
     with pytest.raises(ValueError, match="expected a list of 1 input"):
         f.profile(xv)
+
+
+def test_profile_refuses_a_function_with_updates():
+    x, y, xv = _cnn()
+    var = _variables_of(K.function([x], [y]))[0]
+    f = K.function([x], [y], updates=[K.update_add(var, K.ones_like(var))])
+    before = K.get_value(var)
+    with pytest.raises(ValueError, match="assigns variables"):
+        f.profile([xv])
+    np.testing.assert_array_equal(K.get_value(var), before)
