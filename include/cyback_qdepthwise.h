@@ -13,12 +13,14 @@
  * The products (|u8 x s8| < 2^15) and sums of up to CB_Q_MAX_K taps are
  * exact in int32.
  *
- * Sets: AVX-512 (the avx512_vnni level: F, BW, VL) 16 channels per zmm,
- * AVX2 (the avx2 and avx_vnni levels) 8 per ymm, two at a time, scalar
- * otherwise. A product of one byte per lane does not use the dot-product
- * instructions (they sum four neighbouring bytes, which here are four
- * channels); the bytes are widened to int32 and multiplied lane by lane.
- * Every set gives the same bits: exact sums, the same epilogue.
+ * Sets: AVX-512 (the avx512_vnni level: F, BW, VL, VNNI) 16 channels per
+ * zmm, AVX2 (the avx2 and avx_vnni levels) 8 per ymm, two at a time, scalar
+ * otherwise. A product of one byte per lane does not use the byte
+ * dot-product instructions (they sum four neighbouring bytes, which here are
+ * four channels): the bytes are widened to int32 lanes and multiplied by the
+ * packed int32 weights with the 16-bit multiply-add (vpmaddwd, or vpdpwssd,
+ * which also adds), whose high halves give 0 * (w >> 16). Every set gives
+ * the same bits: exact sums, the same epilogue.
  */
 #ifndef CYBACK_QDEPTHWISE_H
 #define CYBACK_QDEPTHWISE_H
@@ -88,7 +90,68 @@ static void cb_qdw_lines_scalar(const cb_qdw_geometry *g, const uint8_t *x, cons
 
 #if CB_SIMD_AVX2
 
-/* 16 channel bytes from c0 on (zero past `valid`), as 16 bytes in a register. */
+/* The vector paths walk an output line pixel by pixel. For each pixel they
+ * first gather the address of every tap's input pixel (taps in the padding
+ * point at a row of zero-point bytes), so that the loop over channels and
+ * taps is free of bounds tests; pixels whose window lies inside the image
+ * (most of them) get their addresses from fixed offsets. Each tap multiplies
+ * the activation bytes widened to int32 by the packed int32 weights with a
+ * 16-bit multiply-add (vpmaddwd): an activation lane is x (< 256) in its low
+ * half and 0 in its high one, a weight lane w sign-extended, so the lane's
+ * sum x * w + 0 * (w >> 16) is the exact product. */
+typedef struct {
+    const uint8_t **tap;       /* taps addresses, one per tap */
+    const uint8_t *padrow;     /* cp bytes of the zero point */
+    const ptrdiff_t *off;      /* each tap's offset from the window's corner */
+    int32_t *start;            /* cp sums to start from: -za * wsum[c] */
+    void *mem;
+} cb_qdw_taps;
+
+static int cb_qdw_taps_init(cb_qdw_taps *t, const cb_qdw_geometry *g, const int32_t *wp) {
+    const ptrdiff_t taps = g->kh * g->kw;
+    const int32_t *wsum = wp + taps * g->cp;
+    ptrdiff_t ky, kx, ch;
+    /* the starting sums first (4-byte aligned), then the addresses, the
+     * offsets and the row of zero-point bytes */
+    char *m = (char *)malloc(sizeof(int32_t) * (size_t)g->cp +
+                             sizeof(const uint8_t *) * (size_t)taps +
+                             sizeof(ptrdiff_t) * (size_t)taps + (size_t)g->cp + 64);
+    ptrdiff_t *off;
+    if (!m) return 0;
+    t->mem = m;
+    t->start = (int32_t *)m;
+    /* acc - za * wsum in int32 (wrapping, as the epilogue's vpmulld and
+     * vpsubd) is the sum of the products started from -za * wsum */
+    for (ch = 0; ch < g->cp; ch++)
+        t->start[ch] = (int32_t)(0u - (uint32_t)g->pad * (uint32_t)wsum[ch]);
+    t->tap = (const uint8_t **)(m + sizeof(int32_t) * (size_t)g->cp);
+    off = (ptrdiff_t *)(t->tap + taps);
+    for (ky = 0; ky < g->kh; ky++)
+        for (kx = 0; kx < g->kw; kx++)
+            off[ky * g->kw + kx] = (ky * g->dh * g->w + kx * g->dw) * g->c;
+    t->off = off;
+    t->padrow = (const uint8_t *)(off + taps);
+    memset((void *)t->padrow, g->pad, (size_t)g->cp + 64);
+    return 1;
+}
+
+/* Fills t->tap for output (oy, ox) of image img, a window at an edge. */
+static inline void cb_qdw_gather(const cb_qdw_geometry *g, cb_qdw_taps *t, const uint8_t *img,
+                                 ptrdiff_t oy, ptrdiff_t ox) {
+    const ptrdiff_t iy0 = oy * g->sh - g->pt, ix0 = ox * g->sw - g->pl;
+    ptrdiff_t ky, kx, i;
+    for (ky = 0, i = 0; ky < g->kh; ky++) {
+        const ptrdiff_t iy = iy0 + ky * g->dh;
+        const int row_in = iy >= 0 && iy < g->h;
+        for (kx = 0; kx < g->kw; kx++, i++) {
+            const ptrdiff_t ix = ix0 + kx * g->dw;
+            t->tap[i] = row_in && ix >= 0 && ix < g->w ? img + (iy * g->w + ix) * g->c
+                                                       : t->padrow;
+        }
+    }
+}
+
+/* 16 channel bytes from p (zero past `valid`), as 16 bytes in a register. */
 CB_Q_ALWAYS CB_Q_AVX2_ATTR __m128i cb_qdw_load16(const uint8_t *p, int valid) {
     if (valid == CB_Q_NR) return _mm_loadu_si128((const __m128i *)p);
     {
@@ -99,66 +162,256 @@ CB_Q_ALWAYS CB_Q_AVX2_ATTR __m128i cb_qdw_load16(const uint8_t *p, int valid) {
     }
 }
 
+/* The outputs *lo .. *hi - 1 of a line have their windows inside the image
+ * horizontally. */
+static inline void cb_qdw_inner_span(const cb_qdw_geometry *g, ptrdiff_t *lo, ptrdiff_t *hi) {
+    const ptrdiff_t span = g->w - 1 + g->pl - (g->kw - 1) * g->dw;
+    *lo = (g->pl + g->sw - 1) / g->sw;
+    *hi = span >= 0 ? span / g->sw + 1 : 0;
+    if (*hi > g->ow) *hi = g->ow;
+    if (*lo > *hi) *lo = *hi;
+}
+
+/* The 16 AVX2 channels from c0 on of one pixel (FULL), or c0 .. C - 1, over
+ * TAPS taps (a constant where the caller knows it, so that the loop
+ * unrolls). INSIDE: the window lies in the image, tap t at base + off[t];
+ * else at tap[t]. */
+CB_Q_ALWAYS CB_Q_AVX2_ATTR void cb_qdw_block16_avx2(const cb_qdw_geometry *g,
+                                                    const cb_qdw_taps *tp, int inside,
+                                                    const uint8_t *base, const int32_t *wp,
+                                                    const cb_q_epilogue *e, ptrdiff_t row,
+                                                    ptrdiff_t taps, ptrdiff_t c0, int full) {
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    ptrdiff_t t;
+    _Pragma("GCC unroll 16") for (t = 0; t < taps; t++) {
+        const uint8_t *px = (inside ? base + tp->off[t] : tp->tap[t]) + c0;
+        const int32_t *wt = wp + t * g->cp + c0;
+        __m256i x0, x1;
+        if (full) {
+            x0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)px));
+            x1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(px + 8)));
+        } else {
+            const __m128i xb = cb_qdw_load16(px, (int)(g->c - c0));
+            x0 = _mm256_cvtepu8_epi32(xb);
+            x1 = _mm256_cvtepu8_epi32(_mm_srli_si128(xb, 8));
+        }
+        acc0 = _mm256_add_epi32(acc0,
+                                _mm256_madd_epi16(x0, _mm256_loadu_si256((const __m256i *)wt)));
+        acc1 = _mm256_add_epi32(
+            acc1, _mm256_madd_epi16(x1, _mm256_loadu_si256((const __m256i *)(wt + 8))));
+    }
+    cb_q_epilogue_256(acc0, acc1, (const int8_t *)(wp + taps * g->cp + c0), row, c0, g->c, e);
+}
+
+/* Every channel of one pixel whose taps are in tp->tap. */
+CB_Q_ALWAYS CB_Q_AVX2_ATTR void cb_qdw_pixel_avx2(const cb_qdw_geometry *g,
+                                                  const cb_qdw_taps *tp, const int32_t *wp,
+                                                  const cb_q_epilogue *e, ptrdiff_t row,
+                                                  ptrdiff_t taps) {
+    ptrdiff_t c0 = 0;
+    for (; c0 + CB_Q_NR <= g->c; c0 += CB_Q_NR)
+        cb_qdw_block16_avx2(g, tp, 0, NULL, wp, e, row, taps, c0, 1);
+    if (c0 < g->c) cb_qdw_block16_avx2(g, tp, 0, NULL, wp, e, row, taps, c0, 0);
+}
+
+/* n pixels whose windows lie inside the image, the first at base, each
+ * `step` bytes after the last: channel blocks outside, pixels inside. */
+CB_Q_ALWAYS CB_Q_AVX2_ATTR void cb_qdw_run_avx2(const cb_qdw_geometry *g, const cb_qdw_taps *tp,
+                                                const uint8_t *base, ptrdiff_t n, ptrdiff_t step,
+                                                const int32_t *wp, const cb_q_epilogue *e,
+                                                ptrdiff_t row, ptrdiff_t taps) {
+    ptrdiff_t c0 = 0, i;
+    for (; c0 + CB_Q_NR <= g->c; c0 += CB_Q_NR)
+        for (i = 0; i < n; i++)
+            cb_qdw_block16_avx2(g, tp, 1, base + i * step, wp, e, row + i, taps, c0, 1);
+    if (c0 < g->c)
+        for (i = 0; i < n; i++)
+            cb_qdw_block16_avx2(g, tp, 1, base + i * step, wp, e, row + i, taps, c0, 0);
+}
+
 CB_Q_AVX2_ATTR static void cb_qdw_lines_avx2(const cb_qdw_geometry *g, const uint8_t *x,
                                              const int32_t *wp, const cb_q_epilogue *e,
-                                             ptrdiff_t r0, ptrdiff_t r1) {
+                                             cb_qdw_taps *tp, ptrdiff_t r0, ptrdiff_t r1) {
+    /* a copy of the epilogue's fields the compiler knows no store reaches
+     * (a byte store may alias anything: it would reload them after each) */
+    const cb_q_epilogue el = *e;
     const ptrdiff_t taps = g->kh * g->kw;
-    const __m128i padv = _mm_set1_epi8((char)g->pad);
-    ptrdiff_t r, ox, c0, ky, kx;
+    ptrdiff_t r, ox, lo, hi;
+    cb_qdw_inner_span(g, &lo, &hi);
     for (r = r0; r < r1; r++) {
-        const ptrdiff_t b = r / g->oh, oy = r % g->oh;
+        const ptrdiff_t b = r / g->oh, oy = r % g->oh, iy0 = oy * g->sh - g->pt;
         const uint8_t *img = x + b * g->h * g->w * g->c;
-        for (ox = 0; ox < g->ow; ox++)
-            for (c0 = 0; c0 < g->c; c0 += CB_Q_NR) {
-                const int valid = (int)(g->c - c0 < CB_Q_NR ? g->c - c0 : CB_Q_NR);
-                __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
-                for (ky = 0; ky < g->kh; ky++)
-                    for (kx = 0; kx < g->kw; kx++) {
-                        const uint8_t *px = cb_qdw_pixel(g, img, oy, ox, ky, kx);
-                        const int32_t *wt = wp + (ky * g->kw + kx) * g->cp + c0;
-                        const __m128i xb = px ? cb_qdw_load16(px + c0, valid) : padv;
-                        const __m256i x0 = _mm256_cvtepu8_epi32(xb);
-                        const __m256i x1 = _mm256_cvtepu8_epi32(_mm_srli_si128(xb, 8));
-                        acc0 = _mm256_add_epi32(
-                            acc0, _mm256_mullo_epi32(x0, _mm256_loadu_si256((const __m256i *)wt)));
-                        acc1 = _mm256_add_epi32(
-                            acc1,
-                            _mm256_mullo_epi32(x1, _mm256_loadu_si256((const __m256i *)(wt + 8))));
-                    }
-                cb_q_epilogue_256(acc0, acc1, (const int8_t *)(wp + taps * g->cp + c0),
-                                  r * g->ow + ox, c0, g->c, e);
+        const int rows_in = iy0 >= 0 && iy0 + (g->kh - 1) * g->dh < g->h;
+        for (ox = 0; ox < g->ow; ox++) {
+            if (rows_in && ox == lo && hi > lo) {
+                const uint8_t *base = img + (iy0 * g->w + lo * g->sw - g->pl) * g->c;
+                if (taps == 9)
+                    cb_qdw_run_avx2(g, tp, base, hi - lo, g->sw * g->c, wp, &el, r * g->ow + lo,
+                                    9);
+                else
+                    cb_qdw_run_avx2(g, tp, base, hi - lo, g->sw * g->c, wp, &el, r * g->ow + lo,
+                                    taps);
+                ox = hi - 1;
+                continue;
             }
+            cb_qdw_gather(g, tp, img, oy, ox);
+            cb_qdw_pixel_avx2(g, tp, wp, &el, r * g->ow + ox, taps);
+        }
     }
 }
 
 #if CB_Q_HAVE_AVX512VNNI
+/* cb_q_epilogue_512 for sums d that already hold -za * wsum: the same float
+ * operations in the same order; FULL: all 16 lanes are channels, stored
+ * without a mask. */
+CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_qdw_epilogue_512(__m512i d, ptrdiff_t row, ptrdiff_t c0,
+                                                      __mmask16 mask, int full,
+                                                      const cb_q_epilogue *e) {
+    __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_loadu_ps(e->scale + c0));
+    if (e->bias) y = _mm512_add_ps(y, _mm512_loadu_ps(e->bias + c0));
+    if (e->act != CB_ACT_NONE) {
+        y = _mm512_max_ps(_mm512_setzero_ps(), y);
+        if (e->act == CB_ACT_RELU6) y = _mm512_min_ps(_mm512_set1_ps(6.0f), y);
+    }
+    if (e->out_f) {
+        float *o = e->out_f + row * e->ldf + c0;
+        if (full)
+            _mm512_storeu_ps(o, y);
+        else
+            _mm512_mask_storeu_ps(o, mask, y);
+    }
+    if (e->out_q) {
+        uint8_t *o = e->out_q + row * e->ldq + c0;
+        __m512 t = _mm512_div_ps(y, _mm512_set1_ps(e->q_scale));
+        __m128i bytes;
+        t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(e->q_lo)), _mm512_set1_ps(e->q_hi));
+        bytes = _mm512_cvtepi32_epi8(
+            _mm512_add_epi32(_mm512_cvtps_epi32(t), _mm512_set1_epi32(e->q_zero)));
+        if (full)
+            _mm_storeu_si128((__m128i *)o, bytes);
+        else
+            _mm_mask_storeu_epi8(o, mask, bytes);
+    }
+}
+
+/* The int32 sums of 16 AVX-512 channels start from -za * wsum, and one
+ * vpdpwssd multiplies and adds (see the top of the AVX2 set). INSIDE: the
+ * window lies in the image, tap t at base + off[t]; else at tap[t]. */
+#define CB_QDW_TAP(t) (inside ? base + tp->off[t] : tp->tap[t])
+#define CB_QDW_X(p) _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)))
+
+/* Channels c0 .. c0 + 31 of one pixel: even and odd taps in sums of their
+ * own, four chains of dependent vpdpwssd in flight instead of one. */
+CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_qdw_block32_avx512(const cb_qdw_geometry *g,
+                                                        const cb_qdw_taps *tp, int inside,
+                                                        const uint8_t *base, const int32_t *wp,
+                                                        const cb_q_epilogue *e, ptrdiff_t row,
+                                                        ptrdiff_t taps, ptrdiff_t c0) {
+    __m512i a0 = _mm512_loadu_si512(tp->start + c0);
+    __m512i a1 = _mm512_loadu_si512(tp->start + c0 + CB_Q_NR);
+    __m512i b0 = _mm512_setzero_si512(), b1 = _mm512_setzero_si512();
+    ptrdiff_t t;
+    _Pragma("GCC unroll 8") for (t = 0; t + 1 < taps; t += 2) {
+        const uint8_t *p = CB_QDW_TAP(t) + c0, *q = CB_QDW_TAP(t + 1) + c0;
+        const int32_t *w = wp + t * g->cp + c0;
+        a0 = _mm512_dpwssd_epi32(a0, CB_QDW_X(p), _mm512_loadu_si512(w));
+        a1 = _mm512_dpwssd_epi32(a1, CB_QDW_X(p + CB_Q_NR), _mm512_loadu_si512(w + CB_Q_NR));
+        b0 = _mm512_dpwssd_epi32(b0, CB_QDW_X(q), _mm512_loadu_si512(w + g->cp));
+        b1 = _mm512_dpwssd_epi32(b1, CB_QDW_X(q + CB_Q_NR),
+                                 _mm512_loadu_si512(w + g->cp + CB_Q_NR));
+    }
+    if (t < taps) {
+        const uint8_t *p = CB_QDW_TAP(t) + c0;
+        const int32_t *w = wp + t * g->cp + c0;
+        a0 = _mm512_dpwssd_epi32(a0, CB_QDW_X(p), _mm512_loadu_si512(w));
+        a1 = _mm512_dpwssd_epi32(a1, CB_QDW_X(p + CB_Q_NR), _mm512_loadu_si512(w + CB_Q_NR));
+    }
+    cb_qdw_epilogue_512(_mm512_add_epi32(a0, b0), row, c0, 0xFFFF, 1, e);
+    cb_qdw_epilogue_512(_mm512_add_epi32(a1, b1), row, c0 + CB_Q_NR, 0xFFFF, 1, e);
+}
+
+/* Channels c0 .. c0 + 15 of one pixel (FULL), or c0 .. C - 1 (mask). */
+CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_qdw_block16_avx512(const cb_qdw_geometry *g,
+                                                        const cb_qdw_taps *tp, int inside,
+                                                        const uint8_t *base, const int32_t *wp,
+                                                        const cb_q_epilogue *e, ptrdiff_t row,
+                                                        ptrdiff_t taps, ptrdiff_t c0, int full) {
+    const __mmask16 mask =
+        full ? (__mmask16)0xFFFF : (__mmask16)((1u << (g->c - c0)) - 1);
+    __m512i acc = _mm512_loadu_si512(tp->start + c0);
+    ptrdiff_t t;
+    _Pragma("GCC unroll 16") for (t = 0; t < taps; t++) {
+        const uint8_t *p = CB_QDW_TAP(t) + c0;
+        const __m512i xv = full ? CB_QDW_X(p) : _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, p));
+        acc = _mm512_dpwssd_epi32(acc, xv, _mm512_loadu_si512(wp + t * g->cp + c0));
+    }
+    cb_qdw_epilogue_512(acc, row, c0, mask, full, e);
+}
+#undef CB_QDW_X
+#undef CB_QDW_TAP
+
+/* Every channel of one pixel. */
+CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_qdw_pixel_avx512(const cb_qdw_geometry *g,
+                                                      const cb_qdw_taps *tp, int inside,
+                                                      const uint8_t *base, const int32_t *wp,
+                                                      const cb_q_epilogue *e, ptrdiff_t row,
+                                                      ptrdiff_t taps) {
+    ptrdiff_t c0 = 0;
+    for (; c0 + 2 * CB_Q_NR <= g->c; c0 += 2 * CB_Q_NR)
+        cb_qdw_block32_avx512(g, tp, inside, base, wp, e, row, taps, c0);
+    for (; c0 + CB_Q_NR <= g->c; c0 += CB_Q_NR)
+        cb_qdw_block16_avx512(g, tp, inside, base, wp, e, row, taps, c0, 1);
+    if (c0 < g->c) cb_qdw_block16_avx512(g, tp, inside, base, wp, e, row, taps, c0, 0);
+}
+
+/* n pixels whose windows lie inside the image, the first at base, each
+ * `step` bytes after the last; channel blocks outside, pixels inside, so
+ * that a block's weights stay in registers along the run. */
+CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_qdw_run_avx512(const cb_qdw_geometry *g,
+                                                    const cb_qdw_taps *tp, const uint8_t *base,
+                                                    ptrdiff_t n, ptrdiff_t step,
+                                                    const int32_t *wp, const cb_q_epilogue *e,
+                                                    ptrdiff_t row, ptrdiff_t taps) {
+    ptrdiff_t c0 = 0, i;
+    for (; c0 + 2 * CB_Q_NR <= g->c; c0 += 2 * CB_Q_NR)
+        for (i = 0; i < n; i++)
+            cb_qdw_block32_avx512(g, tp, 1, base + i * step, wp, e, row + i, taps, c0);
+    for (; c0 + CB_Q_NR <= g->c; c0 += CB_Q_NR)
+        for (i = 0; i < n; i++)
+            cb_qdw_block16_avx512(g, tp, 1, base + i * step, wp, e, row + i, taps, c0, 1);
+    if (c0 < g->c)
+        for (i = 0; i < n; i++)
+            cb_qdw_block16_avx512(g, tp, 1, base + i * step, wp, e, row + i, taps, c0, 0);
+}
+
 CB_Q_AVX512_ATTR static void cb_qdw_lines_avx512(const cb_qdw_geometry *g, const uint8_t *x,
                                                  const int32_t *wp, const cb_q_epilogue *e,
-                                                 ptrdiff_t r0, ptrdiff_t r1) {
+                                                 cb_qdw_taps *tp, ptrdiff_t r0, ptrdiff_t r1) {
+    /* a copy of the epilogue's fields the compiler knows no store reaches
+     * (a byte store may alias anything: it would reload them after each) */
+    const cb_q_epilogue el = *e;
     const ptrdiff_t taps = g->kh * g->kw;
-    const __m128i padv = _mm_set1_epi8((char)g->pad);
-    ptrdiff_t r, ox, c0, ky, kx;
+    ptrdiff_t r, ox, lo, hi;
+    cb_qdw_inner_span(g, &lo, &hi);
     for (r = r0; r < r1; r++) {
-        const ptrdiff_t b = r / g->oh, oy = r % g->oh;
+        const ptrdiff_t b = r / g->oh, oy = r % g->oh, iy0 = oy * g->sh - g->pt;
         const uint8_t *img = x + b * g->h * g->w * g->c;
-        for (ox = 0; ox < g->ow; ox++)
-            for (c0 = 0; c0 < g->c; c0 += CB_Q_NR) {
-                const ptrdiff_t left = g->c - c0;
-                const __mmask16 mask =
-                    left >= CB_Q_NR ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-                __m512i acc = _mm512_setzero_si512();
-                for (ky = 0; ky < g->kh; ky++)
-                    for (kx = 0; kx < g->kw; kx++) {
-                        const uint8_t *px = cb_qdw_pixel(g, img, oy, ox, ky, kx);
-                        const __m128i xb = px ? _mm_maskz_loadu_epi8(mask, px + c0) : padv;
-                        const __m512i wv =
-                            _mm512_loadu_si512(wp + (ky * g->kw + kx) * g->cp + c0);
-                        acc = _mm512_add_epi32(acc,
-                                               _mm512_mullo_epi32(_mm512_cvtepu8_epi32(xb), wv));
-                    }
-                cb_q_epilogue_512(acc, (const int8_t *)(wp + taps * g->cp + c0), r * g->ow + ox,
-                                  c0, g->c, e);
+        const int rows_in = iy0 >= 0 && iy0 + (g->kh - 1) * g->dh < g->h;
+        for (ox = 0; ox < g->ow; ox++) {
+            if (rows_in && ox == lo && hi > lo) {
+                const uint8_t *base = img + (iy0 * g->w + lo * g->sw - g->pl) * g->c;
+                if (taps == 9)
+                    cb_qdw_run_avx512(g, tp, base, hi - lo, g->sw * g->c, wp, &el, r * g->ow + lo,
+                                      9);
+                else
+                    cb_qdw_run_avx512(g, tp, base, hi - lo, g->sw * g->c, wp, &el, r * g->ow + lo,
+                                      taps);
+                ox = hi - 1;
+                continue;
             }
+            cb_qdw_gather(g, tp, img, oy, ox);
+            cb_qdw_pixel_avx512(g, tp, 0, NULL, wp, &el, r * g->ow + ox, taps);
+        }
     }
 }
 #endif
@@ -169,15 +422,19 @@ static void cb_qdw_lines(int level, const cb_qdw_geometry *g, const uint8_t *x,
                          const int32_t *wp, const cb_q_epilogue *e, ptrdiff_t r0, ptrdiff_t r1) {
     if (r1 <= r0) return;
 #if CB_SIMD_AVX2
-#if CB_Q_HAVE_AVX512VNNI
-    if (level >= CB_Q_AVX512VNNI) {
-        cb_qdw_lines_avx512(g, x, wp, e, r0, r1);
-        return;
-    }
-#endif
     if (level >= CB_Q_AVX2) {
-        cb_qdw_lines_avx2(g, x, wp, e, r0, r1);
-        return;
+        cb_qdw_taps tp;
+        /* without memory for the taps' addresses, the scalar loop below */
+        if (cb_qdw_taps_init(&tp, g, wp)) {
+#if CB_Q_HAVE_AVX512VNNI
+            if (level >= CB_Q_AVX512VNNI)
+                cb_qdw_lines_avx512(g, x, wp, e, &tp, r0, r1);
+            else
+#endif
+                cb_qdw_lines_avx2(g, x, wp, e, &tp, r0, r1);
+            free(tp.mem);
+            return;
+        }
     }
 #endif
     (void)level;

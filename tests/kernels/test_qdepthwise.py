@@ -51,6 +51,11 @@ CASES = [
     (3, 4, 5, 33, (1, 1), (1, 1), (1, 1), ((0, 0), (0, 0))),
     (1, 6, 6, 64, (3, 3), (1, 1), (1, 1), ((0, 0), (0, 0))),
     (2, 5, 7, 1, (2, 4), (1, 3), (1, 1), ((1, 0), (2, 1))),
+    # runs of pixels inside the image with blocks of 32 and 16 channels and a tail
+    (2, 9, 23, 53, (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1))),
+    (1, 10, 21, 48, (3, 3), (2, 2), (1, 1), ((0, 1), (0, 1))),
+    (1, 12, 14, 32, (3, 3), (1, 1), (2, 3), ((2, 2), (3, 3))),
+    (1, 4, 9, 20, (3, 5), (1, 1), (1, 1), ((0, 0), (0, 0))),
 ]
 
 
@@ -82,6 +87,19 @@ def test_extreme_codes_are_exact(instruction_set):
     got = qgemm.depthwise_conv(x, qgemm.pack_depthwise(w), vectors, 0, (7, 7),
                                pads=((3, 3), (3, 3)))
     want = reference_sums(x, w, (1, 1), (1, 1), ((3, 3), (3, 3)), 0)
+    np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
+def test_weights_of_minus_128_are_exact(instruction_set):
+    # -128 is an int8 weight too (the packed weights are its sign extension)
+    x = np.full((1, 6, 40, 37), 255, np.uint8)
+    x[0, :, ::3] = 0
+    w = np.full((3, 3, 37), -128, np.int8)
+    w[1, 1, ::2] = 127
+    vectors = qgemm.epilogue_vectors(1.0, np.ones(37, np.float32))
+    got = qgemm.depthwise_conv(x, qgemm.pack_depthwise(w), vectors, 3, (3, 3),
+                               pads=((1, 1), (1, 1)))
+    want = reference_sums(x, w, (1, 1), (1, 1), ((1, 1), (1, 1)), 3)
     np.testing.assert_array_equal(got, want.astype(np.float32))
 
 
