@@ -347,7 +347,6 @@ CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_qdw_block16_avx512(const cb_qdw_geometry *g
     }
     cb_qdw_epilogue_512(acc, row, c0, mask, full, e);
 }
-#undef CB_QDW_X
 #undef CB_QDW_TAP
 
 /* Every channel of one pixel. */
@@ -373,6 +372,38 @@ CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_qdw_run_avx512(const cb_qdw_geometry *g,
                                                     const int32_t *wp, const cb_q_epilogue *e,
                                                     ptrdiff_t row, ptrdiff_t taps) {
     ptrdiff_t c0 = 0, i;
+    if (taps == 9) {
+        /* 3x3: the block's 18 weight vectors stay in registers along the run */
+        for (; c0 + 2 * CB_Q_NR <= g->c; c0 += 2 * CB_Q_NR) {
+            __m512i w[9][2];
+            ptrdiff_t t;
+            const ptrdiff_t *off = tp->off;
+            const __m512i s0 = _mm512_loadu_si512(tp->start + c0);
+            const __m512i s1 = _mm512_loadu_si512(tp->start + c0 + CB_Q_NR);
+            for (t = 0; t < 9; t++) {
+                w[t][0] = _mm512_loadu_si512(wp + t * g->cp + c0);
+                w[t][1] = _mm512_loadu_si512(wp + t * g->cp + c0 + CB_Q_NR);
+            }
+            for (i = 0; i < n; i++) {
+                const uint8_t *bp = base + i * step + c0;
+                __m512i a0 = s0, a1 = s1, b0 = _mm512_setzero_si512(),
+                        b1 = _mm512_setzero_si512();
+                _Pragma("GCC unroll 9") for (t = 0; t < 9; t++) {
+                    const uint8_t *p = bp + off[t];
+                    if (t % 2 == 0) {
+                        a0 = _mm512_dpwssd_epi32(a0, CB_QDW_X(p), w[t][0]);
+                        a1 = _mm512_dpwssd_epi32(a1, CB_QDW_X(p + CB_Q_NR), w[t][1]);
+                    } else {
+                        b0 = _mm512_dpwssd_epi32(b0, CB_QDW_X(p), w[t][0]);
+                        b1 = _mm512_dpwssd_epi32(b1, CB_QDW_X(p + CB_Q_NR), w[t][1]);
+                    }
+                }
+                cb_qdw_epilogue_512(_mm512_add_epi32(a0, b0), row + i, c0, 0xFFFF, 1, e);
+                cb_qdw_epilogue_512(_mm512_add_epi32(a1, b1), row + i, c0 + CB_Q_NR, 0xFFFF, 1,
+                                    e);
+            }
+        }
+    }
     for (; c0 + 2 * CB_Q_NR <= g->c; c0 += 2 * CB_Q_NR)
         for (i = 0; i < n; i++)
             cb_qdw_block32_avx512(g, tp, 1, base + i * step, wp, e, row + i, taps, c0);
@@ -383,6 +414,7 @@ CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_qdw_run_avx512(const cb_qdw_geometry *g,
         for (i = 0; i < n; i++)
             cb_qdw_block16_avx512(g, tp, 1, base + i * step, wp, e, row + i, taps, c0, 0);
 }
+#undef CB_QDW_X
 
 CB_Q_AVX512_ATTR static void cb_qdw_lines_avx512(const cb_qdw_geometry *g, const uint8_t *x,
                                                  const int32_t *wp, const cb_q_epilogue *e,
