@@ -403,6 +403,25 @@ CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_qdw_run_avx512(const cb_qdw_geometry *g,
                                     e);
             }
         }
+        /* and a last block of 16 channels its 9 */
+        for (; c0 + CB_Q_NR <= g->c; c0 += CB_Q_NR) {
+            __m512i w[9];
+            ptrdiff_t t;
+            const ptrdiff_t *off = tp->off;
+            const __m512i s0 = _mm512_loadu_si512(tp->start + c0);
+            for (t = 0; t < 9; t++) w[t] = _mm512_loadu_si512(wp + t * g->cp + c0);
+            for (i = 0; i < n; i++) {
+                const uint8_t *bp = base + i * step + c0;
+                __m512i a0 = s0, b0 = _mm512_setzero_si512();
+                _Pragma("GCC unroll 9") for (t = 0; t < 9; t++) {
+                    if (t % 2 == 0)
+                        a0 = _mm512_dpwssd_epi32(a0, CB_QDW_X(bp + off[t]), w[t]);
+                    else
+                        b0 = _mm512_dpwssd_epi32(b0, CB_QDW_X(bp + off[t]), w[t]);
+                }
+                cb_qdw_epilogue_512(_mm512_add_epi32(a0, b0), row + i, c0, 0xFFFF, 1, e);
+            }
+        }
     }
     for (; c0 + 2 * CB_Q_NR <= g->c; c0 += 2 * CB_Q_NR)
         for (i = 0; i < n; i++)
