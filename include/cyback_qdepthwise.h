@@ -104,17 +104,18 @@ typedef struct {
     const uint8_t *padrow;     /* cp bytes of the zero point */
     const ptrdiff_t *off;      /* each tap's offset from the window's corner */
     int32_t *start;            /* cp sums to start from: -za * wsum[c] */
+    const uint8_t **edge;      /* 3x3 windows: 9 addresses per output of a line */
     void *mem;
 } cb_qdw_taps;
 
 static int cb_qdw_taps_init(cb_qdw_taps *t, const cb_qdw_geometry *g, const int32_t *wp) {
-    const ptrdiff_t taps = g->kh * g->kw;
+    const ptrdiff_t taps = g->kh * g->kw, nedge = taps == 9 ? 9 * g->ow : 0;
     const int32_t *wsum = wp + taps * g->cp;
     ptrdiff_t ky, kx, ch;
     /* the starting sums first (4-byte aligned), then the addresses, the
      * offsets and the row of zero-point bytes */
     char *m = (char *)malloc(sizeof(int32_t) * (size_t)g->cp +
-                             sizeof(const uint8_t *) * (size_t)taps +
+                             sizeof(const uint8_t *) * (size_t)(taps + nedge) +
                              sizeof(ptrdiff_t) * (size_t)taps + (size_t)g->cp + 64);
     ptrdiff_t *off;
     if (!m) return 0;
@@ -125,7 +126,8 @@ static int cb_qdw_taps_init(cb_qdw_taps *t, const cb_qdw_geometry *g, const int3
     for (ch = 0; ch < g->cp; ch++)
         t->start[ch] = (int32_t)(0u - (uint32_t)g->pad * (uint32_t)wsum[ch]);
     t->tap = (const uint8_t **)(m + sizeof(int32_t) * (size_t)g->cp);
-    off = (ptrdiff_t *)(t->tap + taps);
+    t->edge = t->tap + taps;
+    off = (ptrdiff_t *)(t->edge + nedge);
     for (ky = 0; ky < g->kh; ky++)
         for (kx = 0; kx < g->kw; kx++)
             off[ky * g->kw + kx] = (ky * g->dh * g->w + kx * g->dw) * g->c;
@@ -135,9 +137,11 @@ static int cb_qdw_taps_init(cb_qdw_taps *t, const cb_qdw_geometry *g, const int3
     return 1;
 }
 
-/* Fills t->tap for output (oy, ox) of image img, a window at an edge. */
-static inline void cb_qdw_gather(const cb_qdw_geometry *g, cb_qdw_taps *t, const uint8_t *img,
-                                 ptrdiff_t oy, ptrdiff_t ox) {
+/* Fills dst (kh * kw addresses) for output (oy, ox) of image img, a window
+ * at an edge. */
+static inline void cb_qdw_gather_to(const cb_qdw_geometry *g, const cb_qdw_taps *t,
+                                    const uint8_t **dst, const uint8_t *img, ptrdiff_t oy,
+                                    ptrdiff_t ox) {
     const ptrdiff_t iy0 = oy * g->sh - g->pt, ix0 = ox * g->sw - g->pl;
     ptrdiff_t ky, kx, i;
     for (ky = 0, i = 0; ky < g->kh; ky++) {
@@ -145,10 +149,14 @@ static inline void cb_qdw_gather(const cb_qdw_geometry *g, cb_qdw_taps *t, const
         const int row_in = iy >= 0 && iy < g->h;
         for (kx = 0; kx < g->kw; kx++, i++) {
             const ptrdiff_t ix = ix0 + kx * g->dw;
-            t->tap[i] = row_in && ix >= 0 && ix < g->w ? img + (iy * g->w + ix) * g->c
-                                                       : t->padrow;
+            dst[i] = row_in && ix >= 0 && ix < g->w ? img + (iy * g->w + ix) * g->c : t->padrow;
         }
     }
+}
+
+static inline void cb_qdw_gather(const cb_qdw_geometry *g, cb_qdw_taps *t, const uint8_t *img,
+                                 ptrdiff_t oy, ptrdiff_t ox) {
+    cb_qdw_gather_to(g, t, t->tap, img, oy, ox);
 }
 
 /* 16 channel bytes from p (zero past `valid`), as 16 bytes in a register. */
@@ -372,57 +380,6 @@ CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_qdw_run_avx512(const cb_qdw_geometry *g,
                                                     const int32_t *wp, const cb_q_epilogue *e,
                                                     ptrdiff_t row, ptrdiff_t taps) {
     ptrdiff_t c0 = 0, i;
-    if (taps == 9) {
-        /* 3x3: the block's 18 weight vectors stay in registers along the run */
-        for (; c0 + 2 * CB_Q_NR <= g->c; c0 += 2 * CB_Q_NR) {
-            __m512i w[9][2];
-            ptrdiff_t t;
-            const ptrdiff_t *off = tp->off;
-            const __m512i s0 = _mm512_loadu_si512(tp->start + c0);
-            const __m512i s1 = _mm512_loadu_si512(tp->start + c0 + CB_Q_NR);
-            for (t = 0; t < 9; t++) {
-                w[t][0] = _mm512_loadu_si512(wp + t * g->cp + c0);
-                w[t][1] = _mm512_loadu_si512(wp + t * g->cp + c0 + CB_Q_NR);
-            }
-            for (i = 0; i < n; i++) {
-                const uint8_t *bp = base + i * step + c0;
-                __m512i a0 = s0, a1 = s1, b0 = _mm512_setzero_si512(),
-                        b1 = _mm512_setzero_si512();
-                _Pragma("GCC unroll 9") for (t = 0; t < 9; t++) {
-                    const uint8_t *p = bp + off[t];
-                    if (t % 2 == 0) {
-                        a0 = _mm512_dpwssd_epi32(a0, CB_QDW_X(p), w[t][0]);
-                        a1 = _mm512_dpwssd_epi32(a1, CB_QDW_X(p + CB_Q_NR), w[t][1]);
-                    } else {
-                        b0 = _mm512_dpwssd_epi32(b0, CB_QDW_X(p), w[t][0]);
-                        b1 = _mm512_dpwssd_epi32(b1, CB_QDW_X(p + CB_Q_NR), w[t][1]);
-                    }
-                }
-                cb_qdw_epilogue_512(_mm512_add_epi32(a0, b0), row + i, c0, 0xFFFF, 1, e);
-                cb_qdw_epilogue_512(_mm512_add_epi32(a1, b1), row + i, c0 + CB_Q_NR, 0xFFFF, 1,
-                                    e);
-            }
-        }
-        /* and a last block of 16 channels its 9 */
-        for (; c0 + CB_Q_NR <= g->c; c0 += CB_Q_NR) {
-            __m512i w[9];
-            ptrdiff_t t;
-            const ptrdiff_t *off = tp->off;
-            const __m512i s0 = _mm512_loadu_si512(tp->start + c0);
-            for (t = 0; t < 9; t++) w[t] = _mm512_loadu_si512(wp + t * g->cp + c0);
-            for (i = 0; i < n; i++) {
-                const uint8_t *bp = base + i * step + c0;
-                __m512i a0 = s0, b0 = _mm512_setzero_si512();
-                _Pragma("GCC unroll 9") for (t = 0; t < 9; t++) {
-                    if (t % 2 == 0)
-                        a0 = _mm512_dpwssd_epi32(a0, CB_QDW_X(bp + off[t]), w[t]);
-                    else
-                        b0 = _mm512_dpwssd_epi32(b0, CB_QDW_X(bp + off[t]), w[t]);
-                }
-                cb_qdw_epilogue_512(_mm512_add_epi32(a0, b0), row + i, c0, 0xFFFF, 1, e);
-            }
-        }
-    }
     for (; c0 + 2 * CB_Q_NR <= g->c; c0 += 2 * CB_Q_NR)
         for (i = 0; i < n; i++)
             cb_qdw_block32_avx512(g, tp, 1, base + i * step, wp, e, row + i, taps, c0);
@@ -432,6 +389,87 @@ CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_qdw_run_avx512(const cb_qdw_geometry *g,
     if (c0 < g->c)
         for (i = 0; i < n; i++)
             cb_qdw_block16_avx512(g, tp, 1, base + i * step, wp, e, row + i, taps, c0, 0);
+}
+
+/* A whole line of 3x3 outputs, channel blocks outside: a block's weight
+ * vectors stay in registers along the line, so each tap loads only its
+ * activations (the loads bounded the loop). Outputs lo .. hi - 1 have their
+ * windows inside the image (from base on, step bytes apart); the others'
+ * taps are in tp->edge, 9 per output. Even and odd taps in sums of their
+ * own. */
+CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_qdw_line9_avx512(const cb_qdw_geometry *g,
+                                                      const cb_qdw_taps *tp,
+                                                      const uint8_t *base, ptrdiff_t lo,
+                                                      ptrdiff_t hi, ptrdiff_t step,
+                                                      const int32_t *wp, const cb_q_epilogue *e,
+                                                      ptrdiff_t row) {
+    const ptrdiff_t *off = tp->off;
+    ptrdiff_t c0 = 0, ox, t;
+/* the 32 channels from c0 on of output ox, tap t at ADDR */
+#define CB_QDW_PIX32(ADDR)                                                                  \
+    do {                                                                                    \
+        __m512i a0 = s0, a1 = s1, b0 = _mm512_setzero_si512(), b1 = _mm512_setzero_si512(); \
+        _Pragma("GCC unroll 9") for (t = 0; t < 9; t++) {                                   \
+            const uint8_t *p = (ADDR) + c0;                                                 \
+            if (t % 2 == 0) {                                                               \
+                a0 = _mm512_dpwssd_epi32(a0, CB_QDW_X(p), w[t][0]);                         \
+                a1 = _mm512_dpwssd_epi32(a1, CB_QDW_X(p + CB_Q_NR), w[t][1]);               \
+            } else {                                                                        \
+                b0 = _mm512_dpwssd_epi32(b0, CB_QDW_X(p), w[t][0]);                         \
+                b1 = _mm512_dpwssd_epi32(b1, CB_QDW_X(p + CB_Q_NR), w[t][1]);               \
+            }                                                                               \
+        }                                                                                   \
+        cb_qdw_epilogue_512(_mm512_add_epi32(a0, b0), row + ox, c0, 0xFFFF, 1, e);          \
+        cb_qdw_epilogue_512(_mm512_add_epi32(a1, b1), row + ox, c0 + CB_Q_NR, 0xFFFF, 1, e); \
+    } while (0)
+/* the 16 channels from c0 on */
+#define CB_QDW_PIX16(ADDR)                                                                  \
+    do {                                                                                    \
+        __m512i a0 = s0, b0 = _mm512_setzero_si512();                                       \
+        _Pragma("GCC unroll 9") for (t = 0; t < 9; t++) {                                   \
+            const uint8_t *p = (ADDR) + c0;                                                 \
+            if (t % 2 == 0)                                                                 \
+                a0 = _mm512_dpwssd_epi32(a0, CB_QDW_X(p), w[t]);                            \
+            else                                                                            \
+                b0 = _mm512_dpwssd_epi32(b0, CB_QDW_X(p), w[t]);                            \
+        }                                                                                   \
+        cb_qdw_epilogue_512(_mm512_add_epi32(a0, b0), row + ox, c0, 0xFFFF, 1, e);          \
+    } while (0)
+    for (; c0 + 2 * CB_Q_NR <= g->c; c0 += 2 * CB_Q_NR) {
+        __m512i w[9][2];
+        const __m512i s0 = _mm512_loadu_si512(tp->start + c0);
+        const __m512i s1 = _mm512_loadu_si512(tp->start + c0 + CB_Q_NR);
+        for (t = 0; t < 9; t++) {
+            w[t][0] = _mm512_loadu_si512(wp + t * g->cp + c0);
+            w[t][1] = _mm512_loadu_si512(wp + t * g->cp + c0 + CB_Q_NR);
+        }
+        for (ox = 0; ox < lo; ox++) CB_QDW_PIX32(tp->edge[9 * ox + t]);
+        for (; ox < hi; ox++) CB_QDW_PIX32(base + (ox - lo) * step + off[t]);
+        for (; ox < g->ow; ox++) CB_QDW_PIX32(tp->edge[9 * ox + t]);
+    }
+    for (; c0 + CB_Q_NR <= g->c; c0 += CB_Q_NR) {
+        __m512i w[9];
+        const __m512i s0 = _mm512_loadu_si512(tp->start + c0);
+        for (t = 0; t < 9; t++) w[t] = _mm512_loadu_si512(wp + t * g->cp + c0);
+        for (ox = 0; ox < lo; ox++) CB_QDW_PIX16(tp->edge[9 * ox + t]);
+        for (; ox < hi; ox++) CB_QDW_PIX16(base + (ox - lo) * step + off[t]);
+        for (; ox < g->ow; ox++) CB_QDW_PIX16(tp->edge[9 * ox + t]);
+    }
+#undef CB_QDW_PIX16
+#undef CB_QDW_PIX32
+    if (c0 < g->c) {
+        /* the last channels, fewer than 16 */
+        cb_qdw_taps one = *tp;
+        for (ox = 0; ox < g->ow; ox++) {
+            if (ox >= lo && ox < hi) {
+                cb_qdw_block16_avx512(g, tp, 1, base + (ox - lo) * step, wp, e, row + ox, 9, c0,
+                                      0);
+            } else {
+                one.tap = tp->edge + 9 * ox;
+                cb_qdw_block16_avx512(g, &one, 0, NULL, wp, e, row + ox, 9, c0, 0);
+            }
+        }
+    }
 }
 #undef CB_QDW_X
 
@@ -448,15 +486,19 @@ CB_Q_AVX512_ATTR static void cb_qdw_lines_avx512(const cb_qdw_geometry *g, const
         const ptrdiff_t b = r / g->oh, oy = r % g->oh, iy0 = oy * g->sh - g->pt;
         const uint8_t *img = x + b * g->h * g->w * g->c;
         const int rows_in = iy0 >= 0 && iy0 + (g->kh - 1) * g->dh < g->h;
+        if (taps == 9) {
+            const ptrdiff_t l = rows_in ? lo : 0, h = rows_in ? hi : 0;
+            const uint8_t *base = img + (iy0 * g->w + l * g->sw - g->pl) * g->c;
+            for (ox = 0; ox < g->ow; ox++)
+                if (ox < l || ox >= h) cb_qdw_gather_to(g, tp, tp->edge + 9 * ox, img, oy, ox);
+            cb_qdw_line9_avx512(g, tp, base, l, h, g->sw * g->c, wp, &el, r * g->ow);
+            continue;
+        }
         for (ox = 0; ox < g->ow; ox++) {
             if (rows_in && ox == lo && hi > lo) {
                 const uint8_t *base = img + (iy0 * g->w + lo * g->sw - g->pl) * g->c;
-                if (taps == 9)
-                    cb_qdw_run_avx512(g, tp, base, hi - lo, g->sw * g->c, wp, &el, r * g->ow + lo,
-                                      9);
-                else
-                    cb_qdw_run_avx512(g, tp, base, hi - lo, g->sw * g->c, wp, &el, r * g->ow + lo,
-                                      taps);
+                cb_qdw_run_avx512(g, tp, base, hi - lo, g->sw * g->c, wp, &el, r * g->ow + lo,
+                                  taps);
                 ox = hi - 1;
                 continue;
             }
