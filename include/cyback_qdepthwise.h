@@ -90,17 +90,20 @@ static void cb_qdw_lines_scalar(const cb_qdw_geometry *g, const uint8_t *x, cons
 
 #if CB_SIMD_AVX2
 
-/* The vector paths walk an output line pixel by pixel. For each pixel they
- * first gather the address of every tap's input pixel (taps in the padding
- * point at a row of zero-point bytes), so that the loop over channels and
- * taps is free of bounds tests; pixels whose window lies inside the image
- * (most of them) get their addresses from fixed offsets. Each tap multiplies
- * the activation bytes widened to int32 by the packed int32 weights with a
- * 16-bit multiply-add (vpmaddwd): an activation lane is x (< 256) in its low
- * half and 0 in its high one, a weight lane w sign-extended, so the lane's
- * sum x * w + 0 * (w >> 16) is the exact product. */
+/* The vector paths walk an output line. The outputs whose window lies inside
+ * the image (most of them) form one run per line whose taps sit at fixed
+ * offsets from the window's corner; the run goes channel block by channel
+ * block, pixel by pixel inside a block, so that a block's weights stay close
+ * (in registers for 3x3 windows on AVX-512). An output at an edge first
+ * gathers the address of every tap's input pixel, taps in the padding
+ * pointing at a row of zero-point bytes, so that no loop over channels and
+ * taps tests bounds. Each tap multiplies the activation bytes widened to
+ * int32 by the packed int32 weights with a 16-bit multiply-add (vpmaddwd):
+ * an activation lane is x (< 256) in its low half and 0 in its high one, a
+ * weight lane w sign-extended, so the lane's sum x * w + 0 * (w >> 16) is
+ * the exact product. */
 typedef struct {
-    const uint8_t **tap;       /* taps addresses, one per tap */
+    const uint8_t **tap;       /* the taps' addresses, one per tap */
     const uint8_t *padrow;     /* cp bytes of the zero point */
     const ptrdiff_t *off;      /* each tap's offset from the window's corner */
     int32_t *start;            /* cp sums to start from: -za * wsum[c] */
