@@ -5,8 +5,8 @@
 Replaces what stands between the ``<!-- perf-table -->`` and
 ``<!-- /perf-table -->`` lines of README.md with a table made from the JSON
 (per model and batch: cyback's time, the best peer's, the ratio) and a caption
-naming the date, the machine and the command. The table is never edited by
-hand: run the benchmark, then this.
+naming the machine and the command (the date stays in the result's JSON). The
+table is never edited by hand: run the benchmark, then this.
 """
 import json
 import os
@@ -49,9 +49,9 @@ def table(result):
     lines.append("")
     lines.append("Ratio: the best peer's time over cyback's (above 1: cyback is faster). Geomean "
                  + ", ".join("%.2f× at batch %d" % (geo[b], b) for b in batches if b in geo)
-                 + ". %s; %s; %d threads for every engine, median of %d rounds; `%s`."
-                 % (result.get("date", "date not recorded"),
-                    result.get("machine", "machine not recorded"), result["threads"],
+                 + ". %s; %d threads for every engine, median of %d rounds; `%s` (when: the "
+                 "result's JSON, benchmarks/results/)."
+                 % (result.get("machine", "machine not recorded"), result["threads"],
                     result["rounds"], result["command"]))
     return "\n".join(lines)
 
