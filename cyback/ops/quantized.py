@@ -127,12 +127,10 @@ class _Quantized(Op):
         return qgemm.gemm_prepared(a, packed, vectors, self.in_zero,
                                    activation or self.activation)
 
-    # the epilogue's vectors (EpilogueVectors) among the operands: the last ones
-    # a step's output goes through
-    _vectors_at = 2
-
     def _out_vectors_at(self):
-        return self._vectors_at
+        """Where the epilogue vectors (EpilogueVectors) of the op's output are
+        among its operands."""
+        return 2
 
     def scale_output(self, inputs, out, v, ctx):
         """``out * v`` for a per-channel weight vector ``v`` (BatchNorm folded
