@@ -70,6 +70,30 @@ def sgemm_gflops(n=2048, repeats=5):
     return 2.0 * n ** 3 / t / 1e9
 
 
+#: Variables that make OpenBLAS run a kernel set other than the one it
+#: detects for the CPU (some machines set them for old OpenBLAS builds).
+OPENBLAS_OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def openblas_overrides(environ=os.environ):
+    """The OPENBLAS_OVERRIDES set in ``environ``, as a dict (for the JSON)."""
+    return {k: environ[k] for k in OPENBLAS_OVERRIDES if k in environ}
+
+
+def warn_openblas_overrides(environ=os.environ):
+    """Say on stderr when the environment forces OpenBLAS's kernel set: the
+    figures then measure those kernels, not the ones OpenBLAS picks for this
+    CPU (run with ``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE`` to get
+    those)."""
+    import sys
+    found = openblas_overrides(environ)
+    if found:
+        print("note: %s set: OpenBLAS runs the kernels it names, not the ones it detects "
+              "for this CPU" % ", ".join("%s=%s" % kv for kv in sorted(found.items())),
+              file=sys.stderr)
+    return found
+
+
 def print_table(rows, columns, title=None):
     """Print dict rows as an aligned text table; floats get 2 decimals."""
     def fmt(v):
@@ -94,7 +118,7 @@ def write_json(name, rows, **meta):
     path = os.path.join(RESULTS_DIR, "%s.json" % name)
     doc = dict(name=name, machine=platform.machine(), processor=platform.processor(),
                cpus=os.cpu_count(), numpy=np.__version__, time=time.strftime("%Y-%m-%d %H:%M:%S"),
-               rows=rows, **meta)
+               openblas_env=openblas_overrides(), rows=rows, **meta)
     with open(path, "w") as f:
         json.dump(doc, f, indent=2, default=float)
     return path

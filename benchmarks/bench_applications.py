@@ -322,8 +322,11 @@ def main(argv=None):
         export(args.work, models, batches, args.threads)
         return 0
     if args.role == "run":
-        print(json.dumps({"engine": args.engine, "version": engine_version(args.engine)}),
-              flush=True)
+        head = {"engine": args.engine, "version": engine_version(args.engine)}
+        if args.engine == "cyback":
+            from cyback.kernels.blas_threads import blas_info
+            head["blas"] = blas_info()
+        print(json.dumps(head), flush=True)
         for model in models:
             for b in batches:
                 print(json.dumps(run_one(args.engine, args.work, model, b, args.threads)),
@@ -337,6 +340,8 @@ def main(argv=None):
     print("exporting %s with %s ..." % (", ".join(models), args.tf_python), file=sys.stderr)
     _spawn(args.tf_python, ["--role", "export", "--models", args.models,
                             "--batches", args.batches] + common)
+    from _common import openblas_overrides, warn_openblas_overrides  # cyback's env only
+    warn_openblas_overrides()
     runs, versions = {}, {}
     # One process per engine and round runs every model (TensorFlow's import
     # alone takes seconds); the engines' order rotates from round to round.
@@ -352,6 +357,8 @@ def main(argv=None):
                 row = json.loads(line)
                 if "version" in row:
                     versions[engine] = row["version"]
+                    if "blas" in row:
+                        versions["cyback_blas"] = row["blas"]
                     continue
                 runs.setdefault((row["model"], row["batch"], engine), []).append(row)
                 print("  round %d %-18s b%-2d %-9s %s" % (
@@ -362,6 +369,7 @@ def main(argv=None):
     result = {"threads": args.threads, "rounds": args.rounds, "load_average": os.getloadavg(),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": _machine(args.threads), "versions": versions,
+              "openblas_env": openblas_overrides(),
               "rows": [dict(r, key=list(k)) for k, rs in runs.items() for r in rs],
               "summary": table,
               "command": "python benchmarks/bench_applications.py " +

@@ -24,6 +24,10 @@ same way). Plans (``graph/function.py``, ``graph/optimize.py``):
 - ``rewrite(inputs, ctx)``: replacement outputs in an inference plan, or None
   (``Binary('multiply')`` folds a per-channel weight scale into the op
   before it).
+- ``lower(inputs, ctx)``: the same, in a second walk of an inference plan
+  after every ``rewrite``: the op replaced by one that runs on a layout of
+  its weights made once (TensorDot and Conv by PackedProduct and
+  PackedConv), after the rewrites that recognise the op by its class.
 - ``scale_output(inputs, out, v, ctx)``: ``out * v`` for a per-channel weight
   vector ``v``, computed by this op with scaled weights, or None (conv,
   depthwise, dense: BatchNorm folding).

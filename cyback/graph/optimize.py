@@ -9,6 +9,11 @@ What an op can do in a plan is declared on the op, as hooks (see
    with a per-channel weight vector into the weights of the op before it,
    through that op's ``scale_output`` hook: BatchNormalization at inference
    becomes the conv / dense before it with scaled weights and a bias;
+   then, once every such rewrite has seen the graph, ``op.lower(inputs,
+   ctx)`` in a second walk, which may replace an op by one that runs on a
+   layout of its weights made once (a Dense or conv kernel packed into
+   panels: ``PackedProduct``, ``PackedConv``), which no rewrite of the
+   first walk need recognise;
 2. element-wise fusion (``graph/fusion.py``): element-wise chains, with the
    conv or dense product that feeds them, become one step.
 
@@ -131,9 +136,10 @@ def optimize(steps, targets, inference, resteps):
     """The steps and targets of an optimized plan. ``resteps(targets)``
     re-walks a rewritten graph into steps (fold, CSE)."""
     if inference:
-        targets, changed = _local_rewrites(steps, targets)
-        if changed:
-            steps, targets = resteps(targets)
+        for hook in ("rewrite", "lower"):
+            targets, changed = _local_rewrites(steps, targets, hook)
+            if changed:
+                steps, targets = resteps(targets)
     skip = set()
     if inference:
         ctx = Context(steps, targets, inference)
@@ -142,7 +148,7 @@ def optimize(steps, targets, inference, resteps):
     return steps, targets
 
 
-def _local_rewrites(steps, targets):
+def _local_rewrites(steps, targets, hook_name):
     ctx = Context(steps, targets, inference=True)
     repl = {}
 
@@ -154,7 +160,7 @@ def _local_rewrites(steps, targets):
     changed = False
     for op, ins, outs in steps:
         new_ins = [resolve(x) for x in ins]
-        hook = getattr(op, "rewrite", None)
+        hook = getattr(op, hook_name, None)
         new = hook(new_ins, ctx) if hook is not None else None
         if new is None and any(a is not b for a, b in zip(new_ins, ins)):
             new = op(*new_ins)

@@ -42,6 +42,10 @@ geometry by the rule named after it:
   the pointwise tiles, so that its columns split over the team
   (_use_short_im2col); a strided input gradient is GEMM + col2im over slabs
   of output rows that never touch the same input element at the same time;
+- conv_packed.pxi: channels_last float32 forward convolutions of few output
+  positions whose kernel an inference plan packed once, as the patch matrix
+  times the packed panels of include/cyback_packed_gemm.h
+  (packed_forward_call; _use_packed);
 - conv_phases.pxi: a strided input gradient (a transposed convolution's
   forward pass) with few enough channels, as one stride-1 convolution per
   phase of the strides that the direct kernel writes straight into its
@@ -86,6 +90,7 @@ include "conv_pointwise.pxi"
 include "conv_im2col.pxi"
 include "conv_taps.pxi"
 include "conv_phases.pxi"
+include "conv_packed.pxi"
 
 
 _ACTIVATIONS = {None: 0, "linear": 0, "relu": 1, "relu6": 2}

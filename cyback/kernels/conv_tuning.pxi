@@ -84,4 +84,7 @@ _TUNE = _Tuning({
     "direct_wgrad": True, "direct_wgrad_max_c": 64, "direct_wgrad_max_bytes": 192 << 10,
     # Short im2col (_use_short_im2col): on/off; the largest patch matrix.
     "short_im2col": True, "short_im2col_bytes": 4 << 20,
+    # Packed kernels (_use_packed, conv_packed.pxi): on/off; the largest
+    # patch matrix.
+    "packed": True, "packed_im2col_bytes": 16 << 20,
 })

@@ -506,3 +506,6 @@ def batch_gemm(a, b, bint trans_a=False, bint trans_b=False, out=None):
         _batch_gemm[double](a, b, out, trans_a, trans_b, over_batch, &intr)
         check_interrupt(&intr)
     return out
+
+
+include "linalg_packed.pxi"

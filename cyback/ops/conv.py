@@ -23,8 +23,10 @@ from cyback.graph.shapes import format_shape
 from cyback.kernels import conv as _conv
 from cyback.kernels import conv_utils
 from cyback.kernels import depthwise as _dw
+from cyback.kernels import linalg as _linalg
 from cyback.kernels import local as _local
 from cyback.ops import shape as shp
+from cyback.ops.linalg import PackPanels
 from cyback.ops.manip import Pad
 
 
@@ -34,7 +36,7 @@ class Geometry(object):
 
     _FIELDS = ("api", "family", "rank", "strides", "dilation", "padding", "channels_last",
                "kernel_size", "local_out", "extra_pads")
-    __slots__ = _FIELDS + ("_checked", "_calls", "_last")
+    __slots__ = _FIELDS + ("_checked", "_calls", "_last", "_packed_calls")
 
     def __init__(self, api, family, rank, strides, dilation, padding, channels_last,
                  kernel_size=None, local_out=None, extra_pads=None):
@@ -63,6 +65,9 @@ class Geometry(object):
         # the kernel module's prepared forward call for these arguments
         self._calls = {}
         self._last = None
+        # the same key -> the packed kernel's prepared call, or None where
+        # its rule does not take the shapes (forward_packed)
+        self._packed_calls = {}
 
     def __getstate__(self):
         # the memos are rebuilt on use (prepared kernel calls do not pickle)
@@ -75,6 +80,7 @@ class Geometry(object):
         self._checked = {}
         self._calls = {}
         self._last = None
+        self._packed_calls = {}
 
     def as_tuple(self):
         return tuple(getattr(self, s) for s in self._FIELDS)
@@ -240,6 +246,30 @@ class Geometry(object):
             return None
         return last[5](x, k, bias, residual) if last[6] else last[5](x, k, bias)
 
+    def forward_packed(self, x, k, packed, bias=None, activation=None, residual=None):
+        """forward with the kernel also given packed (``PackedConv``): the
+        packed product where its rule takes these shapes
+        (kernels/conv_packed.pxi), else ``forward``."""
+        key = (x.shape, x.dtype, k.shape, bias is None, residual is None, activation)
+        call = self._packed_calls.get(key, False)
+        if call is False:
+            call = None
+            if self.family == "conv" and x.dtype == np.float32 and k.dtype == x.dtype and \
+                    0 not in x.shape:
+                pads = self._check_forward(x.shape, k.shape)
+                call = _conv.packed_forward_call(x.shape, k.shape, self.strides, self.dilation,
+                                                 pads, self.channels_last, x.dtype,
+                                                 bias is not None, residual is not None,
+                                                 activation)
+            if len(self._packed_calls) >= 64:
+                self._packed_calls.clear()
+            self._packed_calls[key] = call
+        if call is not None:
+            y = call(x, packed, bias, residual)
+            if y is not None:
+                return y
+        return self.forward(x, k, bias, activation, residual)
+
     def _forward_call(self, x, k, bias, residual, activation):
         """The kernel's prepared call for these arguments' shapes, after the
         checks (the Keras name in their errors)."""
@@ -372,16 +402,19 @@ class Conv(Op):
         g = self.geom
         if not ctx.inference or g.family not in ("conv", "depthwise"):
             return None
-        made = ctx.producer(inputs[0])
-        if made is None or not isinstance(made[0], Pad) or len(made[1]) != 1:
+        absorbed = _absorbed_pads(g, ctx.producer(inputs[0]))
+        if absorbed is None:
             return None
-        pads = made[0].pads
-        channel = len(pads) - 1 if g.channels_last else 1
-        spatial = pads[1:-1] if g.channels_last else pads[2:]
-        if pads[0] != (0, 0) or pads[channel] != (0, 0) or len(spatial) != g.rank or \
-                any(b < 0 or a < 0 for b, a in spatial):
+        g, x = absorbed
+        return [Conv(g)(x, inputs[1])]
+
+    def lower(self, inputs, ctx):
+        """In an inference plan, after the rewrites (BatchNorm folded into
+        the kernel, paddings taken in), a float32 channels_last kernel is
+        packed once: see PackedConv."""
+        if not ctx.inference or ctx.is_weight(inputs[0]):
             return None
-        return [Conv(g.with_extra_pads(spatial))(made[1][0], inputs[1])]
+        return PackedConv.replacing(self.geom, inputs[0], inputs[1], ctx)
 
     def kernel_epilogue(self, bias_axis, activation, out, residual=False, exact=False):
         """Whether the kernel can add a per-channel bias (on ``bias_axis``,
@@ -440,6 +473,73 @@ class Conv(Op):
         x, k = inputs
         g = grads[0]
         return [conv_input(self.geom, g, k, x), conv_kernel(self.geom, x, g, k)]
+
+
+def _absorbed_pads(g, made):
+    """(geometry with the pads of a zero padding ``made`` = (op, inputs)
+    taken in, the padding's input) when ``made`` is a zero padding of the
+    spatial axes only (Conv.rewrite), else None."""
+    if made is None or not isinstance(made[0], Pad) or len(made[1]) != 1:
+        return None
+    pads = made[0].pads
+    channel = len(pads) - 1 if g.channels_last else 1
+    spatial = pads[1:-1] if g.channels_last else pads[2:]
+    if pads[0] != (0, 0) or pads[channel] != (0, 0) or len(spatial) != g.rank or \
+            any(b < 0 or a < 0 for b, a in spatial):
+        return None
+    return g.with_extra_pads(spatial), made[1][0]
+
+
+class PackedConv(Op):
+    """y = conv(x, kernel), with the kernel also given as
+    ``linalg.PackPanels`` of it seen as a (K, F) matrix: an inference plan's
+    frozen weights pack it once (Conv.rewrite puts this op in). Calls of
+    few output positions run as the patch matrix times the packed panels
+    (kernels/conv_packed.pxi); the others, and whatever the packed rule does
+    not take, run as Conv (the kernel is an input too). Sums run in another
+    order than the other strategies': values differ in the last bits, the
+    same on every call and for any thread count."""
+
+    fresh_output = True
+    epilogue_host = True
+
+    def __init__(self, geom):
+        self.geom = geom
+        self.api = geom.api
+
+    @staticmethod
+    def replacing(g, x, k, ctx):
+        """``[PackedConv(g)(x, k, PackPanels(...)(k))]`` for a channels_last
+        float32 convolution of a frozen kernel of known shape where the
+        packed kernel runs, else None."""
+        if g.family != "conv" or not g.channels_last or x.dtype != "float32" or \
+                k.dtype != "float32" or not ctx.is_weight(k) or None in k.shape or \
+                not _linalg.packed_available():
+            return None
+        return [PackedConv(g)(x, k, PackPanels(k.ndim - 1)(k))]
+
+    def infer(self, x, k, packed):
+        return [(self.geom.y_shape(x.shape, k.shape), x.dtype)]
+
+    def compute(self, x, k, packed):
+        return (self.geom.forward_packed(x, k, packed),)
+
+    def kernel_epilogue(self, bias_axis, activation, out, residual=False, exact=False):
+        return Conv(self.geom).kernel_epilogue(bias_axis, activation, out, residual, exact)
+
+    def compute_epilogue(self, inputs, bias, activation, residual=None):
+        x, k, packed = inputs
+        if bias is not None and bias.ndim != 1:
+            bias = bias.reshape(-1)
+        dt = x.dtype
+        if k.dtype != dt or dt != np.float32 or 0 in x.shape or \
+                (bias is not None and (bias.dtype != dt or
+                                       bias.size != self.geom.out_channels(k.shape))) or \
+                (residual is not None and (residual.dtype != dt or
+                                           residual.shape != self.geom.forward_shape(
+                                               x.shape, k.shape))):
+            return None
+        return self.geom.forward_packed(x, k, packed, bias, activation, residual)
 
 
 class ConvInput(Op):

@@ -61,6 +61,15 @@ class TensorDot(Op):
             return None
         return [NarrowProduct()(x, w, TransposedCopy()(w))]
 
+    def lower(self, inputs, ctx):
+        # At inference, other float32 weights are packed once into panels
+        # (see PackedProduct), once the rewrites that look for a TensorDot
+        # (BatchNorm folding, the recurrent cells' projections) are done.
+        x, w = inputs
+        if not ctx.inference or not ctx.is_weight(w) or ctx.is_weight(x):
+            return None
+        return PackedProduct.replacing(self, x, w)
+
     def infer(self, x, y):
         _check_contracted(self.api, x, y, self.ax, self.ay)
         shape = tuple(x.shape[i] for i in _free(x.ndim, self.ax)) + \
@@ -214,6 +223,100 @@ class NarrowProduct(Op):
             if out is not None:
                 return out
         return self._DOT.compute_epilogue((x, w), bias, activation, residual)
+
+
+class PackedProduct(Op):
+    """``x @ w`` over x's last ``nk`` axes and a float32 weight w's first
+    ``nk`` (a Dense layer, an attention block's projections), given also as
+    ``kernels.linalg.pack_panels`` of w seen as a (k, n) matrix: an inference
+    plan's frozen weights pack it once (TensorDot.rewrite puts this op in).
+
+    BLAS packs w on every call, which for few rows costs as much as the
+    multiply-adds, and splits such products poorly over threads; the
+    packed kernel (include/cyback_packed_gemm.h) reads the panels as they
+    are, splits the columns over the team and applies a bias, a residual
+    and relu / relu6 in its registers. Products of more than MAX_ROWS rows,
+    and CPUs without AVX2, keep BLAS (w is an input too). The sums run in
+    another order than BLAS's: values differ in the last bits, the same on
+    every call and for any thread count."""
+
+    api = "dot"
+    fresh_output = True
+    epilogue_host = True
+    #: rows from which BLAS is as fast (benchmarks/bench_linalg.py, "packed")
+    MAX_ROWS = _linalg.PACKED_MAX_ROWS
+
+    def __init__(self, nk):
+        self.nk = nk
+
+    @staticmethod
+    def replacing(dot, x, w):
+        """``[PackedProduct(...)(x, w, PackPanels(...)(w))]`` for TensorDot
+        ``dot`` of x and a weight w, when it is a product of x's trailing
+        axes with w's leading ones in float32 of known sizes and the kernel
+        runs here; else None."""
+        nk = len(dot.ax)
+        if x.dtype != "float32" or not _linalg.packed_available() or \
+                dot.ax != tuple(range(x.ndim - nk, x.ndim)) or dot.ay != tuple(range(nk)) or \
+                w.ndim <= nk or any(d is None for d in w.shape):
+            return None
+        return [PackedProduct(nk)(x, w, PackPanels(nk)(w))]
+
+    def _dot(self, x):
+        return TensorDot(tuple(range(x.ndim - self.nk, x.ndim)), tuple(range(self.nk)))
+
+    def infer(self, x, w, packed):
+        return self._dot(x).infer(x, w)
+
+    def _run(self, x, w, packed, bias=None, residual=None, act=0):
+        k = math.prod(w.shape[:self.nk])
+        n = math.prod(w.shape[self.nk:])
+        shape = x.shape[:x.ndim - self.nk] + w.shape[self.nk:]
+        rows = math.prod(shape[:x.ndim - self.nk])
+        if rows > self.MAX_ROWS or x.dtype != np.float32:
+            return None
+        if residual is not None:
+            residual = residual.reshape(rows, n)
+        out = _linalg.packed_product(x.reshape(rows, k), packed, n,
+                                     None if bias is None else bias.reshape(-1), residual, act)
+        return None if out is None else out.reshape(shape)
+
+    def compute(self, x, w, packed):
+        out = self._run(x, w, packed)
+        return (out if out is not None else contract(x, w, self._dot(x).ax, self._dot(x).ay),)
+
+    def kernel_epilogue(self, bias_axis, activation, out, residual=False, exact=False):
+        return not exact and bias_axis == -1 and activation in (None, "relu", "relu6")
+
+    def compute_epilogue(self, inputs, bias, activation, residual=None):
+        x, w, packed = inputs
+        if bias is not None and bias.size != math.prod(w.shape[self.nk:]):
+            return None
+        return self._run(x, w, packed, bias, residual, _ACTIVATIONS[activation])
+
+    def time_mapped(self, ins, variant):
+        # x_t @ W over all steps: the same product of the (T, ...) stack
+        return self if variant == [True, False, False] else None
+
+
+class PackPanels(Op):
+    """``kernels.linalg.pack_panels`` of a weight w seen as a (k, n) matrix,
+    k its first ``nk`` axes: PackedProduct's layout of w, which an inference
+    plan's frozen prelude computes once."""
+
+    api = "dot"
+
+    def __init__(self, nk):
+        self.nk = nk
+
+    def infer(self, w):
+        k = math.prod(w.shape[:self.nk])
+        n = math.prod(w.shape[self.nk:])
+        return [(((n + _linalg.PANEL - 1) // _linalg.PANEL, k, _linalg.PANEL), "float32")]
+
+    def compute(self, w):
+        k = math.prod(w.shape[:self.nk])
+        return (_linalg.pack_panels(w.reshape(k, -1)),)
 
 
 class TransposedCopy(Op):

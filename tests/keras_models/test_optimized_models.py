@@ -274,9 +274,10 @@ def test_fused_recurrent_reads_gate_slices_whole(name):
     # which the kernel's one bias after the product would round differently:
     # that projection stays a product of its own
     products = 2 if name == 'gru_masked' else 1
-    # (a head of few columns is a NarrowProduct: the kernel read transposed)
-    assert sum(any(k in repr(op) for k in ('TensorDot', 'NarrowProduct')) for op in ops) == \
-        products
+    # (a head of few columns is a NarrowProduct: the kernel read transposed;
+    # a wider float32 one a PackedProduct: the kernel packed in panels)
+    assert sum(any(k in repr(op) for k in ('TensorDot', 'NarrowProduct', 'PackedProduct'))
+               for op in ops) == products
 
 
 @pytest.mark.parametrize('name', ['lstm_impl1', 'lstm', 'lstm_backwards', 'lstm_masked',

@@ -1,0 +1,127 @@
+# Products with a weight packed once (included by linalg.pyx): the Dense and
+# 1x1 products of inference plans, whose weights are frozen
+# (include/cyback_packed_gemm.h says how the panels and tiles work).
+
+
+from cyback.kernels._packed cimport (CB_PG_MAX_ROWS, CB_PG_NR, cb_pg_args, cb_pg_available,
+                                     cb_pg_item, cb_pg_items, cb_pg_pack, cb_pg_plan,
+                                     cb_pg_plan_for)
+
+
+# Panel width: the columns of w in one panel of the packed layout.
+PANEL = CB_PG_NR
+# The most rows a plan sends to packed_product (PackedProduct.MAX_ROWS).
+PACKED_MAX_ROWS = CB_PG_MAX_ROWS
+
+
+def packed_available():
+    """Whether packed_product runs here (a CPU with AVX2 + FMA, or AVX-512;
+    tests lower the set with _use_avx2 / _use_avx512). Where it does not, the
+    caller multiplies by its BLAS path."""
+    return bool(cb_pg_available())
+
+
+def pack_panels(w):
+    """The packed layout of a float32 weight w (k, n): an array (P, k, 16),
+    P = ceil(n / 16), holding w's columns 16 at a time with zeros past
+    column n, its rows starting on 64-byte boundaries (a panel row is one
+    AVX-512 load that never straddles two cache lines)."""
+    w = np.asarray(w)
+    if w.ndim != 2 or w.dtype != np.float32:
+        raise ValueError("pack_panels: expected a 2-D float32 weight, got %s %s"
+                         % (w.dtype, w.shape))
+    cdef Py_ssize_t k = w.shape[0], n = w.shape[1]
+    cdef Py_ssize_t P = (n + PANEL - 1) // PANEL
+    raw = np.empty(P * k * PANEL + PANEL, dtype=np.float32)
+    start = (-raw.ctypes.data % 64) // 4
+    packed = raw[start:start + P * k * PANEL].reshape(P, k, PANEL)
+    cdef cnp.ndarray wc = np.ascontiguousarray(w)
+    cdef const float* wp = <const float*> cnp.PyArray_DATA(wc)
+    cdef float* pp = <float*> cnp.PyArray_DATA(<cnp.ndarray> packed)
+    if k and n:
+        with nogil:
+            cb_pg_pack(wp, k, n, pp)
+    return packed
+
+
+cdef inline bint _rows_fit(object a, Py_ssize_t cols):
+    # 2-D float32 rows of `cols` values, unit column stride, aligned
+    cdef cnp.ndarray arr
+    if not isinstance(a, cnp.ndarray):
+        return False
+    arr = <cnp.ndarray> a
+    return cnp.PyArray_TYPE(arr) == cnp.NPY_FLOAT and cnp.PyArray_NDIM(arr) == 2 and \
+        cnp.PyArray_DIM(arr, 1) == cols and cnp.PyArray_ISALIGNED(arr) and \
+        cnp.PyArray_ISNOTSWAPPED(arr) and \
+        (cols <= 1 or cnp.PyArray_STRIDE(arr, 1) == 4) and \
+        (cnp.PyArray_DIM(arr, 0) <= 1 or cnp.PyArray_STRIDE(arr, 0) % 4 == 0)
+
+
+def packed_product(x, packed, Py_ssize_t n, bias=None, residual=None, int act=0):
+    """act(x @ w + bias + residual) for x (m, k) and w (k, n) given as
+    ``pack_panels(w)``; bias (n,) and residual (m, n) optional; act 0 (none),
+    1 (relu) or 2 (relu6). x and residual may have any row stride (a view of
+    rows); all float32. The sums run over k in order for each output on one
+    thread, so results do not depend on the thread count. Returns None when
+    the kernel does not run here (packed_available) or the arrays are not of
+    that kind: the caller then takes its BLAS path."""
+    if not cb_pg_available() or act < 0 or act > 2 or \
+            not isinstance(packed, cnp.ndarray) or packed.dtype != np.float32 or \
+            packed.ndim != 3 or packed.shape[2] != PANEL or not packed.flags.c_contiguous:
+        return None
+    cdef Py_ssize_t P = packed.shape[0], k = packed.shape[1]
+    if n < 1 or (n + PANEL - 1) // PANEL != P or not isinstance(x, np.ndarray) or \
+            x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != k:
+        return None
+    cdef Py_ssize_t m = x.shape[0]
+    if m and not _rows_fit(x, k):
+        return None
+    if bias is not None and not (_rows_fit(bias.reshape(1, -1), n) and bias.ndim == 1):
+        return None
+    if residual is not None and not (_rows_fit(residual, n) and residual.shape[0] == m):
+        return None
+    cdef cnp.npy_intp dims[2]
+    dims[0], dims[1] = m, n
+    cdef cnp.ndarray y = cnp.PyArray_EMPTY(2, dims, cnp.NPY_FLOAT, 0)
+    if m == 0:
+        return y
+    if k == 0:
+        y[...] = 0
+        if bias is not None:
+            y += bias
+        if residual is not None:
+            y += residual
+        if act:
+            np.maximum(y, 0, out=y)
+            if act == 2:
+                np.minimum(y, 6, out=y)
+        return y
+    cdef cb_pg_args g
+    g.x = <const float*> cnp.PyArray_DATA(<cnp.ndarray> x)
+    g.ldx = x.strides[0] // 4 if m > 1 else k
+    g.k, g.n, g.P = k, n, P
+    g.packed = <const float*> cnp.PyArray_DATA(<cnp.ndarray> packed)
+    g.b = NULL
+    g.res = NULL
+    if bias is not None:
+        g.b = <const float*> cnp.PyArray_DATA(<cnp.ndarray> bias)
+    if residual is not None:
+        g.res = <const float*> cnp.PyArray_DATA(<cnp.ndarray> residual)
+    g.ldr = 0 if residual is None else (residual.strides[0] // 4 if m > 1 else n)
+    g.y = <float*> cnp.PyArray_DATA(y)
+    g.ldy = n
+    g.act = act
+    cdef cb_pg_plan q = cb_pg_plan_for(m, P)
+    cdef Py_ssize_t items = cb_pg_items(&q), i
+    cdef int nt = threads_for(_matmul_work(m, n, k))
+    if nt > items:
+        nt = <int> items
+    with nogil:
+        if nt > 1:
+            for i in prange(items, num_threads=nt, schedule="static"):
+                cb_pg_item(&g, &q, i)
+        else:
+            for i in range(items):
+                cb_pg_item(&g, &q, i)
+    team_done(nt)
+    return y
