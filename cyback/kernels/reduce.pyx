@@ -1,6 +1,7 @@
 """Sums over the middle axis of an (outer, n, inner) array: what a mean over
 the spatial axes of NHWC (global average pooling) and a bias gradient (the
-sum over every axis but the channels) come to; and layer normalization of
+sum over every axis but the channels) come to; the max and min over it
+(global max pooling); and layer normalization of
 the rows of a (rows, n) array, its statistics and the scaling in one kernel.
 
 NumPy reduces a non-last axis one output row at a time, with a fixed cost
@@ -128,6 +129,80 @@ def sum_middle(x, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner, bint mean=Fa
                             splits, mean, threads)
     finally:
         free(slots)
+    team_done(threads)
+    return out
+
+
+# ---------------------------------------------------------------- max / min
+
+cdef void _extreme_strip(const floating* x, floating* out, Py_ssize_t n, Py_ssize_t inner,
+                         Py_ssize_t width, bint want_max) noexcept nogil:
+    """out[0:width] = the max (or min) over the n rows (stride inner) of
+    x[0:width]; a NaN wins, as in np.max (a select per value: vectorised)."""
+    cdef floating best[STRIP]
+    cdef floating v, b
+    cdef Py_ssize_t r, j
+    cdef const floating* row
+    for j in range(width):
+        best[j] = x[j]
+    for r in range(1, n):
+        row = x + r * inner
+        if want_max:
+            for j in range(width):
+                v, b = row[j], best[j]
+                best[j] = v if (v > b or v != v) else b
+        else:
+            for j in range(width):
+                v, b = row[j], best[j]
+                best[j] = v if (v < b or v != v) else b
+    for j in range(width):
+        out[j] = best[j]
+
+
+cdef void _extreme_middle(const floating* x, floating* out, Py_ssize_t outer, Py_ssize_t n,
+                          Py_ssize_t inner, bint want_max, int threads) noexcept nogil:
+    cdef Py_ssize_t strips = (inner + STRIP - 1) // STRIP, t, o, j0
+    if threads > 1:
+        for t in prange(outer * strips, num_threads=threads, schedule="static"):
+            o, j0 = t // strips, t % strips * STRIP
+            _extreme_strip(x + o * n * inner + j0, out + o * inner + j0, n, inner,
+                           inner - j0 if inner - j0 < STRIP else STRIP, want_max)
+    else:
+        for t in range(outer * strips):
+            o, j0 = t // strips, t % strips * STRIP
+            _extreme_strip(x + o * n * inner + j0, out + o * inner + j0, n, inner,
+                           inner - j0 if inner - j0 < STRIP else STRIP, want_max)
+
+
+def extreme_middle(x, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner, bint want_max=True):
+    """The max (or, without ``want_max``, the min) over axis 1 of the
+    C-contiguous float32/float64 array ``x`` viewed as (outer, n, inner): a
+    new (outer, inner) array of x's dtype, NaN where a NaN is among the
+    values (as np.max / np.min). n must be at least 1. A global max pooling
+    of NHWC at batch 1 is such a reduction, which NumPy runs one output
+    value at a time."""
+    cdef cnp.ndarray a, out
+    cdef int threads
+    a = x
+    if not a.flags.c_contiguous or (a.dtype != np.float32 and a.dtype != np.float64):
+        raise TypeError("extreme_middle: expected a C-contiguous float32 or float64 array, "
+                        "got %s" % a.dtype)
+    if outer < 0 or n < 1 or inner < 1 or a.size != outer * n * inner:
+        raise ValueError("extreme_middle: (outer, n, inner) = (%d, %d, %d) does not view an "
+                         "array of %d values with n >= 1" % (outer, n, inner, a.size))
+    out = np.empty((outer, inner), dtype=a.dtype)
+    if outer == 0:
+        return out
+    threads = threads_for(1.0 * a.size * a.itemsize)
+    if a.dtype == np.float32:
+        with nogil:
+            _extreme_middle(<const float*> cnp.PyArray_DATA(a), <float*> cnp.PyArray_DATA(out),
+                            outer, n, inner, want_max, threads)
+    else:
+        with nogil:
+            _extreme_middle(<const double*> cnp.PyArray_DATA(a),
+                            <double*> cnp.PyArray_DATA(out), outer, n, inner, want_max,
+                            threads)
     team_done(threads)
     return out
 

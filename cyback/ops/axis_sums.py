@@ -1,11 +1,13 @@
-"""Sums and means over axes, with the common neural-network case on a kernel.
+"""Sums, means, maxima and minima over axes, with the common neural-network
+case on a kernel.
 
 A mean over the spatial axes of NHWC (global average pooling) or a bias
 gradient (a sum over every axis but the last) reduces a run of axes that is
 followed by kept axes. NumPy walks such a reduction one output row at a time
 and runs several times slower than a pass over the data, so these go to
-``kernels.reduce.sum_middle`` on the (outer, n, inner) view; everything
-else stays with NumPy.
+``kernels.reduce.sum_middle`` on the (outer, n, inner) view, and a max or
+min over such axes (global max pooling) to ``kernels.reduce.extreme_middle``;
+everything else stays with NumPy.
 """
 import numpy as np
 
@@ -57,6 +59,14 @@ def sum_axes(x, axes, keepdims=False, mean=False):
     """x summed (or averaged, with ``mean``) over the sorted tuple ``axes``
     (None: all), in x's dtype."""
     x = np.asarray(x)
+    plan = _plan(x, axes, keepdims)
+    if plan is None or not x.flags.c_contiguous:
+        y = np.asarray((np.mean if mean else np.sum)(x, axis=axes, keepdims=keepdims))
+        return y if y.dtype == x.dtype else y.astype(x.dtype)
+    return _reduce.sum_middle(x, plan[0], plan[1], plan[2], mean).reshape(plan[3])
+
+
+def _plan(x, axes, keepdims):
     key = (x.shape, x.dtype.num, axes, keepdims)
     plan = _PLANS.get(key, False)
     if plan is False:
@@ -64,7 +74,14 @@ def sum_axes(x, axes, keepdims=False, mean=False):
         if len(_PLANS) >= _PLANS_MAX:
             _PLANS.clear()
         _PLANS[key] = plan
+    return plan
+
+
+def extreme_axes(x, axes, keepdims=False, want_max=True):
+    """The max (or min) of x over the sorted tuple ``axes`` (None: all), for
+    a non-empty reduction; NaN wins, as in np.max."""
+    x = np.asarray(x)
+    plan = _plan(x, axes, keepdims)
     if plan is None or not x.flags.c_contiguous:
-        y = np.asarray((np.mean if mean else np.sum)(x, axis=axes, keepdims=keepdims))
-        return y if y.dtype == x.dtype else y.astype(x.dtype)
-    return _reduce.sum_middle(x, plan[0], plan[1], plan[2], mean).reshape(plan[3])
+        return np.asarray((np.max if want_max else np.min)(x, axis=axes, keepdims=keepdims))
+    return _reduce.extreme_middle(x, plan[0], plan[1], plan[2], want_max).reshape(plan[3])

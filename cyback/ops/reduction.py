@@ -67,8 +67,10 @@ class Reduce(Op):
                 return (np.full(shape, self.kind == "min", x.dtype),)
             info = np.iinfo(x.dtype)
             return (np.full(shape, info.min if self.kind == "max" else info.max, x.dtype),)
-        y = fn(x, axis=self.axes, keepdims=self.keepdims)
-        y = np.asarray(y)
+        if self.kind in ("max", "min"):
+            y = axis_sums.extreme_axes(x, self.axes, self.keepdims, self.kind == "max")
+        else:
+            y = np.asarray(fn(x, axis=self.axes, keepdims=self.keepdims))
         if y.dtype != x.dtype and self.kind not in ("any", "all"):
             y = y.astype(x.dtype)
         return (y,)

@@ -86,3 +86,45 @@ def test_empty_outer():
 def test_bad_arguments(x, view, error):
     with pytest.raises(error, match="sum_middle"):
         reduce.sum_middle(x, *view)
+
+
+# ---------------------------------------------------------------- extreme_middle
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (1, 398, 250), (3, 7, 5), (2, 49, 130),
+                                   (5, 3, 64)])
+@pytest.mark.parametrize("want_max", [True, False])
+def test_extreme_middle_matches_numpy(shape, dtype, threads, want_max):
+    x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(dtype)
+    saved = runtime.get_max_threads()
+    runtime.set_num_threads(threads)
+    try:
+        got = reduce.extreme_middle(x, *shape, want_max=want_max)
+    finally:
+        runtime.set_num_threads(saved)
+    want = (np.max if want_max else np.min)(x, axis=1)
+    assert got.dtype == x.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("want_max", [True, False])
+def test_extreme_middle_takes_nan_and_inf_as_numpy_does(want_max):
+    x = np.random.default_rng(3).standard_normal((2, 9, 70)).astype(np.float32)
+    x[0, 4, 3] = np.nan
+    x[1, 0, 65] = np.nan         # the first row: NaN stays
+    x[1, 8, 2] = np.inf
+    x[0, 8, 1] = -np.inf
+    got = reduce.extreme_middle(x, 2, 9, 70, want_max)
+    np.testing.assert_array_equal(got, (np.max if want_max else np.min)(x, axis=1))
+
+
+@pytest.mark.parametrize("x,view,error", [
+    (np.zeros((2, 3), np.int32), (2, 3, 1), TypeError),
+    (np.zeros((4, 3), np.float32)[::2], (2, 3, 1), TypeError),
+    (np.zeros((2, 3), np.float32), (2, 0, 3), ValueError),
+    (np.zeros((2, 3), np.float32), (2, 2, 2), ValueError),
+])
+def test_extreme_middle_bad_arguments(x, view, error):
+    with pytest.raises(error, match="extreme_middle"):
+        reduce.extreme_middle(x, *view)
