@@ -23,7 +23,11 @@ def _use_packed(g, bint last, dtype, bint pointwise):
     takes (both beat an im2col product where they do: a text CNN's 3-tap
     Conv1D on 50 channels, 1x3 taps on 512 positions), with a patch matrix
     of at most _TUNE["packed_im2col_bytes"] (a 1x1, stride-1 unpadded layer
-    multiplies its input rows in place)."""
+    multiplies its input rows in place). Winograd's layers with at most
+    packed_over_winograd_rows positions and packed_over_winograd_min_c
+    input channels run packed too: on a 14x14 map (ResNet-50's 3x3 256 ->
+    256, DenseNet's 128 -> 32 at batch 1) its tiles are too few for the
+    transforms to pay (benchmarks/bench_conv.py, "packed" rows)."""
     if not (_TUNE["packed"] and last and dtype == np.float32 and cb_pg_available()):
         return False
     rows = g["N"] * g["P"]
@@ -32,6 +36,9 @@ def _use_packed(g, bint last, dtype, bint pointwise):
     if not pointwise and (rows * g["K"] * 4 > _TUNE["packed_im2col_bytes"] or
                           _use_direct(g, last, False)):
         return False
+    if rows <= _TUNE["packed_over_winograd_rows"] and \
+            g["C"] >= _TUNE["packed_over_winograd_min_c"]:
+        return True
     return not _use_winograd(g, last, dtype)
 
 

@@ -85,6 +85,8 @@ _TUNE = _Tuning({
     # Short im2col (_use_short_im2col): on/off; the largest patch matrix.
     "short_im2col": True, "short_im2col_bytes": 4 << 20,
     # Packed kernels (_use_packed, conv_packed.pxi): on/off; the largest
-    # patch matrix.
+    # patch matrix; the most positions and the fewest input channels of the
+    # Winograd layers they take.
     "packed": True, "packed_im2col_bytes": 16 << 20,
+    "packed_over_winograd_rows": 200, "packed_over_winograd_min_c": 128,
 })

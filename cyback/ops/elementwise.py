@@ -406,8 +406,13 @@ class Binary(Op):
 
     def rewrite(self, inputs, ctx):
         # At inference, a product with a per-channel weight vector (a
-        # BatchNorm's scale) goes into the weights of the op before it.
-        if self.name != "multiply" or not ctx.inference:
+        # BatchNorm's scale) goes into the weights of the op before it; a sum
+        # adds its weight terms first (see _weights_summed_first).
+        if not ctx.inference or type(self) is not Binary:
+            return None
+        if self.name == "add":
+            return _weights_summed_first(inputs, ctx)
+        if self.name != "multiply":
             return None
         for t, v in (inputs, inputs[::-1]):
             if ctx.is_weight(v) and not ctx.is_weight(t):
@@ -435,6 +440,47 @@ class Binary(Op):
             return [None, None]
         return [unbroadcast(gx(x, y, z, g), x) if is_float_dtype(x.dtype) else None,
                 unbroadcast(gy(x, y, z, g), y) if is_float_dtype(y.dtype) else None]
+
+
+def _sum_terms(t, ctx, dtype, terms, depth=0):
+    # the terms of a tree of adds of one dtype whose inner sums have no
+    # other reader, in order
+    made = ctx.producer(t)
+    if depth < 16 and made is not None and type(made[0]) is Binary and \
+            made[0].name == "add" and t.dtype == dtype and ctx.users(t) == 1 and \
+            not ctx.is_weight(t):
+        for x in made[1]:
+            _sum_terms(x, ctx, dtype, terms, depth + 1)
+    else:
+        terms.append(t)
+
+
+def _weights_summed_first(inputs, ctx):
+    """A sum of data terms and weight terms (a conv's bias, then a
+    BatchNorm's shift; a residual block's two branches with theirs) as
+    ``(first + (sum of the weights)) + the other data terms``: the weights'
+    sum is one vector that an inference plan computes once, and a kernel
+    adds it as its bias, then the rest as its residual, in its epilogue
+    (graph/fusion.py). None when the sum is already in that order. Rounds
+    differently from the sum as written, as BatchNorm folding does."""
+    dtype = result_dtype(inputs[0].dtype, inputs[1].dtype)
+    if any(x.dtype != dtype for x in inputs) or not is_float_dtype(dtype):
+        return None
+    terms = []
+    for x in inputs:
+        _sum_terms(x, ctx, dtype, terms)
+    weights = [t for t in terms if ctx.is_weight(t)]
+    data = [t for t in terms if not ctx.is_weight(t)]
+    if not data or not weights or (len(weights) == 1 and terms[1] is weights[0]) or \
+            any(t.dtype != dtype for t in terms):
+        return None
+    w = weights[0]
+    for x in weights[1:]:
+        w = add(w, x)
+    out = add(data[0], w)
+    for x in data[1:]:
+        out = add(out, x)
+    return [out]
 
 
 class _BinaryCast(Binary):

@@ -269,11 +269,11 @@ def test_fused_recurrent_reads_gate_slices_whole(name):
                    and op.spec[-1][0] == 'slice' and op.spec[-1][1:3] != (None, None)]
     assert not gate_slices, ops
     # the cell also takes its projection in (the test below): the head's
-    # product remains; but a GRU of implementation 1 with reset_after adds two
-    # biases to two gates' projections (the input's, then the recurrent one),
-    # which the kernel's one bias after the product would round differently:
-    # that projection stays a product of its own
-    products = 2 if name == 'gru_masked' else 1
+    # product remains (a GRU of implementation 1 with reset_after adds two
+    # biases to two gates' projections, the input's then the recurrent one:
+    # an inference plan adds the two first, Binary.rewrite, so that
+    # projection goes in too)
+    products = 1
     # (a head of few columns is a NarrowProduct: the kernel read transposed;
     # a wider float32 one a PackedProduct: the kernel packed in panels)
     assert sum(any(k in repr(op) for k in ('TensorDot', 'NarrowProduct', 'PackedProduct'))

@@ -84,8 +84,19 @@ def test_arrays_it_was_not_prepared_for_give_none(rng):
     assert call(np.asfortranarray(x), _packed(k), b) is None
 
 
+def test_it_takes_winograds_layers_of_few_positions_and_many_channels(rng):
+    xs, ks = (1, 10, 10, 128), (3, 3, 128, 24)
+    pads = ((1, 1), (1, 1))
+    call = conv.packed_forward_call(xs, ks, (1, 1), (1, 1), pads, True, np.float32)
+    assert call is not None
+    x = rng.standard_normal(xs).astype(np.float32)
+    k = rng.standard_normal(ks).astype(np.float32)
+    _check(call(x, _packed(k)), ref_forward(x, k, (1, 1), (1, 1), pads), k)
+
+
 @pytest.mark.parametrize("case,why", [
     (((1, 7, 7, 32), (3, 3, 32, 64), (1, 1), (1, 1), ((1, 1), (1, 1))), "winograd"),
+    (((1, 17, 17, 128), (3, 3, 128, 64), (1, 1), (1, 1), ((1, 1), (1, 1))), "winograd"),
     (((1, 400, 50), (3, 50, 250), (1,), (1,), ((0, 0),)), "direct kernel"),
     (((1, 30, 30, 64), (1, 1, 64, 64), (1, 1), (1, 1), ((0, 0), (0, 0))), "too many rows"),
     (((0, 7, 7, 72), (3, 3, 72, 40), (1, 1), (1, 1), ((1, 1), (1, 1))), "empty batch"),
