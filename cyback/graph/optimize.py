@@ -79,9 +79,15 @@ class Context(object):
         return t.node.op, list(t.node.inputs)     # made by a rewrite
 
     def users(self, t):
-        """Readers of ``t`` in the plan as written (a tensor made by a rewrite
-        has its one reader)."""
+        """Readers of ``t`` in the plan as written (a tensor that replaces one
+        of the plan has that one's readers; any other tensor made by a
+        rewrite has its one reader)."""
         return self._users.get(t, 1)
+
+    def replaced(self, old, new):
+        """The pass: ``new`` takes the place of ``old`` for the rewrites after."""
+        if old in self._users:
+            self._users[new] = self._users[old]
 
     def is_weight(self, t):
         """Whether ``t`` depends on no placeholder and no impure op: a value
@@ -171,4 +177,5 @@ def _local_rewrites(steps, targets, hook_name):
                 if n is not o:
                     n.name = o.name
                     repl[o] = n
+                    ctx.replaced(o, n)
     return [resolve(t) for t in targets], changed

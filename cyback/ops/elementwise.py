@@ -456,13 +456,15 @@ def _sum_terms(t, ctx, dtype, terms, depth=0):
 
 
 def _weights_summed_first(inputs, ctx):
-    """A sum of data terms and weight terms (a conv's bias, then a
-    BatchNorm's shift; a residual block's two branches with theirs) as
-    ``(first + (sum of the weights)) + the other data terms``: the weights'
-    sum is one vector that an inference plan computes once, and a kernel
-    adds it as its bias, then the rest as its residual, in its epilogue
-    (graph/fusion.py). None when the sum is already in that order. Rounds
-    differently from the sum as written, as BatchNorm folding does."""
+    """A sum of data terms and two or more weight terms (a conv's bias, then
+    a BatchNorm's shift; a residual block's two branches with theirs) as
+    ``(anchor + (sum of the weights)) + the other data terms``, the anchor
+    being the first data term whose op can take a bias into its kernel
+    (``epilogue_host``), else the first: the weights' sum is one vector that
+    an inference plan computes once, and the kernel adds it as its bias,
+    then the rest as its residual, in its epilogue (graph/fusion.py). None
+    for fewer weight terms (one bias is taken as it is). Rounds differently
+    from the sum as written, as BatchNorm folding does."""
     dtype = result_dtype(inputs[0].dtype, inputs[1].dtype)
     if any(x.dtype != dtype for x in inputs) or not is_float_dtype(dtype):
         return None
@@ -471,15 +473,17 @@ def _weights_summed_first(inputs, ctx):
         _sum_terms(x, ctx, dtype, terms)
     weights = [t for t in terms if ctx.is_weight(t)]
     data = [t for t in terms if not ctx.is_weight(t)]
-    if not data or not weights or (len(weights) == 1 and terms[1] is weights[0]) or \
-            any(t.dtype != dtype for t in terms):
+    if not data or len(weights) < 2 or any(t.dtype != dtype for t in terms):
         return None
+    hosts = [t for t in data if getattr((ctx.producer(t) or (None,))[0], "epilogue_host", False)]
+    anchor = hosts[0] if hosts else data[0]
     w = weights[0]
     for x in weights[1:]:
         w = add(w, x)
-    out = add(data[0], w)
-    for x in data[1:]:
-        out = add(out, x)
+    out = add(anchor, w)
+    for x in data:
+        if x is not anchor:
+            out = add(out, x)
     return [out]
 
 
