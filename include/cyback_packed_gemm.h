@@ -16,8 +16,9 @@
  * epilogue adds the bias and the residual and applies relu / relu6 to the
  * tile in registers before its one store.
  *
- * Work items are (panel group, row block), panel group major: a thread's
- * run of items reads its share of w once, and x (few rows) from cache.
+ * Work items are (panel group, row block) in chunks of rows, panel group
+ * major within a chunk: a thread's run of items reads its share of w once
+ * per chunk, and the chunk's rows of x from cache.
  * Every output's sum runs over k in order on one thread, whatever the
  * thread count: results do not depend on it, and repeat calls agree to the
  * bit. They differ from BLAS's in the last bits (another order of sums).
@@ -196,12 +197,17 @@ static void cb_pg_tile(const cb_pg_args *g, ptrdiff_t r0, int mr, ptrdiff_t p0) 
 #endif
 
 /* The work items of an m-row product over P panels: the full row blocks of
- * MR rows (``blocks`` of them, ``groups`` panel groups each) and then the
- * remainder block of m % MR rows (``rgroups`` groups). */
+ * MR rows (``blocks`` of them, ``groups`` panel groups each), taken in
+ * chunks of CB_PG_CHUNK blocks, and then the remainder block of m % MR rows
+ * (``rgroups`` groups). */
 typedef struct {
     ptrdiff_t blocks, groups, rest, rgroups;
     int mr, np, rnp;
 } cb_pg_plan;
+
+/* Row blocks per chunk: a chunk's rows of x (up to 192 rows of K values)
+ * stay in L2 while its items sweep every panel group over them. */
+#define CB_PG_CHUNK 16
 
 static cb_pg_plan cb_pg_plan_for(ptrdiff_t m, ptrdiff_t P) {
     cb_pg_plan q;
@@ -219,13 +225,19 @@ static ptrdiff_t cb_pg_items(const cb_pg_plan *q) {
     return q->blocks * q->groups + q->rgroups;
 }
 
-/* Item i: group-major over the full blocks, then the remainder's groups. */
+/* Item i: chunk-major over the full blocks, panel group major within a
+ * chunk (a thread's run of items reads a group's panels once for the
+ * chunk's blocks), then the remainder's groups. */
 static void cb_pg_item(const cb_pg_args *g, const cb_pg_plan *q, ptrdiff_t i) {
     ptrdiff_t full = q->blocks * q->groups;
-    if (i < full)
-        cb_pg_tile(g, (i % q->blocks) * q->mr, q->mr, (i / q->blocks) * q->np);
-    else
+    if (i < full) {
+        ptrdiff_t per = CB_PG_CHUNK * q->groups, c = i / per, j = i % per;
+        ptrdiff_t first = c * CB_PG_CHUNK, nb = q->blocks - first;
+        if (nb > CB_PG_CHUNK) nb = CB_PG_CHUNK;
+        cb_pg_tile(g, (first + j % nb) * q->mr, q->mr, (j / nb) * q->np);
+    } else {
         cb_pg_tile(g, q->blocks * q->mr, (int)q->rest, (i - full) * q->rnp);
+    }
 }
 
 #endif

@@ -23,7 +23,11 @@ def _use_packed(g, bint last, dtype, bint pointwise):
     takes (both beat an im2col product where they do: a text CNN's 3-tap
     Conv1D on 50 channels, 1x3 taps on 512 positions), with a patch matrix
     of at most _TUNE["packed_im2col_bytes"] (a 1x1, stride-1 unpadded layer
-    multiplies its input rows in place). Winograd's layers with at most
+    multiplies its input rows in place). Of more positions, only 1x1
+    layers that narrow many input channels (a bottleneck's projection: at
+    least packed_pointwise_min_c and twice the outputs) on up to
+    packed_pointwise_max_rows positions: the direct kernel and the GEMM
+    tiles are faster on the others. Winograd's layers with at most
     packed_over_winograd_rows positions and packed_over_winograd_min_c
     input channels run packed too: on a 14x14 map (ResNet-50's 3x3 256 ->
     256, DenseNet's 128 -> 32 at batch 1) its tiles are too few for the
@@ -31,7 +35,11 @@ def _use_packed(g, bint last, dtype, bint pointwise):
     if not (_TUNE["packed"] and last and dtype == np.float32 and cb_pg_available()):
         return False
     rows = g["N"] * g["P"]
-    if rows < 1 or rows > CB_PG_MAX_ROWS or g["K"] < 1 or g["F"] < 1:
+    if rows < 1 or g["K"] < 1 or g["F"] < 1:
+        return False
+    if rows > CB_PG_MAX_ROWS and not (
+            pointwise and rows <= _TUNE["packed_pointwise_max_rows"] and
+            g["K"] >= _TUNE["packed_pointwise_min_c"] and g["K"] >= 2 * g["F"]):
         return False
     if not pointwise and (rows * g["K"] * 4 > _TUNE["packed_im2col_bytes"] or
                           _use_direct(g, last, False)):

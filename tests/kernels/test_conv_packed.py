@@ -99,12 +99,25 @@ def test_it_takes_winograds_layers_of_few_positions_and_many_channels(rng):
     (((1, 17, 17, 128), (3, 3, 128, 64), (1, 1), (1, 1), ((1, 1), (1, 1))), "winograd"),
     (((1, 400, 50), (3, 50, 250), (1,), (1,), ((0, 0),)), "direct kernel"),
     (((1, 30, 30, 64), (1, 1, 64, 64), (1, 1), (1, 1), ((0, 0), (0, 0))), "too many rows"),
+    (((1, 30, 30, 300), (1, 1, 300, 200), (1, 1), (1, 1), ((0, 0), (0, 0))), "widens"),
+    (((1, 50, 50, 300), (1, 1, 300, 64), (1, 1), (1, 1), ((0, 0), (0, 0))), "too many rows"),
+    (((1, 30, 30, 64), (3, 3, 64, 16), (1, 1), (1, 1), ((1, 1), (1, 1))), "im2col rows"),
     (((0, 7, 7, 72), (3, 3, 72, 40), (1, 1), (1, 1), ((1, 1), (1, 1))), "empty batch"),
 ])
 def test_the_rule_leaves_what_other_strategies_do_better(case, why):
     xs, ks, strides, dilation, pads = case
     assert conv.packed_forward_call(xs, ks, strides, dilation, pads, True, np.float32) is None, \
         why
+
+
+def test_a_bottleneck_projection_of_many_positions_runs_packed(rng):
+    xs, ks = (2, 20, 20, 300), (1, 1, 300, 40)
+    pads = ((0, 0), (0, 0))
+    call = conv.packed_forward_call(xs, ks, (1, 1), (1, 1), pads, True, np.float32)
+    assert call is not None
+    x = rng.standard_normal(xs).astype(np.float32)
+    k = rng.standard_normal(ks).astype(np.float32)
+    _check(call(x, _packed(k)), ref_forward(x, k, (1, 1), (1, 1), pads), k)
 
 
 def test_the_rule_takes_only_channels_last_float32():
