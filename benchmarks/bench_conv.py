@@ -1,6 +1,7 @@
 """Benchmark of the convolution kernels (cyback.kernels.conv).
 
-    python benchmarks/bench_conv.py [--quick] [--phases | --pointwise | --tiles | --vs-torch]
+    python benchmarks/bench_conv.py [--quick] [--phases | --pointwise | --packed | --tiles |
+                                     --vs-torch]
 
 For each shape: forward and backward (input + kernel gradients) GFLOPS of
 cyback, a NumPy im2col + matmul reference, PyTorch CPU if it is installed (timed
@@ -10,8 +11,9 @@ and the machine's sgemm rate measured in the same run (the roofline). Also the
 against the GEMM paths on the narrow layers of the model benchmark, and
 1 against 2 threads at batch 1, and the phase split of strided input
 gradients (transposed convolutions) against col2im, and the direct kernel's
-AVX-512 tiles of 12 and of 6 pixels against its AVX2 set (--tiles). Writes
-benchmarks/results/conv.json.
+AVX-512 tiles of 12 and of 6 pixels against its AVX2 set (--tiles), and the
+packed kernel of inference plans against the default strategy (--packed).
+Writes benchmarks/results/conv.json.
 """
 import os
 import sys
@@ -361,6 +363,52 @@ def winograd_vs_direct():
     return rows
 
 
+# Layers the packed kernel takes in an inference plan (conv_packed.pxi,
+# _use_packed): name, x, kernel, strides, pads.
+PACKED_CASES = [
+    ("ResNet 3x3 512 7x7 b1", (1, 7, 7, 512), (3, 3, 512, 512), (1, 1), [(1, 1), (1, 1)]),
+    ("ResNet 3x3 256 14x14 b1", (1, 14, 14, 256), (3, 3, 256, 256), (1, 1), [(1, 1), (1, 1)]),
+    ("ResNet 3x3/2 512 b1", (1, 14, 14, 512), (3, 3, 512, 512), (2, 2), [(0, 1), (0, 1)]),
+    ("Inception 1x7 768->192 b1", (1, 17, 17, 768), (1, 7, 768, 192), (1, 1), [(0, 0), (3, 3)]),
+    ("1x1 960->320 7x7 b8", (8, 7, 7, 960), (1, 1, 960, 320), (1, 1), [(0, 0), (0, 0)]),
+    ("1x1 160->960 7x7 b1", (1, 7, 7, 160), (1, 1, 160, 960), (1, 1), [(0, 0), (0, 0)]),
+    ("3x3 128 10x10 b1", (1, 10, 10, 128), (3, 3, 128, 128), (1, 1), [(1, 1), (1, 1)]),
+    ("1x1 576->96 14x14 b8", (8, 14, 14, 576), (1, 1, 576, 96), (1, 1), [(0, 0), (0, 0)]),
+]
+
+
+def packed_vs_default():
+    """The packed kernel (the kernel packed once, as an inference plan's
+    frozen prelude does) against the strategy conv_forward picks without it,
+    alternated in blocks, both prepared calls with a bias."""
+    from cyback.kernels import linalg
+    if not linalg.packed_available():
+        return []
+    rng = np.random.default_rng(6)
+    rows = []
+    for name, xs, ks, strides, pads in PACKED_CASES:
+        x = rng.standard_normal(xs, dtype=np.float32)
+        w = rng.standard_normal(ks, dtype=np.float32)
+        b = rng.standard_normal(ks[-1], dtype=np.float32)
+        ones = (1,) * len(strides)
+        packed_call = conv.packed_forward_call(xs, ks, strides, ones, pads, True, np.float32, True)
+        if packed_call is None:
+            continue
+        plain_call = conv.forward_call(xs, ks, strides, ones, pads, True, np.float32, True)
+        packed = linalg.pack_panels(w.reshape(-1, ks[-1]))
+        engines = {"packed": lambda: packed_call(x, packed, b), "default": lambda: plain_call(x, w, b)}
+        np.testing.assert_allclose(engines["packed"](), engines["default"](), rtol=1e-4,
+                                   atol=1e-4 * np.abs(engines["default"]()).max())
+        flops = 2.0 * engines["packed"]().size * np.prod(ks[:-1])
+        st = time_alternated(engines, blocks=3 if QUICK else 9, block_seconds=0.05)
+        med = {k: v["median_s"] for k, v in st.items()}
+        rows.append(dict(case=name, packed_us=med["packed"] * 1e6,
+                         default_us=med["default"] * 1e6,
+                         default_over_packed=med["default"] / med["packed"],
+                         packed_gflops=flops / med["packed"] / 1e9))
+    return rows
+
+
 # The direct kernel's float32 AVX-512 rows in tiles of 12 pixels and of 6
 # (conv._use_wide_tiles), and its AVX2 set: name, x, kernel, strides, pads.
 TILE_CASES = [
@@ -558,6 +606,12 @@ def main():
         # only the 1x1 against sgemm table (no JSON)
         print_pointwise()
         return
+    if "--packed" in sys.argv:
+        # only the packed kernel's table (no JSON)
+        rows = packed_vs_default()
+        print_table(rows, list(rows[0]), title="packed kernel against the default strategy "
+                    "(default_over_packed > 1: packed is faster)")
+        return
     if "--tiles" in sys.argv:
         # only the tile-size table (no JSON)
         print_tiles()
@@ -652,6 +706,13 @@ def main():
                 title="Winograd F(2x2, 3x3) against the direct kernel and im2col + GEMM "
                       "(x_over_winograd > 1: Winograd is faster)")
     settle()
+    p_rows = packed_vs_default()
+    if p_rows:
+        print()
+        print_table(p_rows, list(p_rows[0]),
+                    title="packed kernel (inference plans) against the default strategy "
+                          "(default_over_packed > 1: packed is faster)")
+    settle()
     t_rows = tiles_vs_avx2()
     if t_rows:
         print()
@@ -668,7 +729,7 @@ def main():
     load = os.getloadavg()[0]
     print("load average at the end: %.1f (a shared machine makes every figure noisy)" % load)
     path = write_json("conv", rows, pointwise=pw_rows, direct=d_rows, winograd=w_rows,
-                      tiles=t_rows, phases=ph_rows,
+                      packed=p_rows, tiles=t_rows, phases=ph_rows,
                       threads=nthreads,
                       thread_speedup=speedup,
                       torch=torch.__version__ if torch else None, load_average=load)

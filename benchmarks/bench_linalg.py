@@ -1,6 +1,8 @@
-"""batch_dot (batched GEMM) against NumPy's matmul and PyTorch's bmm; and
+"""batch_dot (batched GEMM) against NumPy's matmul and PyTorch's bmm;
 products with a short inner axis (a recurrent layer's input projection over
-all steps) through the 1x1 convolution kernels against the GEMM they replace.
+all steps) through the 1x1 convolution kernels against the GEMM they replace;
+and products with a weight packed once (packed_product: an inference plan's
+Dense layers) against kernels.linalg.matmul (BLAS) and NumPy.
 
 Run: python benchmarks/bench_linalg.py [--repeats N]
 Shapes are those batch_dot sees in models: attention scores and values
@@ -18,7 +20,14 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from cyback.bench.timing import time_alternated  # noqa: E402
-from cyback.kernels.linalg import batch_gemm, matmul, small_k_product  # noqa: E402
+from cyback.kernels.linalg import (  # noqa: E402
+    batch_gemm,
+    matmul,
+    pack_panels,
+    packed_available,
+    packed_product,
+    small_k_product,
+)
 
 from _common import (  # noqa: E402
     median_time,
@@ -73,6 +82,40 @@ def small_k_rows(repeats):
     return rows
 
 
+# (m, k) @ (k, n) with bias, a weight packed once: batch-1 and batch-8
+# classifiers, an attention block's projections (64 tokens), a text model's
+# Dense layer, the im2col products of ResNet-50's last stage, and a product
+# of 512 rows (PackedProduct.MAX_ROWS).
+PACKED = [(1, 1280, 1000), (8, 1280, 1000), (64, 128, 384), (64, 256, 128), (1, 250, 250),
+          (49, 4608, 512), (196, 2304, 256), (512, 128, 384)]
+
+
+def packed_rows(repeats):
+    """packed_product against kernels.linalg.matmul and NumPy's dot (with
+    the bias add), alternated in blocks; outputs checked first."""
+    if not packed_available():
+        return []
+    rng = np.random.default_rng(2)
+    rows = []
+    for m, k, n in PACKED:
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        w = rng.standard_normal((k, n), dtype=np.float32)
+        bias = rng.standard_normal(n, dtype=np.float32)
+        packed = pack_panels(w)
+        want = a.astype(np.float64) @ w + bias
+        engines = {"packed": lambda: packed_product(a, packed, n, bias),
+                   "matmul": lambda: matmul(a, w, bias), "np.dot": lambda: np.dot(a, w) + bias}
+        for f in engines.values():
+            np.testing.assert_allclose(f(), want, rtol=1e-4, atol=1e-3 * np.sqrt(k))
+        st = time_alternated(engines, blocks=repeats, block_seconds=0.05)
+        us = {e: v["median_s"] * 1e6 for e, v in st.items()}
+        rows.append({"case": "(%d,%d)@(%d,%d)" % (m, k, k, n), "packed us": us["packed"],
+                     "GFLOPS": 2.0 * m * k * n / us["packed"] / 1e3,
+                     "matmul us": us["matmul"], "np.dot us": us["np.dot"],
+                     "matmul / packed": us["matmul"] / us["packed"]})
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=7)
@@ -101,7 +144,11 @@ def main(argv=None):
     print_table(sk, list(sk[0]), title="short-k products with bias, alternated (matmul / "
                 "small_k > 1: the 1x1 kernels are faster); load average %.1f"
                 % os.getloadavg()[0])
-    print("wrote", write_json("linalg", rows, sgemm_gflops=roof, small_k=sk))
+    pk = packed_rows(args.repeats)
+    if pk:
+        print_table(pk, list(pk[0]), title="products with a packed weight and a bias, "
+                    "alternated (matmul / packed > 1: the packed kernel is faster)")
+    print("wrote", write_json("linalg", rows, sgemm_gflops=roof, small_k=sk, packed=pk))
 
 
 if __name__ == "__main__":

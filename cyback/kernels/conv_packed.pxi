@@ -28,10 +28,11 @@ def _use_packed(g, bint last, dtype, bint pointwise):
     least packed_pointwise_min_c and twice the outputs) on up to
     packed_pointwise_max_rows positions: the direct kernel and the GEMM
     tiles are faster on the others. Winograd's layers with at most
-    packed_over_winograd_rows positions and packed_over_winograd_min_c
-    input channels run packed too: on a 14x14 map (ResNet-50's 3x3 256 ->
-    256, DenseNet's 128 -> 32 at batch 1) its tiles are too few for the
-    transforms to pay (benchmarks/bench_conv.py, "packed" rows)."""
+    packed_over_winograd_rows positions, packed_over_winograd_min_c input
+    and packed_over_winograd_min_f output channels run packed too: on a
+    14x14 map (ResNet-50's 3x3 256 -> 256 at batch 1) its tiles are too few
+    for the transforms to pay (benchmarks/bench_conv.py --packed; with few
+    outputs, as DenseNet's 128 -> 32, Winograd stays faster)."""
     if not (_TUNE["packed"] and last and dtype == np.float32 and cb_pg_available()):
         return False
     rows = g["N"] * g["P"]
@@ -45,7 +46,8 @@ def _use_packed(g, bint last, dtype, bint pointwise):
                           _use_direct(g, last, False)):
         return False
     if rows <= _TUNE["packed_over_winograd_rows"] and \
-            g["C"] >= _TUNE["packed_over_winograd_min_c"]:
+            g["C"] >= _TUNE["packed_over_winograd_min_c"] and \
+            g["F"] >= _TUNE["packed_over_winograd_min_f"]:
         return True
     return not _use_winograd(g, last, dtype)
 

@@ -243,8 +243,12 @@ class PackedProduct(Op):
     api = "dot"
     fresh_output = True
     epilogue_host = True
-    #: rows from which BLAS is as fast (benchmarks/bench_linalg.py, "packed")
+    #: the most rows it takes, and from how many rows on only with an inner
+    #: axis of LONG_K or more: BLAS is as fast from there
+    #: (benchmarks/bench_linalg.py, "packed" rows)
     MAX_ROWS = _linalg.PACKED_MAX_ROWS
+    SHORT_K_MAX_ROWS = 256
+    LONG_K = 512
 
     def __init__(self, nk):
         self.nk = nk
@@ -273,7 +277,8 @@ class PackedProduct(Op):
         n = math.prod(w.shape[self.nk:])
         shape = x.shape[:x.ndim - self.nk] + w.shape[self.nk:]
         rows = math.prod(shape[:x.ndim - self.nk])
-        if rows > self.MAX_ROWS or x.dtype != np.float32:
+        if rows > self.MAX_ROWS or (rows > self.SHORT_K_MAX_ROWS and k < self.LONG_K) or \
+                x.dtype != np.float32:
             return None
         if residual is not None:
             residual = residual.reshape(rows, n)

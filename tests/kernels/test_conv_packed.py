@@ -85,7 +85,7 @@ def test_arrays_it_was_not_prepared_for_give_none(rng):
 
 
 def test_it_takes_winograds_layers_of_few_positions_and_many_channels(rng):
-    xs, ks = (1, 10, 10, 128), (3, 3, 128, 24)
+    xs, ks = (1, 10, 10, 128), (3, 3, 128, 72)
     pads = ((1, 1), (1, 1))
     call = conv.packed_forward_call(xs, ks, (1, 1), (1, 1), pads, True, np.float32)
     assert call is not None
@@ -97,6 +97,7 @@ def test_it_takes_winograds_layers_of_few_positions_and_many_channels(rng):
 @pytest.mark.parametrize("case,why", [
     (((1, 7, 7, 32), (3, 3, 32, 64), (1, 1), (1, 1), ((1, 1), (1, 1))), "winograd"),
     (((1, 17, 17, 128), (3, 3, 128, 64), (1, 1), (1, 1), ((1, 1), (1, 1))), "winograd"),
+    (((1, 14, 14, 128), (3, 3, 128, 32), (1, 1), (1, 1), ((1, 1), (1, 1))), "winograd"),
     (((1, 400, 50), (3, 50, 250), (1,), (1,), ((0, 0),)), "direct kernel"),
     (((1, 30, 30, 64), (1, 1, 64, 64), (1, 1), (1, 1), ((0, 0), (0, 0))), "too many rows"),
     (((1, 30, 30, 300), (1, 1, 300, 200), (1, 1), (1, 1), ((0, 0), (0, 0))), "widens"),

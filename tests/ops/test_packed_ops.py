@@ -30,7 +30,7 @@ def _close(got, want):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(want).max()))
 
 
-@pytest.mark.parametrize("rows", [1, 3, 64, 700])
+@pytest.mark.parametrize("rows", [1, 3, 64, 300, 700])
 def test_a_dense_layer_is_packed_with_its_bias_and_relu(rows, rng):
     x = K.placeholder((None, 37))
     w = K.variable(rng.standard_normal((37, 50)).astype("float32"))
