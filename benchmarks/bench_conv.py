@@ -396,7 +396,8 @@ def packed_vs_default():
             continue
         plain_call = conv.forward_call(xs, ks, strides, ones, pads, True, np.float32, True)
         packed = linalg.pack_panels(w.reshape(-1, ks[-1]))
-        engines = {"packed": lambda: packed_call(x, packed, b), "default": lambda: plain_call(x, w, b)}
+        engines = {"packed": lambda: packed_call(x, packed, b),
+                   "default": lambda: plain_call(x, w, b)}
         np.testing.assert_allclose(engines["packed"](), engines["default"](), rtol=1e-4,
                                    atol=1e-4 * np.abs(engines["default"]()).max())
         flops = 2.0 * engines["packed"]().size * np.prod(ks[:-1])

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from cyback.kernels import conv, linalg
-from instruction_sets import instruction_set
+
 from .test_conv import ref_forward
+from instruction_sets import instruction_set
 
 
 def _packed(k):

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from cyback.kernels import linalg, runtime
+
 from instruction_sets import instruction_set
 
 SETS = ["avx512", "avx2"]
