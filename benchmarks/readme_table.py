@@ -10,6 +10,7 @@ table is never edited by hand: run the benchmark, then this.
 """
 import json
 import os
+import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,12 +47,14 @@ def table(result):
             cells.append("%.2f×" % r["ratio_to_best"] if "ratio_to_best" in r else "-")
         lines.append("| " + " | ".join(cells) + " |")
     geo = {r["batch"]: r["ratio_to_best"] for r in result["summary"] if r["model"] == "geomean"}
+    blas = re.findall(r"(\w+) MAX_THREADS=", result.get("versions", {}).get("cyback_blas", ""))
+    blas_note = " (OpenBLAS kernels: %s)" % ", ".join(sorted(set(blas))) if blas else ""
     lines.append("")
     lines.append("Ratio: the best peer's time over cyback's (above 1: cyback is faster). Geomean "
                  + ", ".join("%.2f× at batch %d" % (geo[b], b) for b in batches if b in geo)
-                 + ". %s; %d threads for every engine, median of %d rounds; `%s` (when: the "
-                 "result's JSON, benchmarks/results/)."
-                 % (result.get("machine", "machine not recorded"), result["threads"],
+                 + ". %s%s; %d threads for every engine, median of %d rounds; `%s` (when: "
+                 "the result's JSON, benchmarks/results/)."
+                 % (result.get("machine", "machine not recorded"), blas_note, result["threads"],
                     result["rounds"], result["command"]))
     return "\n".join(lines)
 
