@@ -39,6 +39,7 @@ cnp.import_array()
 
 cdef extern from "cyback_depthwise.h" nogil:
     int cb_simd_use_avx2(int on)
+    int cb_simd_has_avx2()
     void cb_simd_set_default_cap(int cap)
     int cb_depthwise_use_k3(int on)
     int cb_depthwise_read_edges(int on)

@@ -78,4 +78,60 @@ def forward_call(x_shape, k_shape, strides, dilation, pads, channels_last, dtype
     else:
         # no array fits: every call goes through depthwise_forward
         call.x_shape, call.typenum = (), -1
+        return call
+    if M == 1 and C % PAD_CHANNELS and dtype == np.float32 and cb_simd_has_avx2():
+        return PaddedForwardCall(call, x_shape, k_shape, has_bias, strides, dilation, pads,
+                                 activation)
     return call
+
+
+# channels_last float32 layers of a multiple of PAD_CHANNELS channels run all
+# their channels in vectors; the others' last C % VL channels run one at a
+# time, which on NASNet's 11, 22 and 44 channels makes the whole layer 3-5x
+# slower than on 16, 24 and 48 (benchmarks/bench_conv.py has no depthwise
+# rows; tests/kernels/test_depthwise_prepared.py checks the values).
+PAD_CHANNELS = 8
+
+
+cdef class PaddedForwardCall:
+    """A ForwardCall for channels_last float32 layers of C channels, not a
+    multiple of PAD_CHANNELS, with a depth multiplier of 1: x, the kernel and
+    the bias are copied with zero channels up to the next multiple, the
+    padded layer runs in vectors only, and its first C channels are the
+    result. Each channel's sum is the vector path's, whose taps add in the
+    same order as the one-channel path's."""
+    cdef ForwardCall inner
+    cdef tuple x_shape, k_shape, b_shape, args
+    cdef object activation
+    cdef bint has_bias
+    cdef Py_ssize_t C, Cp
+
+    def __init__(self, ForwardCall plain, x_shape, k_shape, bint has_bias, strides, dilation,
+                 pads, activation):
+        # (the module runs without wraparound: no negative indices)
+        self.C = k_shape[2]
+        self.Cp = (self.C + PAD_CHANNELS - 1) // PAD_CHANNELS * PAD_CHANNELS
+        self.x_shape, self.k_shape, self.b_shape = x_shape, k_shape, (self.C,)
+        self.has_bias, self.activation = has_bias, activation
+        self.args = (strides, dilation, pads, True)
+        self.inner = forward_call(x_shape[:3] + (self.Cp,), k_shape[:2] + (self.Cp, 1),
+                                  strides, dilation, pads, True, np.float32, has_bias,
+                                  activation)
+
+    def __call__(self, x, kernel, bias=None):
+        if not fits(x, cnp.NPY_FLOAT, self.x_shape) or \
+                not fits(kernel, cnp.NPY_FLOAT, self.k_shape) or \
+                (bias is not None) != self.has_bias or \
+                (self.has_bias and not fits(bias, cnp.NPY_FLOAT, self.b_shape)):
+            return depthwise_forward(x, kernel, *self.args, bias=bias,
+                                     activation=self.activation)
+        cdef Py_ssize_t C = self.C
+        xp = np.zeros(self.x_shape[:3] + (self.Cp,), np.float32)
+        xp[:, :, :, :C] = x
+        kp = np.zeros(self.k_shape[:2] + (self.Cp, 1), np.float32)
+        kp[:, :, :C, :] = kernel
+        bp = None
+        if self.has_bias:
+            bp = np.zeros(self.Cp, np.float32)
+            bp[:C] = bias
+        return np.ascontiguousarray(self.inner(xp, kp, bp)[:, :, :, :C])

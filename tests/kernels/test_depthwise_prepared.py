@@ -75,3 +75,46 @@ def test_preparing_checks_like_depthwise_forward():
     with pytest.raises(ValueError, match="depthwise_forward: kernel"):
         depthwise.forward_call((1, 8, 8, 3), (3, 3, 4, 1), (1, 1), (1, 1),
                                ((0, 0), (0, 0)), True, "float32")
+
+
+# channels_last float32 layers of a channel count that is not a multiple of
+# depthwise.PAD_CHANNELS run padded (PaddedForwardCall): NASNet's 11, 22, 44
+PADDED = [
+    ((1, 12, 12, 11), (7, 7, 11, 1), (1, 1), (1, 1), ((3, 3), (3, 3))),
+    ((2, 13, 9, 22), (5, 5, 22, 1), (2, 2), (1, 1), ((1, 2), (2, 1))),
+    ((1, 9, 9, 44), (3, 3, 44, 1), (1, 1), (2, 2), ((2, 2), (2, 2))),
+    ((3, 5, 6, 1), (3, 3, 1, 1), (1, 1), (1, 1), ((1, 1), (1, 1))),
+    ((1, 6, 6, 3), (3, 3, 3, 1), (2, 1), (1, 1), ((0, 1), (1, 1))),
+]
+
+
+@pytest.mark.parametrize("epilogue", [(False, None), (True, "relu"), (True, "relu6")])
+@pytest.mark.parametrize("case", PADDED)
+def test_padded_channels_give_the_same_bits(case, epilogue):
+    xs, ks, s, d, p = case
+    with_bias, act = epilogue
+    rng = np.random.default_rng(sum(xs))
+    x = rng.standard_normal(xs).astype(np.float32)
+    k = rng.standard_normal(ks).astype(np.float32)
+    bias = rng.standard_normal(ks[-2]).astype(np.float32) if with_bias else None
+    call = depthwise.forward_call(xs, ks, s, d, p, True, np.float32, with_bias, act)
+    if depthwise._use_avx2(True):
+        assert type(call).__name__ == "PaddedForwardCall"
+    want = depthwise.depthwise_forward(x, k, s, d, p, True, bias=bias, activation=act)
+    got = call(x, k, bias)
+    assert got.flags.c_contiguous and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    # arrays it was not prepared for take depthwise_forward
+    xf = np.asfortranarray(x)
+    np.testing.assert_array_equal(call(xf, k, bias), want)
+
+
+def test_whole_vectors_and_multipliers_are_not_padded():
+    whole = depthwise.forward_call((1, 8, 8, 16), (3, 3, 16, 1), (1, 1), (1, 1),
+                                   ((1, 1), (1, 1)), True, np.float32)
+    multiplier = depthwise.forward_call((1, 8, 8, 11), (3, 3, 11, 2), (1, 1), (1, 1),
+                                        ((1, 1), (1, 1)), True, np.float32)
+    double = depthwise.forward_call((1, 8, 8, 11), (3, 3, 11, 1), (1, 1), (1, 1),
+                                    ((1, 1), (1, 1)), True, np.float64)
+    for call in (whole, multiplier, double):
+        assert type(call).__name__ == "ForwardCall"
