@@ -5,7 +5,7 @@ import zlib
 import numpy as np
 import pytest
 
-from cyback.kernels import runtime
+from cyback.kernels import pool, runtime
 from cyback.kernels.pool import pool_backward, pool_forward
 
 
@@ -229,3 +229,28 @@ def test_max_2x2_windows_keep_the_cell_order_with_nan_and_inf(dtype):
         finite = np.nan_to_num(x, nan=0.0)
         np.testing.assert_array_equal(pool_forward(finite, (2, 2), (2, 2), ps, True, 'max'),
                                       ref_forward(finite, (2, 2), (2, 2), ps, True, 'max'))
+
+
+# Channels_last stride-1 rows of fewer than 64 channels take the row path
+# (_fwd_row_s1): per channel the same bits as the per-pixel path, which a
+# layer of 70 channels takes, NaNs included.
+@pytest.mark.parametrize("mode", ["max", "avg"])
+@pytest.mark.parametrize("xs,pool_size,pads", [
+    ((2, 9, 11, 70), (3, 3), ((1, 1), (1, 1))),
+    ((1, 7, 6, 70), (5, 5), ((2, 2), (2, 2))),
+    ((1, 8, 8, 70), (3, 3), ((0, 0), (0, 0))),
+    ((3, 5, 4, 70), (1, 3), ((0, 0), (1, 1))),
+    ((1, 6, 9, 70), (3, 2), ((1, 1), (0, 0))),
+])
+@pytest.mark.parametrize("channels", [1, 5, 11, 22])
+def test_row_path_gives_the_per_pixel_bits(mode, xs, pool_size, pads, channels):
+    rng = np.random.default_rng(channels)
+    wide = rng.standard_normal(xs).astype(np.float32)
+    wide[0, 1, 2, :] = np.nan
+    wide[0, 0, 0, ::3] = np.nan
+    narrow = np.ascontiguousarray(wide[..., :channels])
+    want = pool_forward(wide, pool_size, (1, 1), pads, True, mode)[..., :channels]
+    got = pool_forward(narrow, pool_size, (1, 1), pads, True, mode)
+    np.testing.assert_array_equal(got, want)
+    call = pool.forward_call(narrow.shape, pool_size, (1, 1), pads, True, mode, np.float32)
+    np.testing.assert_array_equal(call(narrow), want)
