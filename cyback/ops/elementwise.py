@@ -421,6 +421,22 @@ class Binary(Op):
                     return [scaled]
         return None
 
+    def lower(self, inputs, ctx):
+        # At inference, a weight added to the output of an op that can take
+        # it into its kernel as a bias (its ``absorb_bias`` hook: a packed
+        # product's bias shaped like several of its axes) goes in there.
+        if self.name != "add" or type(self) is not Binary or not ctx.inference:
+            return None
+        for t, b in (inputs, inputs[::-1]):
+            made = ctx.producer(t)
+            hook = getattr(made[0], "absorb_bias", None) if made is not None else None
+            if hook is not None and ctx.is_weight(b) and not ctx.is_weight(t) and \
+                    ctx.users(t) == 1:
+                out = hook(made[1], b, ctx)
+                if out is not None:
+                    return [out]
+        return None
+
     def scale_output(self, inputs, out, v, ctx):
         # (t + w) * v = t * v + w * v, for a weight w and a t that can absorb v
         if self.name != "add":

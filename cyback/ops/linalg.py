@@ -229,7 +229,11 @@ class PackedProduct(Op):
     """``x @ w`` over x's last ``nk`` axes and a float32 weight w's first
     ``nk`` (a Dense layer, an attention block's projections), given also as
     ``kernels.linalg.pack_panels`` of w seen as a (k, n) matrix: an inference
-    plan's frozen weights pack it once (TensorDot.rewrite puts this op in).
+    plan's frozen weights pack it once (TensorDot.lower puts this op in).
+    With ``biased``, a fourth input is a bias shaped like w's free axes
+    (an attention projection's (heads, size) bias, which the fused
+    epilogue's per-channel bias cannot be), added in the kernel's tiles
+    (``absorb_bias``, asked by ``Binary('add').lower``).
 
     BLAS packs w on every call, which for few rows costs as much as the
     multiply-adds, and splits such products poorly over threads; the
@@ -250,8 +254,9 @@ class PackedProduct(Op):
     SHORT_K_MAX_ROWS = 256
     LONG_K = 512
 
-    def __init__(self, nk):
+    def __init__(self, nk, biased=False):
         self.nk = nk
+        self.biased = biased
 
     @staticmethod
     def replacing(dot, x, w):
@@ -269,8 +274,19 @@ class PackedProduct(Op):
     def _dot(self, x):
         return TensorDot(tuple(range(x.ndim - self.nk, x.ndim)), tuple(range(self.nk)))
 
-    def infer(self, x, w, packed):
+    def infer(self, x, w, packed, *bias):
         return self._dot(x).infer(x, w)
+
+    def absorb_bias(self, inputs, b, ctx):
+        """This product + b for a weight b shaped like w's free axes, when
+        there are two or more of them (one is a per-channel bias, which the
+        fused epilogue takes), as one biased product; else None."""
+        if self.biased or len(inputs) != 3:
+            return None
+        x, w, packed = inputs
+        if w.ndim - self.nk < 2 or b.shape != w.shape[self.nk:] or b.dtype != "float32":
+            return None
+        return PackedProduct(self.nk, biased=True)(x, w, packed, b)
 
     def _run(self, x, w, packed, bias=None, residual=None, act=0):
         k = math.prod(w.shape[:self.nk])
@@ -286,22 +302,32 @@ class PackedProduct(Op):
                                      None if bias is None else bias.reshape(-1), residual, act)
         return None if out is None else out.reshape(shape)
 
-    def compute(self, x, w, packed):
-        out = self._run(x, w, packed)
-        return (out if out is not None else contract(x, w, self._dot(x).ax, self._dot(x).ay),)
+    def compute(self, x, w, packed, *bias):
+        b = bias[0] if bias else None
+        out = self._run(x, w, packed, b)
+        if out is None:
+            out = contract(x, w, self._dot(x).ax, self._dot(x).ay)
+            if b is not None:
+                out = out + b
+        return (out,)
 
     def kernel_epilogue(self, bias_axis, activation, out, residual=False, exact=False):
+        # a biased product has its bias: it takes a residual and relu / relu6
+        if self.biased:
+            return not exact and bias_axis is None and activation in (None, "relu", "relu6")
         return not exact and bias_axis == -1 and activation in (None, "relu", "relu6")
 
     def compute_epilogue(self, inputs, bias, activation, residual=None):
-        x, w, packed = inputs
+        x, w, packed = inputs[:3]
+        if self.biased:
+            bias = inputs[3]
         if bias is not None and bias.size != math.prod(w.shape[self.nk:]):
             return None
         return self._run(x, w, packed, bias, residual, _ACTIVATIONS[activation])
 
     def time_mapped(self, ins, variant):
         # x_t @ W over all steps: the same product of the (T, ...) stack
-        return self if variant == [True, False, False] else None
+        return self if variant == [True] + [False] * (len(ins) - 1) else None
 
 
 class PackPanels(Op):
@@ -311,8 +337,9 @@ class PackPanels(Op):
 
     api = "dot"
 
-    def __init__(self, nk):
+    def __init__(self, nk, biased=False):
         self.nk = nk
+        self.biased = biased
 
     def infer(self, w):
         k = math.prod(w.shape[:self.nk])

@@ -61,6 +61,26 @@ def test_a_product_over_several_axes_with_a_residual(rng):
     _close(f(feeds)[0], _plain([x, r], [y], feeds)[0])
 
 
+def test_a_bias_over_several_axes_goes_into_the_packed_product(rng):
+    # an attention block's joined q/k/v projection: (batch, T, d) x (d, heads, 3 * size)
+    # with a (heads, 3 * size) bias, then a relu
+    x = K.placeholder((None, 6, 8))
+    w = K.variable(rng.standard_normal((8, 2, 12)).astype("float32"))
+    b = K.variable(rng.standard_normal((2, 12)).astype("float32"))
+    y = K.relu(TensorDot((2,), (0,))(x, w) + b)
+    f = K.function([x], [y])
+    steps = f.plan_ops()
+    assert len(steps) == 1 and steps[0].base.biased and steps[0].in_kernel is not None, steps
+    feed = rng.standard_normal((3, 6, 8)).astype("float32")
+    want = np.maximum(np.tensordot(feed.astype(np.float64), K.get_value(w), (2, 0))
+                      + K.get_value(b), 0)
+    _close(f([feed])[0], want)
+    # rows past the packed kernel's bound take BLAS, the bias added after
+    big = rng.standard_normal((200, 6, 8)).astype("float32")
+    _close(f([big])[0], np.maximum(np.tensordot(big.astype(np.float64), K.get_value(w),
+                                                (2, 0)) + K.get_value(b), 0))
+
+
 def test_batchnorm_after_dense_is_folded_before_packing(rng):
     x = K.placeholder((None, 12))
     w = K.variable(rng.standard_normal((12, 24)).astype("float32"))
