@@ -493,7 +493,7 @@ def _absorbed_pads(g, made):
 class PackedConv(Op):
     """y = conv(x, kernel), with the kernel also given as
     ``linalg.PackPanels`` of it seen as a (K, F) matrix: an inference plan's
-    frozen weights pack it once (Conv.rewrite puts this op in). Calls of
+    frozen weights pack it once (Conv.lower puts this op in). Calls of
     few output positions run as the patch matrix times the packed panels
     (kernels/conv_packed.pxi); the others, and whatever the packed rule does
     not take, run as Conv (the kernel is an input too). Sums run in another
@@ -511,11 +511,24 @@ class PackedConv(Op):
     def replacing(g, x, k, ctx):
         """``[PackedConv(g)(x, k, PackPanels(...)(k))]`` for a channels_last
         float32 convolution of a frozen kernel of known shape where the
-        packed kernel runs, else None."""
+        packed kernel runs, else None. Where x's spatial sizes are known, the
+        kernel is packed only when the packed rule takes the layer at batch
+        1 (larger batches only add positions): the packed copy is memory a
+        layer of large maps (a network's stem) would never use."""
         if g.family != "conv" or not g.channels_last or x.dtype != "float32" or \
                 k.dtype != "float32" or not ctx.is_weight(k) or None in k.shape or \
                 not _linalg.packed_available():
             return None
+        if None not in x.shape[1:]:
+            one = (1,) + tuple(x.shape[1:])
+            try:
+                pads = g._check_forward(one, k.shape)
+                probe = _conv.packed_forward_call(one, k.shape, g.strides, g.dilation, pads,
+                                                  True, np.float32)
+            except (ValueError, TypeError):
+                probe = None
+            if probe is None:
+                return None
         return [PackedConv(g)(x, k, PackPanels(k.ndim - 1)(k))]
 
     def infer(self, x, k, packed):

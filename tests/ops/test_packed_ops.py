@@ -135,6 +135,21 @@ def test_a_conv_with_batchnorm_residual_and_relu_runs_packed(rng):
     _close(f(big)[0][:1], got)
 
 
+def test_a_conv_of_large_maps_keeps_its_kernel_unpacked(rng):
+    # 40 x 40 positions at batch 1: the packed rule never takes it, so no
+    # packed copy of the kernel is made
+    x = K.placeholder((None, 40, 40, 72))
+    k = K.variable(rng.standard_normal((5, 5, 72, 40)).astype("float32"))
+    f = K.function([x], [K.conv2d(x, k, padding="same")])
+    assert "Packed" not in _plan_names(f)
+    # unknown sizes: packed, the rule decides per call
+    x = K.placeholder((None, None, None, 72))
+    f = K.function([x], [K.conv2d(x, k, padding="same")])
+    assert "PackedConv" in _plan_names(f)
+    feed = rng.standard_normal((1, 7, 7, 72)).astype("float32")
+    _close(f([feed])[0], _plain([x], [K.conv2d(x, k, padding="same")], [feed])[0])
+
+
 def test_a_padding_is_taken_in_before_the_kernel_is_packed(rng):
     x, k = _conv_case(rng, ksize=3)
     y = K.conv2d(K.spatial_2d_padding(x, ((0, 1), (0, 1))), k, strides=(2, 2))
