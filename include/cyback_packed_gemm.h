@@ -1,6 +1,7 @@
 /* y (m, n) = act(x (m, k) @ w (k, n) + b + res) in float32 with w packed once
- * into panels of 16 columns (cyback/kernels/linalg_packed.pxi): the Dense
- * and 1x1 products of an inference plan, whose weights are frozen.
+ * into panels of 16 columns: the Dense products (cyback/kernels/
+ * linalg_packed.pxi) and the convolutions of few output positions
+ * (conv_packed.pxi) of an inference plan, whose weights are frozen.
  *
  * BLAS packs w into its own panels on every call and splits a product of
  * few rows poorly over threads; a Dense layer at batch 1 to 64 or an
@@ -36,8 +37,10 @@
 
 #define CB_PG_NR 16
 
-/* The most rows the plans send here: from about this many, BLAS's packed
- * GEMM is as fast (benchmarks/bench_linalg.py, "packed"). */
+/* The most rows a product or a convolution sends here (only a 1x1 layer
+ * that narrows many channels sends more: conv_packed.pxi, _use_packed):
+ * from about this many, BLAS and the conv strategies are as fast
+ * (benchmarks/bench_linalg.py, "packed" rows; bench_conv.py --packed). */
 #define CB_PG_MAX_ROWS 512
 
 /* packed (P, k, 16), P = ceil(n / 16), from w (k, n) row-major. */
