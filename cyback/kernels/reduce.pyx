@@ -92,6 +92,19 @@ cdef void _sum_middle(const floating* x, floating* out, floating* slots, Py_ssiz
             out[i] = out[i] / n
 
 
+cdef cnp.ndarray _middle_view(str name, x, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner):
+    """x, checked to be a C-contiguous float32/float64 array that (outer, n,
+    inner) views with n >= 1 (TypeError / ValueError naming ``name``)."""
+    cdef cnp.ndarray a = x
+    if not a.flags.c_contiguous or (a.dtype != np.float32 and a.dtype != np.float64):
+        raise TypeError("%s: expected a C-contiguous float32 or float64 array, got %s"
+                        % (name, a.dtype))
+    if outer < 0 or n < 1 or inner < 1 or a.size != outer * n * inner:
+        raise ValueError("%s: (outer, n, inner) = (%d, %d, %d) does not view an array "
+                         "of %d values with n >= 1" % (name, outer, n, inner, a.size))
+    return a
+
+
 def sum_middle(x, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner, bint mean=False):
     """The sums (or means, with ``mean``) over axis 1 of the C-contiguous
     float32/float64 array ``x`` viewed as (outer, n, inner): a new
@@ -100,13 +113,7 @@ def sum_middle(x, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner, bint mean=Fa
     cdef int threads
     cdef Py_ssize_t splits = 1, strips
     cdef void* slots = NULL
-    a = x
-    if not a.flags.c_contiguous or (a.dtype != np.float32 and a.dtype != np.float64):
-        raise TypeError("sum_middle: expected a C-contiguous float32 or float64 array, got %s"
-                        % a.dtype)
-    if outer < 0 or n < 1 or inner < 1 or a.size != outer * n * inner:
-        raise ValueError("sum_middle: (outer, n, inner) = (%d, %d, %d) does not view an array "
-                         "of %d values with n >= 1" % (outer, n, inner, a.size))
+    a = _middle_view("sum_middle", x, outer, n, inner)
     out = np.empty((outer, inner), dtype=a.dtype)
     if outer == 0:
         return out
@@ -183,13 +190,7 @@ def extreme_middle(x, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner, bint wan
     value at a time."""
     cdef cnp.ndarray a, out
     cdef int threads
-    a = x
-    if not a.flags.c_contiguous or (a.dtype != np.float32 and a.dtype != np.float64):
-        raise TypeError("extreme_middle: expected a C-contiguous float32 or float64 array, "
-                        "got %s" % a.dtype)
-    if outer < 0 or n < 1 or inner < 1 or a.size != outer * n * inner:
-        raise ValueError("extreme_middle: (outer, n, inner) = (%d, %d, %d) does not view an "
-                         "array of %d values with n >= 1" % (outer, n, inner, a.size))
+    a = _middle_view("extreme_middle", x, outer, n, inner)
     out = np.empty((outer, inner), dtype=a.dtype)
     if outer == 0:
         return out

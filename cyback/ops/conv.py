@@ -246,6 +246,17 @@ class Geometry(object):
             return None
         return last[5](x, k, bias, residual) if last[6] else last[5](x, k, bias)
 
+    def epilogue_fits(self, x, k, bias, residual):
+        """Whether a kernel can take this bias (1-D) and residual in its
+        epilogue: float arrays of x's dtype, a bias per output channel, a
+        residual of the output's shape, and a non-empty x."""
+        dt = x.dtype
+        return k.dtype == dt and dt.char in "fd" and 0 not in x.shape and \
+            (bias is None or (bias.dtype == dt and
+                              bias.size == self.out_channels(k.shape))) and \
+            (residual is None or (residual.dtype == dt and
+                                  residual.shape == self.forward_shape(x.shape, k.shape)))
+
     def forward_packed(self, x, k, packed, bias=None, activation=None, residual=None):
         """forward with the kernel also given packed (``PackedConv``): the
         packed product where its rule takes these shapes
@@ -442,13 +453,7 @@ class Conv(Op):
         y = self.geom.forward_again(x, k, bias, activation, residual)
         if y is not None:
             return y
-        dt = x.dtype
-        if k.dtype != dt or dt.char not in "fd" or 0 in x.shape or \
-                (bias is not None and (bias.dtype != dt or
-                                       bias.size != self.geom.out_channels(k.shape))) or \
-                (residual is not None and (residual.dtype != dt or
-                                           residual.shape != self.geom.forward_shape(
-                                               x.shape, k.shape))):
+        if not self.geom.epilogue_fits(x, k, bias, residual):
             return None
         return self.geom.forward(x, k, bias, activation, residual)
 
@@ -544,13 +549,7 @@ class PackedConv(Op):
         x, k, packed = inputs
         if bias is not None and bias.ndim != 1:
             bias = bias.reshape(-1)
-        dt = x.dtype
-        if k.dtype != dt or dt != np.float32 or 0 in x.shape or \
-                (bias is not None and (bias.dtype != dt or
-                                       bias.size != self.geom.out_channels(k.shape))) or \
-                (residual is not None and (residual.dtype != dt or
-                                           residual.shape != self.geom.forward_shape(
-                                               x.shape, k.shape))):
+        if x.dtype != np.float32 or not self.geom.epilogue_fits(x, k, bias, residual):
             return None
         return self.geom.forward_packed(x, k, packed, bias, activation, residual)
 
