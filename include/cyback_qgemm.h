@@ -220,6 +220,19 @@ static void cb_q_im2col(const uint8_t *x, ptrdiff_t h, ptrdiff_t w, ptrdiff_t c,
         for (ox = 0; ox < ow; ox++)
             for (ky = 0; ky < kh; ky++) {
                 const ptrdiff_t iy = oy * sh - pt + ky * dh;
+                if (dw == 1) {
+                    /* the window's taps along a row are one run of kw * c bytes:
+                     * a copy per run, not per tap (a 3-channel stem has 3-byte taps) */
+                    const ptrdiff_t ix0 = ox * sw - pl;
+                    ptrdiff_t lo = ix0 < 0 ? -ix0 : 0, hi = w - ix0 < kw ? w - ix0 : kw;
+                    if (iy < 0 || iy >= h || hi <= lo) lo = hi = 0;
+                    if (lo > 0) memset(dst, pad, (size_t)(lo * c));
+                    if (hi > lo)
+                        memcpy(dst + lo * c, img + (iy * w + ix0 + lo) * c, (size_t)((hi - lo) * c));
+                    if (hi < kw) memset(dst + hi * c, pad, (size_t)((kw - hi) * c));
+                    dst += kw * c;
+                    continue;
+                }
                 for (kx = 0; kx < kw; kx++, dst += c) {
                     const ptrdiff_t ix = ox * sw - pl + kx * dw;
                     if (iy < 0 || iy >= h || ix < 0 || ix >= w)
