@@ -59,6 +59,18 @@ class Relu(Op):
             y = y - a * np.maximum(t - x, 0)
         return (np.asarray(y, dtype=x.dtype),)
 
+    def lower(self, inputs, ctx):
+        # At inference, relu / relu6 after an op that applies it in its kernel
+        # (an int8 layer's epilogue: its ``absorb_activation`` hook) goes in there.
+        if not ctx.inference or self.alpha != 0 or self.threshold != 0 or \
+                self.max_value not in (None, 6) or ctx.users(inputs[0]) != 1:
+            return None
+        made = ctx.producer(inputs[0])
+        hook = getattr(made[0], "absorb_activation", None) if made is not None else None
+        out = hook(made[1], "relu" if self.max_value is None else "relu6", ctx) \
+            if hook is not None else None
+        return None if out is None else [out]
+
     def ewise(self, b, x):
         # the same steps as compute, so the results are identical
         t, a, m = self.threshold, self.alpha, self.max_value

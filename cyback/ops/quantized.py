@@ -18,7 +18,18 @@ multiplies and dequantizes in the product's epilogue:
 with act none, relu or relu6 applied there; other activations are the
 layer's business. The ops are forward only: differentiating through one
 raises a TypeError, since a quantized model is for inference.
+
+In an inference plan (the ``lower`` walk) a per-channel bias added to an
+int8 op's output and a relu / relu6 after it go into its epilogue
+(``absorb_bias``, ``absorb_activation``), and an int8 op whose only reader is
+another int8 op hands it uint8 codes of that op's input quantization, made
+in its epilogue (``out_codes`` on the writer, ``codes_in`` on the reader):
+no float32 tensor between them and no quantization pass. The codes are the
+ones the reader would have made from the float32 output: the epilogue
+requantizes with the quantization kernel's own arithmetic.
 """
+import copy
+
 import numpy as np
 
 from cyback.graph.op import Op
@@ -100,6 +111,13 @@ class _Quantized(Op):
 
     fresh_output = True
     epilogue_host = True
+    #: x is uint8 codes of (in_scale, in_zero), made by the int8 op before
+    codes_in = False
+    #: (scale, zero point) of the uint8 codes the op outputs, or None: float32
+    out_codes = None
+    #: whether inference plans hand codes from one int8 op to the next
+    #: (``lower``); off, to compare, in tests and benchmarks
+    chaining = True
 
     def __init__(self, in_scale, in_zero, activation):
         if activation not in FUSED_ACTIVATIONS:
@@ -109,9 +127,30 @@ class _Quantized(Op):
         self.in_zero = int(in_zero)
         self.activation = activation
 
-    def _check_operands(self, x, packed, vectors, k, n):
-        if x.dtype not in ("float16", "float32", "float64"):
+    def _with(self, **changes):
+        op = copy.copy(self)
+        vars(op).update(changes)
+        return op
+
+    def describe(self):
+        """'quantized_conv relu6 (uint8 in, out)': the fused activation and
+        which side is uint8 codes, for a profile or a plan listing."""
+        codes = [side for side, on in (("in", self.codes_in),
+                                       ("out", self.out_codes is not None)) if on]
+        return self.api + ("" if self.activation == "linear" else " " + self.activation) + \
+            (" (uint8 %s)" % ", ".join(codes) if codes else "")
+
+    def _out_dtype(self):
+        return "float32" if self.out_codes is None else "uint8"
+
+    def _check_input(self, x):
+        if self.codes_in and x.dtype != "uint8":
+            raise ValueError("%s: expected uint8 codes, got %s" % (self.api, x.dtype))
+        if not self.codes_in and x.dtype not in ("float16", "float32", "float64"):
             raise ValueError("%s: expected a float input, got %s" % (self.api, x.dtype))
+
+    def _check_operands(self, x, packed, vectors, k, n):
+        self._check_input(x)
         if packed.dtype != "uint8" or packed.ndim != 1 or vectors.dtype != "float32" or \
                 vectors.ndim != 2:
             raise ValueError("%s: expected packed weights (PackInt8) and epilogue vectors "
@@ -123,9 +162,10 @@ class _Quantized(Op):
             raise ValueError("%s: the packed weights do not hold a (%d, %d) kernel for an "
                              "input of %d features" % (self.api, k, n, k))
 
-    def _product(self, a, packed, vectors, activation=None):
-        return qgemm.gemm_prepared(a, packed, vectors, self.in_zero,
-                                   activation or self.activation)
+    def _product(self, a, packed, vectors, activation=None, zero=None):
+        scale, out_zero = self.out_codes or (None, None)
+        return qgemm.gemm_prepared(a, packed, vectors, self.in_zero if zero is None else zero,
+                                   activation or self.activation, scale, out_zero)
 
     def _out_vectors_at(self):
         """Where the epilogue vectors (EpilogueVectors) of the op's output are
@@ -139,8 +179,8 @@ class _Quantized(Op):
         scale)."""
         at = self._out_vectors_at()
         vectors = inputs[at]
-        if self.activation != "linear" or vectors.node is None or \
-                not isinstance(vectors.node.op, EpilogueVectors) or \
+        if self.activation != "linear" or self.out_codes is not None or \
+                vectors.node is None or not isinstance(vectors.node.op, EpilogueVectors) or \
                 ctx.channel_vector(v, out, out.ndim - 1) is None or out.shape[-1] is None:
             return None
         made = vectors.node
@@ -150,6 +190,54 @@ class _Quantized(Op):
         new[at] = made.op(*parts)
         return self(*new)
 
+    def absorb_bias(self, inputs, b, ctx):
+        """This op's output + ``b`` for a float32 weight vector ``b`` along the
+        channels (a BatchNorm's shift, a bias): ``b`` added into the
+        epilogue's bias row once, with the frozen weights (asked by
+        ``Binary('add').lower``); None through a fused activation or codes."""
+        at = self._out_vectors_at()
+        vectors = inputs[at]
+        if self.activation != "linear" or self.out_codes is not None or \
+                vectors.node is None or not isinstance(vectors.node.op, EpilogueVectors):
+            return None
+        made = vectors.node
+        n = made.inputs[0].shape[0]
+        if b.dtype != "float32" or b.ndim > inputs[0].ndim or b.shape[-1:] != (n,) or \
+                any(d != 1 for d in b.shape[:-1]):
+            return None
+        b = reshape(b, (n,))
+        bias = made.inputs[1] + b if len(made.inputs) > 1 else b
+        new = list(inputs)
+        new[at] = made.op(made.inputs[0], bias)
+        return self(*new)
+
+    def absorb_activation(self, inputs, activation, ctx):
+        """This op's output through ``activation`` (relu or relu6), applied in
+        its epilogue (asked by ``Relu.lower``); None when it has one."""
+        if self.activation != "linear" or self.out_codes is not None:
+            return None
+        return self._with(activation=activation)(*inputs)
+
+    def emit_codes(self, inputs, scale, zero):
+        """This op with its output as uint8 codes of (``scale``, ``zero``)."""
+        if self.out_codes is not None:
+            return None
+        return self._with(out_codes=(float(scale), int(zero)))(*inputs)
+
+    def lower(self, inputs, ctx):
+        """In an inference plan, an input that only this op reads and that an
+        int8 op makes comes as uint8 codes of this op's input quantization,
+        requantized in that op's epilogue."""
+        if not (ctx.inference and _Quantized.chaining) or self.codes_in or \
+                ctx.users(inputs[0]) != 1:
+            return None
+        made = ctx.producer(inputs[0])
+        hook = getattr(made[0], "emit_codes", None) if made is not None else None
+        codes = hook(made[1], self.in_scale, self.in_zero) if hook is not None else None
+        if codes is None:
+            return None
+        return [self._with(codes_in=True)(codes, *inputs[1:])]
+
     def kernel_epilogue(self, bias_axis, activation, out, residual=False, exact=False):
         """Whether the epilogue takes a per-channel bias add (into its bias row)
         and relu / relu6 (as its fused activation) after the product: only for
@@ -157,7 +245,7 @@ class _Quantized(Op):
         move inside it), not a residual, never in an exact (training) fusion."""
         if residual or exact or (bias_axis is not None and bias_axis != -1):
             return False
-        return self.activation == "linear"
+        return self.activation == "linear" and self.out_codes is None
 
     def compute_epilogue(self, inputs, bias, activation, residual=None):
         """The op's output + ``bias``, then ``activation``, from its own
@@ -179,6 +267,8 @@ class _Quantized(Op):
 
     def _quantized_input(self, x):
         x = np.asarray(x)
+        if self.codes_in:
+            return x
         if x.dtype != np.float32:
             x = x.astype(np.float32)
         return qgemm.quantize(x, self.in_scale, self.in_zero)
@@ -202,7 +292,7 @@ class QuantizedDense(_Quantized):
             raise ValueError("%s: expected an input with a feature axis, got a scalar"
                              % self.api)
         self._check_operands(x, packed, vectors, x.shape[-1], self.units)
-        return [(tuple(x.shape[:-1]) + (self.units,), "float32")]
+        return [(tuple(x.shape[:-1]) + (self.units,), self._out_dtype())]
 
     def compute(self, x, packed, vectors, activation=None):
         q = self._quantized_input(x)
@@ -279,7 +369,7 @@ class QuantizedConv(_Quantized):
                              None if c is None else c * int(np.prod(self.kernel_size)),
                              self.filters)
         out = self._out_spatial(x.shape[1:-1])
-        return [((x.shape[0],) + out + (self.filters,), "float32")]
+        return [((x.shape[0],) + out + (self.filters,), self._out_dtype())]
 
     def compute(self, x, packed, vectors, activation=None):
         q = self._quantized_input(x)
@@ -426,8 +516,7 @@ class QuantizedDepthwiseConv(_Quantized):
         if x.ndim != 4:
             raise ValueError("%s: expected a 4-D input (batch, 2 spatial, channels), got "
                              "shape %s" % (self.api, x.shape))
-        if x.dtype not in ("float16", "float32", "float64"):
-            raise ValueError("%s: expected a float input, got %s" % (self.api, x.dtype))
+        self._check_input(x)
         if packed.dtype != "int32" or packed.ndim != 2 or vectors.dtype != "float32":
             raise ValueError("%s: expected packed depthwise weights (PackDepthwise) and "
                              "epilogue vectors, got %s %s and %s"
@@ -444,7 +533,8 @@ class QuantizedDepthwiseConv(_Quantized):
                 raise ValueError("%s: the kernel window %s (dilation %s) is larger than the "
                                  "input's spatial shape %s with padding='valid'"
                                  % (self.api, self.kernel_size, self.dilation, x.shape[1:3]))
-        return [((x.shape[0],) + self._out_spatial(x.shape[1:3]) + (width,), "float32")]
+        return [((x.shape[0],) + self._out_spatial(x.shape[1:3]) + (width,),
+                 self._out_dtype())]
 
     def compute(self, x, packed, vectors, pw_packed=None, pw_vectors=None, activation=None):
         q = self._quantized_input(x)
@@ -454,12 +544,14 @@ class QuantizedDepthwiseConv(_Quantized):
         activation = activation or self.activation
         act = activation if self.pointwise is None else "linear"
         if self.pointwise is None:
+            scale, zero = self.out_codes or (None, None)
             y = qgemm.depthwise_conv(q, packed, vectors, self.in_zero, self.kernel_size,
-                                     self.strides, self.dilation, pads, activation=act)
+                                     self.strides, self.dilation, pads, activation=act,
+                                     out_scale=scale, out_zero_point=zero)
             return (y,)
         mid = qgemm.depthwise_conv(q, packed, vectors, self.in_zero, self.kernel_size,
                                    self.strides, self.dilation, pads, out_scale=self.mid_scale,
                                    out_zero_point=self.mid_zero)
-        y = qgemm.gemm_prepared(mid.reshape(-1, mid.shape[-1]), pw_packed, pw_vectors,
-                                self.mid_zero, activation)
+        y = self._product(mid.reshape(-1, mid.shape[-1]), pw_packed, pw_vectors, activation,
+                          zero=self.mid_zero)
         return (y.reshape(mid.shape[:-1] + (self.pointwise,)),)

@@ -1,0 +1,208 @@
+"""int8 layers in inference plans hand uint8 codes to the int8 layer after
+them: the writer requantizes its output in its epilogue (after the
+BatchNormalization, bias and relu / relu6 it took in), the reader skips its
+quantization pass. The codes are the ones the reader would have made from
+the float32 output, so the plan's results keep their bits."""
+import keras
+import numpy as np
+import pytest
+
+import cyback
+from cyback.graph import optimize
+from cyback.ops import quantized as qops
+
+K = keras.backend
+
+
+def _batchnorms_made_non_trivial(model, rng):
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            c = layer.get_weights()[0].shape[0]
+            gamma = rng.uniform(0.5, 1.5, c)
+            gamma[::3] *= -1
+            layer.set_weights([gamma, rng.normal(0, 0.3, c), rng.normal(0, 0.3, c),
+                               rng.uniform(0.5, 1.5, c)])
+    return model
+
+
+def _inverted_residual(rng):
+    inp = keras.layers.Input((10, 9, 6))
+    x = keras.layers.Conv2D(12, 1, use_bias=False)(inp)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.ReLU(6.0)(x)
+    x = keras.layers.DepthwiseConv2D(3, padding='same', depth_multiplier=2,
+                                     use_bias=False)(x)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.ReLU(6.0)(x)
+    x = keras.layers.Conv2D(6, 1, use_bias=False)(x)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.Add()([x, inp])
+    return keras.models.Model(inp, x), (10, 9, 6)
+
+
+def _bottleneck(rng):
+    # a ResNet block: the residual sum is float32, the convolutions inside
+    # pass codes
+    inp = keras.layers.Input((9, 9, 8))
+    x = keras.layers.Conv2D(4, 1)(inp)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.Activation('relu')(x)
+    x = keras.layers.Conv2D(4, 3, padding='same')(x)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.Activation('relu')(x)
+    x = keras.layers.Conv2D(8, 1)(x)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.Add()([x, inp])
+    x = keras.layers.Activation('relu')(x)
+    x = keras.layers.Conv2D(5, 3, strides=2)(x)
+    return keras.models.Model(inp, x), (9, 9, 8)
+
+
+def _separable(rng):
+    inp = keras.layers.Input((11, 8, 3))
+    x = keras.layers.SeparableConv2D(7, 3, padding='same', activation='relu')(inp)
+    x = keras.layers.SeparableConv2D(5, 3, strides=2, use_bias=False)(x)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.Conv2D(4, 2)(x)
+    return keras.models.Model(inp, x), (11, 8, 3)
+
+
+def _mlp(rng):
+    inp = keras.layers.Input((5, 13))
+    x = keras.layers.Dense(17, activation='relu')(inp)
+    x = keras.layers.Dense(9)(x)
+    x = keras.layers.ReLU(6.0)(x)
+    x = keras.layers.Dense(3, activation='softmax')(x)
+    return keras.models.Model(inp, x), (5, 13)
+
+
+def _conv1d(rng):
+    inp = keras.layers.Input((20, 4))
+    x = keras.layers.Conv1D(8, 3, padding='causal', dilation_rate=2, activation='relu')(inp)
+    x = keras.layers.Conv1D(6, 5, strides=2)(x)
+    return keras.models.Model(inp, x), (20, 4)
+
+
+MODELS = {'inverted_residual': _inverted_residual, 'bottleneck': _bottleneck,
+          'separable': _separable, 'mlp': _mlp, 'conv1d': _conv1d}
+
+
+def _labels(function):
+    return [op.describe() if hasattr(op, 'describe') else (op.api or type(op).__name__)
+            for op in function.plan_ops()]
+
+
+def _quantized(name, seed=0):
+    rng = np.random.RandomState(seed)
+    model, shape = MODELS[name](rng)
+    _batchnorms_made_non_trivial(model, rng)
+    data = rng.standard_normal((24,) + shape).astype('float32')
+    return model, cyback.quantize(model, data), data
+
+
+def _compiled(q, x):
+    # a function's plan is made by its first call
+    f = K.function(q.inputs, q.outputs)
+    return f, f([x])[0]
+
+
+def _chaining_off(monkeypatch, q, x):
+    with monkeypatch.context() as m:
+        m.setattr(qops._Quantized, 'chaining', False)
+        return _compiled(q, x)
+
+
+@pytest.mark.parametrize('name', sorted(MODELS))
+def test_codes_between_int8_layers_keep_the_bits(name, monkeypatch):
+    model, q, data = _quantized(name)
+    f, got = _compiled(q, data)
+    labels = _labels(f)
+    assert any('(uint8 in' in label for label in labels), labels
+    f_off, want = _chaining_off(monkeypatch, q, data)
+    assert not any('uint8' in label for label in _labels(f_off))
+    assert got.dtype == want.dtype == np.float32
+    assert got.tobytes() == want.tobytes()
+    # one batch row at a time gives the rows' bits too
+    rows = np.concatenate([f([data[i:i + 1]])[0] for i in range(3)])
+    assert rows.tobytes() == got[:3].tobytes()
+    # and the plan still tracks the float model
+    ref = model.predict(data)
+    assert np.abs(got - ref).max() < 0.1 * np.abs(ref).max()
+
+
+def test_which_layers_pass_codes():
+    _, q, data = _quantized('inverted_residual')
+    labels = _labels(_compiled(q, data)[0])
+    # the block's sum with its input stays float32, so the projection outputs float
+    assert labels[:3] == ['quantized_conv relu6 (uint8 out)',
+                          'quantized_depthwise_conv relu6 (uint8 in, out)',
+                          'quantized_conv (uint8 in) + add'], labels
+    _, q, data = _quantized('bottleneck')
+    labels = _labels(_compiled(q, data)[0])
+    assert labels == ['quantized_conv relu (uint8 out)',
+                      'quantized_conv relu (uint8 in, out)',
+                      'quantized_conv (uint8 in) + add + relu',
+                      'quantized_conv'], labels
+
+
+def test_float_readers_keep_the_float_output():
+    rng = np.random.RandomState(4)
+    inp = keras.layers.Input((8, 8, 3))
+    a = keras.layers.Conv2D(6, 3, activation='relu', name='a')(inp)
+    b = keras.layers.Conv2D(4, 3, name='b')(a)                  # a is also an output
+    c = keras.layers.LeakyReLU(0.1)(keras.layers.Conv2D(5, 1, name='c')(inp))
+    d = keras.layers.Conv2D(3, 1, name='d')(c)                 # a float op between
+    model = keras.models.Model(inp, [a, b, d])
+    data = rng.standard_normal((10, 8, 8, 3)).astype('float32')
+    q = cyback.quantize(model, data)
+    f = K.function(q.inputs, q.outputs)
+    got = f([data])
+    assert not any('uint8' in label for label in _labels(f)), _labels(f)
+    optimize.set_graph_optimizer(False)
+    try:
+        want = K.function(q.inputs, q.outputs)([data])
+    finally:
+        optimize.set_graph_optimizer(True)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
+
+
+def test_thread_counts_and_an_empty_batch_give_the_same_bits():
+    _, q, data = _quantized('inverted_residual', seed=5)
+    f = K.function(q.inputs, q.outputs)
+    before = cyback.get_num_threads()
+    try:
+        cyback.set_num_threads(1)
+        one = f([data])[0]
+        cyback.set_num_threads(2)
+        two = f([data])[0]
+    finally:
+        cyback.set_num_threads(before)
+    assert one.tobytes() == two.tobytes()
+    assert f([data[:0]])[0].shape == (0,) + one.shape[1:]
+
+
+def test_codes_ops_check_their_input_and_describe_themselves(rng):
+    w = rng.integers(-127, 128, (6, 4), dtype=np.int8)
+    packed = qops.PackInt8()(K.constant(w, dtype='int8'))
+    vectors = qops.EpilogueVectors(0.1)(K.constant(np.ones(4, np.float32)))
+    reader = qops.QuantizedDense(4, 0.1, 3, 'relu')._with(codes_in=True)
+    with pytest.raises(ValueError, match='expected uint8 codes, got float32'):
+        reader(K.placeholder(shape=(None, 6)), packed, vectors)
+    codes = K.placeholder(shape=(None, 6), dtype='uint8')
+    y = reader(codes, packed, vectors)
+    assert y.dtype == 'float32' and reader.describe() == 'quantized_dense relu (uint8 in)'
+    writer = reader._with(out_codes=(0.05, 7))
+    y = writer(codes, packed, vectors)
+    assert y.dtype == 'uint8' and writer.describe() == 'quantized_dense relu (uint8 in, out)'
+    # a codes writer takes no more of what follows it into its epilogue
+    assert writer.emit_codes([codes, packed, vectors], 0.1, 0) is None
+    assert writer.absorb_activation([codes, packed, vectors], 'relu', None) is None
+    assert not writer.kernel_epilogue(-1, 'relu', y)
+    # the op itself: codes in and out against the kernel called directly
+    from cyback.kernels import qgemm
+    xv = rng.integers(0, 256, (5, 6), dtype=np.uint8)
+    f = K.function([codes], [y])
+    want = qgemm.gemm(xv, qgemm.pack_weights(w), 0.1, 3, np.ones(4, np.float32),
+                      activation='relu', out_scale=0.05, out_zero_point=7)
+    assert f([xv])[0].tobytes() == want.tobytes()
