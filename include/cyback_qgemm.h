@@ -38,6 +38,7 @@
  * every set, so results are bit-identical across sets and thread counts:
  *   d = acc - za * colsum[n]                        (int32, exact)
  *   y = (float)d * s[n] (+ bias[n])                 (float32, two roundings)
+ *   y = y (+ res[m, n])                             (a residual, float32)
  *   y = act(y)                                      (none, relu, relu6)
  *   float output:  y
  *   uint8 output:  clamp(rint(y / so), -zo, 255 - zo) + zo   (NaN -> 0)
@@ -87,6 +88,8 @@ typedef struct {
 typedef struct {
     const float *scale;    /* s[n], padded to the panels */
     const float *bias;     /* padded, or NULL */
+    const float *res;      /* a float32 (M, N) residual added after the bias, or NULL */
+    ptrdiff_t ldr;
     int32_t za;            /* the activations' zero point */
     int act;               /* CB_ACT_NONE / RELU / RELU6 */
     float *out_f;          /* float32 output, or NULL */
@@ -151,6 +154,7 @@ static void cb_q_epilogue_scalar(const int32_t *acc, const int32_t *colsum, ptrd
         int32_t d = acc[j] - e->za * colsum[j];
         float y = (float)d * e->scale[col + j];
         if (e->bias) y = y + e->bias[col + j];
+        if (e->res) y = y + e->res[row * e->ldr + col + j];
         if (e->act != CB_ACT_NONE) {
             y = 0.0f > y ? 0.0f : y;          /* NaN stays NaN, as vmaxps(0, y) */
             if (e->act == CB_ACT_RELU6) y = 6.0f < y ? 6.0f : y;
@@ -303,11 +307,22 @@ CB_Q_ALWAYS CB_Q_AVX2_ATTR void cb_q_epilogue_256(__m256i acc0, __m256i acc1,
     __m256 y[2];
     __m256i acc[2] = {acc0, acc1};
     int v, valid = (int)(n - col < CB_Q_NR ? n - col : CB_Q_NR);
+    float res[CB_Q_NR];
+    const float *r = NULL;
+    if (e->res) {
+        r = e->res + row * e->ldr + col;
+        if (valid < CB_Q_NR) {
+            memset(res, 0, sizeof res);
+            memcpy(res, r, sizeof(float) * (size_t)valid);
+            r = res;
+        }
+    }
     for (v = 0; v < 2; v++) {
         __m256i cs = _mm256_loadu_si256((const __m256i *)(panel_sums + 32 * v));
         __m256i d = _mm256_sub_epi32(acc[v], _mm256_mullo_epi32(za, cs));
         y[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(d), _mm256_loadu_ps(e->scale + col + 8 * v));
         if (e->bias) y[v] = _mm256_add_ps(y[v], _mm256_loadu_ps(e->bias + col + 8 * v));
+        if (r) y[v] = _mm256_add_ps(y[v], _mm256_loadu_ps(r + 8 * v));
         if (e->act != CB_ACT_NONE) {
             y[v] = _mm256_max_ps(_mm256_setzero_ps(), y[v]);
             if (e->act == CB_ACT_RELU6) y[v] = _mm256_min_ps(_mm256_set1_ps(6.0f), y[v]);
@@ -463,6 +478,7 @@ CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_q_epilogue_512(__m512i acc, const int8_t *p
     __m512i d = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_set1_epi32(e->za), cs));
     __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_loadu_ps(e->scale + col));
     if (e->bias) y = _mm512_add_ps(y, _mm512_loadu_ps(e->bias + col));
+    if (e->res) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, e->res + row * e->ldr + col));
     if (e->act != CB_ACT_NONE) {
         y = _mm512_max_ps(_mm512_setzero_ps(), y);
         if (e->act == CB_ACT_RELU6) y = _mm512_min_ps(_mm512_set1_ps(6.0f), y);

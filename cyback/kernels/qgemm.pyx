@@ -39,6 +39,8 @@ cdef extern from "cyback_qgemm.h" nogil:
     ctypedef struct cb_q_epilogue:
         const float* scale
         const float* bias
+        const float* res
+        Py_ssize_t ldr
         int32_t za
         int act
         float* out_f
@@ -277,8 +279,10 @@ def gemm(a, packed, scale_a, zero_a, scale_b, bias=None, activation=None, out_sc
 
 
 def gemm_prepared(a, packed, vectors, zero_a, activation=None, out_scale=None,
-                  out_zero_point=None):
-    """``gemm`` with the per-column vectors ``epilogue_vectors`` made."""
+                  out_zero_point=None, residual=None):
+    """``gemm`` with the per-column vectors ``epilogue_vectors`` made; with
+    ``residual`` (float32 (M, N), rows of unit stride) added after the bias,
+    before the activation."""
     if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or a.ndim != 2:
         raise TypeError("gemm: expected a 2-D uint8 array of activations, got %s"
                         % _describe(a))
@@ -291,6 +295,16 @@ def gemm_prepared(a, packed, vectors, zero_a, activation=None, out_scale=None,
     cdef cb_q_epilogue e
     out = _epilogue("gemm", &e, vectors, n, zero_a, activation, out_scale, out_zero_point,
                     (m, n))
+    if residual is not None:
+        if not isinstance(residual, np.ndarray) or residual.dtype != np.float32 or \
+                residual.shape != (m, n):
+            raise ValueError("gemm: the residual must be a float32 array of the output's "
+                             "shape %s, got %s" % ((m, n), _describe(residual)))
+        if n > 0 and (residual.strides[1] != 4 or residual.strides[0] % 4 != 0 or
+                      residual.strides[0] < 4 * n):
+            residual = np.ascontiguousarray(residual)
+        e.res = <const float*>cnp.PyArray_DATA(residual)
+        e.ldr = residual.strides[0] // 4 if m > 1 else n
     cdef Py_ssize_t npan = cb_q_panels(n)
     if m == 0 or n == 0:
         return out
@@ -338,6 +352,8 @@ cdef object _epilogue(str fname, cb_q_epilogue* e, vectors, Py_ssize_t n, zero_a
     cdef const float* padded = <const float*>cnp.PyArray_DATA(vectors)
     e.scale = padded
     e.bias = NULL
+    e.res = NULL
+    e.ldr = 0
     if vectors.shape[0] == 2:
         e.bias = padded + npan * CB_Q_NR
     e.za = za

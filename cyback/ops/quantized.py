@@ -46,6 +46,19 @@ def _no_gradient(api):
                     "model and quantize it again with cyback.quantize." % api)
 
 
+class _ResidualShape(Exception):
+    """A fused residual whose run-time shape is not the output's."""
+
+
+def _residual_rows(residual, shape):
+    # the residual as the product's (rows, columns), or None
+    if residual is None:
+        return None
+    if residual.shape != tuple(shape):
+        raise _ResidualShape()
+    return residual.reshape(-1, shape[-1]) if len(shape) else residual
+
+
 def _known(api, what, dims):
     if any(d is None for d in dims):
         raise ValueError("%s: the %s must be known when the graph is built, got %s"
@@ -162,10 +175,13 @@ class _Quantized(Op):
             raise ValueError("%s: the packed weights do not hold a (%d, %d) kernel for an "
                              "input of %d features" % (self.api, k, n, k))
 
-    def _product(self, a, packed, vectors, activation=None, zero=None):
+    def _product(self, a, packed, vectors, activation=None, zero=None, residual=None):
         scale, out_zero = self.out_codes or (None, None)
         return qgemm.gemm_prepared(a, packed, vectors, self.in_zero if zero is None else zero,
-                                   activation or self.activation, scale, out_zero)
+                                   activation or self.activation, scale, out_zero, residual)
+
+    def _takes_residual(self):
+        return True
 
     def _out_vectors_at(self):
         """Where the epilogue vectors (EpilogueVectors) of the op's output are
@@ -239,19 +255,23 @@ class _Quantized(Op):
         return [self._with(codes_in=True)(codes, *inputs[1:])]
 
     def kernel_epilogue(self, bias_axis, activation, out, residual=False, exact=False):
-        """Whether the epilogue takes a per-channel bias add (into its bias row)
-        and relu / relu6 (as its fused activation) after the product: only for
-        an op without an activation of its own (a bias added after it cannot
-        move inside it), not a residual, never in an exact (training) fusion."""
-        if residual or exact or (bias_axis is not None and bias_axis != -1):
+        """Whether the epilogue takes a per-channel bias add (into its bias row),
+        a float32 residual of the output's shape (a product's epilogue, not
+        the depthwise kernel's) and relu / relu6 (as its fused activation)
+        after the product: only for an op without an activation of its own
+        (a bias added after it cannot move inside it), never in an exact
+        (training) fusion."""
+        if exact or (bias_axis is not None and bias_axis != -1) or \
+                (residual and (out.dtype != "float32" or not self._takes_residual())):
             return False
         return self.activation == "linear" and self.out_codes is None
 
     def compute_epilogue(self, inputs, bias, activation, residual=None):
-        """The op's output + ``bias``, then ``activation``, from its own
-        epilogue; None when the arrays do not suit it."""
+        """The op's output + ``bias`` + ``residual``, then ``activation``, from
+        its own epilogue; None when the arrays do not suit it."""
         at = self._out_vectors_at()
-        if residual is not None:
+        if residual is not None and (not isinstance(residual, np.ndarray) or
+                                     residual.dtype != np.float32):
             return None
         arrays = list(inputs)
         if bias is not None:
@@ -263,7 +283,10 @@ class _Quantized(Op):
             merged[:vectors.shape[0]] = vectors
             merged[1, :bias.shape[0]] += bias
             arrays[at] = merged
-        return self.compute(*arrays, activation=activation)[0]
+        try:
+            return self.compute(*arrays, activation=activation, residual=residual)[0]
+        except _ResidualShape:
+            return None
 
     def _quantized_input(self, x):
         x = np.asarray(x)
@@ -294,13 +317,14 @@ class QuantizedDense(_Quantized):
         self._check_operands(x, packed, vectors, x.shape[-1], self.units)
         return [(tuple(x.shape[:-1]) + (self.units,), self._out_dtype())]
 
-    def compute(self, x, packed, vectors, activation=None):
+    def compute(self, x, packed, vectors, activation=None, residual=None):
         q = self._quantized_input(x)
         k = q.shape[-1]
         if qgemm.packed_shape(packed) != (k, self.units):
             raise ValueError("%s: the input has %d features, the packed kernel is %s"
                              % (self.api, k, qgemm.packed_shape(packed)))
-        y = self._product(q.reshape(-1, k), packed, vectors, activation)
+        res = _residual_rows(residual, q.shape[:-1] + (self.units,))
+        y = self._product(q.reshape(-1, k), packed, vectors, activation, residual=res)
         return (y.reshape(q.shape[:-1] + (self.units,)),)
 
 
@@ -371,7 +395,7 @@ class QuantizedConv(_Quantized):
         out = self._out_spatial(x.shape[1:-1])
         return [((x.shape[0],) + out + (self.filters,), self._out_dtype())]
 
-    def compute(self, x, packed, vectors, activation=None):
+    def compute(self, x, packed, vectors, activation=None, residual=None):
         q = self._quantized_input(x)
         b, c = q.shape[0], q.shape[-1]
         sizes = q.shape[1:-1]
@@ -397,7 +421,8 @@ class QuantizedConv(_Quantized):
             else:
                 a = qgemm.im2col(q, self.kernel_size, self.strides, self.dilation, pads,
                                  self.in_zero)
-        y = self._product(a, packed, vectors, activation)
+        res = _residual_rows(residual, (b,) + out + (self.filters,))
+        y = self._product(a, packed, vectors, activation, residual=res)
         return (y.reshape((b,) + out + (self.filters,)),)
 
 
@@ -506,11 +531,7 @@ class QuantizedDepthwiseConv(_Quantized):
             return None
         extra = pads[1:3] if self.extra_pads is None else tuple(
             (b + b0, a + a0) for (b, a), (b0, a0) in zip(pads[1:3], self.extra_pads))
-        op = QuantizedDepthwiseConv(
-            self.kernel_size, self.strides, self.dilation, self.padding, self.multiplier,
-            self.in_scale, self.in_zero, self.activation, self.pointwise,
-            getattr(self, "mid_scale", None), getattr(self, "mid_zero", None), extra)
-        return [op(made[1][0], *inputs[1:])]
+        return [self._with(extra_pads=extra)(made[1][0], *inputs[1:])]
 
     def infer(self, x, packed, vectors, pw_packed=None, pw_vectors=None):
         if x.ndim != 4:
@@ -536,7 +557,11 @@ class QuantizedDepthwiseConv(_Quantized):
         return [((x.shape[0],) + self._out_spatial(x.shape[1:3]) + (width,),
                  self._out_dtype())]
 
-    def compute(self, x, packed, vectors, pw_packed=None, pw_vectors=None, activation=None):
+    def _takes_residual(self):
+        return self.pointwise is not None
+
+    def compute(self, x, packed, vectors, pw_packed=None, pw_vectors=None, activation=None,
+                residual=None):
         q = self._quantized_input(x)
         if self.multiplier > 1:
             q = np.repeat(q, self.multiplier, axis=-1)
@@ -552,6 +577,7 @@ class QuantizedDepthwiseConv(_Quantized):
         mid = qgemm.depthwise_conv(q, packed, vectors, self.in_zero, self.kernel_size,
                                    self.strides, self.dilation, pads, out_scale=self.mid_scale,
                                    out_zero_point=self.mid_zero)
+        res = _residual_rows(residual, mid.shape[:-1] + (self.pointwise,))
         y = self._product(mid.reshape(-1, mid.shape[-1]), pw_packed, pw_vectors, activation,
-                          zero=self.mid_zero)
+                          zero=self.mid_zero, residual=res)
         return (y.reshape(mid.shape[:-1] + (self.pointwise,)),)

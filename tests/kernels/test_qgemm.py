@@ -37,13 +37,16 @@ def ref_sums(a, w):
     return a.astype(np.int64) @ w.astype(np.int64)
 
 
-def ref_gemm(a, w, sa, za, sb, bias=None, act=None, out_scale=None, out_zero=None):
+def ref_gemm(a, w, sa, za, sb, bias=None, act=None, out_scale=None, out_zero=None,
+             residual=None):
     """The documented epilogue, step by step in float32."""
     d = ref_sums(a, w) - za * w.astype(np.int64).sum(axis=0)
     assert np.abs(d).max(initial=0) < 2 ** 31
     y = d.astype(np.int32).astype(np.float32) * (np.float32(sa) * np.asarray(sb, np.float32))
     if bias is not None:
         y = y + np.asarray(bias, np.float32)
+    if residual is not None:
+        y = y + residual
     if act in ("relu", "relu6"):
         y = np.maximum(np.float32(0), y)
     if act == "relu6":
@@ -195,6 +198,36 @@ def test_requantization_rounds_half_to_even_and_saturates(each_set):
     got = qgemm.gemm(a[:1], packed, 1.0, 0, sb, bias, None, out_scale=1.0, out_zero_point=0)
     assert list(got[0, :8]) == [0, 2, 2, 0, 0, 254, 255, 0]
     assert list(got[0, 8:12]) == [0, 255, 0, 255]   # NaN -> 0, +-inf saturate
+
+
+@pytest.mark.parametrize("m,n", [(1, 5), (7, 16), (13, 37), (40, 70)])
+def test_residual_added_after_the_bias(each_set, rng, m, n):
+    # partial panels read only the residual's valid columns; a residual with
+    # rows longer than N (a view) is read in place
+    a, w, sb, bias = rand_case(rng, m, 23, n)
+    wide = rng.standard_normal((m, n + 3)).astype(np.float32) * 4
+    res = wide[:, 2:n + 2]
+    vectors = qgemm.epilogue_vectors(0.03, sb, bias)
+    packed = qgemm.pack_weights(w)
+    for act in (None, "relu", "relu6"):
+        got = qgemm.gemm_prepared(a, packed, vectors, 9, act, residual=res)
+        assert same_bits(got, ref_gemm(a, w, 0.03, 9, sb, bias, act, residual=res)), act
+        got = qgemm.gemm_prepared(a, packed, vectors, 9, act, 0.05, 100, residual=res)
+        assert same_bits(got, ref_gemm(a, w, 0.03, 9, sb, bias, act, 0.05, 100, res)), act
+    # a residual column of NaN stays NaN through relu; inf saturates the codes
+    res = np.zeros((m, n), np.float32)
+    res[:, 0], res[:, -1] = np.nan, np.inf
+    got = qgemm.gemm_prepared(a, packed, vectors, 9, "relu", residual=res)
+    assert np.isnan(got[:, 0]).all() and same_bits(
+        got, ref_gemm(a, w, 0.03, 9, sb, bias, "relu", residual=res))
+
+
+def test_residual_bad_arguments(rng):
+    a, w, sb, _ = rand_case(rng, 4, 8, 6)
+    packed, vectors = qgemm.pack_weights(w), qgemm.epilogue_vectors(1.0, sb)
+    for bad in (np.zeros((4, 5), np.float32), np.zeros((4, 6), np.float64), [[0.0] * 6] * 4):
+        with pytest.raises(ValueError, match="residual must be a float32 array"):
+            qgemm.gemm_prepared(a, packed, vectors, 0, residual=bad)
 
 
 def test_float_output_activation_edges(each_set):

@@ -206,3 +206,40 @@ def test_codes_ops_check_their_input_and_describe_themselves(rng):
     want = qgemm.gemm(xv, qgemm.pack_weights(w), 0.1, 3, np.ones(4, np.float32),
                       activation='relu', out_scale=0.05, out_zero_point=7)
     assert f([xv])[0].tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize('name', ['bottleneck', 'inverted_residual', 'mlp'])
+def test_residual_sum_in_the_int8_epilogue_keeps_the_bits(name, monkeypatch):
+    # the block's sum with its input (then relu) runs in the product's
+    # epilogue; with it refused, the fused step adds it afterwards
+    _, q, data = _quantized(name, seed=6)
+    f, got = _compiled(q, data)
+    fused = [op for op in f.plan_ops() if type(op).__name__ == 'Fused']
+    if name == 'mlp':
+        assert not fused
+        return
+    assert fused and all(op.in_kernel is not None and op.in_kernel[1] is not None
+                         for op in fused), [op.describe() for op in fused]
+    with monkeypatch.context() as m:
+        m.setattr(qops._Quantized, '_takes_residual', lambda self: False)
+        f_off, want = _compiled(q, data)
+        assert all(op.in_kernel is None for op in f_off.plan_ops()
+                   if type(op).__name__ == 'Fused')
+    assert got.tobytes() == want.tobytes()
+
+
+def test_residual_of_another_shape_runs_outside_the_kernel(rng):
+    # a residual whose run-time shape differs from the output's (it
+    # broadcasts) is left to the fused step
+    w = rng.integers(-127, 128, (6, 4), dtype=np.int8)
+    op = qops.QuantizedDense(4, 0.1, 3)
+    packed = np.asarray(qops.PackInt8().compute(w)[0])
+    vectors = qops.EpilogueVectors(0.1).compute(np.ones(4, np.float32))[0]
+    x = rng.standard_normal((5, 6)).astype(np.float32)
+    assert op.compute_epilogue([x, packed, vectors], None, 'relu',
+                               np.ones((1, 4), np.float32)) is None
+    assert op.compute_epilogue([x, packed, vectors], None, 'relu',
+                               np.ones((5, 4), np.float64)) is None
+    full = op.compute_epilogue([x, packed, vectors], None, 'relu', np.ones((5, 4), np.float32))
+    want = np.maximum(op.compute(x, packed, vectors)[0] + np.float32(1), 0)
+    assert full.tobytes() == want.tobytes()
