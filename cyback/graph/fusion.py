@@ -271,6 +271,20 @@ def _probe(op, ins, out, exact):
         return False
 
 
+#: The smallest output (its known dimensions' product) a lone element-wise
+#: op runs on the fused kernel for: there its threads pay for the call, below
+#: it NumPy's loop is as quick (a relu of a batch of feature maps read by
+#: several branches, in NASNet, runs on both cores).
+SINGLE_OP_MIN_SIZE = 32768
+
+
+def _known_size(shape):
+    size = 1
+    for d in shape:
+        size *= 1 if d is None else d
+    return size
+
+
 def fuse(steps, targets, exact, skip=()):
     """The steps with element-wise groups fused. ``exact``: only opcodes whose
     results are identical to NumPy's (training plans). ``skip``: tensors
@@ -425,7 +439,8 @@ def _build(steps, members, root, exact, producer, users, keep, taken):
         if inplace is None:
             inplace = j
     n_instr = len(code)
-    if base is None and len(members) == 1 and n_instr == 1 and inplace is None:
+    if base is None and len(members) == 1 and n_instr == 1 and inplace is None and \
+            _known_size(root.shape) < SINGLE_OP_MIN_SIZE:
         return None
     operands = list(b.operands)
     members_refs = []

@@ -842,6 +842,22 @@ def test_training_plans_keep_the_dense_bias_add():
     np.testing.assert_array_equal(got[0], ref[0])
 
 
+@pytest.mark.parametrize("shape,fused", [((None, 40, 40, 24), True), ((None, 8, 16), False)])
+def test_a_lone_element_wise_op_runs_on_the_kernel_when_large(shape, fused):
+    # relu of a tensor other steps read too: alone in its group, it takes the
+    # threaded kernel only when its output is large, with NumPy's values
+    x = K.placeholder(shape)
+    y = K.relu(x * 2.0)
+    outs = [K.relu(y), y + 1.0]
+    rng = np.random.default_rng(3)
+    feed = rng.standard_normal((3,) + shape[1:]).astype("float32")
+    feed.flat[::7] = np.nan
+    f, got = _compare([x], outs, [feed], exact=True)
+    kinds = [type(op).__name__ for op in f.plan_ops(0)]
+    assert kinds.count("Fused") == (3 if fused else 1), kinds
+    np.testing.assert_array_equal(got[0], np.maximum(np.maximum(feed * 2, 0), 0))
+
+
 def test_conv_epilogue_stays_a_separate_pass():
     # a scalar offset is not a bias: the fused step runs the conv, then the
     # program in place
