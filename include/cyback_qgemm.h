@@ -206,46 +206,63 @@ static void cb_q_quantize_scalar(const float *x, ptrdiff_t count, float scale, i
     }
 }
 
-/* Rows of the channels_last patch matrix of a 2-D convolution (a 1-D one
- * has h = kh = 1): output pixel (b, oy, ox) is row (b * oh + oy) * ow + ox,
- * holding the window's taps in (ky, kx, c) order, c fastest; taps in the
- * padding take the activations' zero point (the code of 0.0). Writes the
- * rows of output lines r0 .. r1 - 1 (a line is (b, oy)). */
+/* Where the patch rows of a channels_last 2-D convolution come from (a 1-D
+ * one has h = kh = 1): x (N, h, w, c) uint8, the window, strides, dilation,
+ * the top and left pads, the output's oh x ow, the padding's code. */
+typedef struct {
+    const uint8_t *x;
+    ptrdiff_t h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow;
+    uint8_t pad;
+} cb_q_patches;
+
+/* Rows p0 .. p1 - 1 of the patch matrix into out (row p0 first): output
+ * pixel (b, oy, ox) is row (b * oh + oy) * ow + ox, holding the window's taps
+ * in (ky, kx, c) order, c fastest; taps in the padding take the activations'
+ * zero point (the code of 0.0). */
+static void cb_q_patch_rows(const cb_q_patches *g, ptrdiff_t p0, ptrdiff_t p1, uint8_t *out) {
+    const ptrdiff_t c = g->c, kw = g->kw, w = g->w, h = g->h;
+    ptrdiff_t r, ky, kx;
+    uint8_t *dst = out;
+    for (r = p0; r < p1; r++) {
+        const ptrdiff_t line = r / g->ow, ox = r % g->ow;
+        const ptrdiff_t b = line / g->oh, oy = line % g->oh;
+        const uint8_t *img = g->x + b * h * w * c;
+        for (ky = 0; ky < g->kh; ky++) {
+            const ptrdiff_t iy = oy * g->sh - g->pt + ky * g->dh;
+            const ptrdiff_t ix0 = ox * g->sw - g->pl;
+            if (g->dw == 1) {
+                /* the window's taps along a row are one run of kw * c bytes:
+                 * a copy per run, not per tap (a 3-channel stem has 3-byte taps) */
+                ptrdiff_t lo = ix0 < 0 ? -ix0 : 0, hi = w - ix0 < kw ? w - ix0 : kw;
+                if (iy < 0 || iy >= h || hi <= lo) lo = hi = 0;
+                if (lo > 0) memset(dst, g->pad, (size_t)(lo * c));
+                if (hi > lo)
+                    memcpy(dst + lo * c, img + (iy * w + ix0 + lo) * c, (size_t)((hi - lo) * c));
+                if (hi < kw) memset(dst + hi * c, g->pad, (size_t)((kw - hi) * c));
+                dst += kw * c;
+                continue;
+            }
+            for (kx = 0; kx < kw; kx++, dst += c) {
+                const ptrdiff_t ix = ix0 + kx * g->dw;
+                if (iy < 0 || iy >= h || ix < 0 || ix >= w)
+                    memset(dst, g->pad, (size_t)c);
+                else
+                    memcpy(dst, img + (iy * w + ix) * c, (size_t)c);
+            }
+        }
+    }
+}
+
+/* The patch rows of output lines r0 .. r1 - 1 (a line is (b, oy)) at their
+ * place in the whole patch matrix out. */
 static void cb_q_im2col(const uint8_t *x, ptrdiff_t h, ptrdiff_t w, ptrdiff_t c,
                         ptrdiff_t kh, ptrdiff_t kw, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t dh,
                         ptrdiff_t dw, ptrdiff_t pt, ptrdiff_t pl, ptrdiff_t oh, ptrdiff_t ow,
                         uint8_t pad, uint8_t *out, ptrdiff_t r0, ptrdiff_t r1) {
-    const ptrdiff_t kc = kh * kw * c;
-    ptrdiff_t r, ox, ky, kx;
-    for (r = r0; r < r1; r++) {
-        const ptrdiff_t b = r / oh, oy = r % oh;
-        const uint8_t *img = x + b * h * w * c;
-        uint8_t *dst = out + r * ow * kc;
-        for (ox = 0; ox < ow; ox++)
-            for (ky = 0; ky < kh; ky++) {
-                const ptrdiff_t iy = oy * sh - pt + ky * dh;
-                if (dw == 1) {
-                    /* the window's taps along a row are one run of kw * c bytes:
-                     * a copy per run, not per tap (a 3-channel stem has 3-byte taps) */
-                    const ptrdiff_t ix0 = ox * sw - pl;
-                    ptrdiff_t lo = ix0 < 0 ? -ix0 : 0, hi = w - ix0 < kw ? w - ix0 : kw;
-                    if (iy < 0 || iy >= h || hi <= lo) lo = hi = 0;
-                    if (lo > 0) memset(dst, pad, (size_t)(lo * c));
-                    if (hi > lo)
-                        memcpy(dst + lo * c, img + (iy * w + ix0 + lo) * c, (size_t)((hi - lo) * c));
-                    if (hi < kw) memset(dst + hi * c, pad, (size_t)((kw - hi) * c));
-                    dst += kw * c;
-                    continue;
-                }
-                for (kx = 0; kx < kw; kx++, dst += c) {
-                    const ptrdiff_t ix = ox * sw - pl + kx * dw;
-                    if (iy < 0 || iy >= h || ix < 0 || ix >= w)
-                        memset(dst, pad, (size_t)c);
-                    else
-                        memcpy(dst, img + (iy * w + ix) * c, (size_t)c);
-                }
-            }
-    }
+    cb_q_patches g;
+    g.x = x; g.h = h; g.w = w; g.c = c; g.kh = kh; g.kw = kw; g.sh = sh; g.sw = sw;
+    g.dh = dh; g.dw = dw; g.pt = pt; g.pl = pl; g.oh = oh; g.ow = ow; g.pad = pad;
+    cb_q_patch_rows(&g, r0 * ow, r1 * ow, out + r0 * ow * kh * kw * c);
 }
 
 /* ------------------------------------------------------------------ x86 */
@@ -311,6 +328,7 @@ CB_Q_ALWAYS CB_Q_AVX2_ATTR void cb_q_epilogue_256(__m256i acc0, __m256i acc1,
     const float *r = NULL;
     if (e->res) {
         r = e->res + row * e->ldr + col;
+        _mm_prefetch((const char *)(r + 64 * e->ldr), _MM_HINT_T0);  /* see the 512-bit one */
         if (valid < CB_Q_NR) {
             memset(res, 0, sizeof res);
             memcpy(res, r, sizeof(float) * (size_t)valid);
@@ -478,7 +496,13 @@ CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_q_epilogue_512(__m512i acc, const int8_t *p
     __m512i d = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_set1_epi32(e->za), cs));
     __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_loadu_ps(e->scale + col));
     if (e->bias) y = _mm512_add_ps(y, _mm512_loadu_ps(e->bias + col));
-    if (e->res) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, e->res + row * e->ldr + col));
+    if (e->res) {
+        /* the row tiles walk down a panel's columns, rows ldr floats apart, which
+         * the hardware prefetcher does not follow: the line a few tiles down is
+         * asked for (without it a residual from memory costs 3x the product) */
+        _mm_prefetch((const char *)(e->res + (row + 48) * e->ldr + col), _MM_HINT_T0);
+        y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, e->res + row * e->ldr + col));
+    }
     if (e->act != CB_ACT_NONE) {
         y = _mm512_max_ps(_mm512_setzero_ps(), y);
         if (e->act == CB_ACT_RELU6) y = _mm512_min_ps(_mm512_set1_ps(6.0f), y);
@@ -547,11 +571,18 @@ static ptrdiff_t cb_q_block_rows(ptrdiff_t k, ptrdiff_t mr) {
     return rows < mr ? mr : rows;
 }
 
+/* Weights (the panels a part multiplies) up to this size stay in L2 while
+ * each row tile runs over all of them: the output and a residual are then
+ * written and read a row at a time, which the hardware prefetcher follows. */
+#define CB_Q_ROW_MAJOR_BYTES 262144
+
 /* The loops over blocks of rows, panels (NP at a time) and row tiles, for
  * one set; TILE(mr, np) computes the tile at row i, panel p. */
 #define CB_Q_BLOCKS(MRMAX, NPMAX, TILE)                                                   \
     do {                                                                                  \
-        const ptrdiff_t mc = cb_q_block_rows(k, MRMAX), pb = cb_q_panel_bytes(k);         \
+        const ptrdiff_t pb = cb_q_panel_bytes(k);                                         \
+        const ptrdiff_t mc = (p1 - p0) * pb <= CB_Q_ROW_MAJOR_BYTES ? (ptrdiff_t)(MRMAX)   \
+                                                               : cb_q_block_rows(k, MRMAX); \
         ptrdiff_t mb, p, i;                                                               \
         for (mb = m0; mb < m1; mb += mc) {                                                \
             const ptrdiff_t me = mb + mc < m1 ? mb + mc : m1;                             \
@@ -797,6 +828,33 @@ static void cb_q_gemm_part(int level, const uint8_t *a, ptrdiff_t lda, ptrdiff_t
 #endif
     (void)level;
     cb_q_part_scalar(a, lda, m0, m1, k, packed, p0, p1, n, e);
+}
+
+/* Patch rows a convolution forms at a time: about 96 kB of them (the
+ * product's own row block), a multiple of every set's row tile. */
+static ptrdiff_t cb_q_conv_block_rows(ptrdiff_t k) {
+    ptrdiff_t rows = (ptrdiff_t)98304 / (k > 0 ? k : 1) / 24 * 24;
+    return rows < 24 ? 24 : rows;
+}
+
+/* Output rows m0 .. m1 - 1 of the convolution whose patches g describes, with
+ * all n columns: a block of patch rows at a time is formed in buf (of
+ * cb_q_conv_block_rows(k) * k bytes) and multiplied while it is in cache, so
+ * the whole patch matrix is never written out. */
+static void cb_q_conv_part(int level, const cb_q_patches *g, ptrdiff_t m0, ptrdiff_t m1,
+                           ptrdiff_t k, const uint8_t *packed, ptrdiff_t n,
+                           const cb_q_epilogue *e, uint8_t *buf) {
+    const ptrdiff_t mc = cb_q_conv_block_rows(k), np = cb_q_panels(n);
+    ptrdiff_t mb;
+    for (mb = m0; mb < m1; mb += mc) {
+        const ptrdiff_t me = mb + mc < m1 ? mb + mc : m1;
+        cb_q_epilogue at = *e;
+        if (at.out_f) at.out_f += mb * at.ldf;
+        if (at.out_q) at.out_q += mb * at.ldq;
+        if (at.res) at.res += mb * at.ldr;
+        cb_q_patch_rows(g, mb, me, buf);
+        cb_q_gemm_part(level, buf, k, 0, me - mb, k, packed, 0, np, n, &at);
+    }
 }
 
 static void cb_q_quantize(int level, const float *x, ptrdiff_t count, float scale,

@@ -66,6 +66,14 @@ cdef extern from "cyback_qgemm.h" nogil:
                         Py_ssize_t p1, Py_ssize_t n, const cb_q_epilogue* e)
     void cb_q_quantize(int level, const float* x, Py_ssize_t count, float scale, int32_t zero,
                        uint8_t* out)
+    ctypedef struct cb_q_patches:
+        const uint8_t* x
+        Py_ssize_t h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow
+        uint8_t pad
+    Py_ssize_t cb_q_conv_block_rows(Py_ssize_t k)
+    void cb_q_conv_part(int level, const cb_q_patches* g, Py_ssize_t m0, Py_ssize_t m1,
+                        Py_ssize_t k, const uint8_t* packed, Py_ssize_t n,
+                        const cb_q_epilogue* e, uint8_t* buf)
     void cb_q_im2col(const uint8_t* x, Py_ssize_t h, Py_ssize_t w, Py_ssize_t c, Py_ssize_t kh,
                      Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw,
                      Py_ssize_t pt, Py_ssize_t pl, Py_ssize_t oh, Py_ssize_t ow, uint8_t pad,
@@ -295,16 +303,7 @@ def gemm_prepared(a, packed, vectors, zero_a, activation=None, out_scale=None,
     cdef cb_q_epilogue e
     out = _epilogue("gemm", &e, vectors, n, zero_a, activation, out_scale, out_zero_point,
                     (m, n))
-    if residual is not None:
-        if not isinstance(residual, np.ndarray) or residual.dtype != np.float32 or \
-                residual.shape != (m, n):
-            raise ValueError("gemm: the residual must be a float32 array of the output's "
-                             "shape %s, got %s" % ((m, n), _describe(residual)))
-        if n > 0 and (residual.strides[1] != 4 or residual.strides[0] % 4 != 0 or
-                      residual.strides[0] < 4 * n):
-            residual = np.ascontiguousarray(residual)
-        e.res = <const float*>cnp.PyArray_DATA(residual)
-        e.ldr = residual.strides[0] // 4 if m > 1 else n
+    residual = _residual("gemm", &e, residual, m, n)
     cdef Py_ssize_t npan = cb_q_panels(n)
     if m == 0 or n == 0:
         return out
@@ -377,6 +376,23 @@ cdef object _epilogue(str fname, cb_q_epilogue* e, vectors, Py_ssize_t n, zero_a
     return out
 
 
+cdef object _residual(str fname, cb_q_epilogue* e, residual, Py_ssize_t m, Py_ssize_t n):
+    """Point ``e`` at ``residual`` (float32 (m, n)); returns the array read
+    (a copy when its rows are not of unit stride), to be kept alive."""
+    if residual is None:
+        return None
+    if not isinstance(residual, np.ndarray) or residual.dtype != np.float32 or \
+            residual.shape != (m, n):
+        raise ValueError("%s: the residual must be a float32 array of the output's shape %s, "
+                         "got %s" % (fname, (m, n), _describe(residual)))
+    if n > 0 and (residual.strides[1] != 4 or residual.strides[0] % 4 != 0 or
+                  residual.strides[0] < 4 * n):
+        residual = np.ascontiguousarray(residual)
+    e.res = <const float*>cnp.PyArray_DATA(residual)
+    e.ldr = residual.strides[0] // 4 if m > 1 else n
+    return residual
+
+
 cdef void _gemm_part(int level, const uint8_t* a, Py_ssize_t lda, Py_ssize_t m, Py_ssize_t k,
                      const uint8_t* packed, Py_ssize_t npan, Py_ssize_t n,
                      const cb_q_epilogue* e, int t, int parts, bint by_rows) noexcept nogil:
@@ -441,6 +457,76 @@ def im2col(x, kernel_size, strides=(1, 1), dilation=(1, 1), pads=((0, 0), (0, 0)
             for t in prange(parts, schedule='static', num_threads=nt):
                 cb_q_im2col(src, h, w, c, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, <uint8_t>pv,
                             dst, (lines * t) // parts, (lines * (t + 1)) // parts)
+    team_done(nt)
+    return out
+
+
+def conv(x, packed, vectors, kernel_size, strides=(1, 1), dilation=(1, 1),
+         pads=((0, 0), (0, 0)), zero_a=0, activation=None, out_scale=None,
+         out_zero_point=None, residual=None):
+    """The int8 convolution of uint8 codes x (N, H, W, C) with packed weights
+    (kh * kw * C, F): ``gemm_prepared(im2col(x, ..., pad_value=zero_a),
+    packed, vectors, zero_a, ...)``, the same bits, with the patch rows formed
+    a block at a time (about 96 kB) and multiplied while in cache instead of
+    the whole patch matrix first. Returns (N * OH * OW, F), float32 or uint8
+    codes; ``residual`` as ``gemm_prepared``'s."""
+    if not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 4:
+        raise TypeError("conv: expected a 4-D uint8 array (N, H, W, C), got %s" % _describe(x))
+    _check_packed("conv", packed)
+    cdef cb_q_patches g
+    cdef Py_ssize_t kh, kw, sh, sw, dh, dw, pt, pb, pl, pr
+    kh, kw = _pair("conv", "kernel_size", kernel_size, 1)
+    sh, sw = _pair("conv", "strides", strides, 1)
+    dh, dw = _pair("conv", "dilation", dilation, 1)
+    try:
+        (pt, pb), (pl, pr) = [[_index(v) for v in p] for p in pads]
+    except (TypeError, ValueError):
+        raise ValueError("conv: pads must be ((top, bottom), (left, right)), got %r"
+                         % (pads,)) from None
+    if min(pt, pb, pl, pr) < 0:
+        raise ValueError("conv: pads must be >= 0, got %r" % (pads,))
+    cdef Py_ssize_t b = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3]
+    cdef Py_ssize_t eh = h + pt + pb - (kh - 1) * dh, ew = w + pl + pr - (kw - 1) * dw
+    if eh < 1 or ew < 1:
+        raise ValueError("conv: the %dx%d window (dilation %s) does not fit the padded "
+                         "input %s" % (kh, kw, (dh, dw), (h + pt + pb, w + pl + pr)))
+    cdef cb_q_header hd = cb_q_read_header(<const uint8_t*>cnp.PyArray_DATA(packed))
+    cdef Py_ssize_t k = kh * kw * c, n = hd.n
+    if hd.k != k:
+        raise ValueError("conv: a %dx%d window over %d channels makes K = %d, the packed "
+                         "weights have %d rows" % (kh, kw, c, k, hd.k))
+    cdef Py_ssize_t oh = (eh - 1) // sh + 1, ow = (ew - 1) // sw + 1
+    cdef Py_ssize_t m = b * oh * ow
+    cdef cb_q_epilogue e
+    out = _epilogue("conv", &e, vectors, n, zero_a, activation, out_scale, out_zero_point,
+                    (m, n))
+    residual = _residual("conv", &e, residual, m, n)
+    if m == 0 or n == 0:
+        return out
+    cdef double work = _gemm_work(m, n, k)
+    cdef int parts = team_parts(work), nt = threads_for(work), t
+    cdef Py_ssize_t mc = cb_q_conv_block_rows(k)
+    if m < 16 * parts or m <= mc:
+        # a few rows: the product splits its panels between the threads
+        patches = im2col(x, (kh, kw), (sh, sw), (dh, dw), pads, e.za)
+        return gemm_prepared(patches, packed, vectors, e.za, activation, out_scale,
+                             out_zero_point, residual)
+    x = np.ascontiguousarray(x)
+    g.x = <const uint8_t*>cnp.PyArray_DATA(x)
+    g.h, g.w, g.c, g.kh, g.kw, g.sh, g.sw = h, w, c, kh, kw, sh, sw
+    g.dh, g.dw, g.pt, g.pl, g.oh, g.ow = dh, dw, pt, pl, oh, ow
+    g.pad = <uint8_t>e.za
+    buffers = np.empty((parts, mc * k), dtype=np.uint8)
+    cdef uint8_t* bufs = <uint8_t*>cnp.PyArray_DATA(buffers)
+    cdef const uint8_t* bp = <const uint8_t*>cnp.PyArray_DATA(packed)
+    cdef int level = cb_q_level()
+    with nogil:
+        if parts <= 1:
+            cb_q_conv_part(level, &g, 0, m, k, bp, n, &e, bufs)
+        else:
+            for t in prange(parts, schedule='static', num_threads=nt):
+                cb_q_conv_part(level, &g, (m * t) // parts, (m * (t + 1)) // parts, k, bp, n,
+                               &e, bufs + t * mc * k)
     team_done(nt)
     return out
 

@@ -408,21 +408,26 @@ class QuantizedConv(_Quantized):
                                 qgemm.packed_shape(packed)))
         pads = [conv_utils.conv_pads(n, kk, s, d, self.padding)
                 for n, kk, s, d in zip(sizes, self.kernel_size, self.strides, self.dilation)]
+        res = _residual_rows(residual, (b,) + out + (self.filters,))
         if self.kernel_size == (1,) * self.rank and self.strides == (1,) * self.rank and \
                 not any(p != (0, 0) for p in pads):
-            a = q.reshape(-1, c)       # a 1x1 convolution is a product as it is
+            # a 1x1 convolution is a product as it is
+            y = self._product(q.reshape(-1, c), packed, vectors, activation, residual=res)
+        elif self.rank == 3:
+            a = _patches(q, self.kernel_size, self.strides, self.dilation, pads, out,
+                         self.in_zero)
+            y = self._product(a, packed, vectors, activation, residual=res)
         else:
-            if self.rank == 3:
-                a = _patches(q, self.kernel_size, self.strides, self.dilation, pads, out,
-                             self.in_zero)
-            elif self.rank == 1:
-                a = qgemm.im2col(q[:, None], (1,) + self.kernel_size, (1,) + self.strides,
-                                 (1,) + self.dilation, [(0, 0)] + pads, self.in_zero)
+            # the patch rows formed a block at a time by the kernel
+            if self.rank == 1:
+                q, window, strides, dilation, pads = (
+                    q[:, None], (1,) + self.kernel_size, (1,) + self.strides,
+                    (1,) + self.dilation, [(0, 0)] + pads)
             else:
-                a = qgemm.im2col(q, self.kernel_size, self.strides, self.dilation, pads,
-                                 self.in_zero)
-        res = _residual_rows(residual, (b,) + out + (self.filters,))
-        y = self._product(a, packed, vectors, activation, residual=res)
+                window, strides, dilation = self.kernel_size, self.strides, self.dilation
+            scale, zero = self.out_codes or (None, None)
+            y = qgemm.conv(q, packed, vectors, window, strides, dilation, pads, self.in_zero,
+                           activation or self.activation, scale, zero, res)
         return (y.reshape((b,) + out + (self.filters,)),)
 
 

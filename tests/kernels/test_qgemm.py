@@ -383,6 +383,62 @@ def test_convolution_through_im2col_is_exact(each_set, rng):
     assert same_bits(got, want.reshape(-1, 19).astype(np.float32))
 
 
+CONV_CASES = [
+    ((2, 30, 29, 16), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 37),   # many blocks
+    ((1, 57, 61, 3), (7, 7), (2, 2), (1, 1), ((3, 3), (2, 4)), 64),    # a stem
+    ((3, 17, 19, 40), (1, 1), (2, 2), (1, 1), ((0, 0), (0, 0)), 21),   # strided 1x1
+    ((1, 1, 300, 24), (1, 5), (1, 1), (1, 2), ((0, 0), (8, 0)), 19),   # 1-D, causal
+    ((1, 4, 4, 8), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 5),       # a few rows
+]
+
+
+@pytest.mark.parametrize("shape,ks,st,dil,pads,n", CONV_CASES)
+def test_conv_matches_patches_times_weights(each_set, rng, shape, ks, st, dil, pads, n):
+    # blocks of patch rows multiplied as they are formed: the bits of the whole
+    # patch matrix's product, for every epilogue and thread count
+    x = rng.integers(0, 256, shape, dtype=np.uint8)
+    k = ks[0] * ks[1] * shape[-1]
+    w = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    packed = qgemm.pack_weights(w)
+    sb = rng.uniform(1e-3, 1e-2, n).astype(np.float32)
+    vectors = qgemm.epilogue_vectors(0.02, sb, rng.standard_normal(n).astype(np.float32))
+    patches = qgemm.im2col(x, ks, st, dil, pads, 77)
+    res = rng.standard_normal((patches.shape[0], n)).astype(np.float32)
+    saved = K.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            K.set_num_threads(threads)
+            for act, codes, r in ((None, None, None), ("relu", (0.04, 3), None),
+                                  ("relu6", None, res)):
+                kw = {} if codes is None else {"out_scale": codes[0],
+                                               "out_zero_point": codes[1]}
+                want = qgemm.gemm_prepared(patches, packed, vectors, 77, act, residual=r, **kw)
+                got = qgemm.conv(x, packed, vectors, ks, st, dil, pads, 77, act, residual=r,
+                                 **kw)
+                assert same_bits(got, want), (threads, act, codes)
+    finally:
+        K.set_num_threads(saved)
+
+
+def test_conv_empty_and_bad_arguments(rng):
+    w = rng.integers(-128, 128, (18, 4), dtype=np.int8)
+    packed = qgemm.pack_weights(w)
+    vectors = qgemm.epilogue_vectors(1.0, np.ones(4, np.float32))
+    out = qgemm.conv(np.zeros((0, 5, 5, 2), np.uint8), packed, vectors, 3)
+    assert out.shape == (0, 4) and out.dtype == np.float32
+    x = np.zeros((1, 5, 5, 2), np.uint8)
+    with pytest.raises(TypeError, match="4-D uint8"):
+        qgemm.conv(x.astype(np.float32), packed, vectors, 3)
+    with pytest.raises(ValueError, match="K = 27, the packed weights have 18"):
+        qgemm.conv(np.zeros((1, 5, 5, 3), np.uint8), packed, vectors, 3)
+    with pytest.raises(ValueError, match="does not fit"):
+        qgemm.conv(x, packed, vectors, 3, dilation=3)
+    with pytest.raises(ValueError, match="pads"):
+        qgemm.conv(x, packed, vectors, 3, pads=((1, -1), (0, 0)))
+    with pytest.raises(ValueError, match="residual must be a float32 array"):
+        qgemm.conv(x, packed, vectors, 3, residual=np.zeros((9, 5), np.float32))
+
+
 def test_im2col_empty_and_bad_arguments():
     x = np.zeros((0, 4, 4, 2), np.uint8)
     assert qgemm.im2col(x, 3, 1, 1, ((1, 1), (1, 1))).shape == (0, 18)
