@@ -13,7 +13,9 @@ What an op can do in a plan is declared on the op, as hooks (see
    ctx)`` in a second walk, which may replace an op by one that runs on a
    layout of its weights made once (a Dense or conv kernel packed into
    panels: ``PackedProduct``, ``PackedConv``), which no rewrite of the
-   first walk need recognise;
+   first walk need recognise; and ``op.share(inputs, ctx)`` in a third,
+   which sees each step's readers (``ctx.readers``): an int8 layer whose
+   output several int8 layers read makes their uint8 codes itself;
 2. element-wise fusion (``graph/fusion.py``): element-wise chains, with the
    conv or dense product that feeds them, become one step.
 
@@ -62,6 +64,13 @@ class Context(object):
         for t in targets:
             self._users[t] = self._users.get(t, 0) + 1
         self._weight = {}
+        self._steps = steps
+        self._readers = None
+        #: the outputs of the step whose hook runs (set by the pass)
+        self.outputs = ()
+        #: uint8 codes the ``share`` walk made: a float32 tensor (or the
+        #: codes themselves) -> ((scale, zero point), codes)
+        self.codes = {}
 
     #: the replacement of a tensor by the rewrites so far (set by the pass)
     resolve = staticmethod(lambda t: t)
@@ -83,6 +92,16 @@ class Context(object):
         of the plan has that one's readers; any other tensor made by a
         rewrite has its one reader)."""
         return self._users.get(t, 1)
+
+    def readers(self, t):
+        """``(op, position)`` of every step that reads ``t`` in the plan as
+        written (a plan output is not a step: compare with ``users``)."""
+        if self._readers is None:
+            self._readers = {}
+            for op, ins, _ in self._steps:
+                for at, x in enumerate(ins):
+                    self._readers.setdefault(x, []).append((op, at))
+        return self._readers.get(t, [])
 
     def replaced(self, old, new):
         """The pass: ``new`` takes the place of ``old`` for the rewrites after."""
@@ -142,7 +161,7 @@ def optimize(steps, targets, inference, resteps):
     """The steps and targets of an optimized plan. ``resteps(targets)``
     re-walks a rewritten graph into steps (fold, CSE)."""
     if inference:
-        for hook in ("rewrite", "lower"):
+        for hook in ("rewrite", "lower", "share"):
             targets, changed = _local_rewrites(steps, targets, hook)
             if changed:
                 steps, targets = resteps(targets)
@@ -166,6 +185,7 @@ def _local_rewrites(steps, targets, hook_name):
     changed = False
     for op, ins, outs in steps:
         new_ins = [resolve(x) for x in ins]
+        ctx.outputs = outs
         hook = getattr(op, hook_name, None)
         new = hook(new_ins, ctx) if hook is not None else None
         if new is None and any(a is not b for a, b in zip(new_ins, ins)):

@@ -287,10 +287,11 @@ def gemm(a, packed, scale_a, zero_a, scale_b, bias=None, activation=None, out_sc
 
 
 def gemm_prepared(a, packed, vectors, zero_a, activation=None, out_scale=None,
-                  out_zero_point=None, residual=None):
+                  out_zero_point=None, residual=None, keep_float=False):
     """``gemm`` with the per-column vectors ``epilogue_vectors`` made; with
     ``residual`` (float32 (M, N), rows of unit stride) added after the bias,
-    before the activation."""
+    before the activation. ``keep_float`` with ``out_scale``: both outputs,
+    (float32, uint8 codes), from one pass."""
     if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or a.ndim != 2:
         raise TypeError("gemm: expected a 2-D uint8 array of activations, got %s"
                         % _describe(a))
@@ -302,7 +303,7 @@ def gemm_prepared(a, packed, vectors, zero_a, activation=None, out_scale=None,
                          % (k, h.k))
     cdef cb_q_epilogue e
     out = _epilogue("gemm", &e, vectors, n, zero_a, activation, out_scale, out_zero_point,
-                    (m, n))
+                    (m, n), keep_float)
     residual = _residual("gemm", &e, residual, m, n)
     cdef Py_ssize_t npan = cb_q_panels(n)
     if m == 0 or n == 0:
@@ -332,10 +333,11 @@ def gemm_prepared(a, packed, vectors, zero_a, activation=None, out_scale=None,
 
 
 cdef object _epilogue(str fname, cb_q_epilogue* e, vectors, Py_ssize_t n, zero_a, activation,
-                      out_scale, out_zero_point, shape):
+                      out_scale, out_zero_point, shape, bint keep_float=False):
     """Fill ``e`` for N = n output columns (rows n apart in the output) and
     return the output array of ``shape``: float32, or uint8 with
-    ``out_scale`` and ``out_zero_point``."""
+    ``out_scale`` and ``out_zero_point`` (with ``keep_float``, both:
+    (float32, uint8))."""
     if activation not in ACTIVATIONS:
         raise ValueError("%s: activation must be None, 'linear', 'relu' or 'relu6', got %r"
                          % (fname, activation))
@@ -370,6 +372,12 @@ cdef object _epilogue(str fname, cb_q_epilogue* e, vectors, Py_ssize_t n, zero_a
         e.q_hi = <float>(255 - e.q_zero)
         out = np.empty(shape, dtype=np.uint8)
         e.out_q = <uint8_t*>cnp.PyArray_DATA(out)
+        if keep_float:
+            y = np.empty(shape, dtype=np.float32)
+            e.out_f = <float*>cnp.PyArray_DATA(y)
+            out = (y, out)
+    elif keep_float:
+        raise ValueError("%s: keep_float goes with a uint8 output (out_scale)" % fname)
     else:
         out = np.empty(shape, dtype=np.float32)
         e.out_f = <float*>cnp.PyArray_DATA(out)
@@ -463,13 +471,13 @@ def im2col(x, kernel_size, strides=(1, 1), dilation=(1, 1), pads=((0, 0), (0, 0)
 
 def conv(x, packed, vectors, kernel_size, strides=(1, 1), dilation=(1, 1),
          pads=((0, 0), (0, 0)), zero_a=0, activation=None, out_scale=None,
-         out_zero_point=None, residual=None):
+         out_zero_point=None, residual=None, keep_float=False):
     """The int8 convolution of uint8 codes x (N, H, W, C) with packed weights
     (kh * kw * C, F): ``gemm_prepared(im2col(x, ..., pad_value=zero_a),
     packed, vectors, zero_a, ...)``, the same bits, with the patch rows formed
     a block at a time (about 96 kB) and multiplied while in cache instead of
     the whole patch matrix first. Returns (N * OH * OW, F), float32 or uint8
-    codes; ``residual`` as ``gemm_prepared``'s."""
+    codes; ``residual`` and ``keep_float`` as ``gemm_prepared``'s."""
     if not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 4:
         raise TypeError("conv: expected a 4-D uint8 array (N, H, W, C), got %s" % _describe(x))
     _check_packed("conv", packed)
@@ -499,7 +507,7 @@ def conv(x, packed, vectors, kernel_size, strides=(1, 1), dilation=(1, 1),
     cdef Py_ssize_t m = b * oh * ow
     cdef cb_q_epilogue e
     out = _epilogue("conv", &e, vectors, n, zero_a, activation, out_scale, out_zero_point,
-                    (m, n))
+                    (m, n), keep_float)
     residual = _residual("conv", &e, residual, m, n)
     if m == 0 or n == 0:
         return out
@@ -510,7 +518,7 @@ def conv(x, packed, vectors, kernel_size, strides=(1, 1), dilation=(1, 1),
         # a few rows: the product splits its panels between the threads
         patches = im2col(x, (kh, kw), (sh, sw), (dh, dw), pads, e.za)
         return gemm_prepared(patches, packed, vectors, e.za, activation, out_scale,
-                             out_zero_point, residual)
+                             out_zero_point, residual, keep_float)
     x = np.ascontiguousarray(x)
     g.x = <const uint8_t*>cnp.PyArray_DATA(x)
     g.h, g.w, g.c, g.kh, g.kw, g.sh, g.sw = h, w, c, kh, kw, sh, sw

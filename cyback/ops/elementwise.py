@@ -424,17 +424,20 @@ class Binary(Op):
     def lower(self, inputs, ctx):
         # At inference, a weight added to the output of an op that can take
         # it into its kernel as a bias (its ``absorb_bias`` hook: a packed
-        # product's bias shaped like several of its axes) goes in there.
+        # product's bias shaped like several of its axes) goes in there; so
+        # does a tensor of the output's shape an op adds in its epilogue (its
+        # ``absorb_residual`` hook: an int8 layer's residual sum).
         if self.name != "add" or type(self) is not Binary or not ctx.inference:
             return None
         for t, b in (inputs, inputs[::-1]):
             made = ctx.producer(t)
-            hook = getattr(made[0], "absorb_bias", None) if made is not None else None
-            if hook is not None and ctx.is_weight(b) and not ctx.is_weight(t) and \
-                    ctx.users(t) == 1:
-                out = hook(made[1], b, ctx)
-                if out is not None:
-                    return [out]
+            if made is None or ctx.is_weight(t) or ctx.users(t) != 1:
+                continue
+            hook = getattr(made[0], "absorb_bias" if ctx.is_weight(b) else "absorb_residual",
+                           None)
+            out = hook(made[1], b, ctx) if hook is not None else None
+            if out is not None:
+                return [out]
         return None
 
     def scale_output(self, inputs, out, v, ctx):

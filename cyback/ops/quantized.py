@@ -28,8 +28,6 @@ no float32 tensor between them and no quantization pass. The codes are the
 ones the reader would have made from the float32 output: the epilogue
 requantizes with the quantization kernel's own arithmetic.
 """
-import copy
-
 import numpy as np
 
 from cyback.graph.op import Op
@@ -128,6 +126,12 @@ class _Quantized(Op):
     codes_in = False
     #: (scale, zero point) of the uint8 codes the op outputs, or None: float32
     out_codes = None
+    #: (scale, zero point) of uint8 codes the op outputs as well as its
+    #: float32 output (two outputs: float32, codes), or None
+    also_codes = None
+    #: the last operand is a float32 residual of the output's shape, added
+    #: after the bias and before the activation
+    residual_in = False
     #: whether inference plans hand codes from one int8 op to the next
     #: (``lower``); off, to compare, in tests and benchmarks
     chaining = True
@@ -141,20 +145,88 @@ class _Quantized(Op):
         self.activation = activation
 
     def _with(self, **changes):
-        op = copy.copy(self)
+        # not copy.copy: once a plan has been pickled, copyreg holds a reducer
+        # for every op class, with a state setter copy.copy cannot take
+        op = type(self).__new__(type(self))
+        vars(op).update(vars(self))
         vars(op).update(changes)
         return op
 
     def describe(self):
-        """'quantized_conv relu6 (uint8 in, out)': the fused activation and
-        which side is uint8 codes, for a profile or a plan listing."""
-        codes = [side for side, on in (("in", self.codes_in),
-                                       ("out", self.out_codes is not None)) if on]
-        return self.api + ("" if self.activation == "linear" else " " + self.activation) + \
-            (" (uint8 %s)" % ", ".join(codes) if codes else "")
+        """'quantized_conv + residual relu (uint8 in, float32 and uint8 out)':
+        the residual and activation in the epilogue, and which side is uint8
+        codes, for a profile or a plan listing."""
+        sides = [side for side, on in (("uint8 in", self.codes_in),
+                                       ("uint8 out", self.out_codes is not None),
+                                       ("float32 and uint8 out", self.also_codes is not None))
+                 if on]
+        return self.api + (" + residual" if self.residual_in else "") + \
+            ("" if self.activation == "linear" else " " + self.activation) + \
+            (" (%s)" % ", ".join(sides) if sides else "")
+
+    @property
+    def n_outputs(self):
+        return 1 if self.also_codes is None else 2
 
     def _out_dtype(self):
         return "float32" if self.out_codes is None else "uint8"
+
+    def _outputs(self, shape):
+        if self.also_codes is not None:
+            return [(shape, "float32"), (shape, "uint8")]
+        return [(shape, self._out_dtype())]
+
+    def _split(self, operands):
+        """(the op's own operands, the residual operand or None)"""
+        if self.residual_in:
+            return operands[:-1], operands[-1]
+        return operands, None
+
+    def infer(self, *operands):
+        own, residual = self._split(operands)
+        shape = self._shape(*own)
+        if residual is not None and (residual.dtype != "float32" or
+                                     tuple(residual.shape) != tuple(shape)):
+            raise ValueError("%s: the residual must be float32 of the output's shape %s, got "
+                             "%s %s" % (self.api, shape, residual.dtype, residual.shape))
+        return self._outputs(shape)
+
+    def compute(self, *operands, activation=None, residual=None):
+        own, res = self._split(operands)
+        if res is not None:
+            residual = np.asarray(res)
+            try:
+                return self._pair(self._compute(*own, activation=activation,
+                                                residual=residual))
+            except _ResidualShape:
+                # a residual that broadcasts at run time: added after the op
+                y = self._with(out_codes=None, also_codes=None, residual_in=False)._compute(
+                    *own, activation="linear")
+                return self._pair(self._finish(y + residual, activation or self.activation))
+        return self._pair(self._compute(*own, activation=activation, residual=residual))
+
+    @staticmethod
+    def _pair(y):
+        return y if isinstance(y, tuple) else (y,)
+
+    def _finish(self, y, activation):
+        # the epilogue's activation and requantization, in NumPy
+        y = np.asarray(y, dtype=np.float32)
+        if activation in ("relu", "relu6"):
+            y = np.maximum(np.float32(0), y)
+        if activation == "relu6":
+            y = np.minimum(np.float32(6), y)
+        codes = self.out_codes or self.also_codes
+        if codes is None:
+            return y
+        q = qgemm.quantize(np.ascontiguousarray(y), *codes)
+        return (y, q) if self.also_codes is not None else q
+
+    @staticmethod
+    def _shaped(y, shape):
+        if isinstance(y, tuple):
+            return tuple(a.reshape(shape) for a in y)
+        return y.reshape(shape)
 
     def _check_input(self, x):
         if self.codes_in and x.dtype != "uint8":
@@ -176,12 +248,21 @@ class _Quantized(Op):
                              "input of %d features" % (self.api, k, n, k))
 
     def _product(self, a, packed, vectors, activation=None, zero=None, residual=None):
-        scale, out_zero = self.out_codes or (None, None)
+        scale, out_zero = self._codes_out()
         return qgemm.gemm_prepared(a, packed, vectors, self.in_zero if zero is None else zero,
-                                   activation or self.activation, scale, out_zero, residual)
+                                   activation or self.activation, scale, out_zero, residual,
+                                   self.also_codes is not None)
+
+    def _codes_out(self):
+        return self.out_codes or self.also_codes or (None, None)
 
     def _takes_residual(self):
         return True
+
+    def _plain(self):
+        # float32 out, no residual operand: what the hooks that change the
+        # epilogue's vectors or its tail start from
+        return self.out_codes is None and self.also_codes is None and not self.residual_in
 
     def _out_vectors_at(self):
         """Where the epilogue vectors (EpilogueVectors) of the op's output are
@@ -195,7 +276,7 @@ class _Quantized(Op):
         scale)."""
         at = self._out_vectors_at()
         vectors = inputs[at]
-        if self.activation != "linear" or self.out_codes is not None or \
+        if self.activation != "linear" or not self._plain() or \
                 vectors.node is None or not isinstance(vectors.node.op, EpilogueVectors) or \
                 ctx.channel_vector(v, out, out.ndim - 1) is None or out.shape[-1] is None:
             return None
@@ -213,7 +294,7 @@ class _Quantized(Op):
         ``Binary('add').lower``); None through a fused activation or codes."""
         at = self._out_vectors_at()
         vectors = inputs[at]
-        if self.activation != "linear" or self.out_codes is not None or \
+        if self.activation != "linear" or not self._plain() or \
                 vectors.node is None or not isinstance(vectors.node.op, EpilogueVectors):
             return None
         made = vectors.node
@@ -227,18 +308,69 @@ class _Quantized(Op):
         new[at] = made.op(made.inputs[0], bias)
         return self(*new)
 
+    def absorb_residual(self, inputs, r, ctx):
+        """This op's output + ``r`` for a float32 tensor ``r`` of the output's
+        shape (a residual block's sum), added in the epilogue after the bias
+        (asked by ``Binary('add').lower``); the activation a relu after the
+        sum brings applies after it."""
+        if self.activation != "linear" or not self._plain() or not self._takes_residual() or \
+                r.dtype != "float32" or ctx.is_weight(r):
+            return None
+        if tuple(r.shape) != tuple(self._shape(*inputs)):
+            return None
+        return self._with(residual_in=True)(*inputs, r)
+
     def absorb_activation(self, inputs, activation, ctx):
         """This op's output through ``activation`` (relu or relu6), applied in
         its epilogue (asked by ``Relu.lower``); None when it has one."""
-        if self.activation != "linear" or self.out_codes is not None:
+        if self.activation != "linear" or self.out_codes is not None or \
+                self.also_codes is not None:
             return None
         return self._with(activation=activation)(*inputs)
 
     def emit_codes(self, inputs, scale, zero):
         """This op with its output as uint8 codes of (``scale``, ``zero``)."""
-        if self.out_codes is not None:
+        if self.out_codes is not None or self.also_codes is not None:
             return None
         return self._with(out_codes=(float(scale), int(zero)))(*inputs)
+
+    def codes_wanted(self, position):
+        """The (scale, zero point) of the codes this op would take for
+        operand ``position`` in place of a float32 tensor, or None."""
+        if position != 0 or self.codes_in:
+            return None
+        return (self.in_scale, self.in_zero)
+
+    def share(self, inputs, ctx):
+        """The third walk of an inference plan: an input another op makes as
+        codes of this op's quantization is read as those codes; and an output
+        several ops read, some as codes of one quantization, is made as codes
+        too, by the epilogue (only codes when no reader takes float32)."""
+        if not (ctx.inference and _Quantized.chaining):
+            return None
+        op, inputs, changed = self, list(inputs), False
+        made = ctx.codes.get(inputs[0])
+        if made is not None and made[0] == op.codes_wanted(0):
+            op, inputs[0], changed = op._with(codes_in=True), made[1], True
+        out = ctx.outputs[0]
+        readers = ctx.readers(out)
+        wants = [reader.codes_wanted(at) if hasattr(reader, "codes_wanted") else None
+                 for reader, at in readers]
+        codes = [w for w in wants if w is not None]
+        if op.out_codes is None and op.also_codes is None and op._dual_ok() and codes and \
+                all(w == codes[0] for w in codes):
+            scale, zero = codes[0]
+            if len(codes) == len(readers) == ctx.users(out):
+                y = op._with(out_codes=(scale, zero))(*inputs)
+                ctx.codes[y] = ((scale, zero), y)
+            else:
+                y, q = op._with(also_codes=(scale, zero))(*inputs)
+                ctx.codes[y] = ((scale, zero), q)
+            return [y]
+        return [op(*inputs)] if changed else None
+
+    def _dual_ok(self):
+        return True
 
     def lower(self, inputs, ctx):
         """In an inference plan, an input that only this op reads and that an
@@ -261,10 +393,10 @@ class _Quantized(Op):
         after the product: only for an op without an activation of its own
         (a bias added after it cannot move inside it), never in an exact
         (training) fusion."""
-        if exact or (bias_axis is not None and bias_axis != -1) or \
+        if exact or (bias_axis is not None and bias_axis != -1) or not self._plain() or \
                 (residual and (out.dtype != "float32" or not self._takes_residual())):
             return False
-        return self.activation == "linear" and self.out_codes is None
+        return self.activation == "linear"
 
     def compute_epilogue(self, inputs, bias, activation, residual=None):
         """The op's output + ``bias`` + ``residual``, then ``activation``, from
@@ -310,14 +442,14 @@ class QuantizedDense(_Quantized):
         super().__init__(in_scale, in_zero, activation)
         self.units = int(units)
 
-    def infer(self, x, packed, vectors):
+    def _shape(self, x, packed, vectors):
         if x.ndim < 1:
             raise ValueError("%s: expected an input with a feature axis, got a scalar"
                              % self.api)
         self._check_operands(x, packed, vectors, x.shape[-1], self.units)
-        return [(tuple(x.shape[:-1]) + (self.units,), self._out_dtype())]
+        return tuple(x.shape[:-1]) + (self.units,)
 
-    def compute(self, x, packed, vectors, activation=None, residual=None):
+    def _compute(self, x, packed, vectors, activation=None, residual=None):
         q = self._quantized_input(x)
         k = q.shape[-1]
         if qgemm.packed_shape(packed) != (k, self.units):
@@ -325,7 +457,7 @@ class QuantizedDense(_Quantized):
                              % (self.api, k, qgemm.packed_shape(packed)))
         res = _residual_rows(residual, q.shape[:-1] + (self.units,))
         y = self._product(q.reshape(-1, k), packed, vectors, activation, residual=res)
-        return (y.reshape(q.shape[:-1] + (self.units,)),)
+        return self._shaped(y, q.shape[:-1] + (self.units,))
 
 
 def _patches(q, window, strides, dilation, pads, out, pad_value):
@@ -382,7 +514,7 @@ class QuantizedConv(_Quantized):
             out.append(conv_utils.conv_output_length(n, k, s, d, self.padding))
         return tuple(out)
 
-    def infer(self, x, packed, vectors):
+    def _shape(self, x, packed, vectors):
         if x.ndim != self.rank + 2:
             raise ValueError("%s: expected a %d-D input (batch, %sspatial, channels), got "
                              "shape %s" % (self.api, self.rank + 2,
@@ -393,9 +525,9 @@ class QuantizedConv(_Quantized):
                              None if c is None else c * int(np.prod(self.kernel_size)),
                              self.filters)
         out = self._out_spatial(x.shape[1:-1])
-        return [((x.shape[0],) + out + (self.filters,), self._out_dtype())]
+        return (x.shape[0],) + out + (self.filters,)
 
-    def compute(self, x, packed, vectors, activation=None, residual=None):
+    def _compute(self, x, packed, vectors, activation=None, residual=None):
         q = self._quantized_input(x)
         b, c = q.shape[0], q.shape[-1]
         sizes = q.shape[1:-1]
@@ -425,10 +557,11 @@ class QuantizedConv(_Quantized):
                     (1,) + self.dilation, [(0, 0)] + pads)
             else:
                 window, strides, dilation = self.kernel_size, self.strides, self.dilation
-            scale, zero = self.out_codes or (None, None)
+            scale, zero = self._codes_out()
             y = qgemm.conv(q, packed, vectors, window, strides, dilation, pads, self.in_zero,
-                           activation or self.activation, scale, zero, res)
-        return (y.reshape((b,) + out + (self.filters,)),)
+                           activation or self.activation, scale, zero, res,
+                           self.also_codes is not None)
+        return self._shaped(y, (b,) + out + (self.filters,))
 
 
 class PackDepthwise(Op):
@@ -538,7 +671,7 @@ class QuantizedDepthwiseConv(_Quantized):
             (b + b0, a + a0) for (b, a), (b0, a0) in zip(pads[1:3], self.extra_pads))
         return [self._with(extra_pads=extra)(made[1][0], *inputs[1:])]
 
-    def infer(self, x, packed, vectors, pw_packed=None, pw_vectors=None):
+    def _shape(self, x, packed, vectors, pw_packed=None, pw_vectors=None):
         if x.ndim != 4:
             raise ValueError("%s: expected a 4-D input (batch, 2 spatial, channels), got "
                              "shape %s" % (self.api, x.shape))
@@ -559,14 +692,16 @@ class QuantizedDepthwiseConv(_Quantized):
                 raise ValueError("%s: the kernel window %s (dilation %s) is larger than the "
                                  "input's spatial shape %s with padding='valid'"
                                  % (self.api, self.kernel_size, self.dilation, x.shape[1:3]))
-        return [((x.shape[0],) + self._out_spatial(x.shape[1:3]) + (width,),
-                 self._out_dtype())]
+        return (x.shape[0],) + self._out_spatial(x.shape[1:3]) + (width,)
 
     def _takes_residual(self):
         return self.pointwise is not None
 
-    def compute(self, x, packed, vectors, pw_packed=None, pw_vectors=None, activation=None,
-                residual=None):
+    def _dual_ok(self):
+        return self.pointwise is not None
+
+    def _compute(self, x, packed, vectors, pw_packed=None, pw_vectors=None, activation=None,
+                 residual=None):
         q = self._quantized_input(x)
         if self.multiplier > 1:
             q = np.repeat(q, self.multiplier, axis=-1)
@@ -578,11 +713,11 @@ class QuantizedDepthwiseConv(_Quantized):
             y = qgemm.depthwise_conv(q, packed, vectors, self.in_zero, self.kernel_size,
                                      self.strides, self.dilation, pads, activation=act,
                                      out_scale=scale, out_zero_point=zero)
-            return (y,)
+            return y
         mid = qgemm.depthwise_conv(q, packed, vectors, self.in_zero, self.kernel_size,
                                    self.strides, self.dilation, pads, out_scale=self.mid_scale,
                                    out_zero_point=self.mid_zero)
         res = _residual_rows(residual, mid.shape[:-1] + (self.pointwise,))
         y = self._product(mid.reshape(-1, mid.shape[-1]), pw_packed, pw_vectors, activation,
                           zero=self.mid_zero, residual=res)
-        return (y.reshape(mid.shape[:-1] + (self.pointwise,)),)
+        return self._shaped(y, mid.shape[:-1] + (self.pointwise,))

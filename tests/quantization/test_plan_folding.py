@@ -54,7 +54,7 @@ def test_batchnorm_bias_and_relu_go_into_the_int8_epilogue(negative_gamma):
     # conv, bn1, ReLU(6) / dw, bn2, ReLU / project, bn3: one step each, uint8
     # codes between them
     assert labels == ['quantized_conv relu6 (uint8 out)',
-                      'quantized_depthwise_conv relu (uint8 in, out)',
+                      'quantized_depthwise_conv relu (uint8 in, uint8 out)',
                       'quantized_conv (uint8 in)'], labels
     got = f([x])[0]
     optimize.set_graph_optimizer(False)
