@@ -20,12 +20,13 @@ layer's business. The ops are forward only: differentiating through one
 raises a TypeError, since a quantized model is for inference.
 
 In an inference plan (the ``lower`` walk) a per-channel bias added to an
-int8 op's output and a relu / relu6 after it go into its epilogue
-(``absorb_bias``, ``absorb_activation``), and an int8 op whose only reader is
-another int8 op hands it uint8 codes of that op's input quantization, made
-in its epilogue (``out_codes`` on the writer, ``codes_in`` on the reader):
-no float32 tensor between them and no quantization pass. The codes are the
-ones the reader would have made from the float32 output: the epilogue
+int8 op's output, a residual sum and a relu / relu6 after it go into its
+epilogue (``absorb_bias``, ``absorb_residual``, ``absorb_activation``), and
+(the ``share`` walk) an int8 op whose readers include int8 ops hands them
+uint8 codes of their input quantization, made in its epilogue (``out_codes``
+on the writer, or ``also_codes`` beside a float32 output other readers take;
+``codes_in`` on the reader): no quantization pass. The codes are the ones
+the reader would have made from the float32 output: the epilogue
 requantizes with the quantization kernel's own arithmetic.
 """
 import numpy as np
@@ -133,7 +134,7 @@ class _Quantized(Op):
     #: after the bias and before the activation
     residual_in = False
     #: whether inference plans hand codes from one int8 op to the next
-    #: (``lower``); off, to compare, in tests and benchmarks
+    #: (``share``); off, to compare, in tests and benchmarks
     chaining = True
 
     def __init__(self, in_scale, in_zero, activation):
@@ -328,12 +329,6 @@ class _Quantized(Op):
             return None
         return self._with(activation=activation)(*inputs)
 
-    def emit_codes(self, inputs, scale, zero):
-        """This op with its output as uint8 codes of (``scale``, ``zero``)."""
-        if self.out_codes is not None or self.also_codes is not None:
-            return None
-        return self._with(out_codes=(float(scale), int(zero)))(*inputs)
-
     def codes_wanted(self, position):
         """The (scale, zero point) of the codes this op would take for
         operand ``position`` in place of a float32 tensor, or None."""
@@ -357,34 +352,21 @@ class _Quantized(Op):
         wants = [reader.codes_wanted(at) if hasattr(reader, "codes_wanted") else None
                  for reader, at in readers]
         codes = [w for w in wants if w is not None]
-        if op.out_codes is None and op.also_codes is None and op._dual_ok() and codes and \
+        if op.out_codes is None and op.also_codes is None and codes and \
                 all(w == codes[0] for w in codes):
             scale, zero = codes[0]
             if len(codes) == len(readers) == ctx.users(out):
                 y = op._with(out_codes=(scale, zero))(*inputs)
                 ctx.codes[y] = ((scale, zero), y)
-            else:
+                return [y]
+            if op._dual_ok():
                 y, q = op._with(also_codes=(scale, zero))(*inputs)
                 ctx.codes[y] = ((scale, zero), q)
-            return [y]
+                return [y]
         return [op(*inputs)] if changed else None
 
     def _dual_ok(self):
         return True
-
-    def lower(self, inputs, ctx):
-        """In an inference plan, an input that only this op reads and that an
-        int8 op makes comes as uint8 codes of this op's input quantization,
-        requantized in that op's epilogue."""
-        if not (ctx.inference and _Quantized.chaining) or self.codes_in or \
-                ctx.users(inputs[0]) != 1:
-            return None
-        made = ctx.producer(inputs[0])
-        hook = getattr(made[0], "emit_codes", None) if made is not None else None
-        codes = hook(made[1], self.in_scale, self.in_zero) if hook is not None else None
-        if codes is None:
-            return None
-        return [self._with(codes_in=True)(codes, *inputs[1:])]
 
     def kernel_epilogue(self, bias_axis, activation, out, residual=False, exact=False):
         """Whether the epilogue takes a per-channel bias add (into its bias row),

@@ -226,7 +226,6 @@ def test_codes_ops_check_their_input_and_describe_themselves(rng):
     y = writer(codes, packed, vectors)
     assert y.dtype == 'uint8' and writer.describe() == 'quantized_dense relu (uint8 in, uint8 out)'
     # a codes writer takes no more of what follows it into its epilogue
-    assert writer.emit_codes([codes, packed, vectors], 0.1, 0) is None
     assert writer.absorb_activation([codes, packed, vectors], 'relu', None) is None
     assert not writer.kernel_epilogue(-1, 'relu', y)
     # the op itself: codes in and out against the kernel called directly
@@ -290,3 +289,48 @@ def test_ops_are_remade_after_a_plan_was_pickled():
     f, got = _compiled(q, data)
     assert any('uint8' in label for label in _labels(f))
     assert np.isfinite(got).all()
+
+
+def test_a_residual_that_broadcasts_at_run_time_is_added_after_the_product():
+    # statically the shortcut has the output's shape; fed with one row for
+    # three, it broadcasts, and the epilogue leaves the sum to NumPy
+    rng = np.random.RandomState(8)
+    x_in, r_in = keras.layers.Input((5, 5, 3)), keras.layers.Input((5, 5, 6))
+    y = keras.layers.Conv2D(6, 3, padding='same', name='conv')(x_in)
+    y = keras.layers.Activation('relu')(keras.layers.Add()([y, r_in]))
+    y = keras.layers.Conv2D(2, 1, name='after')(y)
+    model = keras.models.Model([x_in, r_in], y)
+    x = rng.standard_normal((3, 5, 5, 3)).astype('float32')
+    r = rng.standard_normal((3, 5, 5, 6)).astype('float32')
+    q = cyback.quantize(model, [x, r])
+    f = K.function(q.inputs, q.outputs)
+    assert _labels(f) == ['quantized_conv + residual relu (uint8 out)',
+                          'quantized_conv (uint8 in)'], _labels(f)
+    got_full, got_broadcast = f([x, r])[0], f([x, r[:1]])[0]
+    optimize.set_graph_optimizer(False)
+    try:
+        plain = K.function(q.inputs, q.outputs)
+        want_full, want_broadcast = plain([x, r])[0], plain([x, r[:1]])[0]
+    finally:
+        optimize.set_graph_optimizer(True)
+    for got, want in ((got_full, want_full), (got_broadcast, want_broadcast)):
+        assert got.shape == want.shape == (3, 5, 5, 2)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_a_depthwise_output_read_by_int8_and_float_layers_stays_float32():
+    # the depthwise kernel writes one output: float32 for every reader here
+    rng = np.random.RandomState(9)
+    inp = keras.layers.Input((6, 6, 4))
+    d = keras.layers.DepthwiseConv2D(3, padding='same', name='dw')(inp)
+    a = keras.layers.Conv2D(3, 1, name='a')(d)
+    b = keras.layers.Conv2D(3, 1, name='b')(d)
+    model = keras.models.Model(inp, [a, b, keras.layers.Activation('tanh')(d)])
+    data = rng.standard_normal((5, 6, 6, 4)).astype('float32')
+    q = cyback.quantize(model, data)
+    f = K.function(q.inputs, q.outputs)
+    got = f([data])
+    assert _labels(f)[0] == 'quantized_depthwise_conv', _labels(f)
+    ref = model.predict(data)
+    for g, w in zip(got, ref):
+        assert np.abs(g - w).max() < 0.1 * np.abs(w).max()
