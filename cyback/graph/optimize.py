@@ -94,14 +94,45 @@ class Context(object):
         return self._users.get(t, 1)
 
     def readers(self, t):
-        """``(op, position)`` of every step that reads ``t`` in the plan as
-        written (a plan output is not a step: compare with ``users``)."""
+        """``(op, position, outputs)`` of every step that reads ``t`` in the
+        plan as written (a plan output is not a step: compare with
+        ``users``)."""
         if self._readers is None:
             self._readers = {}
-            for op, ins, _ in self._steps:
+            for op, ins, outs in self._steps:
                 for at, x in enumerate(ins):
-                    self._readers.setdefault(x, []).append((op, at))
+                    self._readers.setdefault(x, []).append((op, at, outs))
         return self._readers.get(t, [])
+
+    def codes_wanted(self, t):
+        """Per reader of ``t``, the (scale, zero point) of the uint8 codes it
+        would take in place of ``t`` (its ``codes_wanted`` hook), or None."""
+        wants = []
+        for op, at, outs in self.readers(t):
+            hook = getattr(op, "codes_wanted", None)
+            wants.append(hook(at, self, outs) if hook is not None else None)
+        return wants
+
+    def codes_all_want(self, t):
+        """The one (scale, zero point) every reader of ``t`` takes it as codes
+        of, or None (a plan output, a float32 reader, two quantizations)."""
+        wants = self.codes_wanted(t)
+        if not wants or None in wants or len(wants) != self.users(t) or \
+                any(w != wants[0] for w in wants):
+            return None
+        return wants[0]
+
+    def codes_through(self, op, inputs):
+        """``op`` (one that commutes with quantizing its input: a max pool, a
+        zero padding where the code of 0.0 is 0) applied to the uint8 codes
+        the step before made of its input, when every reader of its output
+        takes those codes; the output recorded as codes. Else None."""
+        made = self.codes.get(inputs[0])
+        if made is None or self.codes_all_want(self.outputs[0]) != made[0]:
+            return None
+        y = op(made[1], *inputs[1:])
+        self.codes[y] = (made[0], y)
+        return [y]
 
     def replaced(self, old, new):
         """The pass: ``new`` takes the place of ``old`` for the rewrites after."""

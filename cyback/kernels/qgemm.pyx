@@ -24,6 +24,7 @@ cimport numpy as cnp
 from cyback.kernels import settings as _settings
 from cython.parallel cimport prange
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
+from libc.string cimport memset
 
 from cyback.kernels.runtime cimport team_done, team_parts, threads_for
 
@@ -542,6 +543,11 @@ def conv(x, packed, vectors, kernel_size, strides=(1, 1), dilation=(1, 1),
 # ---------------------------------------------------------------- depthwise
 
 include "qconv_depthwise.pxi"
+
+
+# ---------------------------------------------------------------- pooling
+
+include "qpool.pxi"
 
 
 # ---------------------------------------------------------------- arguments

@@ -310,6 +310,15 @@ class Pad(Op):
         shape = tuple(None if d is None else d + b + a for d, (b, a) in zip(x.shape, self.pads))
         return [(shape, x.dtype)]
 
+    def codes_wanted(self, position, ctx=None, outputs=None):
+        # zeros are the codes of 0.0 where the zero point is 0 (a relu's
+        # output): an int8 plan may pad the uint8 codes its readers want
+        want = ctx.codes_all_want(outputs[0]) if ctx is not None else None
+        return want if want is not None and want[1] == 0 else None
+
+    def share(self, inputs, ctx):
+        return ctx.codes_through(self, inputs) if ctx.inference else None
+
     def compute(self, x):
         shape = tuple(d + b + a for d, (b, a) in zip(x.shape, self.pads))
         limits.check_shape(self.api, shape, x.dtype)

@@ -17,7 +17,7 @@ import numpy as np
 
 from cyback.graph.op import Op
 from cyback.graph.shapes import format_shape
-from cyback.kernels import conv_utils
+from cyback.kernels import conv_utils, qgemm
 from cyback.kernels import pool as _pool
 
 
@@ -89,7 +89,21 @@ class Pool(_PoolBase):
     def infer(self, x):
         return [(self.out_shape(x.shape), x.dtype)]
 
+    def codes_wanted(self, position, ctx=None, outputs=None):
+        # a max commutes with a monotone quantization: an int8 plan may pool
+        # the uint8 codes its readers want (``share``)
+        if self.mode != "max" or position != 0 or ctx is None:
+            return None
+        return ctx.codes_all_want(outputs[0])
+
+    def share(self, inputs, ctx):
+        if self.mode != "max" or not ctx.inference:
+            return None
+        return ctx.codes_through(self, inputs)
+
     def compute(self, x):
+        if x.dtype == np.uint8 and self.mode == "max":
+            return (self._max_of_codes(x),)
         key = (self._params(), x.shape, x.dtype)
         call = _CALLS.get(key)
         if call is not None:
@@ -107,6 +121,29 @@ class Pool(_PoolBase):
         y = _pool.pool_forward(_work(x), self.windows(x.shape), self.strides, self.pads(x.shape),
                                self.channels_last, self.mode)
         return (y.astype(x.dtype, copy=False),)
+
+    def _max_of_codes(self, x):
+        """The max pool of uint8 codes: a kernel for channels_last 2-D, else
+        NumPy, where padding takes code 0, the smallest, which never wins
+        over a window's real cells."""
+        axes = range(1, x.ndim - 1) if self.channels_last else range(2, x.ndim)
+        shape = self.out_shape(x.shape)
+        if x.size == 0 or 0 in shape:
+            return np.zeros(shape, x.dtype)
+        if self.channels_last and x.ndim == 4:
+            return qgemm.max_pool(x, self.windows(x.shape), self.strides, self.pads(x.shape))
+        widths = [(0, 0)] * x.ndim
+        for a, p in zip(axes, self.pads(x.shape)):
+            widths[a] = p
+        xp = np.pad(x, widths)
+        y = None
+        for offsets in np.ndindex(*self.windows(x.shape)):
+            index = [slice(None)] * x.ndim
+            for a, o, s in zip(axes, offsets, self.strides):
+                index[a] = slice(o, o + (shape[a] - 1) * s + 1, s)
+            v = xp[tuple(index)]
+            y = v.copy() if y is None else np.maximum(y, v, out=y)
+        return y
 
     def grad(self, inputs, outputs, grads):
         x, y, g = inputs[0], outputs[0], grads[0]

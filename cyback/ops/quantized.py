@@ -329,7 +329,7 @@ class _Quantized(Op):
             return None
         return self._with(activation=activation)(*inputs)
 
-    def codes_wanted(self, position):
+    def codes_wanted(self, position, ctx=None, outputs=None):
         """The (scale, zero point) of the codes this op would take for
         operand ``position`` in place of a float32 tensor, or None."""
         if position != 0 or self.codes_in:
@@ -348,14 +348,12 @@ class _Quantized(Op):
         if made is not None and made[0] == op.codes_wanted(0):
             op, inputs[0], changed = op._with(codes_in=True), made[1], True
         out = ctx.outputs[0]
-        readers = ctx.readers(out)
-        wants = [reader.codes_wanted(at) if hasattr(reader, "codes_wanted") else None
-                 for reader, at in readers]
+        wants = ctx.codes_wanted(out)
         codes = [w for w in wants if w is not None]
         if op.out_codes is None and op.also_codes is None and codes and \
                 all(w == codes[0] for w in codes):
             scale, zero = codes[0]
-            if len(codes) == len(readers) == ctx.users(out):
+            if len(codes) == len(wants) == ctx.users(out):
                 y = op._with(out_codes=(scale, zero))(*inputs)
                 ctx.codes[y] = ((scale, zero), y)
                 return [y]

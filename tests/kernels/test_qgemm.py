@@ -581,3 +581,54 @@ def test_prepared_epilogue_vectors(rng):
         qgemm.epilogue_vectors(1.0, sb[None])
     with pytest.raises(ValueError, match="like scale_b"):
         qgemm.epilogue_vectors(1.0, sb, bias[:-1])
+
+
+# ---------------------------------------------------------------- max pool of codes
+
+def ref_max_pool(x, ks, st, pads):
+    # padded cells hold -1, below every code, so they never win
+    (pt, pb), (pl, pr) = pads
+    xp = np.pad(x.astype(np.int16), ((0, 0), (pt, pb), (pl, pr), (0, 0)), constant_values=-1)
+    oh = (xp.shape[1] - ks[0]) // st[0] + 1
+    ow = (xp.shape[2] - ks[1]) // st[1] + 1
+    y = np.full((x.shape[0], oh, ow, x.shape[3]), -1, np.int16)
+    for ky in range(ks[0]):
+        for kx in range(ks[1]):
+            y = np.maximum(y, xp[:, ky:ky + (oh - 1) * st[0] + 1:st[0],
+                                 kx:kx + (ow - 1) * st[1] + 1:st[1]])
+    return y.astype(np.uint8)
+
+
+@pytest.mark.parametrize("shape,ks,st,pads", [
+    ((2, 9, 11, 64), (3, 3), (2, 2), ((0, 0), (0, 0))),
+    ((1, 8, 8, 5), (3, 3), (2, 2), ((0, 1), (1, 1))),
+    ((3, 5, 7, 1), (2, 3), (1, 2), ((1, 0), (2, 0))),
+    ((1, 1, 9, 17), (1, 4), (1, 1), ((0, 0), (1, 2))),
+])
+def test_max_pool_of_codes_matches_reference(rng, shape, ks, st, pads):
+    x = rng.integers(0, 256, shape, dtype=np.uint8)
+    x.flat[::5] = 0          # windows of zeros, and of zeros beside padding
+    want = ref_max_pool(x, ks, st, pads)
+    saved = K.get_num_threads()
+    try:
+        for threads in (1, 2):
+            K.set_num_threads(threads)
+            assert same_bits(qgemm.max_pool(x, ks, st, pads), want)
+            # a non-contiguous input is read as its values
+            wide = np.concatenate([x, x], axis=-1)[..., :shape[-1]]
+            assert same_bits(qgemm.max_pool(wide, ks, st, pads), want)
+    finally:
+        K.set_num_threads(saved)
+
+
+def test_max_pool_of_codes_empty_and_bad_arguments():
+    assert qgemm.max_pool(np.zeros((0, 4, 4, 3), np.uint8), 2, 2).shape == (0, 2, 2, 3)
+    x = np.zeros((1, 4, 4, 3), np.uint8)
+    with pytest.raises(TypeError, match="4-D uint8"):
+        qgemm.max_pool(x.astype(np.float32), 2, 2)
+    with pytest.raises(ValueError, match="below the window"):
+        qgemm.max_pool(x, 2, 2, ((2, 0), (0, 0)))
+    with pytest.raises(ValueError, match="does not fit"):
+        qgemm.max_pool(x, 5, 1)
+    with pytest.raises(ValueError, match="pads"):
+        qgemm.max_pool(x, 2, 2, (1, 1))

@@ -334,3 +334,65 @@ def test_a_depthwise_output_read_by_int8_and_float_layers_stays_float32():
     ref = model.predict(data)
     for g, w in zip(got, ref):
         assert np.abs(g - w).max() < 0.1 * np.abs(w).max()
+
+
+def _stem(relu=True, pool='max', pool_is_output=False, data_format='channels_last'):
+    # a ResNet stem: conv, relu, zero padding, 3x3/2 max pool, then two int8
+    # convolutions reading the pool (the block's first one and its shortcut)
+    inp = keras.layers.Input((12, 11, 3))
+    x = keras.layers.Conv2D(8, 3, strides=2, padding='same',
+                            activation='relu' if relu else None, name='stem')(inp)
+    x = keras.layers.ZeroPadding2D(1)(x)
+    layer = keras.layers.MaxPooling2D if pool == 'max' else keras.layers.AveragePooling2D
+    p = layer(3, strides=2)(x)
+    a = keras.layers.Conv2D(4, 1, name='a')(p)
+    b = keras.layers.Conv2D(6, 3, padding='same', name='b')(p)
+    outputs = [a, b, p] if pool_is_output else [a, b]
+    return keras.models.Model(inp, outputs)
+
+
+@pytest.mark.parametrize('kind', ['codes', 'not_relu', 'average', 'pool_is_output'])
+def test_codes_through_zero_padding_and_max_pooling(kind, monkeypatch):
+    rng = np.random.RandomState(10)
+    model = _stem(relu=kind != 'not_relu', pool='average' if kind == 'average' else 'max',
+                  pool_is_output=kind == 'pool_is_output')
+    if kind == 'not_relu':
+        # pooled values below 0: the readers' zero point is not 0
+        kernel, bias = model.get_layer('stem').get_weights()
+        model.get_layer('stem').set_weights([kernel, bias - 4.0])
+    data = rng.standard_normal((6, 12, 11, 3)).astype('float32')
+    q = cyback.quantize(model, data)
+    f = K.function(q.inputs, q.outputs)
+    got = f([data])
+    labels = _labels(f)
+    if kind == 'codes':
+        # a relu's codes have zero point 0: zeros pad them as they pad 0.0
+        assert labels == ['quantized_conv relu (uint8 out)', 'spatial_2d_padding', 'pool2d',
+                          'quantized_conv (uint8 in)', 'quantized_conv (uint8 in)'], labels
+    else:
+        assert 'uint8 out' not in labels[0] and 'uint8' not in ' '.join(labels[3:]), labels
+        if kind == 'not_relu':
+            assert q.get_layer('a').get_config()['input_zero_point'] > 0
+    with monkeypatch.context() as m:
+        m.setattr(qops._Quantized, 'chaining', False)
+        want = K.function(q.inputs, q.outputs)([data])
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.tobytes() == w.tobytes()
+
+
+@pytest.mark.parametrize('shape,pool_size,strides,padding,channels_last', [
+    ((2, 9, 7, 5), (3, 3), (2, 2), 'same', True),
+    ((2, 5, 9, 7), (2, 3), (1, 2), 'valid', False),
+    ((3, 11, 4), (3,), (2,), 'same', True),
+])
+def test_max_pool_of_codes_equals_codes_of_the_max_pool(rng, shape, pool_size, strides,
+                                                        padding, channels_last):
+    # a max commutes with a monotone quantization: codes of the float pool
+    from cyback.kernels import qgemm
+    from cyback.ops.pool import Pool
+    op = Pool('pool%dd' % len(pool_size), pool_size, strides, padding, channels_last, 'max')
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    codes = qgemm.quantize(x, 0.05, 60)
+    got = op.compute(codes)[0]
+    want = qgemm.quantize(np.ascontiguousarray(op.compute(x)[0]), 0.05, 60)
+    assert got.dtype == np.uint8 and got.tobytes() == want.tobytes()
