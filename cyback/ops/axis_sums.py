@@ -11,6 +11,7 @@ everything else stays with NumPy.
 """
 import numpy as np
 
+from cyback.kernels import qgemm as _qgemm
 from cyback.kernels import reduce as _reduce
 
 _KERNEL_TYPENUMS = (np.dtype(np.float32).num, np.dtype(np.float64).num)
@@ -41,11 +42,13 @@ def _kernel_plan(shape, typenum, axes, keepdims):
     view = middle_view(shape, axes)
     if view is None:
         return None
+    return view + (_reduced(shape, axes, keepdims),)
+
+
+def _reduced(shape, axes, keepdims):
     if keepdims:
-        out = tuple(1 if i in axes else d for i, d in enumerate(shape))
-    else:
-        out = tuple(d for i, d in enumerate(shape) if i not in axes)
-    return view + (out,)
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
 
 
 # A plan's reduction sees the same few shapes call after call (a global
@@ -81,6 +84,13 @@ def extreme_axes(x, axes, keepdims=False, want_max=True):
     """The max (or min) of x over the sorted tuple ``axes`` (None: all), for
     a non-empty reduction; NaN wins, as in np.max."""
     x = np.asarray(x)
+    if x.dtype == np.uint8 and want_max and axes is not None and x.flags.c_contiguous:
+        # an int8 plan's global max pool of codes: a max pool of one window
+        view = middle_view(x.shape, axes)
+        if view is not None:
+            outer, n, inner = view
+            y = _qgemm.max_pool(x.reshape(outer, n, 1, inner), (n, 1), (1, 1))
+            return y.reshape(_reduced(x.shape, axes, keepdims))
     plan = _plan(x, axes, keepdims)
     if plan is None or not x.flags.c_contiguous:
         return np.asarray((np.max if want_max else np.min)(x, axis=axes, keepdims=keepdims))

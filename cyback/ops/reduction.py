@@ -75,6 +75,19 @@ class Reduce(Op):
             y = y.astype(x.dtype)
         return (y,)
 
+    def codes_wanted(self, position, ctx=None, outputs=None):
+        # a max or min commutes with a monotone quantization: an int8 plan
+        # may reduce the uint8 codes its readers want (``share``); codes of
+        # -inf and +inf are the empty max's and min's fills
+        if self.kind not in ("max", "min") or ctx is None:
+            return None
+        return ctx.codes_all_want(outputs[0])
+
+    def share(self, inputs, ctx):
+        if self.kind not in ("max", "min") or not ctx.inference:
+            return None
+        return ctx.codes_through(self, inputs)
+
     def static_value(self, entries):
         """The result for a 1-D int input whose ``entries`` are all known when
         building (``shape.static_int``: ``K.prod(K.shape(x)[1:])``), or None."""

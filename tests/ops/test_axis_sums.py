@@ -94,3 +94,21 @@ def test_remembered_plans_serve_only_their_own_key():
         axis_sums.sum_axes(np.ones((n, 2, 3), np.float32), (0, 1))
     assert len(axis_sums._PLANS) <= axis_sums._PLANS_MAX
     assert axis_sums.sum_axes(np.ones((5, 2, 3), np.float32), (0, 1)).tolist() == [10.0] * 3
+
+
+@pytest.mark.parametrize("shape,axes,keepdims", [
+    ((2, 398, 250), (1,), False),        # a global max pool of codes over time
+    ((3, 4, 5, 6), (1, 2), True),
+    ((1, 7, 1), (1,), False),            # inner of 1: NumPy
+    ((2, 3), None, False),
+])
+def test_max_of_codes_matches_numpy(shape, axes, keepdims):
+    x = np.random.default_rng(5).integers(0, 256, shape, dtype=np.uint8)
+    for want_max, fn in ((True, np.max), (False, np.min)):
+        got = axis_sums.extreme_axes(x, axes, keepdims, want_max)
+        want = fn(x, axis=axes, keepdims=keepdims)
+        assert got.dtype == np.uint8 and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    # sums of codes stay NumPy's
+    np.testing.assert_array_equal(axis_sums.sum_axes(x, axes, keepdims),
+                                  np.sum(x, axis=axes, keepdims=keepdims, dtype=np.uint8))

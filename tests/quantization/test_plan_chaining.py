@@ -396,3 +396,25 @@ def test_max_pool_of_codes_equals_codes_of_the_max_pool(rng, shape, pool_size, s
     got = op.compute(codes)[0]
     want = qgemm.quantize(np.ascontiguousarray(op.compute(x)[0]), 0.05, 60)
     assert got.dtype == np.uint8 and got.tobytes() == want.tobytes()
+
+
+def test_codes_through_a_global_max_pooling(monkeypatch):
+    # a text CNN: the convolution hands codes to the max over time, whose
+    # reader (a Dense) takes them
+    rng = np.random.RandomState(11)
+    inp = keras.layers.Input((30,), dtype='int32')
+    x = keras.layers.Embedding(50, 8)(inp)
+    x = keras.layers.Conv1D(12, 3, activation='relu')(x)
+    x = keras.layers.GlobalMaxPooling1D()(x)
+    x = keras.layers.Dense(3, activation='softmax')(x)
+    model = keras.models.Model(inp, x)
+    data = rng.randint(0, 50, (9, 30)).astype('int32')
+    q = cyback.quantize(model, data)
+    f = K.function(q.inputs, q.outputs)
+    got = f([data])[0]
+    assert _labels(f)[1:4] == ['quantized_conv relu (uint8 out)', 'max',
+                               'quantized_dense (uint8 in)'], _labels(f)
+    f_off, want = _chaining_off(monkeypatch, q, data)
+    assert got.tobytes() == want.tobytes()
+    assert f([data[:0]])[0].shape == (0, 3)
+
