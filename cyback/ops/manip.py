@@ -19,6 +19,7 @@ from cyback.graph.op import Op
 from cyback.graph.shapes import format_shape
 from cyback.graph.tensor import Constant
 from cyback.ops import elementwise as ew
+from cyback.ops.codes import Codes
 from cyback.ops.shape import GetItem, reshape_like, reshape_static_dims, shape_of, static_entries
 
 
@@ -45,6 +46,20 @@ class Gather(Op):
             raise ValueError("gather: index %d is out of range for a reference of shape %s"
                              % (bad, ref.shape))
         return (np.take(ref, idx, axis=0),)
+
+    def share(self, inputs, ctx):
+        # rows of a weight table gathered for int8 layers only (an embedding
+        # before an int8 convolution or recurrent layer): the table's codes
+        # are made once, with the frozen weights, and gathered
+        ref, idx = inputs
+        if not ctx.inference or not ctx.is_weight(ref):
+            return None
+        want = ctx.codes_all_want(ctx.outputs[0])
+        if want is None:
+            return None
+        y = Gather()(Codes(*want)(ref), idx)
+        ctx.codes[y] = (want, y)
+        return [y]
 
     def grad(self, inputs, outputs, grads):
         ref, idx = inputs

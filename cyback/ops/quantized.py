@@ -332,7 +332,7 @@ class _Quantized(Op):
     def codes_wanted(self, position, ctx=None, outputs=None):
         """The (scale, zero point) of the codes this op would take for
         operand ``position`` in place of a float32 tensor, or None."""
-        if position != 0 or self.codes_in:
+        if position != 0 or self.codes_in or not _Quantized.chaining:
             return None
         return (self.in_scale, self.in_zero)
 

@@ -412,9 +412,33 @@ def test_codes_through_a_global_max_pooling(monkeypatch):
     q = cyback.quantize(model, data)
     f = K.function(q.inputs, q.outputs)
     got = f([data])[0]
-    assert _labels(f)[1:4] == ['quantized_conv relu (uint8 out)', 'max',
-                               'quantized_dense (uint8 in)'], _labels(f)
+    # the embedding table's codes are made once (with the frozen weights)
+    # and gathered
+    assert _labels(f)[:4] == ['gather', 'quantized_conv relu (uint8 in, uint8 out)', 'max',
+                              'quantized_dense (uint8 in)'], _labels(f)
     f_off, want = _chaining_off(monkeypatch, q, data)
     assert got.tobytes() == want.tobytes()
     assert f([data[:0]])[0].shape == (0, 3)
 
+
+
+@pytest.mark.parametrize('also_float', [False, True])
+def test_an_embedding_gathers_codes_for_a_quantized_lstm(also_float, monkeypatch):
+    rng = np.random.RandomState(12)
+    inp = keras.layers.Input((9,), dtype='int32')
+    e = keras.layers.Embedding(40, 6)(inp)
+    h = keras.layers.LSTM(5)(e)
+    outputs = [h, keras.layers.GlobalAveragePooling1D()(e)] if also_float else h
+    model = keras.models.Model(inp, outputs)
+    data = rng.randint(0, 40, (7, 9)).astype('int32')
+    q = cyback.quantize(model, data)
+    f = K.function(q.inputs, q.outputs)
+    got = f([data])
+    labels = _labels(f)
+    assert labels[0] == 'gather'
+    assert ('(uint8 in)' in ' '.join(labels)) != also_float, labels
+    with monkeypatch.context() as m:
+        m.setattr(qops._Quantized, 'chaining', False)
+        want = K.function(q.inputs, q.outputs)([data])
+    for g, w in zip(got, want):
+        assert g.tobytes() == w.tobytes()
