@@ -487,33 +487,52 @@ CB_Q_ALWAYS CB_Q_AVXVNNI_ATTR void cb_q_tile_avxvnni(const uint8_t *a, ptrdiff_t
 /* ---- AVX-512 VNNI: vpdpbusd on zmm ---- */
 
 #if CB_Q_HAVE_AVX512VNNI
-CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_q_epilogue_512(__m512i acc, const int8_t *panel_sums,
-                                                    ptrdiff_t row, ptrdiff_t col, ptrdiff_t n,
-                                                    const cb_q_epilogue *e) {
+/* What the epilogue reads per panel, loaded once per tile: the stores of
+ * uint8 codes may alias anything, so values read through pointers inside the
+ * row loop would be read again after every row. */
+typedef struct {
+    __m512i zsum;          /* za * colsum */
+    __m512 scale, bias;
+    __mmask16 mask;        /* the panel's valid columns */
+} cb_q_panel512;
+
+CB_Q_ALWAYS CB_Q_AVX512_ATTR cb_q_panel512 cb_q_panel_512(const int8_t *panel_sums,
+                                                         ptrdiff_t col, ptrdiff_t n,
+                                                         const cb_q_epilogue *e) {
     const ptrdiff_t left = n - col;
-    const __mmask16 mask = left >= CB_Q_NR ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-    __m512i cs = _mm512_loadu_si512(panel_sums);
-    __m512i d = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_set1_epi32(e->za), cs));
-    __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_loadu_ps(e->scale + col));
-    if (e->bias) y = _mm512_add_ps(y, _mm512_loadu_ps(e->bias + col));
+    cb_q_panel512 v;
+    v.mask = left >= CB_Q_NR ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+    v.zsum = _mm512_mullo_epi32(_mm512_set1_epi32(e->za), _mm512_loadu_si512(panel_sums));
+    v.scale = _mm512_loadu_ps(e->scale + col);
+    v.bias = e->bias ? _mm512_loadu_ps(e->bias + col) : _mm512_setzero_ps();
+    return v;
+}
+
+/* e: the caller's local copy of the epilogue (its fields stay in registers). */
+CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_q_epilogue_512(__m512i acc, const cb_q_panel512 *v,
+                                                    ptrdiff_t row, ptrdiff_t col,
+                                                    const cb_q_epilogue *e) {
+    __m512i d = _mm512_sub_epi32(acc, v->zsum);
+    __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(d), v->scale);
+    if (e->bias) y = _mm512_add_ps(y, v->bias);
     if (e->res) {
         /* the row tiles walk down a panel's columns, rows ldr floats apart, which
          * the hardware prefetcher does not follow: the line a few tiles down is
          * asked for (without it a residual from memory costs 3x the product) */
         _mm_prefetch((const char *)(e->res + (row + 48) * e->ldr + col), _MM_HINT_T0);
-        y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, e->res + row * e->ldr + col));
+        y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(v->mask, e->res + row * e->ldr + col));
     }
     if (e->act != CB_ACT_NONE) {
         y = _mm512_max_ps(_mm512_setzero_ps(), y);
         if (e->act == CB_ACT_RELU6) y = _mm512_min_ps(_mm512_set1_ps(6.0f), y);
     }
-    if (e->out_f) _mm512_mask_storeu_ps(e->out_f + row * e->ldf + col, mask, y);
+    if (e->out_f) _mm512_mask_storeu_ps(e->out_f + row * e->ldf + col, v->mask, y);
     if (e->out_q) {
         __m512 t = _mm512_div_ps(y, _mm512_set1_ps(e->q_scale));
         __m512i q;
         t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(e->q_lo)), _mm512_set1_ps(e->q_hi));
         q = _mm512_add_epi32(_mm512_cvtps_epi32(t), _mm512_set1_epi32(e->q_zero));
-        _mm_mask_storeu_epi8(e->out_q + row * e->ldq + col, mask, _mm512_cvtepi32_epi8(q));
+        _mm_mask_storeu_epi8(e->out_q + row * e->ldq + col, v->mask, _mm512_cvtepi32_epi8(q));
     }
 }
 
@@ -552,13 +571,19 @@ CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_q_tile_avx512(const uint8_t *a, ptrdiff_t l
     for (; g < kfull; g++) CB_Q_512_STEP(g, 0, 0);
     if (kq > kfull) CB_Q_512_STEP(kfull, 0, 1);
 #undef CB_Q_512_STEP
-    _Pragma("GCC unroll 8") for (r = 0; r < MR; r++)
-        _Pragma("GCC unroll 2") for (p = 0; p < NP; p++) {
-            _Pragma("GCC unroll 4") for (u = 1; u < U; u++)
-                acc[r][p][0] = _mm512_add_epi32(acc[r][p][0], acc[r][p][u]);
-            cb_q_epilogue_512(acc[r][p][0], panel + p * pstride + kq * CB_Q_GROUP, row + r,
-                              col + p * CB_Q_NR, n, e);
-        }
+    {
+        const cb_q_epilogue ee = *e;
+        cb_q_panel512 pv[2];
+        _Pragma("GCC unroll 2") for (p = 0; p < NP; p++)
+            pv[p] = cb_q_panel_512(panel + p * pstride + kq * CB_Q_GROUP, col + p * CB_Q_NR, n,
+                                   &ee);
+        _Pragma("GCC unroll 8") for (r = 0; r < MR; r++)
+            _Pragma("GCC unroll 2") for (p = 0; p < NP; p++) {
+                _Pragma("GCC unroll 4") for (u = 1; u < U; u++)
+                    acc[r][p][0] = _mm512_add_epi32(acc[r][p][0], acc[r][p][u]);
+                cb_q_epilogue_512(acc[r][p][0], &pv[p], row + r, col + p * CB_Q_NR, &ee);
+            }
+    }
 }
 #endif
 
