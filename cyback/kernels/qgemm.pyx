@@ -309,7 +309,8 @@ def gemm_prepared(a, packed, vectors, zero_a, activation=None, out_scale=None,
     cdef Py_ssize_t npan = cb_q_panels(n)
     if m == 0 or n == 0:
         return out
-    if a.strides[1] != 1 or a.strides[0] < k:
+    # rows may overlap (a 1-D convolution's windows, k bytes every C)
+    if a.strides[1] != 1 or a.strides[0] < 1:
         a = np.ascontiguousarray(a)
     cdef const uint8_t* ap = <const uint8_t*>cnp.PyArray_DATA(a)
     cdef Py_ssize_t lda = a.strides[0] if m > 1 else k

@@ -529,6 +529,13 @@ class QuantizedConv(_Quantized):
             a = _patches(q, self.kernel_size, self.strides, self.dilation, pads, out,
                          self.in_zero)
             y = self._product(a, packed, vectors, activation, residual=res)
+        elif self.rank == 1 and b == 1 and self.strides == (1,) and self.dilation == (1,):
+            # one sequence's windows are overlapping rows of it: kw * C bytes
+            # every C, read in place
+            qp = np.pad(q[0], (pads[0], (0, 0)), constant_values=self.in_zero) \
+                if pads[0] != (0, 0) else np.ascontiguousarray(q[0])
+            a = np.lib.stride_tricks.as_strided(qp, (out[0], k), (c, 1), writeable=False)
+            y = self._product(a, packed, vectors, activation, residual=res)
         else:
             # the patch rows formed a block at a time by the kernel
             if self.rank == 1:

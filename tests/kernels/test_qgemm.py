@@ -222,6 +222,18 @@ def test_residual_added_after_the_bias(each_set, rng, m, n):
         got, ref_gemm(a, w, 0.03, 9, sb, bias, "relu", residual=res))
 
 
+def test_overlapping_rows_are_read_in_place(each_set, rng):
+    # a 1-D convolution's windows: k bytes every c, as a strided view
+    c, kw, length = 5, 3, 40
+    seq = rng.integers(0, 256, (length, c), dtype=np.uint8)
+    rows = np.lib.stride_tricks.as_strided(seq, (length - kw + 1, kw * c), (c, 1),
+                                           writeable=False)
+    w = rng.integers(-128, 128, (kw * c, 19), dtype=np.int8)
+    sb = rng.uniform(1e-3, 1e-2, 19).astype(np.float32)
+    got = qgemm.gemm(rows, qgemm.pack_weights(w), 0.1, 7, sb)
+    assert same_bits(got, ref_gemm(np.ascontiguousarray(rows), w, 0.1, 7, sb))
+
+
 def test_residual_bad_arguments(rng):
     a, w, sb, _ = rand_case(rng, 4, 8, 6)
     packed, vectors = qgemm.pack_weights(w), qgemm.epilogue_vectors(1.0, sb)

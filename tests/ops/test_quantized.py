@@ -134,6 +134,11 @@ CONV_CASES = [
     (1, (2, 12, 4), (5,), (2,), (1,), "same"),
     (1, (1, 10, 2), (3,), (1,), (3,), "valid"),
     (1, (2, 9, 7), (1,), (1,), (1,), "valid"),
+    # one sequence, stride 1: its windows are overlapping rows, read in place
+    (1, (1, 13, 5), (3,), (1,), (1,), "valid"),
+    (1, (1, 13, 5), (4,), (1,), (1,), "same"),
+    (1, (1, 8, 3), (3,), (1,), (1,), "causal"),
+    (1, (1, 3, 6), (3,), (1,), (1,), "valid"),                # one window
 ]
 
 
