@@ -419,6 +419,30 @@ cdef void _gemm_part(int level, const uint8_t* a, Py_ssize_t lda, Py_ssize_t m, 
 
 # ---------------------------------------------------------------- patches
 
+def _window(fname, x, kernel_size, strides, dilation, pads):
+    """The checked geometry of a window over uint8 x (N, H, W, C):
+    (kh, kw, sh, sw, dh, dw, pt, pl, oh, ow)."""
+    if not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 4:
+        raise TypeError("%s: expected a 4-D uint8 array (N, H, W, C), got %s"
+                        % (fname, _describe(x)))
+    kh, kw = _pair(fname, "kernel_size", kernel_size, 1)
+    sh, sw = _pair(fname, "strides", strides, 1)
+    dh, dw = _pair(fname, "dilation", dilation, 1)
+    try:
+        (pt, pb), (pl, pr) = [[_index(v) for v in p] for p in pads]
+    except (TypeError, ValueError):
+        raise ValueError("%s: pads must be ((top, bottom), (left, right)), got %r"
+                         % (fname, pads)) from None
+    if min(pt, pb, pl, pr) < 0:
+        raise ValueError("%s: pads must be >= 0, got %r" % (fname, pads))
+    h, w = x.shape[1], x.shape[2]
+    eh, ew = h + pt + pb - (kh - 1) * dh, w + pl + pr - (kw - 1) * dw
+    if eh < 1 or ew < 1:
+        raise ValueError("%s: the %dx%d window (dilation %s) does not fit the padded "
+                         "input %s" % (fname, kh, kw, (dh, dw), (h + pt + pb, w + pl + pr)))
+    return kh, kw, sh, sw, dh, dw, pt, pl, (eh - 1) // sh + 1, (ew - 1) // sw + 1
+
+
 def im2col(x, kernel_size, strides=(1, 1), dilation=(1, 1), pads=((0, 0), (0, 0)),
            pad_value=0):
     """The uint8 patch matrix of a channels_last 2-D convolution of x
@@ -427,27 +451,11 @@ def im2col(x, kernel_size, strides=(1, 1), dilation=(1, 1), pads=((0, 0), (0, 0)
     reshaped to (kh * kw * C, F). Taps in the padding are ``pad_value`` (the
     zero point: the code of 0.0). ``pads``: ((top, bottom), (left, right)).
     A 1-D convolution is one of height 1. Returns (N * OH * OW, kh * kw * C)."""
-    if not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 4:
-        raise TypeError("im2col: expected a 4-D uint8 array (N, H, W, C), got %s"
-                        % _describe(x))
-    cdef Py_ssize_t kh, kw, sh, sw, dh, dw, pt, pb, pl, pr
-    kh, kw = _pair("im2col", "kernel_size", kernel_size, 1)
-    sh, sw = _pair("im2col", "strides", strides, 1)
-    dh, dw = _pair("im2col", "dilation", dilation, 1)
-    try:
-        (pt, pb), (pl, pr) = [[_index(v) for v in p] for p in pads]
-    except (TypeError, ValueError):
-        raise ValueError("im2col: pads must be ((top, bottom), (left, right)), got %r"
-                         % (pads,)) from None
-    if min(pt, pb, pl, pr) < 0:
-        raise ValueError("im2col: pads must be >= 0, got %r" % (pads,))
+    cdef Py_ssize_t kh, kw, sh, sw, dh, dw, pt, pl, oh, ow
+    kh, kw, sh, sw, dh, dw, pt, pl, oh, ow = _window("im2col", x, kernel_size, strides,
+                                                     dilation, pads)
     cdef int pv = _zero("im2col", "pad_value", pad_value)
     cdef Py_ssize_t b = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3]
-    cdef Py_ssize_t eh = h + pt + pb - (kh - 1) * dh, ew = w + pl + pr - (kw - 1) * dw
-    if eh < 1 or ew < 1:
-        raise ValueError("im2col: the %dx%d window (dilation %s) does not fit the padded "
-                         "input %s" % (kh, kw, (dh, dw), (h + pt + pb, w + pl + pr)))
-    cdef Py_ssize_t oh = (eh - 1) // sh + 1, ow = (ew - 1) // sw + 1
     out = np.empty((b * oh * ow, kh * kw * c), dtype=np.uint8)
     if out.size == 0:
         return out
@@ -480,32 +488,17 @@ def conv(x, packed, vectors, kernel_size, strides=(1, 1), dilation=(1, 1),
     a block at a time (about 96 kB) and multiplied while in cache instead of
     the whole patch matrix first. Returns (N * OH * OW, F), float32 or uint8
     codes; ``residual`` and ``keep_float`` as ``gemm_prepared``'s."""
-    if not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 4:
-        raise TypeError("conv: expected a 4-D uint8 array (N, H, W, C), got %s" % _describe(x))
-    _check_packed("conv", packed)
     cdef cb_q_patches g
-    cdef Py_ssize_t kh, kw, sh, sw, dh, dw, pt, pb, pl, pr
-    kh, kw = _pair("conv", "kernel_size", kernel_size, 1)
-    sh, sw = _pair("conv", "strides", strides, 1)
-    dh, dw = _pair("conv", "dilation", dilation, 1)
-    try:
-        (pt, pb), (pl, pr) = [[_index(v) for v in p] for p in pads]
-    except (TypeError, ValueError):
-        raise ValueError("conv: pads must be ((top, bottom), (left, right)), got %r"
-                         % (pads,)) from None
-    if min(pt, pb, pl, pr) < 0:
-        raise ValueError("conv: pads must be >= 0, got %r" % (pads,))
+    cdef Py_ssize_t kh, kw, sh, sw, dh, dw, pt, pl, oh, ow
+    kh, kw, sh, sw, dh, dw, pt, pl, oh, ow = _window("conv", x, kernel_size, strides,
+                                                     dilation, pads)
+    _check_packed("conv", packed)
     cdef Py_ssize_t b = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3]
-    cdef Py_ssize_t eh = h + pt + pb - (kh - 1) * dh, ew = w + pl + pr - (kw - 1) * dw
-    if eh < 1 or ew < 1:
-        raise ValueError("conv: the %dx%d window (dilation %s) does not fit the padded "
-                         "input %s" % (kh, kw, (dh, dw), (h + pt + pb, w + pl + pr)))
     cdef cb_q_header hd = cb_q_read_header(<const uint8_t*>cnp.PyArray_DATA(packed))
     cdef Py_ssize_t k = kh * kw * c, n = hd.n
     if hd.k != k:
         raise ValueError("conv: a %dx%d window over %d channels makes K = %d, the packed "
                          "weights have %d rows" % (kh, kw, c, k, hd.k))
-    cdef Py_ssize_t oh = (eh - 1) // sh + 1, ow = (ew - 1) // sw + 1
     cdef Py_ssize_t m = b * oh * ow
     cdef cb_q_epilogue e
     out = _epilogue("conv", &e, vectors, n, zero_a, activation, out_scale, out_zero_point,
