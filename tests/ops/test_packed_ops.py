@@ -5,6 +5,7 @@ import pickle
 
 import numpy as np
 import pytest
+from unoptimized import run_unoptimized
 
 import cyback as K
 from cyback.kernels import linalg as kernels_linalg
@@ -16,14 +17,6 @@ pytestmark = pytest.mark.skipif(not kernels_linalg.packed_available(),
 
 def _plan_names(f):
     return " ".join(repr(op) for op in f.plan_ops())
-
-
-def _plain(inputs, outputs, feeds):
-    K.set_graph_optimizer(False)
-    try:
-        return K.function(inputs, outputs)(feeds)
-    finally:
-        K.set_graph_optimizer(True)
 
 
 def _close(got, want):
@@ -58,7 +51,7 @@ def test_a_product_over_several_axes_with_a_residual(rng):
     assert "PackedProduct" in _plan_names(f)
     feeds = [rng.standard_normal((3, 6, 2, 5)).astype("float32"),
              rng.standard_normal((3, 6, 20)).astype("float32")]
-    _close(f(feeds)[0], _plain([x, r], [y], feeds)[0])
+    _close(f(feeds)[0], run_unoptimized([x, r], [y], feeds)[0])
 
 
 def test_a_bias_over_several_axes_goes_into_the_packed_product(rng):
@@ -91,7 +84,7 @@ def test_batchnorm_after_dense_is_folded_before_packing(rng):
     names = _plan_names(f)
     assert "PackedProduct" in names and "multiply" not in names
     feed = rng.standard_normal((5, 12)).astype("float32")
-    _close(f([feed])[0], _plain([x], [y], [feed])[0])
+    _close(f([feed])[0], run_unoptimized([x], [y], [feed])[0])
 
 
 def test_float64_and_training_plans_are_not_packed(rng):
@@ -129,7 +122,7 @@ def test_a_conv_with_batchnorm_residual_and_relu_runs_packed(rng):
     feeds = [rng.standard_normal((1, 7, 7, 72)).astype("float32"),
              rng.standard_normal((1, 7, 7, 40)).astype("float32")]
     got = f(feeds)[0]
-    _close(got, _plain([x, r], [y], feeds)[0])
+    _close(got, run_unoptimized([x, r], [y], feeds)[0])
     # a larger batch leaves the packed rule (too many positions): the same values
     big = [np.repeat(a, 12, axis=0) for a in feeds]
     _close(f(big)[0][:1], got)
@@ -147,7 +140,7 @@ def test_a_conv_of_large_maps_keeps_its_kernel_unpacked(rng):
     f = K.function([x], [K.conv2d(x, k, padding="same")])
     assert "PackedConv" in _plan_names(f)
     feed = rng.standard_normal((1, 7, 7, 72)).astype("float32")
-    _close(f([feed])[0], _plain([x], [K.conv2d(x, k, padding="same")], [feed])[0])
+    _close(f([feed])[0], run_unoptimized([x], [K.conv2d(x, k, padding="same")], [feed])[0])
 
 
 def test_a_padding_is_taken_in_before_the_kernel_is_packed(rng):
@@ -157,7 +150,7 @@ def test_a_padding_is_taken_in_before_the_kernel_is_packed(rng):
     names = _plan_names(f)
     assert "PackedConv" in names and "Pad" not in names
     feed = rng.standard_normal((2, 7, 7, 72)).astype("float32")
-    _close(f([feed])[0], _plain([x], [y], [feed])[0])
+    _close(f([feed])[0], run_unoptimized([x], [y], [feed])[0])
 
 
 def test_channels_first_and_depthwise_are_not_packed(rng):

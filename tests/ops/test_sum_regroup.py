@@ -4,6 +4,7 @@ its epilogue, with a residual after it; the values of the graph as written,
 up to rounding."""
 import numpy as np
 import pytest
+from unoptimized import run_unoptimized
 
 import cyback as K
 
@@ -24,14 +25,6 @@ def _conv(y, rng, c, f, bias=True):
     return y
 
 
-def _plain(inputs, outputs, feeds):
-    K.set_graph_optimizer(False)
-    try:
-        return K.function(inputs, outputs)(feeds)
-    finally:
-        K.set_graph_optimizer(True)
-
-
 def test_bias_and_batchnorm_shift_are_one_bias_in_the_kernel(rng):
     x = K.placeholder((None, 6, 6, 8))
     y = K.relu(_bn(_conv(x, rng, 8, 16), rng, 16))
@@ -39,7 +32,8 @@ def test_bias_and_batchnorm_shift_are_one_bias_in_the_kernel(rng):
     steps = f.plan_ops()
     assert len(steps) == 1 and steps[0].in_kernel is not None, steps
     feed = rng.standard_normal((2, 6, 6, 8)).astype("float32")
-    np.testing.assert_allclose(f([feed])[0], _plain([x], [y], [feed])[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(f([feed])[0], run_unoptimized([x], [y], [feed])[0], rtol=1e-5,
+                               atol=1e-5)
 
 
 def test_a_residual_block_adds_both_branches_biases_once(rng):
@@ -53,7 +47,8 @@ def test_a_residual_block_adds_both_branches_biases_once(rng):
     # its residual and the relu in its epilogue
     assert len(steps) == 2 and steps[1].in_kernel is not None, steps
     feed = rng.standard_normal((1, 6, 6, 16)).astype("float32")
-    np.testing.assert_allclose(f([feed])[0], _plain([x], [y], [feed])[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(f([feed])[0], run_unoptimized([x], [y], [feed])[0], rtol=1e-5,
+                               atol=1e-5)
 
 
 def test_a_sum_read_twice_is_not_computed_again_inside_the_next_sum(rng):
@@ -66,7 +61,7 @@ def test_a_sum_read_twice_is_not_computed_again_inside_the_next_sum(rng):
     steps = f.plan_ops()
     assert len(steps) == 2, steps
     feed = rng.standard_normal((3, 5, 5, 8)).astype("float32")
-    np.testing.assert_allclose(f([feed])[0], _plain([x], [out], [feed])[0], rtol=1e-5,
+    np.testing.assert_allclose(f([feed])[0], run_unoptimized([x], [out], [feed])[0], rtol=1e-5,
                                atol=1e-5)
 
 
@@ -80,7 +75,8 @@ def test_plain_sums_of_data_and_weights(dtype, rng):
     f = K.function([x, z], [y])
     feeds = [rng.standard_normal((4, 7)).astype(dtype), rng.standard_normal((4, 7)).astype(dtype)]
     tol = 1e-12 if dtype == "float64" else 1e-6
-    np.testing.assert_allclose(f(feeds)[0], _plain([x, z], [y], feeds)[0], rtol=tol, atol=tol)
+    np.testing.assert_allclose(f(feeds)[0], run_unoptimized([x, z], [y], feeds)[0], rtol=tol,
+                               atol=tol)
 
 
 def test_training_plans_keep_the_sum_as_written(rng):
@@ -90,5 +86,5 @@ def test_training_plans_keep_the_sum_as_written(rng):
     w = K.variable(np.ones(16, np.float32))
     step = K.function([x], [loss * w[0]], updates=[K.update_add(w, K.zeros_like(w))])
     feed = rng.standard_normal((1, 6, 6, 8)).astype("float32")
-    want = _plain([x], [loss * w[0]], [feed])[0]
+    want = run_unoptimized([x], [loss * w[0]], [feed])[0]
     np.testing.assert_array_equal(step([feed])[0], want)

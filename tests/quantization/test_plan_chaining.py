@@ -6,9 +6,9 @@ the float32 output, so the plan's results keep their bits."""
 import keras
 import numpy as np
 import pytest
+from unoptimized import optimizer_off, run_unoptimized
 
 import cyback
-from cyback.graph import optimize
 from cyback.ops import quantized as qops
 
 K = keras.backend
@@ -188,11 +188,7 @@ def test_float_readers_keep_the_float_output():
     assert _labels(f) == ['quantized_conv relu (float32 and uint8 out)',
                           'quantized_conv (uint8 in)', 'quantized_conv + relu',
                           'quantized_conv'], _labels(f)
-    optimize.set_graph_optimizer(False)
-    try:
-        want = K.function(q.inputs, q.outputs)([data])
-    finally:
-        optimize.set_graph_optimizer(True)
+    want = run_unoptimized(q.inputs, q.outputs, [data])
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
 
@@ -307,12 +303,9 @@ def test_a_residual_that_broadcasts_at_run_time_is_added_after_the_product():
     assert _labels(f) == ['quantized_conv + residual relu (uint8 out)',
                           'quantized_conv (uint8 in)'], _labels(f)
     got_full, got_broadcast = f([x, r])[0], f([x, r[:1]])[0]
-    optimize.set_graph_optimizer(False)
-    try:
+    with optimizer_off():
         plain = K.function(q.inputs, q.outputs)
         want_full, want_broadcast = plain([x, r])[0], plain([x, r[:1]])[0]
-    finally:
-        optimize.set_graph_optimizer(True)
     for got, want in ((got_full, want_full), (got_broadcast, want_broadcast)):
         assert got.shape == want.shape == (3, 5, 5, 2)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
