@@ -421,7 +421,7 @@ cdef void _gemm_part(int level, const uint8_t* a, Py_ssize_t lda, Py_ssize_t m, 
 
 def _window(fname, x, kernel_size, strides, dilation, pads):
     """The checked geometry of a window over uint8 x (N, H, W, C):
-    (kh, kw, sh, sw, dh, dw, pt, pl, oh, ow)."""
+    (kh, kw, sh, sw, dh, dw, pt, pb, pl, pr, oh, ow)."""
     if not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 4:
         raise TypeError("%s: expected a 4-D uint8 array (N, H, W, C), got %s"
                         % (fname, _describe(x)))
@@ -440,7 +440,7 @@ def _window(fname, x, kernel_size, strides, dilation, pads):
     if eh < 1 or ew < 1:
         raise ValueError("%s: the %dx%d window (dilation %s) does not fit the padded "
                          "input %s" % (fname, kh, kw, (dh, dw), (h + pt + pb, w + pl + pr)))
-    return kh, kw, sh, sw, dh, dw, pt, pl, (eh - 1) // sh + 1, (ew - 1) // sw + 1
+    return kh, kw, sh, sw, dh, dw, pt, pb, pl, pr, (eh - 1) // sh + 1, (ew - 1) // sw + 1
 
 
 def im2col(x, kernel_size, strides=(1, 1), dilation=(1, 1), pads=((0, 0), (0, 0)),
@@ -452,8 +452,8 @@ def im2col(x, kernel_size, strides=(1, 1), dilation=(1, 1), pads=((0, 0), (0, 0)
     zero point: the code of 0.0). ``pads``: ((top, bottom), (left, right)).
     A 1-D convolution is one of height 1. Returns (N * OH * OW, kh * kw * C)."""
     cdef Py_ssize_t kh, kw, sh, sw, dh, dw, pt, pl, oh, ow
-    kh, kw, sh, sw, dh, dw, pt, pl, oh, ow = _window("im2col", x, kernel_size, strides,
-                                                     dilation, pads)
+    kh, kw, sh, sw, dh, dw, pt, _, pl, _, oh, ow = _window("im2col", x, kernel_size, strides,
+                                                           dilation, pads)
     cdef int pv = _zero("im2col", "pad_value", pad_value)
     cdef Py_ssize_t b = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3]
     out = np.empty((b * oh * ow, kh * kw * c), dtype=np.uint8)
@@ -490,8 +490,8 @@ def conv(x, packed, vectors, kernel_size, strides=(1, 1), dilation=(1, 1),
     codes; ``residual`` and ``keep_float`` as ``gemm_prepared``'s."""
     cdef cb_q_patches g
     cdef Py_ssize_t kh, kw, sh, sw, dh, dw, pt, pl, oh, ow
-    kh, kw, sh, sw, dh, dw, pt, pl, oh, ow = _window("conv", x, kernel_size, strides,
-                                                     dilation, pads)
+    kh, kw, sh, sw, dh, dw, pt, _, pl, _, oh, ow = _window("conv", x, kernel_size, strides,
+                                                           dilation, pads)
     _check_packed("conv", packed)
     cdef Py_ssize_t b = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3]
     cdef cb_q_header hd = cb_q_read_header(<const uint8_t*>cnp.PyArray_DATA(packed))

@@ -35,25 +35,13 @@ def max_pool(x, pool_size, strides, pads=((0, 0), (0, 0))):
     """The max pool of uint8 codes x (N, H, W, C): (N, OH, OW, C), padded
     cells skipped (``pads``: ((top, bottom), (left, right)), each below the
     window)."""
-    if not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 4:
-        raise TypeError("max_pool: expected a 4-D uint8 array (N, H, W, C), got %s"
-                        % _describe(x))
-    cdef Py_ssize_t kh, kw, sh, sw, pt, pb, pl, pr
-    kh, kw = _pair("max_pool", "pool_size", pool_size, 1)
-    sh, sw = _pair("max_pool", "strides", strides, 1)
-    try:
-        (pt, pb), (pl, pr) = [[_index(v) for v in p] for p in pads]
-    except (TypeError, ValueError):
-        raise ValueError("max_pool: pads must be ((top, bottom), (left, right)), got %r"
-                         % (pads,)) from None
-    if min(pt, pb, pl, pr) < 0 or max(pt, pb) >= kh or max(pl, pr) >= kw:
-        raise ValueError("max_pool: pads must be >= 0 and below the window %s, got %r"
+    cdef Py_ssize_t kh, kw, sh, sw, pt, pb, pl, pr, oh, ow
+    kh, kw, sh, sw, _, _, pt, pb, pl, pr, oh, ow = _window("max_pool", x, pool_size, strides,
+                                                           1, pads)
+    if max(pt, pb) >= kh or max(pl, pr) >= kw:
+        raise ValueError("max_pool: pads must be below the window %s, got %r"
                          % ((kh, kw), pads))
     cdef Py_ssize_t b = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3]
-    if h + pt + pb < kh or w + pl + pr < kw:
-        raise ValueError("max_pool: the %dx%d window does not fit the padded input %s"
-                         % (kh, kw, (h + pt + pb, w + pl + pr)))
-    cdef Py_ssize_t oh = (h + pt + pb - kh) // sh + 1, ow = (w + pl + pr - kw) // sw + 1
     out = np.empty((b, oh, ow, c), dtype=np.uint8)
     if out.size == 0:
         return out
