@@ -44,6 +44,7 @@ from cyback.graph.tensor import (
     integer_problem,
     join_groups,
 )
+from cyback.kernels import datastack
 
 
 class Assign(object):
@@ -551,7 +552,10 @@ class Function(object):
 
 def _run_plan(plan, feeds):
     try:
-        return plan.run(*feeds)
+        # on a frame stack chunk of the thread's own: a plan's hundreds of
+        # Python calls otherwise cost an mmap each when the caller stands near
+        # the end of one of CPython's (kernels/datastack.pyx)
+        return datastack.call(plan.run, tuple(feeds))
     except Exception as e:
         new = _annotate(e, plan)
         if new is e:
