@@ -7,10 +7,12 @@ with ``cyback.load_model``: the import path users take is the one measured.
 The peers run the same weights: TF (``tf.function``), ONNX Runtime and
 OpenVINO (through tf2onnx; OpenVINO at f32 precision), LiteRT (XNNPACK).
 
-Every engine runs in a process of its own, one per round (the engines' order
-rotating from round to round); it checks each model's outputs against TF's
-to 1e-4 before it times. The table gives the median per-call time over the rounds, the best
-peer per model and cyback's ratio to it (> 1: cyback is faster).
+Every engine runs in a process of its own that stays open; the driver asks
+them in turn for one model and batch (the order rotating from round to round),
+so the times a ratio compares are taken seconds apart, not minutes: this
+machine's speed drifts. Each engine checks a model's outputs against TF's to
+1e-4 before it times. The table gives the median per-call time over the
+rounds, the best peer per model and cyback's ratio to it (> 1: cyback is faster).
 
 The peers live in another Python environment, never cyback's:
 
@@ -30,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from _interleave import Worker, rotated, serve
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS_DIR = os.path.join(HERE, "results")
@@ -231,25 +235,51 @@ def engine_version(engine):
         return "unknown"
 
 
-def run_one(engine, work, model, batch, threads):
-    """Check then time one engine on one model: a JSON line on stdout."""
+def check(engine, work, model, batch, threads):
+    """(the function to time, its result row): the engine's output is checked
+    against TensorFlow's first; a model an engine cannot run gets a row that
+    says why, and no function."""
     import numpy as np
     d = os.path.join(work, model)
     x = np.load(os.path.join(d, "x_b%d.npy" % batch))
     ref = np.load(os.path.join(d, "y_b%d.npy" % batch))
+    row = {"engine": engine, "model": model, "batch": batch}
     try:
         fn = cyback_runner(d, x, threads) if engine == "cyback" else \
             peer_runner(engine, d, x, threads)
         err = float(np.max(np.abs(np.asarray(fn(), dtype=np.float64).reshape(ref.shape) - ref)))
     except Exception as e:       # a peer that cannot run this model: reported, not fatal
-        return {"engine": engine, "model": model, "batch": batch,
-                "skipped": "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:200])}
-    row = {"engine": engine, "model": model, "batch": batch, "max_abs_err": err}
+        row["skipped"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:200])
+        return None, row
+    row["max_abs_err"] = err
     if not err <= TOLERANCE:
         row["skipped"] = "outputs differ from TF's by %.3g" % err
-        return row
-    row.update(time_calls(fn))
-    return row
+        return None, row
+    return fn, row
+
+
+class EngineServer:
+    """An engine's worker: answers "time this model at this batch", keeping
+    the model being measured loaded between the driver's rounds."""
+
+    def __init__(self, engine, work, threads):
+        self.engine, self.work, self.threads = engine, work, threads
+        self.checked = {}
+
+    def __call__(self, request):
+        if request.get("what") == "version":
+            head = {"version": engine_version(self.engine)}
+            if self.engine == "cyback":
+                from cyback.kernels.blas_threads import blas_info
+                head["blas"] = blas_info()
+            return head
+        key = (request["model"], request["batch"])
+        if key not in self.checked:
+            # the driver goes model by model: the previous one can go
+            self.checked = {k: v for k, v in self.checked.items() if k[0] == key[0]}
+            self.checked[key] = check(self.engine, self.work, key[0], key[1], self.threads)
+        fn, row = self.checked[key]
+        return row if fn is None else dict(row, **time_calls(fn))
 
 
 # ----------------------------------------------------------------- the driver (cyback's env)
@@ -312,7 +342,7 @@ def main(argv=None):
                    help="where the exported models are kept between runs")
     p.add_argument("--load-time", action="store_true")
     p.add_argument("--out", default="applications")
-    p.add_argument("--role", choices=("driver", "export", "run"), default="driver",
+    p.add_argument("--role", choices=("driver", "export", "serve"), default="driver",
                    help=argparse.SUPPRESS)
     p.add_argument("--engine", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -321,16 +351,8 @@ def main(argv=None):
     if args.role == "export":
         export(args.work, models, batches, args.threads)
         return 0
-    if args.role == "run":
-        head = {"engine": args.engine, "version": engine_version(args.engine)}
-        if args.engine == "cyback":
-            from cyback.kernels.blas_threads import blas_info
-            head["blas"] = blas_info()
-        print(json.dumps(head), flush=True)
-        for model in models:
-            for b in batches:
-                print(json.dumps(run_one(args.engine, args.work, model, b, args.threads)),
-                      flush=True)
+    if args.role == "serve":
+        serve(EngineServer(args.engine, args.work, args.threads))
         return 0
     if not args.tf_python:
         p.error("--tf-python is required: the peers and tf_keras live in another environment")
@@ -342,28 +364,20 @@ def main(argv=None):
                             "--batches", args.batches] + common)
     from _common import openblas_overrides, warn_openblas_overrides  # cyback's env only
     warn_openblas_overrides()
-    runs, versions = {}, {}
-    # One process per engine and round runs every model (TensorFlow's import
-    # alone takes seconds); the engines' order rotates from round to round.
-    for r in range(args.rounds):
-        order = engines[r % len(engines):] + engines[:r % len(engines)]
-        for engine in order:
-            python = sys.executable if engine == "cyback" else args.tf_python
-            out = _spawn(python, ["--role", "run", "--engine", engine, "--models", args.models,
-                                  "--batches", args.batches] + common)
-            for line in out.strip().splitlines():
-                if not line.startswith("{"):
-                    continue
-                row = json.loads(line)
-                if "version" in row:
-                    versions[engine] = row["version"]
-                    if "blas" in row:
-                        versions["cyback_blas"] = row["blas"]
-                    continue
-                runs.setdefault((row["model"], row["batch"], engine), []).append(row)
-                print("  round %d %-18s b%-2d %-9s %s" % (
-                    r + 1, row["model"], row["batch"], engine, row.get("skipped") or
-                    "%.3f ms" % (1e3 * row["median_s"])), file=sys.stderr, flush=True)
+    workers = {e: Worker(e, [sys.executable if e == "cyback" else args.tf_python,
+                             os.path.abspath(__file__), "--role", "serve", "--engine", e] + common)
+               for e in engines}
+    try:
+        versions = {}
+        for engine, w in workers.items():
+            head = w.ask({"what": "version"})
+            versions[engine] = head["version"]
+            if "blas" in head:
+                versions["cyback_blas"] = head["blas"]
+        runs = time_interleaved(workers, models, batches, args.rounds)
+    finally:
+        for w in workers.values():
+            w.close()
     table = summarize(runs, models, batches, engines)
     print_table(table, engines)
     result = {"threads": args.threads, "rounds": args.rounds, "load_average": os.getloadavg(),
@@ -385,6 +399,22 @@ def main(argv=None):
         json.dump(result, f, indent=1)
     print("wrote", path)
     return 0
+
+
+def time_interleaved(workers, models, batches, rounds):
+    """{(model, batch, engine): [row per round]}: every engine timed on one
+    model and batch before the next, in an order that rotates each round."""
+    runs = {}
+    engines = list(workers)
+    for i, (model, b) in enumerate((m, b) for m in models for b in batches):
+        for r in range(rounds):
+            for engine in rotated(engines, i + r):
+                row = workers[engine].ask({"model": model, "batch": b})
+                runs.setdefault((model, b, engine), []).append(row)
+                print("  round %d %-18s b%-2d %-9s %s" % (
+                    r + 1, model, b, engine, row.get("skipped") or
+                    "%.3f ms" % (1e3 * row["median_s"])), file=sys.stderr, flush=True)
+    return runs
 
 
 def summarize(runs, models, batches, engines):
