@@ -28,8 +28,9 @@ the float .tflite) and against TensorFlow's, as the largest absolute
 difference and that difference over the largest |reference|; top-1 agreement
 on the classifiers. These figures do not depend on the machine's load.
 
-Speed: every engine in a process of its own, one per round (the order
-rotating from round to round), the median per-call time at each batch; cyback
+Speed: every engine in a process of its own that stays open, asked in turn for
+one model and batch (the order rotating from round to round, so the times a
+ratio compares are seconds apart), the median per-call time; cyback
 float32 is timed too. The table gives the best int8 peer, cyback int8's speed
 relative to it (the peer's time over cyback's: above 1, cyback is faster) and
 cyback's int8 speed-up over its own float32.
@@ -56,6 +57,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import bench_applications as apps  # noqa: E402  (no cyback import: usable in the peers' Python)
+from _interleave import Worker, rotated, serve  # noqa: E402
 
 ENGINES = ("cyback", "ort", "openvino", "litert")
 MODELS = ("mobilenetv2", "resnet50", "text_cnn")
@@ -258,37 +260,60 @@ def accuracy_row(engine, d, make_float, make_int8):
     return row
 
 
-def run_engine(engine, work, models, batches, threads, accuracy):
-    """JSON lines on stdout: per model an accuracy row (when ``accuracy``),
-    per model and batch a timing row."""
-    import numpy as np
-    for model in models:
-        d = os.path.join(work, model)
-        base = {"engine": engine, "model": model}
-        try:
-            make_float, make_int8 = makers(engine, d, threads)
-            if accuracy:
-                print(json.dumps(dict(base, kind="accuracy",
-                                      **accuracy_row(engine, d, make_float, make_int8))),
-                      flush=True)
-        except Exception as e:      # reported, not fatal: the other models still run
-            reason = str(e) if isinstance(e, Unavailable) else "%s: %s" % (
-                type(e).__name__, str(e).splitlines()[0][:200])
-            print(json.dumps(dict(base, kind="accuracy", skipped=reason)), flush=True)
-            continue
-        for b in batches:
-            x = np.load(os.path.join(d, "x_b%d.npy" % b))
-            row = dict(base, kind="time", batch=b)
-            timed = (("float32", make_float), ("int8", make_int8)) if engine == "cyback" else \
-                (("int8", make_int8),)
-            for precision, make in timed:
+class EngineServer:
+    """An engine's worker: answers "accuracy of this model" and "time this model
+    at this batch", keeping the model being measured loaded between rounds."""
+
+    def __init__(self, engine, work, threads):
+        self.engine, self.work, self.threads = engine, work, threads
+        self.model, self.made, self.timed = None, None, {}
+
+    def _load(self, model):
+        if model != self.model:     # the driver goes model by model: the previous one can go
+            self.model, self.made, self.timed = model, None, {}
+            try:
+                self.made = makers(self.engine, os.path.join(self.work, model), self.threads)
+            except Exception as e:      # reported, not fatal: the other models still run
+                self.made = str(e) if isinstance(e, Unavailable) else "%s: %s" % (
+                    type(e).__name__, str(e).splitlines()[0][:200])
+        return self.made
+
+    def __call__(self, request):
+        if request["what"] == "version":
+            return {"version": versions(self.engine)}
+        model = request["model"]
+        base = {"engine": self.engine, "model": model}
+        made = self._load(model)
+        if isinstance(made, str):
+            return dict(base, kind=request["what"], skipped=made)
+        if request["what"] == "accuracy":
+            return dict(base, kind="accuracy",
+                        **accuracy_row(self.engine, os.path.join(self.work, model), *made))
+        return self._time(base, request["batch"], made)
+
+    def _time(self, base, b, made):
+        import numpy as np
+        row = dict(base, kind="time", batch=b)
+        if b not in self.timed:
+            x = np.load(os.path.join(self.work, base["model"], "x_b%d.npy" % b))
+            names = ("float32", "int8") if self.engine == "cyback" else ("int8",)
+            fns = {}
+            for precision, make in zip(("float32", "int8"), made):
+                if precision not in names:
+                    continue
                 fn = make(x)
                 y = np.asarray(fn())
                 if y.shape[0] != b or not np.all(np.isfinite(y)):
-                    row["skipped"] = "%s output of shape %s, or not finite" % (precision, y.shape)
+                    fns = "%s output of shape %s, or not finite" % (precision, y.shape)
                     break
-                row[precision + "_s"] = apps.time_calls(fn)["median_s"]
-            print(json.dumps(row), flush=True)
+                fns[precision] = fn
+            self.timed[b] = fns
+        fns = self.timed[b]
+        if isinstance(fns, str):
+            return dict(row, skipped=fns)
+        for precision, fn in fns.items():
+            row[precision + "_s"] = apps.time_calls(fn)["median_s"]
+        return row
 
 
 def versions(engine):
@@ -310,6 +335,25 @@ def _spawn(python, args):
     if out.returncode != 0:
         raise RuntimeError("%s failed:\n%s" % (" ".join(args), out.stderr[-3000:]))
     return out.stdout
+
+
+def run_interleaved(workers, models, batches, rounds):
+    """Per model, every engine's accuracy (deterministic: once), then per
+    batch and round every engine's times, in an order rotating each round."""
+    times, accuracy = {}, {}
+    engines = list(workers)
+    for i, model in enumerate(models):
+        for engine in engines:
+            accuracy[(model, engine)] = workers[engine].ask({"what": "accuracy", "model": model})
+        for j, b in enumerate(batches):
+            for r in range(rounds):
+                for engine in rotated(engines, i + j + r):
+                    row = workers[engine].ask({"what": "time", "model": model, "batch": b})
+                    times.setdefault((model, b, engine), []).append(row)
+                    print("  round %d %-12s b%-2d %-9s %s" % (
+                        r + 1, model, b, engine, row.get("skipped") or
+                        "int8 %.3f ms" % (1e3 * row["int8_s"])), file=sys.stderr, flush=True)
+    return times, accuracy
 
 
 def summarize(times, models, batches, engines):
@@ -397,19 +441,17 @@ def main(argv=None):
     p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "cyback-int8"),
                    help="where the exported and quantized models are kept between runs")
     p.add_argument("--out", default="int8_models")
-    p.add_argument("--role", choices=("driver", "export", "run"), default="driver",
+    p.add_argument("--role", choices=("driver", "export", "serve"), default="driver",
                    help=argparse.SUPPRESS)
     p.add_argument("--engine", help=argparse.SUPPRESS)
-    p.add_argument("--accuracy", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     models = args.models.split(",")
     batches = [int(b) for b in args.batches.split(",")]
     if args.role == "export":
         export_int8(args.work, models, batches, args.threads, args.calibration, args.evaluation)
         return 0
-    if args.role == "run":
-        print(json.dumps({"engine": args.engine, "version": versions(args.engine)}), flush=True)
-        run_engine(args.engine, args.work, models, batches, args.threads, args.accuracy)
+    if args.role == "serve":
+        serve(EngineServer(args.engine, args.work, args.threads))
         return 0
     if not args.tf_python:
         p.error("--tf-python is required: the peers and tf_keras live in another environment")
@@ -424,26 +466,16 @@ def main(argv=None):
     for line in out.splitlines():
         if " int8: " in line:
             print("  " + line, file=sys.stderr)
-    times, accuracy, engine_versions = {}, {}, {}
-    for r in range(args.rounds):
-        order = engines[r % len(engines):] + engines[:r % len(engines)]
-        for engine in order:
-            python = sys.executable if engine == "cyback" else args.tf_python
-            extra = ["--accuracy"] if r == 0 else []   # deterministic: the first round's stands
-            out = _spawn(python, ["--role", "run", "--engine", engine] + extra + common)
-            for line in out.strip().splitlines():
-                if not line.startswith("{"):
-                    continue
-                row = json.loads(line)
-                if "version" in row:
-                    engine_versions[engine] = row["version"]
-                elif row["kind"] == "accuracy":
-                    accuracy[(row["model"], engine)] = row
-                else:
-                    times.setdefault((row["model"], row["batch"], engine), []).append(row)
-                    print("  round %d %-12s b%-2d %-9s %s" % (
-                        r + 1, row["model"], row["batch"], engine, row.get("skipped") or
-                        "int8 %.3f ms" % (1e3 * row["int8_s"])), file=sys.stderr, flush=True)
+    workers = {e: Worker(e, [sys.executable if e == "cyback" else args.tf_python,
+                             os.path.abspath(__file__), "--role", "serve", "--engine", e] +
+                         ["--work", args.work, "--threads", str(args.threads)])
+               for e in engines}
+    try:
+        engine_versions = {e: w.ask({"what": "version"})["version"] for e, w in workers.items()}
+        times, accuracy = run_interleaved(workers, models, batches, args.rounds)
+    finally:
+        for w in workers.values():
+            w.close()
     table = summarize(times, models, batches, engines)
     print_tables(table, accuracy, engines, models)
     peer_status = {}
