@@ -6,6 +6,7 @@ from cyback.layers import _args
 from cyback.layers._einsum import einsum
 from cyback.layers._keras import import_keras
 from cyback.layers.einsum_dense import EinsumDense
+from cyback.ops.attention import Attention
 
 keras = import_keras()
 K = keras.backend
@@ -321,6 +322,25 @@ class MultiHeadAttention(Layer):
         d = self.key_dim
         return out[..., :d], out[..., d:2 * d], out[..., 2 * d:]
 
+    def _attend(self, q, k, v, attention_mask, training):
+        """(output, probabilities) from the scaled query, the key and the value,
+        as separate ops: the scores, the masked softmax, the dropout, the sum."""
+        scores = einsum(K, self._dot_equation, k, q)
+        probabilities = masked_softmax(scores, attention_mask, self._norm_axes)
+        dropped = probabilities
+        if self.dropout > 0.0:
+            rate = self.dropout
+            dropped = K.in_train_phase(lambda: K.dropout(probabilities, rate),
+                                       probabilities, training=training)
+        return einsum(K, self._combine_equation, dropped, v), probabilities
+
+    def _fused(self, q, k, v, attention_mask):
+        """The output of one attention axis (rank-4 (B, T, H, D) heads) as one op."""
+        if attention_mask is None:
+            return Attention()(q, k, v)
+        bias = (1.0 - K.cast(attention_mask, K.dtype(q))) * _MASKED_SCORE
+        return Attention(biased=True)(q, k, v, bias)
+
     def call(self, inputs, mask=None, attention_mask=None, return_attention_scores=False,
              training=None, use_causal_mask=False):
         cls = type(self).__name__
@@ -348,20 +368,20 @@ class MultiHeadAttention(Layer):
             k = self._key_dense.call(key)
             v = self._value_dense.call(value)
             q = q * (1.0 / math.sqrt(float(self.key_dim)))
-        scores = einsum(K, self._dot_equation, k, q)
         if attention_mask is not None:
             # (batch, T, S) -> (batch, 1, T, S): one axis per axis of the scores the mask
             # lacks, before the query's attention axes.
             at = -2 * len(self._axes) - 1
-            while K.ndim(attention_mask) < K.ndim(scores):
+            while K.ndim(attention_mask) < self._norm_axes[-1] + 1:   # the scores' rank
                 attention_mask = K.expand_dims(attention_mask, at)
-        probabilities = masked_softmax(scores, attention_mask, self._norm_axes)
-        dropped = probabilities
-        if self.dropout > 0.0:
-            rate = self.dropout
-            dropped = K.in_train_phase(lambda: K.dropout(probabilities, rate),
-                                       probabilities, training=training)
-        out = einsum(K, self._combine_equation, dropped, v)
+        if return_attention_scores or self._rank != 3:
+            out, probabilities = self._attend(q, k, v, attention_mask, training)
+        else:
+            # At inference one fused op (ops/attention.py); in training the separate
+            # ops, which have the dropout and every order of derivative.
+            out = K.in_train_phase(
+                lambda: self._attend(q, k, v, attention_mask, training)[0],
+                lambda: self._fused(q, k, v, attention_mask), training=training)
         if gate is not None:
             out = out * gate
         out = self._output_dense.call(out)

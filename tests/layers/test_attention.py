@@ -384,3 +384,42 @@ def np_mha_general(w, x):
     ctx = np.einsum('bnts,bsnh->btnh', probs, v)
     return np.einsum('btnh,nho->bto', ctx, w['attention_output/kernel']) + \
         w['attention_output/bias']
+
+
+@pytest.mark.parametrize('masked', [False, True])
+def test_inference_runs_one_fused_attention_that_matches_the_training_ops(
+        fresh_learning_phase, masked):
+    rs = np.random.RandomState(11)
+    q = rs.randn(3, 5, 6).astype('float32')
+    v = rs.randn(3, 4, 6).astype('float32')
+    mask = rs.rand(3, 5, 4) > 0.3
+    mask[:, :, 0] = True
+    layer = MultiHeadAttention(3, 2, value_dim=4)
+    qp, vp = _placeholders(q, v)
+    mp = K.placeholder(shape=(None, 5, 4), dtype='bool')
+    out = layer(qp, vp, attention_mask=mp if masked else None)
+    w = _set_random(layer)
+    phase = K.learning_phase()
+    inputs = [qp, vp] + ([mp] if masked else [])
+    f = K.function(inputs + [phase], [out])
+    feed = [q, v] + ([mask] if masked else [])
+    fused, separate = f(feed + [0])[0], f(feed + [1])[0]
+    expected, _ = np_mha(w, q.astype('float64'), v.astype('float64'),
+                         mask=mask if masked else None)
+    np.testing.assert_allclose(fused, expected, rtol=2e-4, atol=2e-5)
+    np.testing.assert_allclose(fused, separate, rtol=2e-5, atol=2e-6)
+    ops = [type(op).__name__ for op in f.plan_ops(0)]
+    assert ops.count('Attention') == 1 and 'Softmax' not in ops
+    assert 'Attention' not in [type(op).__name__ for op in f.plan_ops(1)]
+
+
+def test_scores_returned_keep_the_separate_ops():
+    rs = np.random.RandomState(12)
+    x = rs.randn(2, 4, 6).astype('float32')
+    layer = MultiHeadAttention(2, 3)
+    xp, = _placeholders(x)
+    out, scores = layer(xp, xp, return_attention_scores=True)
+    f = K.function([xp], [out, scores])
+    got_out, got_scores = f([x])
+    assert 'Attention' not in [type(op).__name__ for op in f.plan_ops(0)]
+    np.testing.assert_allclose(got_scores.sum(-1), 1, rtol=1e-5)
