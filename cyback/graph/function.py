@@ -44,7 +44,7 @@ from cyback.graph.tensor import (
     integer_problem,
     join_groups,
 )
-from cyback.kernels import datastack
+from cyback.kernels import datastack, large_blocks
 
 
 class Assign(object):
@@ -111,6 +111,50 @@ class _Plan(object):
         # source line → (op, the backend function that built it), for errors
         self.step_lines = step_lines
         self.steps = steps
+        self.large_rows = _rows_for_large_blocks(steps)
+
+    def takes_large_blocks(self, feeds):
+        """Whether a call on ``feeds`` may allocate an array large enough for
+        the cache of large blocks (swapping NumPy's allocator in and out
+        costs about half a microsecond, which a small plan need not pay)."""
+        rows = self.large_rows
+        if rows is None:
+            return False
+        if rows == 0:
+            return True
+        for f in feeds:
+            try:
+                if len(f) >= rows:
+                    return True
+            except TypeError:       # a scalar or an object: cannot tell
+                return True
+        return False
+
+
+def _rows_for_large_blocks(steps):
+    """The fewest rows (the length of the longest feed) at which some array
+    of the plan reaches the large-block cache's size: 0 when one may at any
+    size (a static one that large, or a shape unknown past its first axis),
+    None when the cache is off or no array can."""
+    least = large_blocks.min_bytes()
+    if least is None:
+        return None
+    rows = None
+    for _, _, outs in steps:
+        for t in outs:
+            shape = t.shape
+            if not shape:
+                continue
+            if None in shape[1:]:
+                return 0
+            size = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(t.dtype).itemsize
+            if shape[0] is not None:
+                if size * shape[0] >= least:
+                    return 0
+            elif size > 0:
+                need = -(-least // size)
+                rows = need if rows is None else min(rows, need)
+    return rows
 
 
 def _rewrite(targets, givens):
@@ -551,6 +595,9 @@ class Function(object):
 
 
 def _run_plan(plan, feeds):
+    # arrays above glibc's mmap threshold come from a cache of blocks kept
+    # mapped between calls (kernels/large_blocks.pyx)
+    previous = large_blocks.enter() if plan.takes_large_blocks(feeds) else None
     try:
         # on a frame stack chunk of the thread's own: a plan's hundreds of
         # Python calls otherwise cost an mmap each when the caller stands near
@@ -561,6 +608,8 @@ def _run_plan(plan, feeds):
         if new is e:
             raise
         raise new from e    # the chain keeps the traceback into the op
+    finally:
+        large_blocks.leave(previous)
 
 
 def _copy_value(x):

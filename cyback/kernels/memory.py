@@ -10,8 +10,11 @@ convolutional network (docs/performance.md, "Memory").
 ``keep_freed_memory()`` sets glibc's mmap threshold to its maximum (32 MiB:
 smaller blocks come from the heap) and its trim threshold to 256 MiB (up to
 that much free memory stays mapped for the next call), which is what caching
-allocators of other ML runtimes do. The price is memory: after a peak, up
-to 256 MiB of it is kept rather than returned. ``CYBACK_MALLOC=system`` keeps
+allocators of other ML runtimes do. Blocks above 32 MiB, which glibc maps
+afresh whatever its thresholds, are kept by ``kernels/large_blocks.pyx``
+while a compiled function runs (``LARGE_BLOCK_BUDGET``, 512 MiB). The price
+is memory: after a peak, up to 256 MiB plus that budget is kept rather than
+returned. ``CYBACK_MALLOC=system`` keeps
 glibc's defaults, and so does any glibc malloc setting of the user's own
 (``GLIBC_TUNABLES`` with a ``glibc.malloc.`` tunable, ``MALLOC_*_``
 variables). Other C libraries are left alone.
@@ -43,6 +46,7 @@ _M_MMAP_THRESHOLD = -3
 
 MMAP_THRESHOLD = 32 << 20       # glibc's largest accepted value on 64-bit
 TRIM_THRESHOLD = 256 << 20
+LARGE_BLOCK_BUDGET = 512 << 20  # blocks above MMAP_THRESHOLD kept by kernels/large_blocks.pyx
 WORKER_TRIM_THRESHOLD = 64 << 20    # a Dask worker's (the docstring above says why)
 
 _applied = None
@@ -87,6 +91,10 @@ def keep_freed_memory(environ=os.environ):
     _applied = False
     if _glibc() and not _user_chose(environ):
         _applied = set_thresholds(MMAP_THRESHOLD, TRIM_THRESHOLD)
+        if _applied:
+            # what glibc maps afresh whatever its thresholds: kept by cyback instead
+            from cyback.kernels import large_blocks
+            large_blocks.configure(MMAP_THRESHOLD, LARGE_BLOCK_BUDGET)
     return _applied
 
 

@@ -308,7 +308,9 @@ _DECLARED = [
         details="By default, with glibc, cyback raises the allocator's mmap threshold to "
                 "32 MiB and its trim threshold to 256 MiB, so that the large arrays a "
                 "compiled function frees stay in the process for its next call instead "
-                "of being unmapped and page-faulted back in. The price is up to 256 MiB "
+                "of being unmapped and page-faulted back in; blocks above 32 MiB, which "
+                "glibc always unmaps, are kept by cyback's own cache (up to 512 MiB) "
+                "while a compiled function runs. The price is up to 256 MiB plus 512 MiB "
                 "kept after a peak. Any glibc malloc setting of your own "
                 "(`GLIBC_TUNABLES` with a `glibc.malloc.` tunable, `MALLOC_*_` "
                 "variables) also keeps the defaults."),
