@@ -156,8 +156,13 @@ ATTR static void CB_TYPED(cb_depthwise_kgrad_cl_row_)(const T *const *xr, const 
     }                                                                                     \
     CB_VACT(a0, ACT); CB_VACT(a1, ACT); CB_VACT(a2, ACT); CB_VACT(a3, ACT);               \
     CB_VACT(a4, ACT); CB_VACT(a5, ACT); CB_VACT(a6, ACT); CB_VACT(a7, ACT)
+/* The forward row's vectors of channels: VL apart, the last one ending at C
+ * (it recomputes a few channels of the one before, to the same bits: each
+ * lane's arithmetic is the same whatever the vector), so that only rows of
+ * fewer than VL channels go one channel at a time. CV is then C, or 0. */
+#define CB_DW_NEXT_C(c) ((c) + 2 * VL <= C ? (c) + VL : ((c) + VL < C ? C - VL : C))
 #define CB_DEPTHWISE_K3_BLOCK(o, JL, JH, ACT)                                             \
-    for (c = 0; c < CV; c += VL) {                                                        \
+    for (c = 0; c < CV; c = CB_DW_NEXT_C(c)) {                                            \
         for (q_ = 0; q_ < pfn && pfp < pfe; q_++, pfp += 64) __builtin_prefetch(pfp, 0, 3); \
         CB_DEPTHWISE_K3_SUMS(o, JL, JH, ACT);                                             \
         *(V *)(y + (o) * C + c) = a0;                                                     \
@@ -173,7 +178,7 @@ ATTR static void CB_TYPED(cb_depthwise_kgrad_cl_row_)(const T *const *xr, const 
 /* Output pixel px of a row, one vector of channels at a time, skipping the
  * taps that fall on padding. */
 #define CB_DEPTHWISE_ONE_PIXEL(px)                                                        \
-    for (c = 0; c < CV; c += VL) {                                                        \
+    for (c = 0; c < CV; c = CB_DW_NEXT_C(c)) {                                            \
         V a0 = (V){0};                                                                    \
         ptrdiff_t iw0 = (px) * sw - pw;                                                   \
         if (bias) a0 = *(const V *)(bias + c);                                            \
@@ -205,7 +210,7 @@ ATTR static void CB_TYPED(cb_depthwise_kgrad_cl_row_)(const T *const *xr, const 
         const ptrdiff_t jl = pw, jh = W + pw;                                             \
         V *out[8];                                                                        \
         V sink[8];                                                                        \
-        for (c = 0; c < CV; c += VL) {                                                    \
+        for (c = 0; c < CV; c = CB_DW_NEXT_C(c)) {                                        \
             int p_;                                                                       \
             CB_DEPTHWISE_K3_SUMS(0, jl, jh, ACT);                                         \
             /* Outputs past the row go to a scratch vector, not past y. */                \
@@ -269,7 +274,7 @@ ATTR static void CB_TYPED(cb_depthwise_fwd_cl_row_)(const T *const *xr, const T 
         ptrdiff_t C, ptrdiff_t xs, ptrdiff_t W, ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t OW,
         ptrdiff_t sw, ptrdiff_t dil_w, ptrdiff_t pw, const T *bias, int act,
         const void *pf, ptrdiff_t pfb) {
-    ptrdiff_t lo, hi, c, ow, ky, kx, iw, CV = C - C % VL;
+    ptrdiff_t lo, hi, c, ow, ky, kx, iw, CV = C >= VL ? C : 0;
     ptrdiff_t sC = sw * xs;
     const char *pfp = (const char *)pf, *pfe = pf ? pfp + pfb : pfp;
     ptrdiff_t pfn = 0, q_;
@@ -294,7 +299,7 @@ ATTR static void CB_TYPED(cb_depthwise_fwd_cl_row_)(const T *const *xr, const T 
         if (ow >= lo && ow < hi && ow + 4 > hi && hi - lo >= 4) ow = hi - 4;
         if (ow >= lo && ow + 4 <= hi) {
             /* Four interior pixels: every tap valid, one kernel load each. */
-            for (c = 0; c < CV; c += VL) {
+            for (c = 0; c < CV; c = CB_DW_NEXT_C(c)) {
                 V a0 = (V){0}, a1, a2, a3;
                 if (bias) a0 = *(const V *)(bias + c);
                 a1 = a0; a2 = a0; a3 = a0;

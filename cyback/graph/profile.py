@@ -125,6 +125,15 @@ def profile(function, inputs, calls=10, learning_phase=0):
             return np.asarray(t.default, dtype=t.dtype)
         raise ValueError("profile: no value for %r" % (t,))
 
+    # A value goes once its last reader has run, as in the plan: kept, the
+    # model's whole working set would be allocated afresh at every step.
+    last_read = {}
+    for i, (_, ins, _) in enumerate(plan.steps):
+        for x in ins:
+            last_read[x.id] = i
+    for t in plan.targets:
+        last_read[t.id] = len(plan.steps)
+    shapes = {}
     times = np.zeros((calls, len(plan.steps)))
     env = None
     for c in range(calls):
@@ -136,6 +145,11 @@ def profile(function, inputs, calls=10, learning_phase=0):
             times[c, i] = time.perf_counter() - t0
             for o, v in zip(outs, values):
                 env[o.id] = v
+                shapes[o.id] = tuple(np.shape(v))
+            del args, values
+            for x in ins:
+                if last_read.get(x.id) == i and x.id not in known:
+                    env.pop(x.id, None)
     call_times = []
     for _ in range(calls):
         t0 = time.perf_counter()
@@ -145,8 +159,9 @@ def profile(function, inputs, calls=10, learning_phase=0):
     for i, (op, ins, outs) in enumerate(plan.steps):
         node = outs[0].node
         steps.append(StepTime(i, _label(op), None if node is None else node.call,
-                              [tuple(np.shape(value_of(x, env))) for x in ins],
-                              [tuple(np.shape(env[o.id])) for o in outs if o.id in env],
+                              [shapes[x.id] if x.id in shapes else
+                               tuple(np.shape(value_of(x, env))) for x in ins],
+                              [shapes[o.id] for o in outs if o.id in shapes],
                               float(np.median(times[:, i]))))
     outputs = [value_of(t, env) for t in plan.targets[:len(function.outputs)]]
     return Profile(steps, float(np.median(call_times)), outputs)

@@ -79,23 +79,24 @@ def forward_call(x_shape, k_shape, strides, dilation, pads, channels_last, dtype
         # no array fits: every call goes through depthwise_forward
         call.x_shape, call.typenum = (), -1
         return call
-    if M == 1 and C % PAD_CHANNELS and dtype == np.float32 and cb_simd_has_avx2():
+    if M == 1 and C < PAD_CHANNELS and dtype == np.float32 and cb_simd_has_avx2():
         return PaddedForwardCall(call, x_shape, k_shape, has_bias, strides, dilation, pads,
                                  activation)
     return call
 
 
-# channels_last float32 layers of a multiple of PAD_CHANNELS channels run all
-# their channels in vectors; the others' last C % VL channels run one at a
-# time, which on NASNet's 11, 22 and 44 channels makes the whole layer 3-5x
-# slower than on 16, 24 and 48 (benchmarks/bench_conv.py has no depthwise
-# rows; tests/kernels/test_depthwise_prepared.py checks the values).
+# channels_last float32 rows of at least a vector of channels run all their
+# channels in vectors (the last vector ends at the last channel, overlapping
+# the one before: include/cyback_depthwise_last.h); a layer of fewer channels
+# than a vector would run them one at a time, which is slower than copying it
+# with zero channels up to a vector (tests/kernels/test_depthwise_prepared.py
+# checks the values).
 PAD_CHANNELS = 8
 
 
 cdef class PaddedForwardCall:
-    """A ForwardCall for channels_last float32 layers of C channels, not a
-    multiple of PAD_CHANNELS, with a depth multiplier of 1: x, the kernel and
+    """A ForwardCall for channels_last float32 layers of fewer than
+    PAD_CHANNELS channels, with a depth multiplier of 1: x, the kernel and
     the bias are copied with zero channels up to the next multiple, the
     padded layer runs in vectors only, and its first C channels are the
     result. Each channel's sum is the vector path's, whose taps add in the

@@ -77,26 +77,36 @@ def test_preparing_checks_like_depthwise_forward():
                                ((0, 0), (0, 0)), True, "float32")
 
 
-# channels_last float32 layers of a channel count that is not a multiple of
-# depthwise.PAD_CHANNELS run padded (PaddedForwardCall): NASNet's 11, 22, 44
-PADDED = [
-    ((1, 12, 12, 11), (7, 7, 11, 1), (1, 1), (1, 1), ((3, 3), (3, 3))),
-    ((2, 13, 9, 22), (5, 5, 22, 1), (2, 2), (1, 1), ((1, 2), (2, 1))),
-    ((1, 9, 9, 44), (3, 3, 44, 1), (1, 1), (2, 2), ((2, 2), (2, 2))),
+# channels_last float32 layers of fewer channels than depthwise.PAD_CHANNELS
+# run padded (PaddedForwardCall); wider ones that are no multiple of a vector
+# (NASNet's 11, 22, 44) run their last vector overlapping the one before.
+NARROW = [
     ((3, 5, 6, 1), (3, 3, 1, 1), (1, 1), (1, 1), ((1, 1), (1, 1))),
     ((1, 6, 6, 3), (3, 3, 3, 1), (2, 1), (1, 1), ((0, 1), (1, 1))),
 ]
+ODD = [
+    ((1, 12, 12, 11), (7, 7, 11, 1), (1, 1), (1, 1), ((3, 3), (3, 3))),
+    ((2, 13, 9, 22), (5, 5, 22, 1), (2, 2), (1, 1), ((1, 2), (2, 1))),
+    ((1, 9, 9, 44), (3, 3, 44, 1), (1, 1), (2, 2), ((2, 2), (2, 2))),
+    ((2, 20, 19, 13), (3, 3, 13, 1), (1, 1), (1, 1), ((1, 1), (1, 1))),
+    ((1, 11, 11, 9), (5, 5, 9, 1), (2, 2), (1, 1), ((0, 1), (0, 1))),
+]
 
 
-@pytest.mark.parametrize("epilogue", [(False, None), (True, "relu"), (True, "relu6")])
-@pytest.mark.parametrize("case", PADDED)
-def test_padded_channels_give_the_same_bits(case, epilogue):
-    xs, ks, s, d, p = case
-    with_bias, act = epilogue
+def _operands(xs, ks, with_bias):
     rng = np.random.default_rng(sum(xs))
     x = rng.standard_normal(xs).astype(np.float32)
     k = rng.standard_normal(ks).astype(np.float32)
     bias = rng.standard_normal(ks[-2]).astype(np.float32) if with_bias else None
+    return x, k, bias
+
+
+@pytest.mark.parametrize("epilogue", [(False, None), (True, "relu"), (True, "relu6")])
+@pytest.mark.parametrize("case", NARROW)
+def test_padded_channels_give_the_same_bits(case, epilogue):
+    xs, ks, s, d, p = case
+    with_bias, act = epilogue
+    x, k, bias = _operands(xs, ks, with_bias)
     call = depthwise.forward_call(xs, ks, s, d, p, True, np.float32, with_bias, act)
     if depthwise._use_avx2(True):
         assert type(call).__name__ == "PaddedForwardCall"
@@ -107,6 +117,26 @@ def test_padded_channels_give_the_same_bits(case, epilogue):
     # arrays it was not prepared for take depthwise_forward
     xf = np.asfortranarray(x)
     np.testing.assert_array_equal(call(xf, k, bias), want)
+
+
+@pytest.mark.parametrize("epilogue", [(False, None), (True, "relu6")])
+@pytest.mark.parametrize("case", ODD)
+def test_odd_channel_counts_run_overlapping_vectors_to_the_same_bits(case, epilogue):
+    xs, ks, s, d, p = case
+    with_bias, act = epilogue
+    x, k, bias = _operands(xs, ks, with_bias)
+    call = depthwise.forward_call(xs, ks, s, d, p, True, np.float32, with_bias, act)
+    assert type(call).__name__ == "ForwardCall"
+    got = call(x, k, bias)
+    # every channel as it comes out of a layer of whole vectors of channels
+    vl = depthwise.PAD_CHANNELS
+    c = xs[-1]
+    for lo in sorted(set(list(range(0, c - vl + 1, vl)) + [c - vl])):
+        part = slice(lo, lo + vl)
+        alone = depthwise.depthwise_forward(
+            np.ascontiguousarray(x[..., part]), np.ascontiguousarray(k[:, :, part]), s, d, p,
+            True, bias=None if bias is None else bias[part].copy(), activation=act)
+        np.testing.assert_array_equal(got[..., part], alone)
 
 
 def test_whole_vectors_and_multipliers_are_not_padded():
