@@ -39,6 +39,7 @@
  *   d = acc - za * colsum[n]                        (int32, exact)
  *   y = (float)d * s[n] (+ bias[n])                 (float32, two roundings)
  *   y = y (+ res[m, n])                             (a residual, float32)
+ *   y = y (+ (float)(rq[m, n] - zr) * sr)           (or a residual of uint8 codes)
  *   y = act(y)                                      (none, relu, relu6)
  *   float output:  y
  *   uint8 output:  clamp(rint(y / so), -zo, 255 - zo) + zo   (NaN -> 0)
@@ -90,6 +91,10 @@ typedef struct {
     const float *bias;     /* padded, or NULL */
     const float *res;      /* a float32 (M, N) residual added after the bias, or NULL */
     ptrdiff_t ldr;
+    const uint8_t *res_q;  /* or a residual of uint8 codes, (code - res_zero) * res_scale */
+    ptrdiff_t ldrq;
+    float res_scale;
+    int32_t res_zero;
     int32_t za;            /* the activations' zero point */
     int act;               /* CB_ACT_NONE / RELU / RELU6 */
     float *out_f;          /* float32 output, or NULL */
@@ -155,6 +160,9 @@ static void cb_q_epilogue_scalar(const int32_t *acc, const int32_t *colsum, ptrd
         float y = (float)d * e->scale[col + j];
         if (e->bias) y = y + e->bias[col + j];
         if (e->res) y = y + e->res[row * e->ldr + col + j];
+        if (e->res_q)
+            y = y + (float)((int32_t)e->res_q[row * e->ldrq + col + j] - e->res_zero) *
+                        e->res_scale;
         if (e->act != CB_ACT_NONE) {
             y = 0.0f > y ? 0.0f : y;          /* NaN stays NaN, as vmaxps(0, y) */
             if (e->act == CB_ACT_RELU6) y = 6.0f < y ? 6.0f : y;
@@ -326,6 +334,24 @@ CB_Q_ALWAYS CB_Q_AVX2_ATTR void cb_q_epilogue_256(__m256i acc0, __m256i acc1,
     int v, valid = (int)(n - col < CB_Q_NR ? n - col : CB_Q_NR);
     float res[CB_Q_NR];
     const float *r = NULL;
+    if (e->res_q) {     /* the codes as floats, then as a float32 residual */
+        const uint8_t *c = e->res_q + row * e->ldrq + col;
+        uint8_t tmp[CB_Q_NR];
+        const __m256i zr = _mm256_set1_epi32(e->res_zero);
+        const __m256 sr = _mm256_set1_ps(e->res_scale);
+        _mm_prefetch((const char *)(c + 64 * e->ldrq), _MM_HINT_T0);
+        if (valid < CB_Q_NR) {
+            memset(tmp, 0, sizeof tmp);
+            memcpy(tmp, c, (size_t)valid);
+            c = tmp;
+        }
+        for (v = 0; v < 2; v++) {
+            __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + 8 * v)));
+            _mm256_storeu_ps(res + 8 * v,
+                             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(w, zr)), sr));
+        }
+        r = res;
+    }
     if (e->res) {
         r = e->res + row * e->ldr + col;
         _mm_prefetch((const char *)(r + 64 * e->ldr), _MM_HINT_T0);  /* see the 512-bit one */
@@ -521,6 +547,14 @@ CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_q_epilogue_512(__m512i acc, const cb_q_pane
          * asked for (without it a residual from memory costs 3x the product) */
         _mm_prefetch((const char *)(e->res + (row + 48) * e->ldr + col), _MM_HINT_T0);
         y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(v->mask, e->res + row * e->ldr + col));
+    }
+    if (e->res_q) {
+        const uint8_t *c = e->res_q + row * e->ldrq + col;
+        __m512i w;
+        _mm_prefetch((const char *)(c + 48 * e->ldrq), _MM_HINT_T0);
+        w = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(v->mask, c));
+        w = _mm512_sub_epi32(w, _mm512_set1_epi32(e->res_zero));
+        y = _mm512_add_ps(y, _mm512_mul_ps(_mm512_cvtepi32_ps(w), _mm512_set1_ps(e->res_scale)));
     }
     if (e->act != CB_ACT_NONE) {
         y = _mm512_max_ps(_mm512_setzero_ps(), y);
@@ -877,6 +911,7 @@ static void cb_q_conv_part(int level, const cb_q_patches *g, ptrdiff_t m0, ptrdi
         if (at.out_f) at.out_f += mb * at.ldf;
         if (at.out_q) at.out_q += mb * at.ldq;
         if (at.res) at.res += mb * at.ldr;
+        if (at.res_q) at.res_q += mb * at.ldrq;
         cb_q_patch_rows(g, mb, me, buf);
         cb_q_gemm_part(level, buf, k, 0, me - mb, k, packed, 0, np, n, &at);
     }

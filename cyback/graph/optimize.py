@@ -117,10 +117,13 @@ class Context(object):
         """The one (scale, zero point) every reader of ``t`` takes it as codes
         of, or None (a plan output, a float32 reader, two quantizations)."""
         wants = self.codes_wanted(t)
-        if not wants or None in wants or len(wants) != self.users(t) or \
-                any(w != wants[0] for w in wants):
+        if not wants or None in wants or len(wants) != self.users(t):
             return None
-        return wants[0]
+        # a reader of a residual takes codes of any quantization
+        concrete = [w for w in wants if w != ("any", "codes")]
+        if not concrete or any(w != concrete[0] for w in concrete):
+            return None
+        return concrete[0]
 
     def codes_through(self, op, inputs):
         """``op`` (one that commutes with quantizing its input: a max pool, a

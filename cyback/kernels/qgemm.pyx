@@ -18,6 +18,7 @@ instruction set (AVX-512 VNNI, AVX-VNNI, AVX2, scalar) gives the same bits,
 at any thread count and whatever the thread team's state: the sums are exact
 and the epilogue runs the same float32 operations in the same order.
 """
+import math
 import numpy as np
 cimport numpy as cnp
 
@@ -42,6 +43,10 @@ cdef extern from "cyback_qgemm.h" nogil:
         const float* bias
         const float* res
         Py_ssize_t ldr
+        const uint8_t* res_q
+        Py_ssize_t ldrq
+        float res_scale
+        int32_t res_zero
         int32_t za
         int act
         float* out_f
@@ -356,6 +361,7 @@ cdef object _epilogue(str fname, cb_q_epilogue* e, vectors, Py_ssize_t n, zero_a
     e.scale = padded
     e.bias = NULL
     e.res = NULL
+    e.res_q = NULL
     e.ldr = 0
     if vectors.shape[0] == 2:
         e.bias = padded + npan * CB_Q_NR
@@ -387,10 +393,32 @@ cdef object _epilogue(str fname, cb_q_epilogue* e, vectors, Py_ssize_t n, zero_a
 
 
 cdef object _residual(str fname, cb_q_epilogue* e, residual, Py_ssize_t m, Py_ssize_t n):
-    """Point ``e`` at ``residual`` (float32 (m, n)); returns the array read
-    (a copy when its rows are not of unit stride), to be kept alive."""
+    """Point ``e`` at ``residual``: float32 (m, n), or ``(codes, scale,
+    zero_point)`` with uint8 codes (m, n) standing for (codes - zero_point) *
+    scale. Returns the array read (a copy when its rows are not of unit
+    stride), to be kept alive."""
     if residual is None:
         return None
+    if isinstance(residual, tuple):
+        if len(residual) != 3:
+            raise ValueError("%s: a residual of codes is (codes, scale, zero_point), got %d "
+                             "items" % (fname, len(residual)))
+        codes, scale, zero = residual
+        if not isinstance(codes, np.ndarray) or codes.dtype != np.uint8 or \
+                codes.shape != (m, n):
+            raise ValueError("%s: the residual codes must be a uint8 array of the output's "
+                             "shape %s, got %s" % (fname, (m, n), _describe(codes)))
+        scale = float(scale)
+        if not (scale > 0 and math.isfinite(scale)):
+            raise ValueError("%s: the residual's scale must be positive and finite, got %r"
+                             % (fname, scale))
+        e.res_zero = _zero(fname, "the residual's zero_point", zero)
+        if n > 0 and (codes.strides[1] != 1 or codes.strides[0] < n):
+            codes = np.ascontiguousarray(codes)
+        e.res_q = <const uint8_t*>cnp.PyArray_DATA(codes)
+        e.ldrq = codes.strides[0] if m > 1 else n
+        e.res_scale = scale
+        return codes
     if not isinstance(residual, np.ndarray) or residual.dtype != np.float32 or \
             residual.shape != (m, n):
         raise ValueError("%s: the residual must be a float32 array of the output's shape %s, "
@@ -503,7 +531,7 @@ def conv(x, packed, vectors, kernel_size, strides=(1, 1), dilation=(1, 1),
     cdef cb_q_epilogue e
     out = _epilogue("conv", &e, vectors, n, zero_a, activation, out_scale, out_zero_point,
                     (m, n), keep_float)
-    residual = _residual("conv", &e, residual, m, n)
+    held = _residual("conv", &e, residual, m, n)
     if m == 0 or n == 0:
         return out
     cdef double work = _gemm_work(m, n, k)

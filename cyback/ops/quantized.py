@@ -50,12 +50,21 @@ class _ResidualShape(Exception):
 
 
 def _residual_rows(residual, shape):
-    # the residual as the product's (rows, columns), or None
+    # the residual as the product's (rows, columns) -- for codes, (codes rows,
+    # scale, zero point) -- or None
     if residual is None:
         return None
+    if isinstance(residual, tuple):
+        rows = _residual_rows(residual[0], shape)
+        return (rows,) + tuple(residual[1:])
     if residual.shape != tuple(shape):
         raise _ResidualShape()
     return residual.reshape(-1, shape[-1]) if len(shape) else residual
+
+
+#: what a reader that takes a residual as codes says it wants: codes of any
+#: quantization (the one the other readers asked for)
+ANY_CODES = ("any", "codes")
 
 
 def _known(api, what, dims):
@@ -133,9 +142,15 @@ class _Quantized(Op):
     #: the last operand is a float32 residual of the output's shape, added
     #: after the bias and before the activation
     residual_in = False
+    #: (scale, zero point) when that residual operand is uint8 codes instead
+    residual_codes = None
     #: whether inference plans hand codes from one int8 op to the next
     #: (``share``); off, to compare, in tests and benchmarks
     chaining = True
+    #: whether a residual another int8 op makes as codes is read as those
+    #: codes (the sum then sees the residual quantized, as the int8 paths of
+    #: other engines do); off: the float32 residual, to the bit of no chaining
+    quantized_residual = True
 
     def __init__(self, in_scale, in_zero, activation):
         if activation not in FUSED_ACTIVATIONS:
@@ -162,6 +177,7 @@ class _Quantized(Op):
                                        ("float32 and uint8 out", self.also_codes is not None))
                  if on]
         return self.api + (" + residual" if self.residual_in else "") + \
+            (" codes" if self.residual_codes is not None else "") + \
             ("" if self.activation == "linear" else " " + self.activation) + \
             (" (%s)" % ", ".join(sides) if sides else "")
 
@@ -186,23 +202,30 @@ class _Quantized(Op):
     def infer(self, *operands):
         own, residual = self._split(operands)
         shape = self._shape(*own)
-        if residual is not None and (residual.dtype != "float32" or
+        dtype = "float32" if self.residual_codes is None else "uint8"
+        if residual is not None and (residual.dtype != dtype or
                                      tuple(residual.shape) != tuple(shape)):
-            raise ValueError("%s: the residual must be float32 of the output's shape %s, got "
-                             "%s %s" % (self.api, shape, residual.dtype, residual.shape))
+            raise ValueError("%s: the residual must be %s of the output's shape %s, got "
+                             "%s %s" % (self.api, dtype, shape, residual.dtype, residual.shape))
         return self._outputs(shape)
 
     def compute(self, *operands, activation=None, residual=None):
         own, res = self._split(operands)
         if res is not None:
             residual = np.asarray(res)
+            if self.residual_codes is not None:
+                residual = (residual,) + tuple(self.residual_codes)
             try:
                 return self._pair(self._compute(*own, activation=activation,
                                                 residual=residual))
             except _ResidualShape:
                 # a residual that broadcasts at run time: added after the op
-                y = self._with(out_codes=None, also_codes=None, residual_in=False)._compute(
-                    *own, activation="linear")
+                if isinstance(residual, tuple):
+                    codes, scale, zero = residual
+                    residual = (codes.astype(np.int32) - zero).astype(np.float32) * \
+                        np.float32(scale)
+                y = self._with(out_codes=None, also_codes=None, residual_in=False,
+                               residual_codes=None)._compute(*own, activation="linear")
                 return self._pair(self._finish(y + residual, activation or self.activation))
         return self._pair(self._compute(*own, activation=activation, residual=residual))
 
@@ -331,10 +354,17 @@ class _Quantized(Op):
 
     def codes_wanted(self, position, ctx=None, outputs=None):
         """The (scale, zero point) of the codes this op would take for
-        operand ``position`` in place of a float32 tensor, or None."""
-        if position != 0 or self.codes_in or not _Quantized.chaining:
+        operand ``position`` in place of a float32 tensor, ANY_CODES for a
+        residual operand (codes of whatever quantization), or None."""
+        if not _Quantized.chaining:
             return None
-        return (self.in_scale, self.in_zero)
+        if position == 0 and not self.codes_in:
+            return (self.in_scale, self.in_zero)
+        if self.residual_in and self.residual_codes is None and \
+                _Quantized.quantized_residual and outputs and outputs[0].node is not None and \
+                position == len(outputs[0].node.inputs) - 1:
+            return ANY_CODES
+        return None
 
     def share(self, inputs, ctx):
         """The third walk of an inference plan: an input another op makes as
@@ -347,13 +377,16 @@ class _Quantized(Op):
         made = ctx.codes.get(inputs[0])
         if made is not None and made[0] == op.codes_wanted(0):
             op, inputs[0], changed = op._with(codes_in=True), made[1], True
+        made = ctx.codes.get(inputs[-1]) if op.residual_in else None
+        if made is not None and op.residual_codes is None and _Quantized.quantized_residual:
+            op, inputs[-1], changed = op._with(residual_codes=made[0]), made[1], True
         out = ctx.outputs[0]
         wants = ctx.codes_wanted(out)
-        codes = [w for w in wants if w is not None]
+        codes = [w for w in wants if w is not None and w != ANY_CODES]
         if op.out_codes is None and op.also_codes is None and codes and \
                 all(w == codes[0] for w in codes):
             scale, zero = codes[0]
-            if len(codes) == len(wants) == ctx.users(out):
+            if len([w for w in wants if w is not None]) == len(wants) == ctx.users(out):
                 y = op._with(out_codes=(scale, zero))(*inputs)
                 ctx.codes[y] = ((scale, zero), y)
                 return [y]

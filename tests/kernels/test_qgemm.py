@@ -222,6 +222,55 @@ def test_residual_added_after_the_bias(each_set, rng, m, n):
         got, ref_gemm(a, w, 0.03, 9, sb, bias, "relu", residual=res))
 
 
+@pytest.mark.parametrize("m,n", [(1, 16), (5, 37), (70, 64), (33, 3)])
+def test_residual_of_codes_is_the_dequantized_residual(each_set, rng, m, n):
+    # (codes - zero) * scale added as a float32 residual, to the bit, on every
+    # set; codes with rows longer than N (a view) are read in place
+    a, w, sb, bias = rand_case(rng, m, 23, n)
+    wide = rng.integers(0, 256, (m, n + 5), dtype=np.uint8)
+    codes = wide[:, 3:n + 3]
+    scale, zero = np.float32(0.037), 17
+    res = (codes.astype(np.int32) - zero).astype(np.float32) * scale
+    vectors = qgemm.epilogue_vectors(0.03, sb, bias)
+    packed = qgemm.pack_weights(w)
+    for act in (None, "relu", "relu6"):
+        got = qgemm.gemm_prepared(a, packed, vectors, 9, act, residual=(codes, scale, zero))
+        assert same_bits(got, ref_gemm(a, w, 0.03, 9, sb, bias, act, residual=res)), act
+        got = qgemm.gemm_prepared(a, packed, vectors, 9, act, 0.05, 100,
+                                  residual=(codes, scale, zero), keep_float=True)
+        want_f = ref_gemm(a, w, 0.03, 9, sb, bias, act, residual=res)
+        want_q = ref_gemm(a, w, 0.03, 9, sb, bias, act, 0.05, 100, res)
+        assert same_bits(got[0], want_f) and same_bits(got[1], want_q), act
+
+
+def test_residual_of_codes_in_a_convolution(each_set, rng):
+    x = rng.integers(0, 256, (2, 9, 8, 5), dtype=np.uint8)
+    w = rng.integers(-128, 128, (3, 3, 5, 21), dtype=np.int8)
+    sb = rng.uniform(1e-3, 1e-2, 21).astype(np.float32)
+    packed = qgemm.pack_weights(w.reshape(-1, 21))
+    vectors = qgemm.epilogue_vectors(0.02, sb)
+    codes = rng.integers(0, 256, (2, 7, 6, 21), dtype=np.uint8)
+    res = (codes.astype(np.int32) - 3).astype(np.float32) * np.float32(0.5)
+    args = ((3, 3), (1, 1), (1, 1), ((0, 0), (0, 0)), 4)
+    want = qgemm.conv(x, packed, vectors, *args, residual=res.reshape(-1, 21))
+    got = qgemm.conv(x, packed, vectors, *args, residual=(codes.reshape(-1, 21), 0.5, 3))
+    assert same_bits(got, want)
+
+
+def test_residual_of_codes_bad_arguments(rng):
+    a, w, sb, _ = rand_case(rng, 4, 8, 6)
+    packed, vectors = qgemm.pack_weights(w), qgemm.epilogue_vectors(1.0, sb)
+    codes = np.zeros((4, 6), np.uint8)
+    for bad, match in (((codes, 0.5), "codes is \\(codes, scale, zero_point\\)"),
+                       ((codes.astype(np.int8), 0.5, 0), "residual codes must be a uint8"),
+                       ((codes[:, :5], 0.5, 0), "residual codes must be a uint8"),
+                       ((codes, 0.0, 0), "scale must be positive"),
+                       ((codes, float("nan"), 0), "scale must be positive"),
+                       ((codes, 0.5, 256), "zero_point must be an integer")):
+        with pytest.raises(ValueError, match=match):
+            qgemm.gemm_prepared(a, packed, vectors, 0, residual=bad)
+
+
 def test_overlapping_rows_are_read_in_place(each_set, rng):
     # a 1-D convolution's windows: k bytes every c, as a strided view
     c, kw, length = 5, 3, 40
