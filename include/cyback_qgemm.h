@@ -227,13 +227,30 @@ typedef struct {
  * pixel (b, oy, ox) is row (b * oh + oy) * ow + ox, holding the window's taps
  * in (ky, kx, c) order, c fastest; taps in the padding take the activations'
  * zero point (the code of 0.0). */
+/* n bytes from src to dst: the runs of a patch row are a few bytes to a few
+ * dozen (a 3-channel stem's 9), where a call to memcpy costs more than the
+ * copy; two overlapping fixed-size moves cover any n from 4 to 32 exactly. */
+static inline void cb_q_copy_run(uint8_t *dst, const uint8_t *src, size_t n) {
+    if (n >= 16 && n <= 32) {
+        memcpy(dst, src, 16);
+        memcpy(dst + n - 16, src + n - 16, 16);
+    } else if (n >= 8 && n < 16) {
+        memcpy(dst, src, 8);
+        memcpy(dst + n - 8, src + n - 8, 8);
+    } else if (n >= 4 && n < 8) {
+        memcpy(dst, src, 4);
+        memcpy(dst + n - 4, src + n - 4, 4);
+    } else {
+        memcpy(dst, src, n);
+    }
+}
+
 static void cb_q_patch_rows(const cb_q_patches *g, ptrdiff_t p0, ptrdiff_t p1, uint8_t *out) {
     const ptrdiff_t c = g->c, kw = g->kw, w = g->w, h = g->h;
     ptrdiff_t r, ky, kx;
+    ptrdiff_t line = p0 / g->ow, ox = p0 % g->ow, b = line / g->oh, oy = line % g->oh;
     uint8_t *dst = out;
     for (r = p0; r < p1; r++) {
-        const ptrdiff_t line = r / g->ow, ox = r % g->ow;
-        const ptrdiff_t b = line / g->oh, oy = line % g->oh;
         const uint8_t *img = g->x + b * h * w * c;
         for (ky = 0; ky < g->kh; ky++) {
             const ptrdiff_t iy = oy * g->sh - g->pt + ky * g->dh;
@@ -245,7 +262,8 @@ static void cb_q_patch_rows(const cb_q_patches *g, ptrdiff_t p0, ptrdiff_t p1, u
                 if (iy < 0 || iy >= h || hi <= lo) lo = hi = 0;
                 if (lo > 0) memset(dst, g->pad, (size_t)(lo * c));
                 if (hi > lo)
-                    memcpy(dst + lo * c, img + (iy * w + ix0 + lo) * c, (size_t)((hi - lo) * c));
+                    cb_q_copy_run(dst + lo * c, img + (iy * w + ix0 + lo) * c,
+                                  (size_t)((hi - lo) * c));
                 if (hi < kw) memset(dst + hi * c, g->pad, (size_t)((kw - hi) * c));
                 dst += kw * c;
                 continue;
@@ -255,7 +273,15 @@ static void cb_q_patch_rows(const cb_q_patches *g, ptrdiff_t p0, ptrdiff_t p1, u
                 if (iy < 0 || iy >= h || ix < 0 || ix >= w)
                     memset(dst, g->pad, (size_t)c);
                 else
-                    memcpy(dst, img + (iy * w + ix) * c, (size_t)c);
+                    cb_q_copy_run(dst, img + (iy * w + ix) * c, (size_t)c);
+            }
+        }
+        /* the next output pixel: (b, oy, ox) in row-major order */
+        if (++ox == g->ow) {
+            ox = 0;
+            if (++oy == g->oh) {
+                oy = 0;
+                b++;
             }
         }
     }

@@ -40,12 +40,14 @@ class Gather(Op):
         return [(tuple(idx.shape) + tuple(ref.shape[1:]), ref.dtype)]
 
     def compute(self, ref, idx):
-        n = ref.shape[0]
-        if idx.size and (idx.max() >= n or idx.min() < -n):
+        try:
+            # np.take checks the range itself (mode 'raise': -n <= i < n)
+            return (np.take(ref, idx, axis=0),)
+        except IndexError:
+            n = ref.shape[0]
             bad = idx[(idx >= n) | (idx < -n)].ravel()[0]
             raise ValueError("gather: index %d is out of range for a reference of shape %s"
-                             % (bad, ref.shape))
-        return (np.take(ref, idx, axis=0),)
+                             % (bad, ref.shape)) from None
 
     def share(self, inputs, ctx):
         # rows of a weight table gathered for int8 layers only (an embedding
