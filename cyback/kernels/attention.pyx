@@ -18,11 +18,11 @@ cimport cython
 cimport cython.parallel
 cimport numpy as cnp
 from cython.parallel cimport prange
-from libc.math cimport exp, INFINITY
 from libc.stdlib cimport free, malloc
 
 from cyback.kernels._blas cimport floating, gemm
 from cyback.kernels.runtime cimport threads_for
+from cyback.kernels._softmax_row cimport softmax_row_d
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 
 cnp.import_array()
@@ -32,26 +32,6 @@ cdef extern from "cyback_vmath.h" nogil:
 
 # the scores of one block of query rows stay about this size (L2-resident)
 cdef Py_ssize_t BLOCK_BYTES = 64 * 1024
-
-
-cdef void _softmax_row_d(double* x, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t i
-    cdef double m = -INFINITY, v, s = 0
-    for i in range(n):
-        v = x[i]
-        if v > m or v != v:
-            m = v
-            if v != v:
-                break
-    if m == -INFINITY:
-        m = 0
-    for i in range(n):
-        v = exp(x[i] - m)
-        x[i] = v
-        s = s + v
-    s = 1 / s
-    for i in range(n):
-        x[i] = x[i] * s
 
 
 cdef struct Layout:
@@ -84,7 +64,7 @@ cdef void _block(const floating* q, const floating* k, const floating* v,
         if floating is float:
             cb_vm_softmax_row_f(row, row, L.S)
         else:
-            _softmax_row_d(row, L.S)
+            softmax_row_d(row, row, L.S)
     gemm(False, False, <int>n, <int>L.Dv, <int>L.S, <floating>1, scores, <int>L.S,
          vp, <int>L.vs, <floating>0, op, <int>(L.H * L.Dv))
 

@@ -11,10 +11,10 @@ depend on the thread count."""
 import numpy as np
 cimport numpy as cnp
 from cython.parallel cimport prange
-from libc.math cimport exp, INFINITY
 
 from cyback.kernels import settings as _settings
 from cyback.kernels.runtime cimport threads_for
+from cyback.kernels._softmax_row cimport softmax_row_d
 
 cnp.import_array()
 
@@ -42,26 +42,6 @@ def _use_avx512(bint on):
     return bool(cb_simd_use_avx512(on))
 
 
-cdef void _row_d(const double* x, double* y, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t i
-    cdef double m = -INFINITY, v, s = 0
-    for i in range(n):
-        v = x[i]
-        if v > m or v != v:
-            m = v
-            if v != v:
-                break
-    if m == -INFINITY:
-        m = 0
-    for i in range(n):
-        v = exp(x[i] - m)
-        y[i] = v
-        s = s + v
-    s = 1 / s
-    for i in range(n):
-        y[i] = y[i] * s
-
-
 cdef void _rows_f(const float* x, float* y, Py_ssize_t rows, Py_ssize_t n,
                   int threads) noexcept nogil:
     cdef Py_ssize_t r
@@ -78,10 +58,10 @@ cdef void _rows_d(const double* x, double* y, Py_ssize_t rows, Py_ssize_t n,
     cdef Py_ssize_t r
     if threads > 1:
         for r in prange(rows, num_threads=threads, schedule="static"):
-            _row_d(x + r * n, y + r * n, n)
+            softmax_row_d(x + r * n, y + r * n, n)
     else:
         for r in range(rows):
-            _row_d(x + r * n, y + r * n, n)
+            softmax_row_d(x + r * n, y + r * n, n)
 
 
 def softmax_last(x):
