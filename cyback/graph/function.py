@@ -147,7 +147,11 @@ def _rows_for_large_blocks(steps):
                 continue
             if None in shape[1:]:
                 return 0
-            size = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(t.dtype).itemsize
+            try:
+                itemsize = np.dtype(t.dtype).itemsize
+            except TypeError:       # not a NumPy dtype: assume the widest
+                itemsize = 16
+            size = int(np.prod(shape[1:], dtype=np.int64)) * itemsize
             if shape[0] is not None:
                 if size * shape[0] >= least:
                     return 0
