@@ -223,10 +223,6 @@ typedef struct {
     uint8_t pad;
 } cb_q_patches;
 
-/* Rows p0 .. p1 - 1 of the patch matrix into out (row p0 first): output
- * pixel (b, oy, ox) is row (b * oh + oy) * ow + ox, holding the window's taps
- * in (ky, kx, c) order, c fastest; taps in the padding take the activations'
- * zero point (the code of 0.0). */
 /* n bytes from src to dst: the runs of a patch row are a few bytes to a few
  * dozen (a 3-channel stem's 9), where a call to memcpy costs more than the
  * copy; two overlapping fixed-size moves cover any n from 4 to 32 exactly. */
@@ -245,6 +241,10 @@ static inline void cb_q_copy_run(uint8_t *dst, const uint8_t *src, size_t n) {
     }
 }
 
+/* Rows p0 .. p1 - 1 of the patch matrix into out (row p0 first): output
+ * pixel (b, oy, ox) is row (b * oh + oy) * ow + ox, holding the window's taps
+ * in (ky, kx, c) order, c fastest; taps in the padding take the activations'
+ * zero point (the code of 0.0). */
 static void cb_q_patch_rows(const cb_q_patches *g, ptrdiff_t p0, ptrdiff_t p1, uint8_t *out) {
     const ptrdiff_t c = g->c, kw = g->kw, w = g->w, h = g->h;
     ptrdiff_t r, ky, kx;

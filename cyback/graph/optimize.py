@@ -72,6 +72,10 @@ class Context(object):
         #: codes themselves) -> ((scale, zero point), codes)
         self.codes = {}
 
+    #: what a reader that takes a residual as codes wants (``codes_wanted``):
+    #: codes of any quantization, the one the other readers asked for
+    ANY_CODES = ("any", "codes")
+
     #: the replacement of a tensor by the rewrites so far (set by the pass)
     resolve = staticmethod(lambda t: t)
 
@@ -120,7 +124,7 @@ class Context(object):
         if not wants or None in wants or len(wants) != self.users(t):
             return None
         # a reader of a residual takes codes of any quantization
-        concrete = [w for w in wants if w != ("any", "codes")]
+        concrete = [w for w in wants if w != self.ANY_CODES]
         if not concrete or any(w != concrete[0] for w in concrete):
             return None
         return concrete[0]

@@ -95,7 +95,7 @@ cdef void _run(const floating* q, const floating* k, const floating* v,
         free(scores)
 
 
-def _strides(name, a, Py_ssize_t itemsize):
+def _strides(a, Py_ssize_t itemsize):
     """``a``'s strides in elements, or None where BLAS cannot read it in place
     (its last axis not unit-stride, a stride not a whole number of elements,
     or its rows overlapping)."""
@@ -125,10 +125,10 @@ def _readable(name, a, dtype):
                         % (a.dtype, name, dtype))
     if a.size == 0:     # nothing is read; BLAS still wants leading dimensions >= 1
         return a, [1, max(1, a.shape[2] * a.shape[3]), max(1, a.shape[3]), 1]
-    st = _strides(name, a, a.itemsize)
+    st = _strides(a, a.itemsize)
     if st is None or any(n > 2 ** 31 - 1 for n in st):
         a = np.ascontiguousarray(a)
-        st = _strides(name, a, a.itemsize)
+        st = _strides(a, a.itemsize)
     return a, st
 
 

@@ -32,6 +32,7 @@ requantizes with the quantization kernel's own arithmetic.
 import numpy as np
 
 from cyback.graph.op import Op
+from cyback.graph.optimize import Context
 from cyback.kernels import conv_utils, qgemm
 from cyback.ops.manip import Pad
 from cyback.ops.shape import reshape
@@ -62,9 +63,7 @@ def _residual_rows(residual, shape):
     return residual.reshape(-1, shape[-1]) if len(shape) else residual
 
 
-#: what a reader that takes a residual as codes says it wants: codes of any
-#: quantization (the one the other readers asked for)
-ANY_CODES = ("any", "codes")
+ANY_CODES = Context.ANY_CODES
 
 
 def _known(api, what, dims):
@@ -386,7 +385,7 @@ class _Quantized(Op):
         if op.out_codes is None and op.also_codes is None and codes and \
                 all(w == codes[0] for w in codes):
             scale, zero = codes[0]
-            if len([w for w in wants if w is not None]) == len(wants) == ctx.users(out):
+            if None not in wants and len(wants) == ctx.users(out):
                 y = op._with(out_codes=(scale, zero))(*inputs)
                 ctx.codes[y] = ((scale, zero), y)
                 return [y]
