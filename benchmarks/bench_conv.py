@@ -1,7 +1,7 @@
 """Benchmark of the convolution kernels (cyback.kernels.conv).
 
     python benchmarks/bench_conv.py [--quick] [--phases | --pointwise | --packed | --tiles |
-                                     --vs-torch]
+                                     --blocks | --vs-torch]
 
 For each shape: forward and backward (input + kernel gradients) GFLOPS of
 cyback, a NumPy im2col + matmul reference, PyTorch CPU if it is installed (timed
@@ -12,7 +12,10 @@ against the GEMM paths on the narrow layers of the model benchmark, and
 1 against 2 threads at batch 1, and the phase split of strided input
 gradients (transposed convolutions) against col2im, and the direct kernel's
 AVX-512 tiles of 12 and of 6 pixels against its AVX2 set (--tiles), and the
-packed kernel of inference plans against the default strategy (--packed).
+packed kernel of inference plans against the default strategy (--packed),
+and MobileNetV2's inverted residual blocks run row by row against the same
+three layers run one after the other, and in 2, 3 or 4 bands of rows at
+batch 1 (--blocks, writes benchmarks/results/conv_blocks.json).
 Writes benchmarks/results/conv.json.
 """
 import os
@@ -598,7 +601,81 @@ def print_vs_torch(torch):
                       "time, above 1: cyback is faster); load average %.1f" % os.getloadavg()[0])
 
 
+# MobileNetV2 blocks: name, (H, W, C), expanded channels (None: none),
+# output channels, strides, pads, residual
+BLOCK_CASES = [
+    ("block 0 112x112 dw 32 > 16", (112, 112, 32), None, 16, (1, 1), ((1, 1), (1, 1)), False),
+    ("block 1 112x112 16 > 96 /2 > 24", (112, 112, 16), 96, 24, (2, 2), ((0, 1), (0, 1)), False),
+    ("block 2 56x56 24 > 144 > 24 +x", (56, 56, 24), 144, 24, (1, 1), ((1, 1), (1, 1)), True),
+    ("block 3 56x56 24 > 144 /2 > 32", (56, 56, 24), 144, 32, (2, 2), ((0, 1), (0, 1)), False),
+    ("block 4 28x28 32 > 192 > 32 +x", (28, 28, 32), 192, 32, (1, 1), ((1, 1), (1, 1)), True),
+]
+
+
+def blocks_vs_layers():
+    """Each block (conv.block_forward, kernels/conv_blocks.pxi) against its three layers run by
+    conv_forward / depthwise_forward one after the other (the plan's steps
+    where the blocks are not joined), alternated, outputs checked first; at
+    batch 1 also in 2, 3 and 4 bands of rows."""
+    from cyback.kernels import depthwise
+    rng = np.random.default_rng(9)
+    rows = []
+    for batch in (1, 8):
+        for name, (h, w, c), e, f, strides, pads, res in BLOCK_CASES:
+            x = rng.standard_normal((batch, h, w, c), dtype=np.float32)
+            mid = c if e is None else e
+            expand = None if e is None else \
+                (rng.standard_normal((c, e), dtype=np.float32) * 0.3,
+                 rng.standard_normal(e, dtype=np.float32), "relu6")
+            dw = (rng.standard_normal((3, 3, mid), dtype=np.float32) * 0.3,
+                  rng.standard_normal(mid, dtype=np.float32), "relu6")
+            project = (rng.standard_normal((mid, f), dtype=np.float32) * 0.3,
+                       rng.standard_normal(f, dtype=np.float32), None)
+            residual = x if res else None
+
+            def layers(x=x, expand=expand, dw=dw, project=project, residual=residual,
+                       strides=strides, pads=pads, c=c, mid=mid, f=f):
+                t = x
+                if expand is not None:
+                    t = conv.conv_forward(t, expand[0].reshape(1, 1, c, mid), (1, 1), (1, 1),
+                                          ((0, 0), (0, 0)), bias=expand[1],
+                                          activation="relu6")
+                t = depthwise.depthwise_forward(t, dw[0].reshape(3, 3, mid, 1), strides, (1, 1),
+                                                pads, True, dw[1], "relu6")
+                return conv.conv_forward(t, project[0].reshape(1, 1, mid, f), (1, 1), (1, 1),
+                                         ((0, 0), (0, 0)), bias=project[1], residual=residual)
+
+            def block(bands=0, x=x, expand=expand, dw=dw, project=project, residual=residual,
+                      strides=strides, pads=pads):
+                return conv.block_forward(x, expand, dw, project, residual, strides, pads,
+                                            bands=bands)
+            engines = {"block": block, "layers": layers}
+            if batch == 1:
+                engines.update({"bands%d" % b: (lambda b=b: block(b)) for b in (2, 3, 4)})
+            want = layers()
+            for fn in engines.values():
+                np.testing.assert_allclose(fn(), want, rtol=1e-4, atol=1e-4)
+            st = time_alternated(engines, blocks=3 if QUICK else 7, block_seconds=0.1)
+            med = {k: v["median_s"] for k, v in st.items()}
+            row = dict(case=name, batch=batch, block_ms=med["block"] * 1e3,
+                       layers_ms=med["layers"] * 1e3,
+                       layers_over_block=med["layers"] / med["block"])
+            for b in (2, 3, 4):
+                key = "bands%d" % b
+                row[key + "_ms"] = med[key] * 1e3 if key in med else None
+            rows.append(row)
+    return rows
+
+
 def main():
+    if "--blocks" in sys.argv:
+        rows = blocks_vs_layers()
+        print_table(rows, list(rows[0]),
+                    title="depthwise blocks row by row against their three layers "
+                          "(layers_over_block > 1: the block is faster); load average %.1f"
+                          % os.getloadavg()[0])
+        print("wrote", write_json("conv_blocks", rows, threads=get_max_threads()))
+        return
     if "--phases" in sys.argv:
         # only the phase split's table (no JSON)
         print_phases()

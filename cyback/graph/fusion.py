@@ -235,6 +235,18 @@ class Fused(Op):
             out = self._run_members(arrays)
         return (out,)
 
+    def block_stage(self, inputs):
+        """The base op's stage of a depthwise block (its ``block_stage`` hook,
+        ops/depthwise_block.py) with the epilogue its kernel applies, given
+        the step's ``inputs``; None without both."""
+        hook = getattr(self.base, "block_stage", None)
+        spec = self._kernel_args
+        if hook is None or spec is None:
+            return None
+        bias, res, act = spec
+        return hook(inputs[:self.n_base], None if bias is None else inputs[bias],
+                    None if res is None else inputs[res], act)
+
     def _position(self, i):
         # program operand i among the step's inputs (the base op's output,
         # operand ``inplace``, is not one of them)

@@ -208,7 +208,61 @@ def optimize(steps, targets, inference, resteps):
         ctx = Context(steps, targets, inference)
         skip = {o for _, _, outs in steps for o in outs if ctx.is_weight(o)}
     steps = fusion.fuse(steps, targets, exact=not inference, skip=skip)
+    if inference:
+        steps = join_depthwise_blocks(steps, targets)
     return steps, targets
+
+
+def join_depthwise_blocks(steps, targets):
+    """Each depthwise convolution step with the 1x1 convolution step before
+    it (whose output only it reads) and the one after it (the only reader of
+    its output) as one step, where its stage joins them (the ``block_stage``
+    hooks: ops/depthwise_block.py). The joined step takes the place of the
+    last of its steps, where every input it reads is ready."""
+    producer, readers = {}, {}
+    for i, (op, ins, outs) in enumerate(steps):
+        for o in outs:
+            producer[o] = i
+        for x in ins:
+            readers.setdefault(x, []).append(i)
+    for t in targets:
+        readers.setdefault(t, []).append(None)
+
+    def stage(i):
+        if i is None or i in taken:
+            return None
+        op, ins, outs = steps[i]
+        hook = getattr(op, "block_stage", None)
+        return hook(ins) if hook is not None and len(outs) == 1 else None
+
+    def sole_reader(t):
+        found = readers.get(t, [])
+        return found[0] if len(found) == 1 else None
+
+    taken, placed = set(), {}
+    for i in range(len(steps)):
+        dw = stage(i)
+        if dw is None or dw.kind != "depthwise":
+            continue
+        e = producer.get(dw.x)
+        expand = stage(e) if e is not None and sole_reader(dw.x) == i else None
+        p = sole_reader(steps[i][2][0])
+        project = stage(p)
+        if project is not None and project.x is not steps[i][2][0]:
+            project = None
+        joined = dw.join(expand, project)
+        if joined is None:
+            continue
+        op, ins = joined
+        members = [i] + ([e] if op.expand else []) + ([p] if op.project else [])
+        last = max(members)
+        taken.update(members)
+        placed[last] = (op, ins, list(steps[last][2]))
+    if not placed:
+        return steps
+    return [placed[i] if i in placed else s for i, s in enumerate(steps)
+            if i in placed or i not in taken]
+
 
 
 def _local_rewrites(steps, targets, hook_name):

@@ -50,7 +50,11 @@ geometry by the rule named after it:
   forward pass) with few enough channels, as one stride-1 convolution per
   phase of the strides that the direct kernel writes straight into its
   interleaved places (_use_phases; channels_first through channels_last
-  copies).
+  copies);
+- conv_blocks.pxi: a depthwise block (1x1 expansion, depthwise convolution,
+  1x1 projection: MobileNetV2's inverted residual) run row by row with the
+  direct kernel and the depthwise row kernel, its intermediate tensors
+  never written out (block_forward; ops/depthwise_block.py joins the steps).
 
 A stride-1 input gradient is a forward convolution with the flipped kernel
 (no scatter-add). Block sizes and the order of every sum are fixed by the
@@ -58,6 +62,7 @@ shapes alone, never by the thread count, so results are bit-identical for any
 number of threads.
 """
 import functools
+from math import gcd
 
 from cyback.kernels import settings as _settings
 import numpy as np
@@ -70,7 +75,8 @@ from libc.string cimport memcpy, memset
 from cyback.kernels._blas cimport floating, gemm
 from contextlib import nullcontext
 from cyback.kernels._omp cimport cb_get_num_threads
-from cyback.kernels.runtime cimport join_seconds, team_done, team_min_work, threads_for
+from cyback.kernels.runtime cimport (join_seconds, team_done, team_min_work, team_size,
+                                     threads_for)
 from cyback.kernels._arrays cimport fits
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 from cyback.kernels._tiles cimport (cb_tiles, cb_tiles_finish, cb_tiles_init, cb_tiles_join,
@@ -91,6 +97,7 @@ include "conv_im2col.pxi"
 include "conv_taps.pxi"
 include "conv_phases.pxi"
 include "conv_packed.pxi"
+include "conv_blocks.pxi"
 
 
 _ACTIVATIONS = {None: 0, "linear": 0, "relu": 1, "relu6": 2}

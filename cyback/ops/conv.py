@@ -26,6 +26,7 @@ from cyback.kernels import depthwise as _dw
 from cyback.kernels import linalg as _linalg
 from cyback.kernels import local as _local
 from cyback.ops import shape as shp
+from cyback.ops.depthwise_block import BlockStage
 from cyback.ops.linalg import PackPanels
 from cyback.ops.manip import Pad
 
@@ -457,6 +458,12 @@ class Conv(Op):
             return None
         return self.geom.forward(x, k, bias, activation, residual)
 
+    def block_stage(self, inputs, bias=None, residual=None, activation=None):
+        """What this convolution, then + bias + residual and the activation,
+        can be in a depthwise block of an inference plan (ops/
+        depthwise_block.py), or None."""
+        return BlockStage.of(self.geom, inputs[0], inputs[1], bias, residual, activation)
+
     def scale_output(self, inputs, out, v, ctx):
         """conv(x, k) * v for a vector v along the output channels: the
         kernel's output channels scaled (BatchNorm folding)."""
@@ -544,6 +551,9 @@ class PackedConv(Op):
 
     def kernel_epilogue(self, bias_axis, activation, out, residual=False, exact=False):
         return Conv(self.geom).kernel_epilogue(bias_axis, activation, out, residual, exact)
+
+    def block_stage(self, inputs, bias=None, residual=None, activation=None):
+        return BlockStage.of(self.geom, inputs[0], inputs[1], bias, residual, activation)
 
     def compute_epilogue(self, inputs, bias, activation, residual=None):
         x, k, packed = inputs

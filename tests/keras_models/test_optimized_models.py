@@ -14,13 +14,17 @@ from keras import layers as L
 from keras.models import Model, Sequential
 
 import cyback
+from cyback.ops import depthwise_block
 
 N = 6
 
 
 @pytest.fixture(autouse=True)
-def _optimizer_on():
+def _optimizer_on(monkeypatch):
     cyback.set_graph_optimizer(True)
+    # depthwise blocks joined whatever their size (these models are small)
+    monkeypatch.setattr(depthwise_block, "MIN_INTERMEDIATE_BYTES", 0)
+    monkeypatch.setattr(depthwise_block, "MIN_ROW_PIXELS", 1)
     yield
     cyback.set_graph_optimizer(True)
 
@@ -83,6 +87,27 @@ def _resnet_block():
     return Model(x, y), (6, 6, 4)
 
 
+def _inverted_residuals():
+    # MobileNetV2's blocks: 1x1 expansion, depthwise (strided after a
+    # ZeroPadding2D), 1x1 projection, BatchNorm after each, a residual
+    x = L.Input((10, 9, 4))
+    h = x
+    for strides, out in ((1, 4), (2, 6)):
+        inp = h
+        h = L.Conv2D(16, 1, use_bias=False)(h)
+        h = L.ReLU(6.)(L.BatchNormalization()(h))
+        if strides == 2:
+            h = L.ZeroPadding2D(((0, 1), (0, 1)))(h)
+        h = L.DepthwiseConv2D(3, strides=strides, use_bias=False,
+                              padding='same' if strides == 1 else 'valid')(h)
+        h = L.ReLU(6.)(L.BatchNormalization()(h))
+        h = L.BatchNormalization()(L.Conv2D(out, 1, use_bias=False)(h))
+        if strides == 1:
+            h = L.Add()([inp, h])
+    y = L.Dense(2)(L.GlobalAveragePooling2D()(h))
+    return Model(x, y), (10, 9, 4)
+
+
 def _conv1d_lstm():
     return Sequential([
         L.Conv1D(6, 3, padding='causal', input_shape=(9, 2)),
@@ -116,6 +141,7 @@ MODELS = {
     'depthwise': _depthwise,
     'separable': _separable,
     'resnet_block': _resnet_block,
+    'inverted_residuals': _inverted_residuals,
     'conv1d_lstm': _conv1d_lstm,
 }
 
@@ -167,10 +193,13 @@ def test_predict_matches_unoptimized(name):
     _close(_predict(model, x[:1], True), want[:1])
     opt, plain = _predict_steps(model, True), _predict_steps(model, False)
     assert len(opt) < len(plain)
-    assert any(s.startswith('Fused') for s in opt)
+    assert any(s.startswith('Fused') for s in opt) or name == 'inverted_residuals'
+    if name == 'inverted_residuals':
+        assert any(s.startswith('DepthwiseBlock') for s in opt)
 
 
-@pytest.mark.parametrize('name', ['mlp', 'cnn', 'resnet_block', 'conv1d_lstm'])
+@pytest.mark.parametrize('name', ['mlp', 'cnn', 'resnet_block', 'conv1d_lstm',
+                                  'inverted_residuals'])
 def test_predict_follows_fit_and_set_weights(name):
     model, x = _build(name, seed=1)
     model.compile(optimizer='sgd', loss='mse')
