@@ -28,7 +28,7 @@ opcodes.
 ``CYBACK_OPTIMIZE=0`` in the environment or ``set_graph_optimizer(False)``
 turns the optimizer off (plans built afterwards run the graph as written).
 """
-from cyback.graph import fusion
+from cyback.graph import concurrent, fusion
 from cyback.graph.tensor import Constant, Placeholder, Variable
 from cyback.kernels import settings as _settings
 
@@ -210,6 +210,7 @@ def optimize(steps, targets, inference, resteps):
     steps = fusion.fuse(steps, targets, exact=not inference, skip=skip)
     if inference:
         steps = join_depthwise_blocks(steps, targets)
+        steps = concurrent.run_side_by_side(steps)
     return steps, targets
 
 

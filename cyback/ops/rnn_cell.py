@@ -47,6 +47,11 @@ class FusedRecurrent(Op):
     ``n_inputs`` is the Scan's input count; ``flags`` holds the GRU's
     "reset_after" and "mix_masked" (the new state mixes the dropped-out h)."""
 
+    # the sequence runs in a kernel without the GIL, to the same bits on any
+    # thread count: a bidirectional layer's two directions run side by side
+    # (graph/concurrent.py)
+    runs_side_by_side = True
+
     def __init__(self, cell, roles, state_roles, act, ract, n_inputs, api, consts=None,
                  flags=()):
         self.cell, self.roles, self.state_roles = cell, dict(roles), tuple(state_roles)
