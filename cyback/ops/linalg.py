@@ -248,8 +248,11 @@ class PackedProduct(Op):
     fresh_output = True
     epilogue_host = True
     #: the most rows it takes, and from how many rows on only with an inner
-    #: axis of LONG_K or more: BLAS is as fast from there
-    #: (benchmarks/bench_linalg.py, "packed" rows)
+    #: axis of LONG_K or more, or with a bias, residual or activation to
+    #: apply: a bare product is as fast through BLAS from there
+    #: (benchmarks/bench_linalg.py, "packed" rows), but BLAS then leaves the
+    #: tail to a pass of its own over the output (a Transformer block's
+    #: 512-row products with their bias and residual: 1.05-1.09x the block)
     MAX_ROWS = _linalg.PACKED_MAX_ROWS
     SHORT_K_MAX_ROWS = 256
     LONG_K = 512
@@ -293,8 +296,9 @@ class PackedProduct(Op):
         n = math.prod(w.shape[self.nk:])
         shape = x.shape[:x.ndim - self.nk] + w.shape[self.nk:]
         rows = math.prod(shape[:x.ndim - self.nk])
-        if rows > self.MAX_ROWS or (rows > self.SHORT_K_MAX_ROWS and k < self.LONG_K) or \
-                x.dtype != np.float32:
+        tail = bias is not None or residual is not None or act
+        if rows > self.MAX_ROWS or (rows > self.SHORT_K_MAX_ROWS and k < self.LONG_K and
+                                    not tail) or x.dtype != np.float32:
             return None
         if residual is not None:
             residual = residual.reshape(rows, n)
