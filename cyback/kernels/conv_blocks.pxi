@@ -34,9 +34,6 @@ BLOCK_MAX_TAP_ROWS = 16
 #: The most channels of any stage (the direct kernel's bound).
 BLOCK_MAX_CHANNELS = CB_CD_MAX_C
 
-_BLOCK_ACTS = {None: 0, "linear": 0, "relu": 1, "relu6": 2}
-
-
 cdef struct _BlockShape:
     Py_ssize_t H, W, C, E, F, KH, KW, OH, OW, sh, sw, ph, pw
     bint expand, project
@@ -235,11 +232,11 @@ def _block_stage(name, stage, Py_ssize_t rows, Py_ssize_t cin, dtype, bint depth
                              bias.shape != (cout,)):
         raise ValueError("block_forward: the %s bias must be a (%d,) %s array"
                          % (name, cout, np.dtype(dtype).name))
-    if act not in _BLOCK_ACTS:
+    if act not in _ACTIVATIONS:
         raise ValueError("block_forward: the %s activation must be None, 'relu' or 'relu6', "
                          "got %r" % (name, act))
     return (np.ascontiguousarray(kernel).reshape(-1),
-            None if bias is None else np.ascontiguousarray(bias), _BLOCK_ACTS[act], cout)
+            None if bias is None else np.ascontiguousarray(bias), _ACTIVATIONS[act], cout)
 
 
 def block_forward(x, expand, depthwise, project, residual=None, strides=(1, 1),
