@@ -265,7 +265,6 @@ def join_depthwise_blocks(steps, targets):
             if i in placed or i not in taken]
 
 
-
 def _local_rewrites(steps, targets, hook_name):
     ctx = Context(steps, targets, inference=True)
     repl = {}
