@@ -29,6 +29,8 @@ on the writer, or ``also_codes`` beside a float32 output other readers take;
 the reader would have made from the float32 output: the epilogue
 requantizes with the quantization kernel's own arithmetic.
 """
+import math
+
 import numpy as np
 
 from cyback.graph.op import Op
@@ -485,6 +487,27 @@ def _patches(q, window, strides, dilation, pads, out, pad_value):
     return np.stack(taps, axis=-2).reshape(-1, len(taps) * q.shape[-1])
 
 
+# (op geometry, input spatial sizes) -> (output sizes, pads): a batch-1 int8
+# model recomputed them at every step of every call, about a tenth of its
+# time in Python
+_WINDOWS = {}
+
+
+def _window(op, sizes):
+    """(output spatial sizes, pads) of ``op``'s window (QuantizedConv,
+    QuantizedDepthwiseConv) over an input of spatial ``sizes``, worked out
+    once per geometry and shape (raising as ``op._out_spatial`` does)."""
+    key = (type(op), op.kernel_size, op.strides, op.dilation, op.padding,
+           getattr(op, "extra_pads", None), tuple(sizes))
+    found = _WINDOWS.get(key)
+    if found is None:
+        found = (tuple(op._out_spatial(sizes)), tuple(op._pads(sizes)))
+        if len(_WINDOWS) >= 1024:
+            _WINDOWS.clear()
+        _WINDOWS[key] = found
+    return found
+
+
 class QuantizedConv(_Quantized):
     """y = the int8 convolution of a channels_last x (N, W, C),
     (N, H, W, C) or (N, D, H, W, C) with a packed kernel (kernel_size +
@@ -526,6 +549,10 @@ class QuantizedConv(_Quantized):
             out.append(conv_utils.conv_output_length(n, k, s, d, self.padding))
         return tuple(out)
 
+    def _pads(self, sizes):
+        return [conv_utils.conv_pads(n, kk, s, d, self.padding)
+                for n, kk, s, d in zip(sizes, self.kernel_size, self.strides, self.dilation)]
+
     def _shape(self, x, packed, vectors):
         if x.ndim != self.rank + 2:
             raise ValueError("%s: expected a %d-D input (batch, %sspatial, channels), got "
@@ -542,16 +569,14 @@ class QuantizedConv(_Quantized):
     def _compute(self, x, packed, vectors, activation=None, residual=None):
         q = self._quantized_input(x)
         b, c = q.shape[0], q.shape[-1]
-        sizes = q.shape[1:-1]
-        out = self._out_spatial(sizes)
-        k = c * int(np.prod(self.kernel_size))
+        out, pads = _window(self, q.shape[1:-1])
+        k = c * math.prod(self.kernel_size)
         if qgemm.packed_shape(packed) != (k, self.filters):
             raise ValueError("%s: an input of %d channels and a %s window need a (%d, %d) "
                              "kernel, the packed one is %s"
                              % (self.api, c, self.kernel_size, k, self.filters,
                                 qgemm.packed_shape(packed)))
-        pads = [conv_utils.conv_pads(n, kk, s, d, self.padding)
-                for n, kk, s, d in zip(sizes, self.kernel_size, self.strides, self.dilation)]
+        pads = list(pads)
         res = _residual_rows(residual, (b,) + out + (self.filters,))
         if self.kernel_size == (1,) * self.rank and self.strides == (1,) * self.rank and \
                 not any(p != (0, 0) for p in pads):
@@ -566,7 +591,8 @@ class QuantizedConv(_Quantized):
             # every C, read in place
             qp = np.pad(q[0], (pads[0], (0, 0)), constant_values=self.in_zero) \
                 if pads[0] != (0, 0) else np.ascontiguousarray(q[0])
-            a = np.lib.stride_tricks.as_strided(qp, (out[0], k), (c, 1), writeable=False)
+            # (as_strided makes the same view in ten times the time)
+            a = np.ndarray((out[0], k), np.uint8, qp, 0, (c, 1))
             y = self._product(a, packed, vectors, activation, residual=res)
         else:
             # the patch rows formed a block at a time by the kernel
@@ -724,7 +750,7 @@ class QuantizedDepthwiseConv(_Quantized):
         q = self._quantized_input(x)
         if self.multiplier > 1:
             q = np.repeat(q, self.multiplier, axis=-1)
-        pads = self._pads(q.shape[1:3])
+        pads = list(_window(self, q.shape[1:3])[1])
         activation = activation or self.activation
         act = activation if self.pointwise is None else "linear"
         if self.pointwise is None:

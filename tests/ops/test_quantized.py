@@ -236,3 +236,37 @@ def test_shape_rules_and_bad_arguments(rng):
     y = conv(xr, packed_k, vectors_k)
     with pytest.raises(ValueError, match="larger than the input"):
         K.function([xr], [y])([np.zeros((1, 2, 2, 1), np.float32)])
+
+
+@pytest.mark.parametrize("depthwise", [False, True])
+def test_window_geometry_per_run_time_shape(rng, depthwise):
+    # (output sizes, pads) are remembered per input shape: calls of several
+    # spatial sizes through one function each get their own, and a window
+    # too large raises at every call
+    if depthwise:
+        wd = rng.integers(-127, 128, (3, 3, 4, 1)).astype(np.int8)
+        op = qops.QuantizedDepthwiseConv((3, 3), (2, 2), (1, 1), "same", 1, 0.05, 7)
+        packed = qops.PackDepthwise()(K.constant(wd, dtype="int8"))
+        vectors = qops.EpilogueVectors(0.05)(K.constant(np.full(4, 0.01, np.float32)))
+    else:
+        w, scale, bias = weights(rng, (3, 3, 4, 6))
+        op = qops.QuantizedConv(2, 6, (3, 3), (2, 2), (1, 1), "valid", 0.05, 7)
+        packed = qops.PackInt8()(K.constant(w, dtype="int8"))
+        vectors = qops.EpilogueVectors(0.05)(K.constant(scale), K.constant(bias))
+    x = K.placeholder(shape=(None, None, None, 4))
+    f = K.function([x], [op(x, packed, vectors)])
+    for h, w_ in ((9, 7), (5, 11), (9, 7), (3, 3)):
+        xv = rng.standard_normal((2, h, w_, 4)).astype(np.float32)
+        got = f([xv])[0]
+        if depthwise:
+            want_hw = (-(-h // 2), -(-w_ // 2))
+        else:
+            want_hw = ((h - 3) // 2 + 1, (w_ - 3) // 2 + 1)
+        assert got.shape == (2,) + want_hw + (4 if depthwise else 6,)
+        if not depthwise:
+            want = ref_conv(xv, w, scale, bias, 0.05, 7, "linear", (2, 2), (1, 1), "valid")
+            assert same_bits(got, want)
+    if not depthwise:
+        for _ in range(2):
+            with pytest.raises(ValueError, match="larger than the input"):
+                f([np.zeros((1, 2, 5, 4), np.float32)])
