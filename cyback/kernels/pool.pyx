@@ -208,6 +208,106 @@ cdef void _fwd_row_s1(const floating[:, :, :, :, ::1] x, floating* yr, OutRow ro
             _vscale(yr + ow * C, inv, C)
 
 
+# One output pixel of C <= SMALL_C channels: the window's cells reduced into
+# SMALL_C lanes kept in registers (lanes past C read the next pixel's values
+# and are dropped; the caller keeps those reads inside the array), in the
+# per-pixel path's order: the first cell copied (max) or added to zeros,
+# then (d, h, w) order, so the values are the same bits. The per-pixel path
+# loops over the C channels in a call per cell, which for NASNet's 11 costs
+# several times the arithmetic.
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <string.h>
+    #define CB_POOL_SMALL_C 32
+    typedef float cb_pool_v4f __attribute__((vector_size(16)));
+    typedef int32_t cb_pool_v4i __attribute__((vector_size(16)));
+    typedef double cb_pool_v2d __attribute__((vector_size(16)));
+    typedef int64_t cb_pool_v2i __attribute__((vector_size(16)));
+    /* 16-byte vectors, which every x86-64 CPU has; the max's select is on bit
+       masks (GCC keeps a ?: between loads scalar, a compare and a branch per
+       lane). */
+    #define CB_POOL_WINDOW_SMALL(SUF, T, V, VI, LANES)                              \
+    static void cb_pool_window_small_##SUF(const T *x, T *y, Py_ssize_t H,          \
+            Py_ssize_t W, Py_ssize_t C, Py_ssize_t d0, Py_ssize_t d1, Py_ssize_t h0, \
+            Py_ssize_t h1, Py_ssize_t w0, Py_ssize_t w1, int is_max) {              \
+        enum { L = sizeof(V) / sizeof(T), NV = (LANES) / L };                       \
+        V acc[NV], a;                                                               \
+        VI m;                                                                       \
+        T out[LANES];                                                               \
+        Py_ssize_t i, j, k, q, c;                                                   \
+        const T *p = x + ((d0 * H + h0) * W + w0) * C;                              \
+        if (is_max) {                                                               \
+            /* the first cell again changes nothing: a > acc is false */            \
+            memcpy(acc, p, sizeof acc);                                             \
+            for (i = d0; i < d1; i++)                                               \
+                for (j = h0; j < h1; j++) {                                         \
+                    p = x + ((i * H + j) * W + w0) * C;                             \
+                    for (k = w0; k < w1; k++, p += C)                               \
+                        for (q = 0; q < NV; q++) {                                  \
+                            memcpy(&a, p + q * L, sizeof a);                        \
+                            m = a > acc[q];                                         \
+                            acc[q] = (V)(((VI)a & m) | ((VI)acc[q] & ~m));          \
+                        }                                                           \
+                }                                                                   \
+        } else {                                                                    \
+            const T inv = (T)1 / (T)((d1 - d0) * (h1 - h0) * (w1 - w0));           \
+            for (q = 0; q < NV; q++) acc[q] = (V){0};                               \
+            for (i = d0; i < d1; i++)                                               \
+                for (j = h0; j < h1; j++) {                                         \
+                    p = x + ((i * H + j) * W + w0) * C;                             \
+                    for (k = w0; k < w1; k++, p += C)                               \
+                        for (q = 0; q < NV; q++) {                                  \
+                            memcpy(&a, p + q * L, sizeof a);                        \
+                            acc[q] += a;                                            \
+                        }                                                           \
+                }                                                                   \
+            for (q = 0; q < NV; q++) acc[q] *= inv;                                 \
+        }                                                                           \
+        memcpy(out, acc, sizeof out);                                               \
+        for (c = 0; c < C; c++) y[c] = out[c];                                      \
+    }
+    /* lanes: 16 for up to 16 channels, 32 for up to 31 (NASNet's 11 and 22;
+       at 32 the per-pixel path is as fast) */
+    CB_POOL_WINDOW_SMALL(f16, float, cb_pool_v4f, cb_pool_v4i, 16)
+    CB_POOL_WINDOW_SMALL(d16, double, cb_pool_v2d, cb_pool_v2i, 16)
+    CB_POOL_WINDOW_SMALL(f32, float, cb_pool_v4f, cb_pool_v4i, 32)
+    CB_POOL_WINDOW_SMALL(d32, double, cb_pool_v2d, cb_pool_v2i, 32)
+    """
+    enum: CB_POOL_SMALL_C
+    void cb_pool_window_small_f16(const float* x, float* y, Py_ssize_t H, Py_ssize_t W,
+                                  Py_ssize_t C, Py_ssize_t d0, Py_ssize_t d1, Py_ssize_t h0,
+                                  Py_ssize_t h1, Py_ssize_t w0, Py_ssize_t w1,
+                                  int is_max) noexcept nogil
+    void cb_pool_window_small_d16(const double* x, double* y, Py_ssize_t H, Py_ssize_t W,
+                                  Py_ssize_t C, Py_ssize_t d0, Py_ssize_t d1, Py_ssize_t h0,
+                                  Py_ssize_t h1, Py_ssize_t w0, Py_ssize_t w1,
+                                  int is_max) noexcept nogil
+    void cb_pool_window_small_f32(const float* x, float* y, Py_ssize_t H, Py_ssize_t W,
+                                  Py_ssize_t C, Py_ssize_t d0, Py_ssize_t d1, Py_ssize_t h0,
+                                  Py_ssize_t h1, Py_ssize_t w0, Py_ssize_t w1,
+                                  int is_max) noexcept nogil
+    void cb_pool_window_small_d32(const double* x, double* y, Py_ssize_t H, Py_ssize_t W,
+                                  Py_ssize_t C, Py_ssize_t d0, Py_ssize_t d1, Py_ssize_t h0,
+                                  Py_ssize_t h1, Py_ssize_t w0, Py_ssize_t w1,
+                                  int is_max) noexcept nogil
+
+
+cdef inline void _window_small(const floating* x, floating* yp, Py_ssize_t H, Py_ssize_t W,
+                               Py_ssize_t C, Py_ssize_t d0, Py_ssize_t d1, Py_ssize_t h0,
+                               Py_ssize_t h1, Py_ssize_t w0, Py_ssize_t w1,
+                               bint is_max) noexcept nogil:
+    if floating is float:
+        if C <= 16:
+            cb_pool_window_small_f16(x, yp, H, W, C, d0, d1, h0, h1, w0, w1, is_max)
+        else:
+            cb_pool_window_small_f32(x, yp, H, W, C, d0, d1, h0, h1, w0, w1, is_max)
+    elif C <= 16:
+        cb_pool_window_small_d16(x, yp, H, W, C, d0, d1, h0, h1, w0, w1, is_max)
+    else:
+        cb_pool_window_small_d32(x, yp, H, W, C, d0, d1, h0, h1, w0, w1, is_max)
+
+
 cdef void _fwd(const floating[:, :, :, :, ::1] x, floating[:, :, :, :, ::1] y,
                Py_ssize_t kd, Py_ssize_t kh, Py_ssize_t kw,
                Py_ssize_t sd, Py_ssize_t sh, Py_ssize_t sw,
@@ -237,7 +337,12 @@ cdef void _fwd(const floating[:, :, :, :, ::1] x, floating[:, :, :, :, ::1] y,
             w0 = _imax(ow * sw - pw, 0)
             w1 = _imin(ow * sw - pw + kw, W)
             yp = &y[b, od, oh, ow, 0]
-            if is_max and d1 - d0 == 1 and h1 - h0 == 2 and w1 - w0 == 2:
+            if C < CB_POOL_SMALL_C and \
+                    (((b * D + d1 - 1) * H + h1 - 1) * W + w1) * C + CB_POOL_SMALL_C - C \
+                    <= B * D * H * W * C:
+                # (the lanes past C of the window's last cell stay in x)
+                _window_small(&x[b, 0, 0, 0, 0], yp, H, W, C, d0, d1, h0, h1, w0, w1, is_max)
+            elif is_max and d1 - d0 == 1 and h1 - h0 == 2 and w1 - w0 == 2:
                 _vmax4(yp, &x[b, d0, h0, w0, 0], &x[b, d0, h0, w0 + 1, 0],
                        &x[b, d0, h0 + 1, w0, 0], &x[b, d0, h0 + 1, w0 + 1, 0], C)
             elif is_max:

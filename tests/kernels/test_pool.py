@@ -254,3 +254,36 @@ def test_row_path_gives_the_per_pixel_bits(mode, xs, pool_size, pads, channels):
     np.testing.assert_array_equal(got, want)
     call = pool.forward_call(narrow.shape, pool_size, (1, 1), pads, True, mode, np.float32)
     np.testing.assert_array_equal(call(narrow), want)
+
+
+# Channels_last windows of fewer than 32 channels off the row path (strided,
+# or 3-D) run in registers (_window_small): per channel the same bits as the
+# per-pixel path, which a layer of 40 channels takes, NaNs and infinities
+# included; the windows at the array's end, whose register reads would pass
+# it, stay on the per-pixel path.
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("mode", ["max", "avg"])
+@pytest.mark.parametrize("xs,pool_size,strides,pads", [
+    ((2, 13, 11, 40), (3, 3), (2, 2), ((0, 0), (0, 0))),
+    ((1, 9, 9, 40), (3, 3), (2, 2), ((1, 1), (1, 1))),
+    ((3, 7, 8, 40), (2, 3), (2, 3), ((0, 1), (1, 1))),
+    ((1, 5, 5, 40), (5, 5), (1, 2), ((2, 2), (2, 2))),
+    ((1, 1, 9, 40), (1, 3), (1, 2), ((0, 0), (1, 1))),
+])
+@pytest.mark.parametrize("channels", [1, 3, 11, 16, 17, 22, 31])
+def test_small_channel_windows_give_the_per_pixel_bits(dtype, mode, xs, pool_size, strides,
+                                                        pads, channels):
+    rng = np.random.default_rng(channels)
+    wide = rng.standard_normal(xs).astype(dtype)
+    wide[0, min(1, xs[1] - 1), 2, :] = np.nan
+    wide[0, 0, 0, ::3] = np.nan
+    wide[-1, -1, -1, ::2] = np.inf
+    wide[-1, 0, -1, 1::2] = -np.inf
+    narrow = np.ascontiguousarray(wide[..., :channels])
+    want = pool_forward(wide, pool_size, strides, pads, True, mode)[..., :channels]
+    got = pool_forward(narrow, pool_size, strides, pads, True, mode)
+    np.testing.assert_array_equal(got, want)
+    finite = np.nan_to_num(narrow, nan=0.0, posinf=7.0, neginf=-7.0)
+    ref = ref_forward(finite, pool_size, strides, pads, True, mode)
+    np.testing.assert_allclose(pool_forward(finite, pool_size, strides, pads, True, mode), ref,
+                               rtol=1e-6, atol=1e-6)
