@@ -39,9 +39,9 @@ cdef struct _BlockShape:
     bint expand, project
 
 
-cdef inline void _block_pointwise_row(const floating* x, const floating* wp, const floating* bp,
-                                const floating* res, int act, floating* y,
-                                const cb_cd_geom* g) noexcept nogil:
+cdef inline void _block_pointwise_row(const floating* x, const floating* wp,
+                                      const floating* bp, const floating* res, int act,
+                                      floating* y, const cb_cd_geom* g) noexcept nogil:
     # y (W, F) = act(x (W, C) @ kernel + bias + res), one row of g's pixels,
     # every block of output channels
     cdef Py_ssize_t b
@@ -53,14 +53,15 @@ cdef inline void _block_pointwise_row(const floating* x, const floating* wp, con
 
 
 cdef void _block_band(const floating* x, Py_ssize_t n, Py_ssize_t oh0, Py_ssize_t oh1,
-                const _BlockShape* s, const floating* wpe, const floating* bpe, int act_e,
-                const cb_cd_geom* ge, const floating* kd, const floating* bd, int act_d,
-                const floating* wpp, const floating* bpp, int act_p, const cb_cd_geom* gp,
-                const floating* res, floating* y, floating* ring, floating* mid) noexcept nogil:
+                      const _BlockShape* s, const floating* wpe, const floating* bpe, int act_e,
+                      const cb_cd_geom* ge, const floating* kd, const floating* bd, int act_d,
+                      const floating* wpp, const floating* bpp, int act_p,
+                      const cb_cd_geom* gp, const floating* res, floating* y, floating* ring,
+                      floating* mid) noexcept nogil:
     # Output rows [oh0, oh1) of image n. ring: KH expanded rows (W x E each),
     # expanded row ih in slot ih % KH; mid: one depthwise output row (OW x E)
     # when the block projects.
-    cdef const floating* xr[16]
+    cdef const floating* xr[16]        # BLOCK_MAX_TAP_ROWS
     cdef Py_ssize_t oh, ky, ih, done = -1
     cdef Py_ssize_t row_in = s.W * s.C, row_e = s.W * s.E
     cdef floating* slot
@@ -76,8 +77,8 @@ cdef void _block_band(const floating* x, Py_ssize_t n, Py_ssize_t oh0, Py_ssize_
             elif s.expand:
                 slot = ring + (ih % s.KH) * row_e
                 if ih > done:
-                    _block_pointwise_row(x + (n * s.H + ih) * row_in, wpe, bpe, <const floating*> NULL,
-                                   act_e, slot, ge)
+                    _block_pointwise_row(x + (n * s.H + ih) * row_in, wpe, bpe,
+                                         <const floating*> NULL, act_e, slot, ge)
                     done = ih
                 xr[ky] = slot
             else:
@@ -149,9 +150,10 @@ cdef void _block_pack(const floating* k, const floating* bias, floating* wp, flo
 
 
 def _run_block(floating[:, :, :, ::1] x, floating[::1] ke, floating[::1] be, int act_e,
-         floating[::1] kd, floating[::1] bd, int act_d, floating[::1] kp, floating[::1] bp,
-         int act_p, floating[::1] res, floating[::1] y, floating[::1] scratch, _BlockShape s,
-         bint has_be, bint has_bd, bint has_bp, bint has_res, Py_ssize_t bands, int nt):
+               floating[::1] kd, floating[::1] bd, int act_d, floating[::1] kp,
+               floating[::1] bp, int act_p, floating[::1] res, floating[::1] y,
+               floating[::1] scratch, _BlockShape s, bint has_be, bint has_bd, bint has_bp,
+               bint has_res, Py_ssize_t bands, int nt):
     cdef bint dbl = floating is double
     cdef cb_cd_geom ge, gp
     cdef Py_ssize_t N = x.shape[0], items = N * bands, it, n, band, per, oh0, oh1
@@ -197,15 +199,14 @@ def _run_block(floating[:, :, :, ::1] x, floating[::1] ke, floating[::1] be, int
             if oh1 > s.OH:
                 oh1 = s.OH
             if oh0 < oh1:
-                _block_band(&x[0, 0, 0, 0], n, oh0, oh1, &s, wpe, bpe, act_e, &ge, &kd[0], bdp, act_d,
-                      wpp, bpp, act_p, &gp, r, &y[0], base + tid * thread_size,
-                      base + tid * thread_size + (ring_size if s.expand else 0))
+                _block_band(&x[0, 0, 0, 0], n, oh0, oh1, &s, wpe, bpe, act_e, &ge, &kd[0], bdp,
+                            act_d, wpp, bpp, act_p, &gp, r, &y[0], base + tid * thread_size,
+                            base + tid * thread_size + (ring_size if s.expand else 0))
     team_done(nt)
     check_interrupt(&intr)
 
 
-def _block_stage(name, stage, Py_ssize_t rows, Py_ssize_t cin, dtype, bint depthwise=False,
-           Py_ssize_t taps=1):
+def _block_stage(name, stage, Py_ssize_t cin, dtype, bint depthwise=False):
     """(kernel flattened, bias flattened or None, activation code, output
     channels) of a stage ``(kernel, bias, activation)``, checked."""
     if not isinstance(stage, tuple) or len(stage) != 3:
@@ -267,12 +268,12 @@ def block_forward(x, expand, depthwise, project, residual=None, strides=(1, 1),
     act_e = act_p = 0
     E = C
     if expand is not None:
-        ke, be, act_e, E = _block_stage("expand", expand, 1, C, dtype)
-    kd, bd, act_d, _ = _block_stage("depthwise", depthwise, 1, E, dtype, depthwise=True)
+        ke, be, act_e, E = _block_stage("expand", expand, C, dtype)
+    kd, bd, act_d, _ = _block_stage("depthwise", depthwise, E, dtype, depthwise=True)
     KH, KW = depthwise[0].shape[:2]
     F = E
     if project is not None:
-        kp, bp, act_p, F = _block_stage("project", project, 1, E, dtype)
+        kp, bp, act_p, F = _block_stage("project", project, E, dtype)
     if C < 1 or C > BLOCK_MAX_CHANNELS:
         raise ValueError("block_forward: x has %d channels; 1 to %d run here"
                          % (C, BLOCK_MAX_CHANNELS))
