@@ -208,10 +208,10 @@ cdef void _fwd_row_s1(const floating[:, :, :, :, ::1] x, floating* yr, OutRow ro
             _vscale(yr + ow * C, inv, C)
 
 
-# One output pixel of C <= SMALL_C channels: the window's cells reduced into
-# SMALL_C lanes kept in registers (lanes past C read the next pixel's values
-# and are dropped; the caller keeps those reads inside the array), in the
-# per-pixel path's order: the first cell copied (max) or added to zeros,
+# One output pixel of C < CB_POOL_SMALL_C channels: the window's cells
+# reduced into 16 or 32 lanes kept in registers (lanes past C read the next
+# pixel's values and are dropped; the caller keeps those reads inside the
+# array), in the per-pixel path's order: the first cell copied (max) or added to zeros,
 # then (d, h, w) order, so the values are the same bits. The per-pixel path
 # loops over the C channels in a call per cell, which for NASNet's 11 costs
 # several times the arithmetic.
@@ -273,24 +273,25 @@ cdef extern from *:
     CB_POOL_WINDOW_SMALL(d16, double, cb_pool_v2d, cb_pool_v2i, 16)
     CB_POOL_WINDOW_SMALL(f32, float, cb_pool_v4f, cb_pool_v4i, 32)
     CB_POOL_WINDOW_SMALL(d32, double, cb_pool_v2d, cb_pool_v2i, 32)
+    #define CB_POOL_WINDOW_PICK(SUF, T)                                             \
+    static void cb_pool_window_small_##SUF(const T *x, T *y, Py_ssize_t H,          \
+            Py_ssize_t W, Py_ssize_t C, Py_ssize_t d0, Py_ssize_t d1, Py_ssize_t h0, \
+            Py_ssize_t h1, Py_ssize_t w0, Py_ssize_t w1, int is_max) {              \
+        (C <= 16 ? cb_pool_window_small_##SUF##16 : cb_pool_window_small_##SUF##32)( \
+            x, y, H, W, C, d0, d1, h0, h1, w0, w1, is_max);                         \
+    }
+    CB_POOL_WINDOW_PICK(f, float)
+    CB_POOL_WINDOW_PICK(d, double)
     """
     enum: CB_POOL_SMALL_C
-    void cb_pool_window_small_f16(const float* x, float* y, Py_ssize_t H, Py_ssize_t W,
-                                  Py_ssize_t C, Py_ssize_t d0, Py_ssize_t d1, Py_ssize_t h0,
-                                  Py_ssize_t h1, Py_ssize_t w0, Py_ssize_t w1,
-                                  int is_max) noexcept nogil
-    void cb_pool_window_small_d16(const double* x, double* y, Py_ssize_t H, Py_ssize_t W,
-                                  Py_ssize_t C, Py_ssize_t d0, Py_ssize_t d1, Py_ssize_t h0,
-                                  Py_ssize_t h1, Py_ssize_t w0, Py_ssize_t w1,
-                                  int is_max) noexcept nogil
-    void cb_pool_window_small_f32(const float* x, float* y, Py_ssize_t H, Py_ssize_t W,
-                                  Py_ssize_t C, Py_ssize_t d0, Py_ssize_t d1, Py_ssize_t h0,
-                                  Py_ssize_t h1, Py_ssize_t w0, Py_ssize_t w1,
-                                  int is_max) noexcept nogil
-    void cb_pool_window_small_d32(const double* x, double* y, Py_ssize_t H, Py_ssize_t W,
-                                  Py_ssize_t C, Py_ssize_t d0, Py_ssize_t d1, Py_ssize_t h0,
-                                  Py_ssize_t h1, Py_ssize_t w0, Py_ssize_t w1,
-                                  int is_max) noexcept nogil
+    void cb_pool_window_small_f(const float* x, float* y, Py_ssize_t H, Py_ssize_t W,
+                                Py_ssize_t C, Py_ssize_t d0, Py_ssize_t d1, Py_ssize_t h0,
+                                Py_ssize_t h1, Py_ssize_t w0, Py_ssize_t w1,
+                                int is_max) noexcept nogil
+    void cb_pool_window_small_d(const double* x, double* y, Py_ssize_t H, Py_ssize_t W,
+                                Py_ssize_t C, Py_ssize_t d0, Py_ssize_t d1, Py_ssize_t h0,
+                                Py_ssize_t h1, Py_ssize_t w0, Py_ssize_t w1,
+                                int is_max) noexcept nogil
 
 
 cdef inline void _window_small(const floating* x, floating* yp, Py_ssize_t H, Py_ssize_t W,
@@ -298,14 +299,9 @@ cdef inline void _window_small(const floating* x, floating* yp, Py_ssize_t H, Py
                                Py_ssize_t h1, Py_ssize_t w0, Py_ssize_t w1,
                                bint is_max) noexcept nogil:
     if floating is float:
-        if C <= 16:
-            cb_pool_window_small_f16(x, yp, H, W, C, d0, d1, h0, h1, w0, w1, is_max)
-        else:
-            cb_pool_window_small_f32(x, yp, H, W, C, d0, d1, h0, h1, w0, w1, is_max)
-    elif C <= 16:
-        cb_pool_window_small_d16(x, yp, H, W, C, d0, d1, h0, h1, w0, w1, is_max)
+        cb_pool_window_small_f(x, yp, H, W, C, d0, d1, h0, h1, w0, w1, is_max)
     else:
-        cb_pool_window_small_d32(x, yp, H, W, C, d0, d1, h0, h1, w0, w1, is_max)
+        cb_pool_window_small_d(x, yp, H, W, C, d0, d1, h0, h1, w0, w1, is_max)
 
 
 cdef void _fwd(const floating[:, :, :, :, ::1] x, floating[:, :, :, :, ::1] y,
