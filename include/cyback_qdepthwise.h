@@ -3,10 +3,11 @@
  * and the requantizing epilogue of cyback_qgemm.h (which must be included
  * first) applied to each vector of channels before it is stored.
  *
- * Packed weights: an int32 array (taps + 1, cp), cp = C rounded up to 16:
- * row t holds tap t = ky * kw + kx of every channel, widened to int32, and
- * the last row each channel's sum over the taps (for the zero point);
- * channels past C are zero. Taps in the padding read the activations' zero
+ * Packed weights: an int32 array (taps + 1 + kh, cp), cp = C rounded up to
+ * 16: row t holds tap t = ky * kw + kx of every channel, widened to int32,
+ * row taps each channel's sum over the taps (for the zero point), and row
+ * taps + 1 + ky the first four taps of window row ky as four bytes (the
+ * byte-tap path below); channels past C are zero. Taps in the padding read the activations' zero
  * point (the code of 0.0), so that
  *     acc[c] = sum_t x_t[c] * w_t[c],    d[c] = acc[c] - za * wsum[c]
  * is the exact integer sum of (x - za) * w over the taps inside the image.
@@ -15,12 +16,14 @@
  *
  * Sets: AVX-512 (the avx512_vnni level: F, BW, VL, VNNI) 16 channels per
  * zmm, AVX2 (the avx2 and avx_vnni levels) 8 per ymm, two at a time, scalar
- * otherwise. A product of one byte per lane does not use the byte
- * dot-product instructions (they sum four neighbouring bytes, which here are
- * four channels): the bytes are widened to int32 lanes and multiplied by the
+ * otherwise. In memory a pixel's four neighbouring bytes are four channels,
+ * not the four taps the byte dot-product instructions would sum, so the
+ * widening path widens the bytes to int32 lanes and multiplies them by the
  * packed int32 weights with the 16-bit multiply-add (vpmaddwd, or vpdpwssd,
- * which also adds), whose high halves give 0 * (w >> 16). Every set gives
- * the same bits: exact sums, the same epilogue.
+ * which also adds), whose high halves give 0 * (w >> 16): one tap per
+ * instruction. With AVX-512 VBMI, windows up to four taps wide at stride 1
+ * along the row take the byte-tap path (below), a window row per vpdpbusd.
+ * Every path gives the same bits: exact sums, the same epilogue.
  */
 #ifndef CYBACK_QDEPTHWISE_H
 #define CYBACK_QDEPTHWISE_H
@@ -42,15 +45,26 @@ typedef struct {
 } cb_qdw_geometry;
 
 /* Pack w (kh * kw taps, c channels; element (t, ch) at w[t * c + ch]) into
- * out ((taps + 1) * cp int32). */
-static void cb_qdw_pack(const int8_t *w, ptrdiff_t taps, ptrdiff_t c, ptrdiff_t cp,
+ * out ((taps + 1 + kh) * cp int32): the widened taps, the sums, then per
+ * window row ky each channel's first four taps of that row as the bytes of
+ * one int32 (tap kx in byte kx, zero past kw), the operand of vpdpbusd for
+ * the byte-tap path (cb_qdw_bytes_lines). */
+static void cb_qdw_pack(const int8_t *w, ptrdiff_t kh, ptrdiff_t kw, ptrdiff_t c, ptrdiff_t cp,
                         int32_t *out) {
-    ptrdiff_t t, ch;
-    memset(out, 0, sizeof(int32_t) * (size_t)((taps + 1) * cp));
+    const ptrdiff_t taps = kh * kw;
+    ptrdiff_t t, ch, ky, kx;
+    memset(out, 0, sizeof(int32_t) * (size_t)((taps + 1 + kh) * cp));
     for (t = 0; t < taps; t++)
         for (ch = 0; ch < c; ch++) {
             out[t * cp + ch] = w[t * c + ch];
             out[taps * cp + ch] += w[t * c + ch];
+        }
+    for (ky = 0; ky < kh; ky++)
+        for (ch = 0; ch < c; ch++) {
+            uint32_t word = 0;
+            for (kx = 0; kx < kw && kx < 4; kx++)
+                word |= (uint32_t)(uint8_t)w[(ky * kw + kx) * c + ch] << (8 * kx);
+            memcpy(out + (taps + 1 + ky) * cp + ch, &word, sizeof word);
         }
 }
 
@@ -510,6 +524,170 @@ CB_Q_AVX512_ATTR static void cb_qdw_lines_avx512(const cb_qdw_geometry *g, const
         }
     }
 }
+
+/* The byte-tap path (AVX-512 VBMI on top of the avx512_vnni level), for
+ * windows at most four taps wide without horizontal dilation. vpdpbusd adds
+ * four byte products per 32-bit lane; here the four bytes of lane j are one
+ * channel's input at the four pixels a window row covers, so one instruction
+ * does a whole window row of 16 channels where the widening path does one
+ * tap. Each input row a line reads is first copied into a "block row":
+ * channel block by channel block (16 channels), the block's pixels side by
+ * side, 16 bytes each, with the padding's pixels (and three more at the
+ * right end) holding the zero point. Then the four pixels from output ox's
+ * window corner are one 64-byte load, and one vpermb puts each channel's
+ * four bytes into its lane. The packed byte row of window row ky (zero past
+ * kw) multiplies them. The sums are exact, as on the widening path, and the
+ * epilogue is the same: the same bits. A thread keeps the (kh - 1) * dh + 1
+ * block rows its lines last read, so that with stride 1 each input row is
+ * copied once per thread. */
+#define CB_QDW_VBMI_ATTR                                                                   \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2")))
+
+static int cb_qdw_vbmi_cpu = -1;      /* the CPU has AVX-512 VBMI (-1: not yet read) */
+static int cb_qdw_byte_taps = 1;      /* the path is allowed (tests turn it off) */
+
+static int cb_qdw_has_vbmi(void) {
+    if (cb_qdw_vbmi_cpu < 0) {
+        unsigned r[4] = {0, 0, 0, 0};
+        cb_q_cpuid(0, 0, r);
+        if (r[0] >= 7) cb_q_cpuid(7, 0, r); else r[2] = 0;
+        cb_qdw_vbmi_cpu = (int)((r[2] >> 1) & 1u);
+    }
+    return cb_qdw_vbmi_cpu;
+}
+
+/* Whether geometry g takes the byte-tap path at set `level`. With a
+ * horizontal stride each block row holds sw input pixels per output, copied
+ * for every line: there the widening path, which reads the input in place,
+ * is the faster. */
+static int cb_qdw_bytes_fit(int level, const cb_qdw_geometry *g) {
+    return level >= CB_Q_AVX512VNNI && cb_qdw_byte_taps && g->kw <= 4 && g->dw == 1 &&
+           g->sw == 1 && cb_qdw_has_vbmi();
+}
+
+typedef struct {
+    ptrdiff_t pw;          /* pixels per block row: (ow - 1) * sw + 4 */
+    ptrdiff_t nb;          /* channel blocks */
+    ptrdiff_t slots;       /* cached block rows: (kh - 1) * dh + 1 */
+    uint8_t *rows;         /* slots + 1 block rows (the last all zero point), 64-aligned */
+    ptrdiff_t *tag;        /* the image row (b * h + iy) in each slot, or -1 */
+    void *mem;
+} cb_qdw_block_rows;
+
+static int cb_qdw_block_rows_init(cb_qdw_block_rows *br, const cb_qdw_geometry *g) {
+    size_t row_bytes;
+    ptrdiff_t i;
+    char *m;
+    br->pw = (g->ow - 1) * g->sw + 4;
+    br->nb = (g->c + CB_Q_NR - 1) / CB_Q_NR;
+    br->slots = (g->kh - 1) * g->dh + 1;
+    row_bytes = (size_t)(br->nb * br->pw * CB_Q_NR);
+    m = (char *)malloc(row_bytes * (size_t)(br->slots + 1) +
+                       sizeof(ptrdiff_t) * (size_t)br->slots + 128);
+    if (!m) return 0;
+    br->mem = m;
+    br->rows = (uint8_t *)(((uintptr_t)m + 63) & ~(uintptr_t)63);
+    br->tag = (ptrdiff_t *)(br->rows + row_bytes * (size_t)(br->slots + 1));
+    for (i = 0; i < br->slots; i++) br->tag[i] = -1;
+    memset(br->rows + row_bytes * (size_t)br->slots, g->pad, row_bytes);
+    return 1;
+}
+
+/* The block row of input row iy of image b (the zero-point row outside the
+ * image), copied into its slot if the slot holds another row. */
+CB_Q_ALWAYS CB_QDW_VBMI_ATTR const uint8_t *cb_qdw_block_row(cb_qdw_block_rows *br,
+                                                            const cb_qdw_geometry *g,
+                                                            const uint8_t *x, ptrdiff_t b,
+                                                            ptrdiff_t iy) {
+    const ptrdiff_t row_bytes = br->nb * br->pw * CB_Q_NR, slot = iy % br->slots;
+    const ptrdiff_t lo = g->pl < br->pw ? g->pl : br->pw;
+    const ptrdiff_t hi = g->pl + g->w < br->pw ? g->pl + g->w : br->pw;
+    const __m128i pad = _mm_set1_epi8((char)g->pad);
+    const uint8_t *src;
+    uint8_t *dst;
+    ptrdiff_t cb, px;
+    if (iy < 0 || iy >= g->h) return br->rows + row_bytes * br->slots;
+    dst = br->rows + row_bytes * slot;
+    if (br->tag[slot] == b * g->h + iy) return dst;
+    br->tag[slot] = b * g->h + iy;
+    src = x + ((b * g->h + iy) * g->w - g->pl) * g->c;
+    for (cb = 0; cb < br->nb; cb++) {
+        const ptrdiff_t c0 = cb * CB_Q_NR;
+        const __mmask16 mask = g->c - c0 >= CB_Q_NR ? (__mmask16)0xFFFF
+                                                    : (__mmask16)((1u << (g->c - c0)) - 1);
+        uint8_t *d = dst + cb * br->pw * CB_Q_NR;
+        for (px = 0; px < lo; px++) _mm_store_si128((__m128i *)(d + px * CB_Q_NR), pad);
+        if (mask == 0xFFFF)
+            for (; px < hi; px++)
+                _mm_store_si128((__m128i *)(d + px * CB_Q_NR),
+                                _mm_loadu_si128((const __m128i *)(src + px * g->c + c0)));
+        else
+            for (; px < hi; px++)
+                _mm_store_si128((__m128i *)(d + px * CB_Q_NR),
+                                _mm_maskz_loadu_epi8(mask, src + px * g->c + c0));
+        for (; px < br->pw; px++) _mm_store_si128((__m128i *)(d + px * CB_Q_NR), pad);
+    }
+    return dst;
+}
+
+/* One line of outputs of channel block c0 from block rows r[0 .. kh - 1]
+ * (already offset to the block), KH window rows (a constant where the caller
+ * knows it, so that the loop unrolls). */
+CB_Q_ALWAYS CB_QDW_VBMI_ATTR void cb_qdw_bytes_block(const cb_qdw_geometry *g,
+                                                    const uint8_t *const *r,
+                                                    const int32_t *wp, const int32_t *start,
+                                                    const cb_q_epilogue *e, ptrdiff_t row,
+                                                    ptrdiff_t c0, ptrdiff_t kh) {
+    /* lane j's byte p: channel j of the load's pixel p (byte 16 p + j) */
+    const __m512i idx = _mm512_set_epi32(
+        0x3F2F1F0F, 0x3E2E1E0E, 0x3D2D1D0D, 0x3C2C1C0C, 0x3B2B1B0B, 0x3A2A1A0A, 0x39291909,
+        0x38281808, 0x37271707, 0x36261606, 0x35251505, 0x34241404, 0x33231303, 0x32221202,
+        0x31211101, 0x30201000);
+    const ptrdiff_t taps = g->kh * g->kw, step = g->sw * CB_Q_NR;
+    const int full = g->c - c0 >= CB_Q_NR;
+    const __mmask16 mask = full ? (__mmask16)0xFFFF : (__mmask16)((1u << (g->c - c0)) - 1);
+    const __m512i s0 = _mm512_loadu_si512(start + c0);
+    __m512i w[8];
+    ptrdiff_t ky, ox;
+    _Pragma("GCC unroll 8") for (ky = 0; ky < kh && ky < 8; ky++)
+        w[ky] = _mm512_loadu_si512(wp + (taps + 1 + ky) * g->cp + c0);
+    for (ox = 0; ox < g->ow; ox++) {
+        __m512i acc = s0;
+        _Pragma("GCC unroll 8") for (ky = 0; ky < kh; ky++) {
+            const __m512i px = _mm512_permutexvar_epi8(
+                idx, _mm512_loadu_si512(r[ky] + ox * step));
+            acc = _mm512_dpbusd_epi32(
+                acc, px, ky < 8 ? w[ky] : _mm512_loadu_si512(wp + (taps + 1 + ky) * g->cp + c0));
+        }
+        if (full)
+            cb_qdw_epilogue_512(acc, row + ox, c0, 0xFFFF, 1, e);
+        else
+            cb_qdw_epilogue_512(acc, row + ox, c0, mask, 0, e);
+    }
+}
+
+CB_QDW_VBMI_ATTR static void cb_qdw_bytes_lines(const cb_qdw_geometry *g, const uint8_t *x,
+                                                const int32_t *wp, const cb_q_epilogue *e,
+                                                const cb_qdw_taps *tp, cb_qdw_block_rows *br,
+                                                ptrdiff_t r0, ptrdiff_t r1) {
+    /* a copy of the epilogue's fields the compiler knows no store reaches */
+    const cb_q_epilogue el = *e;
+    const uint8_t *rows[64];
+    ptrdiff_t r, ky, cb;
+    for (r = r0; r < r1; r++) {
+        const ptrdiff_t b = r / g->oh, oy = r % g->oh, iy0 = oy * g->sh - g->pt;
+        for (ky = 0; ky < g->kh; ky++)
+            rows[ky] = cb_qdw_block_row(br, g, x, b, iy0 + ky * g->dh);
+        for (cb = 0; cb < br->nb; cb++) {
+            const uint8_t *rb[64];
+            for (ky = 0; ky < g->kh; ky++) rb[ky] = rows[ky] + cb * br->pw * CB_Q_NR;
+            if (g->kh == 3)
+                cb_qdw_bytes_block(g, rb, wp, tp->start, &el, r * g->ow, cb * CB_Q_NR, 3);
+            else
+                cb_qdw_bytes_block(g, rb, wp, tp->start, &el, r * g->ow, cb * CB_Q_NR, g->kh);
+        }
+    }
+}
 #endif
 #endif
 
@@ -523,7 +701,11 @@ static void cb_qdw_lines(int level, const cb_qdw_geometry *g, const uint8_t *x,
         /* without memory for the taps' addresses, the scalar loop below */
         if (cb_qdw_taps_init(&tp, g, wp)) {
 #if CB_Q_HAVE_AVX512VNNI
-            if (level >= CB_Q_AVX512VNNI)
+            cb_qdw_block_rows br;
+            if (g->kh <= 64 && cb_qdw_bytes_fit(level, g) && cb_qdw_block_rows_init(&br, g)) {
+                cb_qdw_bytes_lines(g, x, wp, e, &tp, &br, r0, r1);
+                free(br.mem);
+            } else if (level >= CB_Q_AVX512VNNI)
                 cb_qdw_lines_avx512(g, x, wp, e, &tp, r0, r1);
             else
 #endif

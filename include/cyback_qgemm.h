@@ -241,49 +241,74 @@ static inline void cb_q_copy_run(uint8_t *dst, const uint8_t *src, size_t n) {
     }
 }
 
-/* Rows p0 .. p1 - 1 of the patch matrix into out (row p0 first): output
- * pixel (b, oy, ox) is row (b * oh + oy) * ow + ox, holding the window's taps
- * in (ky, kx, c) order, c fastest; taps in the padding take the activations'
- * zero point (the code of 0.0). */
-static void cb_q_patch_rows(const cb_q_patches *g, ptrdiff_t p0, ptrdiff_t p1, uint8_t *out) {
+/* Patch row (b, oy, ox) at dst: the window's taps in (ky, kx, c) order, c
+ * fastest; taps in the padding take the activations' zero point (the code of
+ * 0.0). */
+static void cb_q_patch_row(const cb_q_patches *g, ptrdiff_t b, ptrdiff_t oy, ptrdiff_t ox,
+                           uint8_t *dst) {
     const ptrdiff_t c = g->c, kw = g->kw, w = g->w, h = g->h;
-    ptrdiff_t r, ky, kx;
-    ptrdiff_t line = p0 / g->ow, ox = p0 % g->ow, b = line / g->oh, oy = line % g->oh;
+    const uint8_t *img = g->x + b * h * w * c;
+    ptrdiff_t ky, kx;
+    for (ky = 0; ky < g->kh; ky++) {
+        const ptrdiff_t iy = oy * g->sh - g->pt + ky * g->dh;
+        const ptrdiff_t ix0 = ox * g->sw - g->pl;
+        if (g->dw == 1) {
+            /* the window's taps along a row are one run of kw * c bytes:
+             * a copy per run, not per tap (a 3-channel stem has 3-byte taps) */
+            ptrdiff_t lo = ix0 < 0 ? -ix0 : 0, hi = w - ix0 < kw ? w - ix0 : kw;
+            if (iy < 0 || iy >= h || hi <= lo) lo = hi = 0;
+            if (lo > 0) memset(dst, g->pad, (size_t)(lo * c));
+            if (hi > lo)
+                cb_q_copy_run(dst + lo * c, img + (iy * w + ix0 + lo) * c,
+                              (size_t)((hi - lo) * c));
+            if (hi < kw) memset(dst + hi * c, g->pad, (size_t)((kw - hi) * c));
+            dst += kw * c;
+            continue;
+        }
+        for (kx = 0; kx < kw; kx++, dst += c) {
+            const ptrdiff_t ix = ix0 + kx * g->dw;
+            if (iy < 0 || iy >= h || ix < 0 || ix >= w)
+                memset(dst, g->pad, (size_t)c);
+            else
+                cb_q_copy_run(dst, img + (iy * w + ix) * c, (size_t)c);
+        }
+    }
+}
+
+/* Rows p0 .. p1 - 1 of the patch matrix into out (row p0 first): output
+ * pixel (b, oy, ox) is row (b * oh + oy) * ow + ox (cb_q_patch_row). A line's
+ * windows that lie inside the image without horizontal dilation (most of
+ * them) are kh runs of kw * c bytes at fixed places: copied without the
+ * bounds work of the edge rows, which was most of a small-channel stem's
+ * time. */
+static void cb_q_patch_rows(const cb_q_patches *g, ptrdiff_t p0, ptrdiff_t p1, uint8_t *out) {
+    const ptrdiff_t c = g->c, w = g->w, run = g->kw * c, k = g->kh * run;
+    const ptrdiff_t span = w - 1 + g->pl - (g->kw - 1) * g->dw;
+    /* the outputs lo .. hi - 1 of a line have their windows inside horizontally */
+    ptrdiff_t lo = (g->pl + g->sw - 1) / g->sw, hi = span >= 0 ? span / g->sw + 1 : 0;
+    ptrdiff_t p = p0;
     uint8_t *dst = out;
-    for (r = p0; r < p1; r++) {
-        const uint8_t *img = g->x + b * h * w * c;
-        for (ky = 0; ky < g->kh; ky++) {
-            const ptrdiff_t iy = oy * g->sh - g->pt + ky * g->dh;
-            const ptrdiff_t ix0 = ox * g->sw - g->pl;
-            if (g->dw == 1) {
-                /* the window's taps along a row are one run of kw * c bytes:
-                 * a copy per run, not per tap (a 3-channel stem has 3-byte taps) */
-                ptrdiff_t lo = ix0 < 0 ? -ix0 : 0, hi = w - ix0 < kw ? w - ix0 : kw;
-                if (iy < 0 || iy >= h || hi <= lo) lo = hi = 0;
-                if (lo > 0) memset(dst, g->pad, (size_t)(lo * c));
-                if (hi > lo)
-                    cb_q_copy_run(dst + lo * c, img + (iy * w + ix0 + lo) * c,
-                                  (size_t)((hi - lo) * c));
-                if (hi < kw) memset(dst + hi * c, g->pad, (size_t)((kw - hi) * c));
-                dst += kw * c;
-                continue;
-            }
-            for (kx = 0; kx < kw; kx++, dst += c) {
-                const ptrdiff_t ix = ix0 + kx * g->dw;
-                if (iy < 0 || iy >= h || ix < 0 || ix >= w)
-                    memset(dst, g->pad, (size_t)c);
-                else
-                    cb_q_copy_run(dst, img + (iy * w + ix) * c, (size_t)c);
+    if (hi > g->ow) hi = g->ow;
+    if (lo > hi) lo = hi;
+    while (p < p1) {
+        const ptrdiff_t line = p / g->ow, b = line / g->oh, oy = line % g->oh;
+        const ptrdiff_t end = (line + 1) * g->ow < p1 ? (line + 1) * g->ow : p1;
+        const ptrdiff_t iy0 = oy * g->sh - g->pt;
+        const int rows_in = iy0 >= 0 && iy0 + (g->kh - 1) * g->dh < g->h && g->dw == 1;
+        ptrdiff_t ox = p - line * g->ow;
+        const ptrdiff_t ox_end = end - line * g->ow;
+        for (; ox < ox_end; ox++, dst += k) {
+            if (rows_in && ox >= lo && ox < hi) {
+                const uint8_t *src = g->x + ((b * g->h + iy0) * w + ox * g->sw - g->pl) * c;
+                uint8_t *d = dst;
+                ptrdiff_t ky;
+                for (ky = 0; ky < g->kh; ky++, d += run)
+                    cb_q_copy_run(d, src + ky * g->dh * w * c, (size_t)run);
+            } else {
+                cb_q_patch_row(g, b, oy, ox, dst);
             }
         }
-        /* the next output pixel: (b, oy, ox) in row-major order */
-        if (++ox == g->ow) {
-            ox = 0;
-            if (++oy == g->oh) {
-                oy = 0;
-                b++;
-            }
-        }
+        p = end;
     }
 }
 

@@ -9,31 +9,45 @@ cdef extern from "cyback_qdepthwise.h" nogil:
         Py_ssize_t oh, ow
         Py_ssize_t cp
         uint8_t pad
-    void cb_qdw_pack(const int8_t* w, Py_ssize_t taps, Py_ssize_t c, Py_ssize_t cp,
-                     int32_t* out)
+    void cb_qdw_pack(const int8_t* w, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t c,
+                     Py_ssize_t cp, int32_t* out)
+    int cb_qdw_byte_taps
+    int cb_qdw_has_vbmi()
     void cb_qdw_lines(int level, const cb_qdw_geometry* g, const uint8_t* x, const int32_t* wp,
                       const cb_q_epilogue* e, Py_ssize_t r0, Py_ssize_t r1)
 
 
 def pack_depthwise(w):
     """The packed form of an int8 depthwise kernel (kh, kw, C) for
-    ``depthwise_conv``: int32 (kh * kw + 1, C rounded up to 16), each tap's
-    weights widened, then each channel's sum over the taps."""
+    ``depthwise_conv``: int32 (kh * kw + 1 + kh, C rounded up to 16), each
+    tap's weights widened, each channel's sum over the taps, then per window
+    row the first four taps' bytes in one int32 (the byte-tap path's
+    operand)."""
     if not isinstance(w, np.ndarray) or w.dtype != np.int8 or w.ndim != 3:
         raise TypeError("pack_depthwise: expected a 3-D int8 array (kh, kw, C), got %s"
                         % _describe(w))
-    cdef Py_ssize_t taps = w.shape[0] * w.shape[1], c = w.shape[2]
+    cdef Py_ssize_t kh = w.shape[0], kw = w.shape[1], taps = kh * kw, c = w.shape[2]
     if taps > CB_Q_MAX_K:
         raise ValueError("pack_depthwise: %d taps are above %d, where int32 sums may overflow"
                          % (taps, CB_Q_MAX_K))
     cdef Py_ssize_t cp = cb_q_panels(c) * CB_Q_NR
     w = np.ascontiguousarray(w)
-    out = np.empty((taps + 1, cp), dtype=np.int32)
+    out = np.empty((taps + 1 + kh, cp), dtype=np.int32)
     cdef const int8_t* src = <const int8_t*>cnp.PyArray_DATA(w)
     cdef int32_t* dst = <int32_t*>cnp.PyArray_DATA(out)
     with nogil:
-        cb_qdw_pack(src, taps, c, cp, dst)
+        cb_qdw_pack(src, kh, kw, c, cp, dst)
     return out
+
+
+def _depthwise_byte_taps(on=None):
+    """Tests: allow (True) or forbid (False) the byte-tap path of the
+    AVX-512 depthwise kernel (None: leave it). Returns whether the path runs
+    now: allowed, and the CPU has AVX-512 VBMI."""
+    global cb_qdw_byte_taps
+    if on is not None:
+        cb_qdw_byte_taps = 1 if on else 0
+    return bool(cb_qdw_byte_taps and cb_qdw_has_vbmi() and cb_q_level() >= 3)
 
 
 def depthwise_conv(x, packed, vectors, zero_a, kernel_size, strides=(1, 1), dilation=(1, 1),
@@ -64,10 +78,10 @@ def depthwise_conv(x, packed, vectors, zero_a, kernel_size, strides=(1, 1), dila
     cdef Py_ssize_t b = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3]
     cdef Py_ssize_t cp = cb_q_panels(c) * CB_Q_NR
     if not isinstance(packed, np.ndarray) or packed.dtype != np.int32 or \
-            packed.shape != (kh * kw + 1, cp) or not packed.flags.c_contiguous:
+            packed.shape != (kh * kw + 1 + kh, cp) or not packed.flags.c_contiguous:
         raise ValueError("depthwise_conv: expected pack_depthwise's int32 (%d, %d) array for a "
                          "%dx%d window on %d channels, got %s"
-                         % (kh * kw + 1, cp, kh, kw, c, _describe(packed)))
+                         % (kh * kw + 1 + kh, cp, kh, kw, c, _describe(packed)))
     cdef Py_ssize_t eh = h + pt + pb - (kh - 1) * dh, ew = w + pl + pr - (kw - 1) * dw
     if eh < 1 or ew < 1:
         raise ValueError("depthwise_conv: the %dx%d window (dilation %s) does not fit the "

@@ -5,16 +5,37 @@ output, the edges of the codes, and the argument checks."""
 import numpy as np
 import pytest
 
+import cyback as K
 from cyback.kernels import qgemm
 
 ACTS = {None: lambda y: y, 'relu': lambda y: np.maximum(np.float32(0), y),
         'relu6': lambda y: np.minimum(np.float32(6), np.maximum(np.float32(0), y))}
 
 
-@pytest.fixture(params=qgemm.instruction_sets())
+def _paths():
+    """Every set the CPU runs; on avx512_vnni with AVX-512 VBMI, both the
+    byte-tap path and the widening one."""
+    out = [(name, True) for name in qgemm.instruction_sets()]
+    if "avx512_vnni" in qgemm.instruction_sets():
+        qgemm._use_instruction_set("avx512_vnni")
+        try:
+            if qgemm._depthwise_byte_taps():
+                out.append(("avx512_vnni", False))
+        finally:
+            qgemm._use_instruction_set(None)
+    return out
+
+
+PATHS = _paths()
+
+
+@pytest.fixture(params=PATHS, ids=["%s%s" % (s, "" if b else "-widening") for s, b in PATHS])
 def instruction_set(request):
-    assert qgemm._use_instruction_set(request.param) == request.param
-    yield request.param
+    name, byte_taps = request.param
+    assert qgemm._use_instruction_set(name) == name
+    qgemm._depthwise_byte_taps(byte_taps)
+    yield name
+    qgemm._depthwise_byte_taps(True)
     qgemm._use_instruction_set(None)
 
 
@@ -56,6 +77,12 @@ CASES = [
     (1, 10, 21, 48, (3, 3), (2, 2), (1, 1), ((0, 1), (0, 1))),
     (1, 12, 14, 32, (3, 3), (1, 1), (2, 3), ((2, 2), (3, 3))),
     (1, 4, 9, 20, (3, 5), (1, 1), (1, 1), ((0, 0), (0, 0))),
+    # the byte-tap path: windows up to four taps wide, stride 1 along the row,
+    # any height, vertical stride and dilation
+    (1, 11, 6, 37, (5, 3), (2, 1), (2, 1), ((4, 4), (1, 1))),
+    (2, 5, 9, 17, (2, 4), (1, 1), (1, 1), ((1, 0), (2, 1))),
+    (3, 6, 7, 3, (1, 2), (1, 1), (1, 1), ((0, 0), (0, 1))),
+    (1, 3, 2, 70, (3, 3), (1, 1), (1, 1), ((2, 2), (2, 2))),   # more pad than image
 ]
 
 
@@ -128,10 +155,24 @@ def test_uint8_output_and_same_bits_on_every_set():
 def test_pack_layout():
     w = np.arange(-6, 6, dtype=np.int8).reshape(2, 2, 3)
     p = qgemm.pack_depthwise(w)
-    assert p.dtype == np.int32 and p.shape == (5, 16)
+    assert p.dtype == np.int32 and p.shape == (7, 16)
     np.testing.assert_array_equal(p[:4, :3], w.reshape(4, 3))
     np.testing.assert_array_equal(p[4, :3], w.reshape(4, 3).sum(axis=0))
+    # window row ky's taps as the bytes of one little-endian int32, zero past kw
+    rows = p[5:].copy().view(np.int8).reshape(2, 16, 4)
+    np.testing.assert_array_equal(rows[:, :3, :2], w.transpose(0, 2, 1))
+    assert not rows[:, :3, 2:].any()
     assert not p[:, 3:].any()
+
+
+def test_pack_layout_of_wide_windows():
+    # the byte rows hold a window row's first four taps; wider windows take
+    # the widening path, which never reads them
+    w = np.arange(2 * 6 * 2, dtype=np.int8).reshape(2, 6, 2)
+    p = qgemm.pack_depthwise(w)
+    assert p.shape == (2 * 6 + 1 + 2, 16)
+    rows = p[13:].copy().view(np.int8).reshape(2, 16, 4)
+    np.testing.assert_array_equal(rows[:, :2, :], w[:, :4].transpose(0, 2, 1))
 
 
 def test_argument_checks():
@@ -149,3 +190,34 @@ def test_argument_checks():
     with pytest.raises(ValueError, match='epilogue vectors'):
         qgemm.depthwise_conv(x, qgemm.pack_depthwise(w), qgemm.epilogue_vectors(1.0, [1.0] * 17),
                              0, 3)
+
+
+@pytest.mark.parametrize("n,h,w_,c", [(3, 9, 10, 48), (1, 14, 14, 35), (2, 5, 3, 1)])
+def test_byte_taps_give_the_widening_paths_bits(n, h, w_, c):
+    # every thread count (a thread's cached input rows span its lines, and
+    # images), float and uint8 outputs, against the widening path
+    if "avx512_vnni" not in qgemm.instruction_sets():
+        pytest.skip("no AVX-512 VNNI")
+    rs = np.random.RandomState(h * c)
+    x = rs.randint(0, 256, size=(n, h, w_, c)).astype(np.uint8)
+    w = rs.randint(-128, 128, size=(3, 3, c)).astype(np.int8)
+    vectors = qgemm.epilogue_vectors(0.03, rs.uniform(0.001, 0.01, c), rs.randn(c))
+    packed = qgemm.pack_depthwise(w)
+    saved = K.get_num_threads()
+    outs = []
+    try:
+        for byte_taps in (True, False):
+            if qgemm._depthwise_byte_taps(byte_taps) != byte_taps:
+                pytest.skip("no AVX-512 VBMI")
+            for threads in (1, 2, 3):
+                K.set_num_threads(threads)
+                f = qgemm.depthwise_conv(x, packed, vectors, 5, (3, 3),
+                                         pads=((1, 1), (1, 1)), activation='relu')
+                q = qgemm.depthwise_conv(x, packed, vectors, 5, (3, 3), strides=(2, 1),
+                                         pads=((1, 1), (1, 1)), activation='relu6',
+                                         out_scale=6 / 255, out_zero_point=0)
+                outs.append((f.tobytes(), q.tobytes()))
+    finally:
+        qgemm._depthwise_byte_taps(True)
+        K.set_num_threads(saved)
+    assert len(set(outs)) == 1

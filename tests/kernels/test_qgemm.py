@@ -421,6 +421,10 @@ IM2COL_CASES = [
     ((1, 4, 6, 11), (1, 3), (1, 1), (1, 1), ((0, 0), (1, 1))),
     ((1, 4, 6, 40), (2, 1), (1, 1), (1, 1), ((1, 0), (0, 0))),
     ((1, 6, 6, 20), (2, 2), (1, 1), (2, 2), ((1, 1), (1, 1))),   # taps one at a time
+    # MobileNet's stem (3x3, stride 2, padded at the bottom and right only):
+    # inner windows copied as whole runs, the last row and column not
+    ((2, 9, 11, 3), (3, 3), (2, 2), (1, 1), ((0, 1), (0, 1))),
+    ((1, 8, 8, 1), (3, 3), (1, 1), (2, 1), ((2, 2), (1, 1))),    # vertical dilation only
 ]
 
 
@@ -428,9 +432,13 @@ IM2COL_CASES = [
 def test_im2col_matches_reference(rng, shape, ks, st, dil, pads):
     x = rng.integers(0, 256, shape, dtype=np.uint8)
     want = ref_im2col(x, *ks, *st, *dil, pads, 77)
-    for threads in (1, 2, 3):
-        K.set_num_threads(threads)
-        assert same_bits(qgemm.im2col(x, ks, st, dil, pads, 77), want)
+    saved = K.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            K.set_num_threads(threads)
+            assert same_bits(qgemm.im2col(x, ks, st, dil, pads, 77), want)
+    finally:
+        K.set_num_threads(saved)
 
 
 def test_convolution_through_im2col_is_exact(each_set, rng):
@@ -458,6 +466,7 @@ CONV_CASES = [
     ((3, 17, 19, 40), (1, 1), (2, 2), (1, 1), ((0, 0), (0, 0)), 21),   # strided 1x1
     ((1, 1, 300, 24), (1, 5), (1, 1), (1, 2), ((0, 0), (8, 0)), 19),   # 1-D, causal
     ((1, 4, 4, 8), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)), 5),       # a few rows
+    ((2, 90, 97, 3), (3, 3), (2, 2), (1, 1), ((0, 1), (0, 1)), 32),    # blocks cut lines
 ]
 
 

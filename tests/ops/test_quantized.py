@@ -201,10 +201,11 @@ def test_shape_rules_and_bad_arguments(rng):
     assert qops.QuantizedDense(4, 0.1, 0)(x, packed, vectors).shape == (None, 7, 4)
     with pytest.raises(ValueError, match="do not hold a \\(9, 4\\) kernel"):
         qops.QuantizedDense(4, 0.1, 0)(K.placeholder(shape=(None, 9)), packed, vectors)
-    # 5 and 6 features pack into the same size: the call tells them apart
+    # 5 and 6 features pack into the same size: the product's own check (the
+    # packed header's K) tells them apart
     x5 = K.placeholder(shape=(None, 5))
     y5 = qops.QuantizedDense(4, 0.1, 0)(x5, packed, vectors)
-    with pytest.raises(ValueError, match="the input has 5 features"):
+    with pytest.raises(ValueError, match="K = 5 columns, the packed weights 6 rows"):
         K.function([x5], [y5])([np.zeros((2, 5), np.float32)])
     with pytest.raises(ValueError, match="must be int8"):
         qops.PackInt8()(K.constant(w.astype(np.float32)))
