@@ -307,11 +307,7 @@ CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_qdw_epilogue_512(__m512i d, ptrdiff_t row, 
     }
     if (e->out_q) {
         uint8_t *o = e->out_q + row * e->ldq + c0;
-        __m512 t = _mm512_div_ps(y, _mm512_set1_ps(e->q_scale));
-        __m128i bytes;
-        t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(e->q_lo)), _mm512_set1_ps(e->q_hi));
-        bytes = _mm512_cvtepi32_epi8(
-            _mm512_add_epi32(_mm512_cvtps_epi32(t), _mm512_set1_epi32(e->q_zero)));
+        const __m128i bytes = cb_q_codes_512(y, e->q_scale, e->q_hi, e->q_zero);
         if (full)
             _mm_storeu_si128((__m128i *)o, bytes);
         else

@@ -585,6 +585,19 @@ CB_Q_ALWAYS CB_Q_AVX512_ATTR cb_q_panel512 cb_q_panel_512(const int8_t *panel_su
     return v;
 }
 
+/* The uint8 codes of 16 values y: clamp(rint(y / so), -zo, 255 - zo) + zo,
+ * NaN -> 0, as the scalar epilogue. The lower clamp is done on the integers,
+ * where it is the same (the bound is an integer, rint is monotonic) and
+ * costs no float operation, which bound the epilogue: max(rint(t) + zo, 0).
+ * A NaN or a t below INT32_MIN converts to INT32_MIN, which the max takes
+ * to 0, as the float clamp's vmaxps(NaN, lo) = lo did; min(hi, t) keeps a
+ * NaN (vminps returns its second operand) for it. */
+CB_Q_ALWAYS CB_Q_AVX512_ATTR __m128i cb_q_codes_512(__m512 y, float so, float hi, int32_t zo) {
+    const __m512 t = _mm512_min_ps(_mm512_set1_ps(hi), _mm512_div_ps(y, _mm512_set1_ps(so)));
+    const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(t), _mm512_set1_epi32(zo));
+    return _mm512_cvtepi32_epi8(_mm512_max_epi32(q, _mm512_setzero_si512()));
+}
+
 /* e: the caller's local copy of the epilogue (its fields stay in registers). */
 CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_q_epilogue_512(__m512i acc, const cb_q_panel512 *v,
                                                     ptrdiff_t row, ptrdiff_t col,
@@ -613,11 +626,8 @@ CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_q_epilogue_512(__m512i acc, const cb_q_pane
     }
     if (e->out_f) _mm512_mask_storeu_ps(e->out_f + row * e->ldf + col, v->mask, y);
     if (e->out_q) {
-        __m512 t = _mm512_div_ps(y, _mm512_set1_ps(e->q_scale));
-        __m512i q;
-        t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(e->q_lo)), _mm512_set1_ps(e->q_hi));
-        q = _mm512_add_epi32(_mm512_cvtps_epi32(t), _mm512_set1_epi32(e->q_zero));
-        _mm_mask_storeu_epi8(e->out_q + row * e->ldq + col, v->mask, _mm512_cvtepi32_epi8(q));
+        _mm_mask_storeu_epi8(e->out_q + row * e->ldq + col, v->mask,
+                             cb_q_codes_512(y, e->q_scale, e->q_hi, e->q_zero));
     }
 }
 
@@ -815,17 +825,13 @@ CB_Q_AVX2_ATTR static void cb_q_quantize_avx2(const float *x, ptrdiff_t count, f
 #if CB_Q_HAVE_AVX512VNNI
 CB_Q_AVX512_ATTR static void cb_q_quantize_avx512(const float *x, ptrdiff_t count, float scale,
                                                   int32_t zero, uint8_t *out) {
-    const __m512 s = _mm512_set1_ps(scale), lo = _mm512_set1_ps((float)-zero),
-                 hi = _mm512_set1_ps((float)(255 - zero));
-    const __m512i z = _mm512_set1_epi32(zero);
+    const float hi = (float)(255 - zero);
     ptrdiff_t i = 0;
     for (; i < count; i += 16) {
         const ptrdiff_t left = count - i;
         const __mmask16 mask = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-        __m512 t = _mm512_div_ps(_mm512_maskz_loadu_ps(mask, x + i), s);
-        t = _mm512_min_ps(_mm512_max_ps(t, lo), hi);
         _mm_mask_storeu_epi8(out + i, mask,
-                             _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(t), z)));
+                             cb_q_codes_512(_mm512_maskz_loadu_ps(mask, x + i), scale, hi, zero));
     }
 }
 #endif
