@@ -102,7 +102,9 @@ def depthwise_conv(x, packed, vectors, zero_a, kernel_size, strides=(1, 1), dila
     cdef const int32_t* wp = <const int32_t*>cnp.PyArray_DATA(packed)
     cdef Py_ssize_t lines = b * oh
     cdef int level = cb_q_level()
-    cdef double work = 0.25 * <double>out.size * kh * kw
+    # a multiply-add per tap costs about what a byte moved does: about the
+    # float kernel's cost per output (its work counts two flops per tap)
+    cdef double work = <double>out.size * kh * kw
     cdef int parts = team_parts(work), nt = threads_for(work), t
     if parts > lines:
         parts = <int>lines
