@@ -550,7 +550,8 @@ class _ConvCall:
 
 
 def _conv_call(op, shape):
-    key = (op.rank, op.kernel_size, op.strides, op.dilation, op.padding, op.filters, shape)
+    key = (op.rank, op.kernel_size, op.strides, op.dilation, op.padding, op.extra_pads,
+           op.filters, shape)
     found = _CONV_CALLS.get(key)
     if found is None:
         found = _ConvCall(op, shape)
@@ -558,7 +559,42 @@ def _conv_call(op, shape):
     return found
 
 
-class QuantizedConv(_Quantized):
+class _ZeroPadded:
+    """The zero padding an int8 window op takes in from a Pad before it:
+    ``extra_pads``, (before, after) per spatial axis on top of the op's
+    ``padding``, which the kernels fill with the code of 0.0."""
+
+    extra_pads = None
+
+    def _padded(self, sizes):
+        if self.extra_pads is None:
+            return tuple(sizes)
+        return tuple(None if n is None else n + b + a
+                     for n, (b, a) in zip(sizes, self.extra_pads))
+
+    def _with_extra(self, pads):
+        if self.extra_pads is None:
+            return list(pads)
+        return [(b + b0, a + a0) for (b, a), (b0, a0) in zip(pads, self.extra_pads)]
+
+    def rewrite(self, inputs, ctx):
+        """In an inference plan, a zero padding of the input's spatial axes
+        (a ZeroPadding2D before a strided convolution: ResNet's stem,
+        MobileNet's depthwise layers) goes into the op's pads."""
+        if not ctx.inference:
+            return None
+        made = ctx.producer(inputs[0])
+        if made is None or not isinstance(made[0], Pad) or len(made[1]) != 1:
+            return None
+        pads = made[0].pads
+        if len(pads) != len(self.kernel_size) + 2 or pads[0] != (0, 0) or \
+                pads[-1] != (0, 0) or any(b < 0 or a < 0 for b, a in pads[1:-1]):
+            return None
+        extra = tuple(self._with_extra(pads[1:-1]))
+        return [self._with(extra_pads=extra)(made[1][0], *inputs[1:])]
+
+
+class QuantizedConv(_ZeroPadded, _Quantized):
     """y = the int8 convolution of a channels_last x (N, W, C),
     (N, H, W, C) or (N, D, H, W, C) with a packed kernel (kernel_size +
     (C, filters)), dequantized to float32. Padding 'valid', 'same' or
@@ -567,8 +603,10 @@ class QuantizedConv(_Quantized):
     api = "quantized_conv"
 
     def __init__(self, rank, filters, kernel_size, strides, dilation, padding, in_scale,
-                 in_zero, activation="linear"):
+                 in_zero, activation="linear", extra_pads=None):
         super().__init__(in_scale, in_zero, activation)
+        self.extra_pads = None if extra_pads is None else \
+            tuple((int(b), int(a)) for b, a in extra_pads)
         if rank not in (1, 2, 3):
             raise ValueError("%s: rank must be 1, 2 or 3, got %r" % (self.api, rank))
         if padding not in ("valid", "same", "causal") or (padding == "causal" and rank != 1):
@@ -588,6 +626,7 @@ class QuantizedConv(_Quantized):
 
     def _out_spatial(self, sizes):
         out = []
+        sizes = self._padded(sizes)
         for n, k, s, d in zip(sizes, self.kernel_size, self.strides, self.dilation):
             if n is None:
                 out.append(None)
@@ -600,8 +639,9 @@ class QuantizedConv(_Quantized):
         return tuple(out)
 
     def _pads(self, sizes):
-        return [conv_utils.conv_pads(n, kk, s, d, self.padding)
-                for n, kk, s, d in zip(sizes, self.kernel_size, self.strides, self.dilation)]
+        return self._with_extra([conv_utils.conv_pads(n, kk, s, d, self.padding)
+                                 for n, kk, s, d in zip(self._padded(sizes), self.kernel_size,
+                                                        self.strides, self.dilation)])
 
     def _shape(self, x, packed, vectors):
         if x.ndim != self.rank + 2:
@@ -691,7 +731,7 @@ class PackDepthwise(Op):
         _no_gradient(self.api)
 
 
-class QuantizedDepthwiseConv(_Quantized):
+class QuantizedDepthwiseConv(_ZeroPadded, _Quantized):
     """y = the int8 depthwise convolution of a channels_last x (N, H, W, C)
     with a packed kernel (``PackDepthwise``, depth multiplier M: each input
     channel feeds M output channels), dequantized to float32 (N, OH, OW,
@@ -734,12 +774,6 @@ class QuantizedDepthwiseConv(_Quantized):
             self.mid_scale = float(mid_scale)
             self.mid_zero = int(mid_zero)
 
-    def _padded(self, sizes):
-        if self.extra_pads is None:
-            return tuple(sizes)
-        return tuple(None if n is None else n + b + a
-                     for n, (b, a) in zip(sizes, self.extra_pads))
-
     def _out_spatial(self, sizes):
         return tuple(None if n is None else
                      conv_utils.conv_output_length(n, k, s, d, self.padding)
@@ -747,29 +781,9 @@ class QuantizedDepthwiseConv(_Quantized):
                                            self.strides, self.dilation))
 
     def _pads(self, sizes):
-        pads = [conv_utils.conv_pads(n, k, s, d, self.padding)
-                for n, k, s, d in zip(self._padded(sizes), self.kernel_size, self.strides,
-                                      self.dilation)]
-        if self.extra_pads is not None:
-            pads = [(b + b0, a + a0) for (b, a), (b0, a0) in zip(pads, self.extra_pads)]
-        return pads
-
-    def rewrite(self, inputs, ctx):
-        """In an inference plan, a zero padding of the input's spatial axes
-        (MobileNet's ZeroPadding2D before a strided depthwise convolution) goes
-        into the op's pads, which the kernel fills with the code of 0.0."""
-        if not ctx.inference:
-            return None
-        made = ctx.producer(inputs[0])
-        if made is None or not isinstance(made[0], Pad) or len(made[1]) != 1:
-            return None
-        pads = made[0].pads
-        if len(pads) != 4 or pads[0] != (0, 0) or pads[3] != (0, 0) or \
-                any(b < 0 or a < 0 for b, a in pads[1:3]):
-            return None
-        extra = pads[1:3] if self.extra_pads is None else tuple(
-            (b + b0, a + a0) for (b, a), (b0, a0) in zip(pads[1:3], self.extra_pads))
-        return [self._with(extra_pads=extra)(made[1][0], *inputs[1:])]
+        return self._with_extra([conv_utils.conv_pads(n, k, s, d, self.padding)
+                                 for n, k, s, d in zip(self._padded(sizes), self.kernel_size,
+                                                       self.strides, self.dilation)])
 
     def _shape(self, x, packed, vectors, pw_packed=None, pw_vectors=None):
         if x.ndim != 4:

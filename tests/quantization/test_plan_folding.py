@@ -81,24 +81,46 @@ def test_loaded_conv2d_class_is_quantized_unless_grouped():
     assert type(q.get_layer('g')) is cyback.layers.Conv2D
 
 
-@pytest.mark.parametrize('padding', ['valid', 'same'])
-@pytest.mark.parametrize('pads', [((0, 1), (0, 1)), ((2, 0), (1, 3))])
-def test_zero_padding_goes_into_the_int8_depthwise_pads(padding, pads):
-    rng = np.random.RandomState(2)
+def _padded_depthwise(pads, padding):
     inp = keras.layers.Input((8, 7, 5))
     x = keras.layers.ZeroPadding2D(pads)(inp)
     x = keras.layers.DepthwiseConv2D(3, strides=2, padding=padding, name='dw')(x)
-    model = keras.models.Model(inp, x)
-    data = rng.standard_normal((6, 8, 7, 5)).astype('float32')
+    return keras.models.Model(inp, x)
+
+
+def _padded_stem(pads, padding):
+    # ResNet's: ZeroPadding2D(3), then a 7x7 convolution with stride 2
+    inp = keras.layers.Input((8, 7, 5))
+    x = keras.layers.ZeroPadding2D(pads)(inp)
+    x = keras.layers.Conv2D(6, 3, strides=2, padding=padding, activation='relu')(x)
+    x = keras.layers.Conv2D(4, 1)(x)
+    return keras.models.Model(inp, x)
+
+
+def _padded_conv1d(pads, padding):
+    inp = keras.layers.Input((8, 7))
+    x = keras.layers.ZeroPadding1D(pads[1])(inp)
+    x = keras.layers.Conv1D(6, 3, strides=2, padding=padding)(x)
+    return keras.models.Model(inp, x)
+
+
+@pytest.mark.parametrize('build', [_padded_depthwise, _padded_stem, _padded_conv1d])
+@pytest.mark.parametrize('padding', ['valid', 'same'])
+@pytest.mark.parametrize('pads', [((0, 1), (0, 1)), ((2, 0), (1, 3))])
+def test_zero_padding_goes_into_the_int8_window_pads(build, padding, pads):
+    rng = np.random.RandomState(2)
+    model = build(pads, padding)
+    data = rng.standard_normal((6,) + model.input_shape[1:]).astype('float32')
     q = cyback.quantize(model, data)
     K = keras.backend
     f = K.function(q.inputs, q.outputs)
-    assert 'spatial_2d_padding' not in _labels(f)
+    pad = 'spatial_2d_padding' if len(data.shape) == 4 else 'temporal_padding'
+    assert pad not in _labels(f)
     got = f([data])[0]
     optimize.set_graph_optimizer(False)
     try:
         plain = K.function(q.inputs, q.outputs)
-        assert 'spatial_2d_padding' in _labels(plain)
+        assert pad in _labels(plain)
         want = plain([data])[0]
     finally:
         optimize.set_graph_optimizer(True)
