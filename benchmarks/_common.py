@@ -122,3 +122,39 @@ def write_json(name, rows, **meta):
     with open(path, "w") as f:
         json.dump(doc, f, indent=2, default=float)
     return path
+
+
+#: A handoff above this (ns) means the two CPUs sit on different dies: see
+#: docs/performance.md, "Where the two CPUs are".
+FAR_HANDOFF_NS = 250.0
+
+
+def handoff_probe():
+    """The round trip of a cache line between two threads of cyback's team
+    right now (``runtime.handoff_ns``, ns), or None where it cannot be
+    measured. Taken before each round of an interleaved benchmark and kept
+    with its rows: a VM's two CPUs move between dies for minutes at a time,
+    and figures taken while they are far apart are not comparable with the
+    others (every engine slows, cyback more than most)."""
+    try:
+        from cyback.kernels import runtime
+    except ImportError:
+        return None
+    ns = runtime.handoff_ns(2000)
+    return None if ns is None else round(ns, 1)
+
+
+def handoff_summary(values):
+    """{'median_ns', 'far_rounds', 'rounds'} of the probes a run took, and a
+    line to print when some rounds ran with the CPUs far apart (or None)."""
+    taken = [v for v in values if v is not None]
+    far = sum(v > FAR_HANDOFF_NS for v in taken)
+    summary = {"median_ns": sorted(taken)[len(taken) // 2] if taken else None,
+               "far_rounds": far, "rounds": len(taken), "far_above_ns": FAR_HANDOFF_NS}
+    warning = None
+    if far:
+        warning = ("note: %d of %d rounds ran with the two CPUs far apart (a cache line's "
+                   "round trip above %.0f ns, median %.0f ns): their figures are slower than "
+                   "the machine's usual ones, cyback's more than the peers'; rows carry "
+                   "'handoff_ns'" % (far, len(taken), FAR_HANDOFF_NS, summary["median_ns"]))
+    return summary, warning

@@ -380,7 +380,14 @@ def main(argv=None):
             w.close()
     table = summarize(runs, models, batches, engines)
     print_table(table, engines)
+    from _common import handoff_summary
+    # one probe per round, carried by each engine's row of it
+    handoff, warning = handoff_summary(
+        [r.get("handoff_ns") for k, rs in runs.items() if k[2] == engines[0] for r in rs])
+    if warning:
+        print(warning)
     result = {"threads": args.threads, "rounds": args.rounds, "load_average": os.getloadavg(),
+              "handoff": handoff,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": _machine(args.threads), "versions": versions,
               "openblas_env": openblas_overrides(),
@@ -404,16 +411,20 @@ def main(argv=None):
 def time_interleaved(workers, models, batches, rounds):
     """{(model, batch, engine): [row per round]}: every engine timed on one
     model and batch before the next, in an order that rotates each round."""
+    from _common import handoff_probe  # cyback's env only
     runs = {}
     engines = list(workers)
     for i, (model, b) in enumerate((m, b) for m in models for b in batches):
         for r in range(rounds):
+            handoff = handoff_probe()
             for engine in rotated(engines, i + r):
-                row = workers[engine].ask({"model": model, "batch": b})
+                row = dict(workers[engine].ask({"model": model, "batch": b}),
+                           handoff_ns=handoff)
                 runs.setdefault((model, b, engine), []).append(row)
-                print("  round %d %-18s b%-2d %-9s %s" % (
+                print("  round %d %-18s b%-2d %-9s %s  (handoff %s ns)" % (
                     r + 1, model, b, engine, row.get("skipped") or
-                    "%.3f ms" % (1e3 * row["median_s"])), file=sys.stderr, flush=True)
+                    "%.3f ms" % (1e3 * row["median_s"]), handoff), file=sys.stderr,
+                    flush=True)
     return runs
 
 

@@ -340,6 +340,7 @@ def _spawn(python, args):
 def run_interleaved(workers, models, batches, rounds):
     """Per model, every engine's accuracy (deterministic: once), then per
     batch and round every engine's times, in an order rotating each round."""
+    from _common import handoff_probe  # cyback's env only
     times, accuracy = {}, {}
     engines = list(workers)
     for i, model in enumerate(models):
@@ -347,12 +348,15 @@ def run_interleaved(workers, models, batches, rounds):
             accuracy[(model, engine)] = workers[engine].ask({"what": "accuracy", "model": model})
         for j, b in enumerate(batches):
             for r in range(rounds):
+                handoff = handoff_probe()
                 for engine in rotated(engines, i + j + r):
-                    row = workers[engine].ask({"what": "time", "model": model, "batch": b})
+                    row = dict(workers[engine].ask({"what": "time", "model": model,
+                                                    "batch": b}), handoff_ns=handoff)
                     times.setdefault((model, b, engine), []).append(row)
-                    print("  round %d %-12s b%-2d %-9s %s" % (
+                    print("  round %d %-12s b%-2d %-9s %s  (handoff %s ns)" % (
                         r + 1, model, b, engine, row.get("skipped") or
-                        "int8 %.3f ms" % (1e3 * row["int8_s"])), file=sys.stderr, flush=True)
+                        "int8 %.3f ms" % (1e3 * row["int8_s"]), handoff), file=sys.stderr,
+                        flush=True)
     return times, accuracy
 
 
@@ -478,6 +482,12 @@ def main(argv=None):
             w.close()
     table = summarize(times, models, batches, engines)
     print_tables(table, accuracy, engines, models)
+    from _common import handoff_summary  # cyback's env only
+    # one probe per round, carried by each engine's row of it
+    handoff, warning = handoff_summary(
+        [r.get("handoff_ns") for k, rs in times.items() if k[2] == engines[0] for r in rs])
+    if warning:
+        print(warning)
     peer_status = {}
     for model in models:
         path = os.path.join(args.work, model, "int8", "status.json")
@@ -488,7 +498,7 @@ def main(argv=None):
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": apps._machine(args.threads), "versions": engine_versions,
               "calibration_inputs": args.calibration, "evaluation_inputs": args.evaluation,
-              "peer_quantization": peer_status,
+              "peer_quantization": peer_status, "handoff": handoff,
               "accuracy": list(accuracy.values()),
               "rows": [r for rs in times.values() for r in rs], "summary": table,
               "command": "python benchmarks/bench_int8_models.py " +

@@ -31,6 +31,10 @@ cdef extern from "cyback_team.h" nogil:
     void cb_team_forget()
 
 
+cdef extern from "cyback_handoff.h" nogil:
+    double cb_handoff_ns(long rounds)
+
+
 cdef int threads_for(double work) noexcept nogil:
     """Threads for a parallel loop of about ``work`` work units
     (docs/configuration.md, CYBACK_PARALLEL_MIN_WORK): the whole team above the cutoff, or above a
@@ -336,3 +340,22 @@ def set_kernel_sgemm64(size_t address):
 def kernel_sgemm64_address():
     """The address set_kernel_sgemm64 installed (0: SciPy's sgemm)."""
     return <size_t><void*>_sgemm64
+
+
+def handoff_ns(rounds=2000):
+    """The mean time, in nanoseconds, a cache line takes to go from one
+    thread of a two-thread region to the other and back, over ``rounds``
+    exchanges (about 0.2-1 ms): how far apart the CPUs the team runs on are
+    (include/cyback_handoff.h). None with OpenMP off, fewer than two
+    threads allowed, or when the other thread did not run beside the first
+    (a busy host). Benchmarks record it beside their figures."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or not 1 <= rounds <= 10 ** 7:
+        raise ValueError("handoff_ns: rounds must be an integer from 1 to 10**7, got %r"
+                         % (rounds,))
+    if not cb_openmp_enabled() or cb_team_size() < 2:
+        return None
+    cdef long n = rounds
+    cdef double ns
+    with nogil:
+        ns = cb_handoff_ns(n)
+    return None if ns < 0 else ns
