@@ -4,8 +4,9 @@ A program is a list of instructions ``(opcode, dst, a, b, c, d)`` over
 registers. Registers ``0 .. n_operands-1`` are the operands; the others are
 scratch. ``dst = -1`` is the output array. The program runs block by block
 (``BLOCK`` elements, so that every register of a block stays in L1), blocks
-split across OpenMP threads; each instruction is one plain loop over a block,
-which gcc vectorizes.
+split across OpenMP threads; each instruction is one loop over a block: for
+the exact opcodes, AVX-512 or AVX2 loops picked at run time
+(include/cyback_ewise_step.h), for the others plain loops gcc vectorizes.
 
 The output is viewed as ``(P, C, Q)`` and each operand is one of:
 
@@ -69,6 +70,19 @@ cdef enum:
     OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_MAX, OP_MIN, OP_NEG, OP_ABS, OP_SQUARE, OP_SQRT,
     OP_EXP, OP_EXPM1, OP_LOG, OP_LOG1P, OP_TANH, OP_SIGMOID, OP_SOFTPLUS, OP_SOFTSIGN,
     OP_RECIP, OP_SELECT_GT, OP_SELECT_GE, OP_COPY, OP_ERF, N_OPS
+
+cdef extern from "cyback_ewise_step.h" nogil:
+    enum:
+        CB_EW_ADD, CB_EW_MAX, CB_EW_SQRT, CB_EW_RECIP, CB_EW_SELECT_GT, CB_EW_COPY
+    Py_ssize_t cb_ew_step_f(int op, float* d, const float* a, const float* b, const float* c,
+                            const float* e, Py_ssize_t n)
+    Py_ssize_t cb_ew_step_d(int op, double* d, const double* a, const double* b,
+                            const double* c, const double* e, Py_ssize_t n)
+
+# the header's wide loops take ewise's opcode numbers
+if (CB_EW_ADD, CB_EW_MAX, CB_EW_SQRT, CB_EW_RECIP, CB_EW_SELECT_GT, CB_EW_COPY) != \
+        (OP_ADD, OP_MAX, OP_SQRT, OP_RECIP, OP_SELECT_GT, OP_COPY):
+    raise ImportError("ewise: cyback_ewise_step.h numbers its opcodes differently")
 
 cdef enum:
     FULL = 0
@@ -237,11 +251,21 @@ cdef void _eval(const int* code, int n_code, floating** reg, floating* out,
                 Py_ssize_t n) noexcept nogil:
     cdef int k, dst
     cdef const int* ins
+    cdef Py_ssize_t done
+    cdef floating* d
     for k in range(n_code):
         ins = code + 6 * k
         dst = ins[1]
-        _step(ins[0], out if dst < 0 else reg[dst], reg[ins[2]], reg[ins[3]], reg[ins[4]],
-              reg[ins[5]], n)
+        d = out if dst < 0 else reg[dst]
+        # the exact opcodes on the CPU's widest vectors (the header's loops),
+        # the rest of the block and the other opcodes in _step's plain loops
+        if floating is float:
+            done = cb_ew_step_f(ins[0], d, reg[ins[2]], reg[ins[3]], reg[ins[4]], reg[ins[5]], n)
+        else:
+            done = cb_ew_step_d(ins[0], d, reg[ins[2]], reg[ins[3]], reg[ins[4]], reg[ins[5]], n)
+        if done < n:
+            _step(ins[0], d + done, reg[ins[2]] + done, reg[ins[3]] + done, reg[ins[4]] + done,
+                  reg[ins[5]] + done, n - done)
 
 
 cdef int _run(floating* out, const int* code, int n_code, int n_regs, floating** base,

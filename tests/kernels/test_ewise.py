@@ -99,9 +99,30 @@ def _check_close(name, got, xs, dtype):
                                    atol=np.finfo(dtype).tiny)
 
 
+def _sets():
+    """The vector sets this CPU runs for the programs' loops: AVX-512, AVX2
+    (the exact opcodes' wide loops, include/cyback_ewise_step.h) and the
+    baseline plain loops."""
+    names = ["baseline"]
+    if ewise._use_avx2(True):
+        names.append("avx2")
+        if ewise._use_avx512(True):
+            names.append("avx512")
+    return names
+
+
+@pytest.fixture(params=_sets())
+def vector_set(request):
+    ewise._use_avx2(request.param != "baseline")
+    ewise._use_avx512(request.param == "avx512")
+    yield request.param
+    ewise._use_avx2(True)
+    ewise._use_avx512(True)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", sorted(ewise.OPCODES))
-def test_every_opcode_matches_numpy(name, dtype):
+def test_every_opcode_matches_numpy(name, dtype, vector_set):
     rng = np.random.default_rng(7)
     n = 2 * BLOCK + 37
     code, n_src = _one_op(name)
@@ -124,7 +145,32 @@ def test_abs_of_zero_is_positive_zero(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_maximum_minimum_propagate_nan_from_either_side(dtype):
+@pytest.mark.parametrize("name", sorted(ewise.EXACT))
+def test_exact_opcodes_give_the_same_bits_on_every_set(name, dtype):
+    # signed zeros meeting each other and NaNs of both signs, at every place
+    # of a vector and in the tail after the last whole one
+    rng = np.random.default_rng(11)
+    n = 3 * 16 + 5
+    code, n_src = _one_op(name)
+    vals = np.array([0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 1.5, -1.5], dtype)
+    xs = [vals[rng.integers(0, 8, n)] for _ in range(n_src)]
+    outs = []
+    try:
+        for vs in _sets():
+            ewise._use_avx2(vs != "baseline")
+            ewise._use_avx512(vs == "avx512")
+            out = np.empty(n, dtype)
+            with np.errstate(all="ignore"):
+                ewise.run(out, code, n_src, xs, np.full(n_src, FULL, np.int32), 1, n, 1)
+            outs.append(out.tobytes())
+    finally:
+        ewise._use_avx2(True)
+        ewise._use_avx512(True)
+    assert len(set(outs)) == 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_maximum_minimum_propagate_nan_from_either_side(dtype, vector_set):
     a = np.array([np.nan, 1.0, np.nan, -np.inf, 0.0, np.inf], dtype)
     b = np.array([1.0, np.nan, np.nan, np.nan, np.nan, np.nan], dtype)
     for name, ref in (("maximum", np.maximum), ("minimum", np.minimum)):
