@@ -19,7 +19,10 @@ at any thread count and whatever the thread team's state: the sums are exact
 and the epilogue runs the same float32 operations in the same order.
 """
 import math
+import weakref
+
 import numpy as np
+cimport cython
 cimport numpy as cnp
 
 from cyback.kernels import settings as _settings
@@ -311,15 +314,22 @@ def gemm_prepared(a, packed, vectors, zero_a, activation=None, out_scale=None,
     out = _epilogue("gemm", &e, vectors, n, zero_a, activation, out_scale, out_zero_point,
                     (m, n), keep_float)
     residual = _residual("gemm", &e, residual, m, n)
-    cdef Py_ssize_t npan = cb_q_panels(n)
     if m == 0 or n == 0:
         return out
+    _run_product(&e, a, m, k, <const uint8_t*>cnp.PyArray_DATA(packed), n)
+    return out
+
+
+cdef int _run_product(cb_q_epilogue* e, a, Py_ssize_t m, Py_ssize_t k, const uint8_t* bp,
+                      Py_ssize_t n) except -1:
+    """The product of uint8 a (m, k), of unit column stride, with the packed
+    weights at bp into e's outputs, split over the team."""
+    cdef Py_ssize_t npan = cb_q_panels(n)
     # rows may overlap (a 1-D convolution's windows, k bytes every C)
     if a.strides[1] != 1 or a.strides[0] < 1:
         a = np.ascontiguousarray(a)
     cdef const uint8_t* ap = <const uint8_t*>cnp.PyArray_DATA(a)
     cdef Py_ssize_t lda = a.strides[0] if m > 1 else k
-    cdef const uint8_t* bp = <const uint8_t*>cnp.PyArray_DATA(packed)
     cdef int level = cb_q_level()
     cdef double work = _gemm_work(m, n, k)
     cdef int parts = team_parts(work), nt = threads_for(work), t
@@ -328,15 +338,82 @@ def gemm_prepared(a, packed, vectors, zero_a, activation=None, out_scale=None,
     cdef bint by_rows = m >= 16 * parts or npan < parts
     with nogil:
         if parts <= 1:
-            cb_q_gemm_part(level, ap, lda, 0, m, k, bp, 0, npan, n, &e)
+            cb_q_gemm_part(level, ap, lda, 0, m, k, bp, 0, npan, n, e)
         elif nt <= 1:
             for t in range(parts):
-                _gemm_part(level, ap, lda, m, k, bp, npan, n, &e, t, parts, by_rows)
+                _gemm_part(level, ap, lda, m, k, bp, npan, n, e, t, parts, by_rows)
         else:
             for t in prange(parts, schedule='static', num_threads=nt):
-                _gemm_part(level, ap, lda, m, k, bp, npan, n, &e, t, parts, by_rows)
+                _gemm_part(level, ap, lda, m, k, bp, npan, n, e, t, parts, by_rows)
     team_done(nt)
-    return out
+    return 0
+
+
+@cython.final
+cdef class ProductCall:
+    """``gemm_prepared`` for one packed kernel, its epilogue vectors and
+    epilogue settings, checked once: ``call(a, residual)`` returns what
+    ``gemm_prepared(a, packed, vectors, zero_a, activation, out_scale,
+    out_zero_point, residual, keep_float)`` returns, the same bits, with
+    only a's and the residual's checks per call (a batch-1 int8 step spent
+    about as long in those checks as in its product).
+
+    It holds no reference to packed or vectors, only where their data are:
+    ``matches(packed, vectors)`` says whether it was made for these very
+    arrays (alive: the caller holds them), which the caller checks before
+    each use (quantized ops keep their calls keyed by the arrays)."""
+    cdef cb_q_epilogue e
+    cdef Py_ssize_t k, n
+    cdef const uint8_t* bp
+    cdef bint quantized, keep_float
+    cdef object packed_ref, vectors_ref
+
+    def __init__(self, packed, vectors, zero_a, activation=None, out_scale=None,
+                 out_zero_point=None, keep_float=False):
+        _check_packed("gemm", packed)
+        cdef cb_q_header h = cb_q_read_header(<const uint8_t*>cnp.PyArray_DATA(packed))
+        self.k, self.n = h.k, h.n
+        _epilogue("gemm", &self.e, vectors, self.n, zero_a, activation, out_scale,
+                  out_zero_point, (0, self.n), keep_float)
+        self.quantized = self.e.out_q != NULL
+        self.keep_float = bool(keep_float)
+        self.e.out_f = NULL
+        self.e.out_q = NULL
+        self.bp = <const uint8_t*>cnp.PyArray_DATA(packed)
+        self.packed_ref = weakref.ref(packed)
+        self.vectors_ref = weakref.ref(vectors)
+
+    def matches(self, packed, vectors):
+        """Whether this call was made for these arrays (the same objects)."""
+        return self.packed_ref() is packed and self.vectors_ref() is vectors
+
+    def __call__(self, a, residual=None):
+        if type(a) is not np.ndarray or cnp.PyArray_TYPE(<cnp.ndarray>a) != cnp.NPY_UINT8 or \
+                cnp.PyArray_NDIM(<cnp.ndarray>a) != 2:
+            raise TypeError("gemm: expected a 2-D uint8 array of activations, got %s"
+                            % _describe(a))
+        cdef Py_ssize_t m = a.shape[0]
+        if a.shape[1] != self.k:
+            raise ValueError("gemm: the activations have K = %d columns, the packed weights "
+                             "%d rows" % (a.shape[1], self.k))
+        cdef cb_q_epilogue e = self.e
+        cdef cnp.npy_intp dims[2]
+        dims[0], dims[1] = m, self.n
+        if self.quantized:
+            out = cnp.PyArray_EMPTY(2, dims, cnp.NPY_UINT8, 0)
+            e.out_q = <uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>out)
+            if self.keep_float:
+                y = cnp.PyArray_EMPTY(2, dims, cnp.NPY_FLOAT32, 0)
+                e.out_f = <float*>cnp.PyArray_DATA(<cnp.ndarray>y)
+                out = (y, out)
+        else:
+            out = cnp.PyArray_EMPTY(2, dims, cnp.NPY_FLOAT32, 0)
+            e.out_f = <float*>cnp.PyArray_DATA(<cnp.ndarray>out)
+        held = _residual("gemm", &e, residual, m, self.n)
+        if m == 0 or self.n == 0:
+            return out
+        _run_product(&e, a, m, self.k, self.bp, self.n)
+        return out
 
 
 cdef object _epilogue(str fname, cb_q_epilogue* e, vectors, Py_ssize_t n, zero_a, activation,

@@ -274,9 +274,9 @@ class _Quantized(Op):
 
     def _product(self, a, packed, vectors, activation=None, zero=None, residual=None):
         scale, out_zero = self._codes_out()
-        return qgemm.gemm_prepared(a, packed, vectors, self.in_zero if zero is None else zero,
-                                   activation or self.activation, scale, out_zero, residual,
-                                   self.also_codes is not None)
+        return _product_call(packed, vectors, self.in_zero if zero is None else zero,
+                             activation or self.activation, scale, out_zero,
+                             self.also_codes is not None)(a, residual)
 
     def _codes_out(self):
         return self.out_codes or self.also_codes or (None, None)
@@ -511,6 +511,22 @@ def _remember(cache, key, value):
     if len(cache) >= 1024:
         cache.clear()
     cache[key] = value
+
+
+# (packed kernel, epilogue vectors, epilogue settings) -> qgemm.ProductCall,
+# keyed by the arrays' ids; a call is used only for the arrays it was made
+# for (``matches``), so a freed array's id taken by a new one is no hazard
+_PRODUCT_CALLS = {}
+
+
+def _product_call(packed, vectors, zero, activation, scale, out_zero, keep_float):
+    key = (id(packed), id(vectors), zero, activation, scale, out_zero, keep_float)
+    call = _PRODUCT_CALLS.get(key)
+    if call is None or not call.matches(packed, vectors):
+        call = qgemm.ProductCall(packed, vectors, zero, activation, scale, out_zero,
+                                 keep_float)
+        _remember(_PRODUCT_CALLS, key, call)
+    return call
 
 
 # (K, N) -> bytes of the packed (K, N) kernel

@@ -710,3 +710,74 @@ def test_max_pool_of_codes_empty_and_bad_arguments():
         qgemm.max_pool(x, 5, 1)
     with pytest.raises(ValueError, match="pads"):
         qgemm.max_pool(x, 2, 2, (1, 1))
+
+
+# ---------------------------------------------------------------- ProductCall
+
+@pytest.mark.parametrize("m,k,n", [(1, 250, 256), (37, 19, 40), (0, 8, 5), (200, 64, 17)])
+def test_product_call_gives_gemm_prepareds_bits(each_set, rng, m, k, n):
+    a = rng.integers(0, 256, (m, k), dtype=np.uint8)
+    w = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    packed = qgemm.pack_weights(w)
+    vectors = qgemm.epilogue_vectors(0.03, rng.uniform(1e-3, 1e-2, n).astype(np.float32),
+                                     rng.standard_normal(n).astype(np.float32))
+    res = rng.standard_normal((m, n)).astype(np.float32)
+    codes = (rng.integers(0, 256, (m, n), dtype=np.uint8), 0.05, 9)
+    saved = K.get_num_threads()
+    try:
+        for threads in (1, 2):
+            K.set_num_threads(threads)
+            for act, out, keep, r in ((None, (None, None), False, None),
+                                      ("relu", (0.04, 3), False, res),
+                                      ("relu6", (0.05, 0), True, codes),
+                                      (None, (0.02, 128), False, codes)):
+                call = qgemm.ProductCall(packed, vectors, 11, act, *out, keep)
+                want = qgemm.gemm_prepared(a, packed, vectors, 11, act, *out, r, keep)
+                got = call(a, r)
+                if keep:
+                    assert type(got) is tuple and all(same_bits(g, w_)
+                                                      for g, w_ in zip(got, want))
+                else:
+                    assert same_bits(got, want), (threads, act, out)
+    finally:
+        K.set_num_threads(saved)
+
+
+def test_product_call_knows_its_arrays_and_keeps_none_alive(rng):
+    import gc
+    import weakref
+    w = rng.integers(-128, 128, (12, 7), dtype=np.int8)
+    packed = qgemm.pack_weights(w)
+    vectors = qgemm.epilogue_vectors(0.1, np.ones(7, np.float32))
+    call = qgemm.ProductCall(packed, vectors, 0)
+    assert call.matches(packed, vectors)
+    assert not call.matches(packed.copy(), vectors)
+    assert not call.matches(packed, vectors.copy())
+    alive = weakref.ref(packed)
+    del packed
+    gc.collect()
+    assert alive() is None
+    assert not call.matches(qgemm.pack_weights(w), vectors)
+
+
+def test_product_call_bad_arguments(rng):
+    w = rng.integers(-128, 128, (12, 7), dtype=np.int8)
+    packed = qgemm.pack_weights(w)
+    vectors = qgemm.epilogue_vectors(0.1, np.ones(7, np.float32))
+    call = qgemm.ProductCall(packed, vectors, 0, "relu", 0.1, 0)
+    with pytest.raises(TypeError, match="2-D uint8"):
+        call(np.zeros((3, 12), np.float32))
+    with pytest.raises(TypeError, match="2-D uint8"):
+        call(np.zeros(12, np.uint8))
+    with pytest.raises(ValueError, match="K = 11 columns, the packed weights 12 rows"):
+        call(np.zeros((3, 11), np.uint8))
+    with pytest.raises(ValueError, match="residual"):
+        call(np.zeros((3, 12), np.uint8), np.zeros((3, 6), np.float32))
+    with pytest.raises(TypeError, match="pack_weights"):
+        qgemm.ProductCall(w, vectors, 0)
+    with pytest.raises(ValueError, match="epilogue vectors"):
+        qgemm.ProductCall(packed, np.ones((1, 7), np.float32), 0)
+    with pytest.raises(ValueError, match="keep_float"):
+        qgemm.ProductCall(packed, vectors, 0, keep_float=True)
+    with pytest.raises(ValueError, match="activation"):
+        qgemm.ProductCall(packed, vectors, 0, "tanh")
