@@ -64,56 +64,113 @@ def depthwise_conv(x, packed, vectors, zero_a, kernel_size, strides=(1, 1), dila
     if not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 4:
         raise TypeError("depthwise_conv: expected a 4-D uint8 array (N, H, W, C), got %s"
                         % _describe(x))
-    cdef Py_ssize_t kh, kw, sh, sw, dh, dw, pt, pb, pl, pr
-    kh, kw = _pair("depthwise_conv", "kernel_size", kernel_size, 1)
-    sh, sw = _pair("depthwise_conv", "strides", strides, 1)
-    dh, dw = _pair("depthwise_conv", "dilation", dilation, 1)
-    try:
-        (pt, pb), (pl, pr) = [[_index(v) for v in p] for p in pads]
-    except (TypeError, ValueError):
-        raise ValueError("depthwise_conv: pads must be ((top, bottom), (left, right)), got %r"
-                         % (pads,)) from None
-    if min(pt, pb, pl, pr) < 0:
-        raise ValueError("depthwise_conv: pads must be >= 0, got %r" % (pads,))
-    cdef Py_ssize_t b = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3]
-    cdef Py_ssize_t cp = cb_q_panels(c) * CB_Q_NR
-    if not isinstance(packed, np.ndarray) or packed.dtype != np.int32 or \
-            packed.shape != (kh * kw + 1 + kh, cp) or not packed.flags.c_contiguous:
-        raise ValueError("depthwise_conv: expected pack_depthwise's int32 (%d, %d) array for a "
-                         "%dx%d window on %d channels, got %s"
-                         % (kh * kw + 1 + kh, cp, kh, kw, c, _describe(packed)))
-    cdef Py_ssize_t eh = h + pt + pb - (kh - 1) * dh, ew = w + pl + pr - (kw - 1) * dw
-    if eh < 1 or ew < 1:
-        raise ValueError("depthwise_conv: the %dx%d window (dilation %s) does not fit the "
-                         "padded input %s" % (kh, kw, (dh, dw), (h + pt + pb, w + pl + pr)))
-    cdef Py_ssize_t oh = (eh - 1) // sh + 1, ow = (ew - 1) // sw + 1
+    return DepthwiseCall(packed, vectors, x.shape[3], zero_a, kernel_size, strides, dilation,
+                         pads, activation, out_scale, out_zero_point)(x)
+
+
+@cython.final
+cdef class DepthwiseCall:
+    """``depthwise_conv`` for one packed kernel, its epilogue vectors, C
+    channels, a window (size, strides, dilation, pads) and an epilogue,
+    checked once: ``call(x)`` returns ``depthwise_conv(x, packed, vectors,
+    zero_a, kernel_size, strides, dilation, pads, activation, out_scale,
+    out_zero_point)``, with only x's checks per call. Like ``ProductCall``
+    it holds no reference to packed or vectors (``matches``)."""
     cdef cb_q_epilogue e
-    out = _epilogue("depthwise_conv", &e, vectors, c, zero_a, activation, out_scale,
-                    out_zero_point, (b, oh, ow, c))
-    if out.size == 0:
-        return out
-    x = np.ascontiguousarray(x)
     cdef cb_qdw_geometry g
-    g.h, g.w, g.c = h, w, c
-    g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl = kh, kw, sh, sw, dh, dw, pt, pl
-    g.oh, g.ow, g.cp = oh, ow, cp
-    g.pad = <uint8_t>e.za
-    cdef const uint8_t* src = <const uint8_t*>cnp.PyArray_DATA(x)
-    cdef const int32_t* wp = <const int32_t*>cnp.PyArray_DATA(packed)
-    cdef Py_ssize_t lines = b * oh
-    cdef int level = cb_q_level()
-    # a multiply-add per tap costs about what a byte moved does: about the
-    # float kernel's cost per output (its work counts two flops per tap)
-    cdef double work = <double>out.size * kh * kw
-    cdef int parts = team_parts(work), nt = threads_for(work), t
-    if parts > lines:
-        parts = <int>lines
-    with nogil:
-        if parts <= 1:
-            cb_qdw_lines(level, &g, src, wp, &e, 0, lines)
+    cdef Py_ssize_t pb, pr
+    cdef const int32_t* wp
+    cdef bint quantized
+    cdef object packed_ref, vectors_ref
+
+    def __init__(self, packed, vectors, channels, zero_a, kernel_size, strides=(1, 1),
+                 dilation=(1, 1), pads=((0, 0), (0, 0)), activation=None, out_scale=None,
+                 out_zero_point=None):
+        cdef Py_ssize_t kh, kw, sh, sw, dh, dw, pt, pb, pl, pr
+        cdef Py_ssize_t c = _index(channels)
+        kh, kw = _pair("depthwise_conv", "kernel_size", kernel_size, 1)
+        sh, sw = _pair("depthwise_conv", "strides", strides, 1)
+        dh, dw = _pair("depthwise_conv", "dilation", dilation, 1)
+        try:
+            (pt, pb), (pl, pr) = [[_index(v) for v in p] for p in pads]
+        except (TypeError, ValueError):
+            raise ValueError("depthwise_conv: pads must be ((top, bottom), (left, right)), "
+                             "got %r" % (pads,)) from None
+        if min(pt, pb, pl, pr) < 0:
+            raise ValueError("depthwise_conv: pads must be >= 0, got %r" % (pads,))
+        cdef Py_ssize_t cp = cb_q_panels(c) * CB_Q_NR
+        if not isinstance(packed, np.ndarray) or packed.dtype != np.int32 or \
+                packed.shape != (kh * kw + 1 + kh, cp) or not packed.flags.c_contiguous:
+            raise ValueError("depthwise_conv: expected pack_depthwise's int32 (%d, %d) array "
+                             "for a %dx%d window on %d channels, got %s"
+                             % (kh * kw + 1 + kh, cp, kh, kw, c, _describe(packed)))
+        _epilogue("depthwise_conv", &self.e, vectors, c, zero_a, activation, out_scale,
+                  out_zero_point, (0, c))
+        self.quantized = self.e.out_q != NULL
+        self.e.out_f = NULL
+        self.e.out_q = NULL
+        self.g.c = c
+        self.g.kh, self.g.kw, self.g.sh, self.g.sw = kh, kw, sh, sw
+        self.g.dh, self.g.dw, self.g.pt, self.g.pl = dh, dw, pt, pl
+        self.g.cp = cp
+        self.g.pad = <uint8_t>self.e.za
+        self.pb, self.pr = pb, pr
+        self.wp = <const int32_t*>cnp.PyArray_DATA(packed)
+        self.packed_ref = weakref.ref(packed)
+        self.vectors_ref = weakref.ref(vectors)
+
+    def matches(self, packed, vectors):
+        """Whether this call was made for these arrays (the same objects)."""
+        return self.packed_ref() is packed and self.vectors_ref() is vectors
+
+    def __call__(self, x):
+        if not cnp.PyArray_Check(x) or cnp.PyArray_TYPE(<cnp.ndarray>x) != cnp.NPY_UINT8 or \
+                cnp.PyArray_NDIM(<cnp.ndarray>x) != 4:
+            raise TypeError("depthwise_conv: expected a 4-D uint8 array (N, H, W, C), got %s"
+                            % _describe(x))
+        cdef cb_qdw_geometry g = self.g
+        cdef Py_ssize_t b = x.shape[0]
+        g.h, g.w = x.shape[1], x.shape[2]
+        if x.shape[3] != g.c:
+            raise ValueError("depthwise_conv: expected %d channels, got an input of shape %s"
+                             % (g.c, x.shape))
+        cdef Py_ssize_t eh = g.h + g.pt + self.pb - (g.kh - 1) * g.dh
+        cdef Py_ssize_t ew = g.w + g.pl + self.pr - (g.kw - 1) * g.dw
+        if eh < 1 or ew < 1:
+            raise ValueError("depthwise_conv: the %dx%d window (dilation %s) does not fit the "
+                             "padded input %s" % (g.kh, g.kw, (g.dh, g.dw),
+                                                  (g.h + g.pt + self.pb, g.w + g.pl + self.pr)))
+        g.oh, g.ow = (eh - 1) // g.sh + 1, (ew - 1) // g.sw + 1
+        cdef cb_q_epilogue e = self.e
+        cdef cnp.npy_intp dims[4]
+        dims[0], dims[1], dims[2], dims[3] = b, g.oh, g.ow, g.c
+        if self.quantized:
+            out = cnp.PyArray_EMPTY(4, dims, cnp.NPY_UINT8, 0)
+            e.out_q = <uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>out)
         else:
-            for t in prange(parts, schedule='static', num_threads=nt):
-                cb_qdw_lines(level, &g, src, wp, &e, (lines * t) // parts,
-                             (lines * (t + 1)) // parts)
-    team_done(nt)
-    return out
+            out = cnp.PyArray_EMPTY(4, dims, cnp.NPY_FLOAT32, 0)
+            e.out_f = <float*>cnp.PyArray_DATA(<cnp.ndarray>out)
+        e.ldf = e.ldq = g.c
+        cdef Py_ssize_t size = b * g.oh * g.ow * g.c
+        if size == 0:
+            return out
+        if not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>x):
+            x = np.ascontiguousarray(x)
+        cdef const uint8_t* src = <const uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>x)
+        cdef Py_ssize_t lines = b * g.oh
+        cdef int level = cb_q_level()
+        # a multiply-add per tap costs about what a byte moved does: about the
+        # float kernel's cost per output (its work counts two flops per tap)
+        cdef double work = <double>size * g.kh * g.kw
+        cdef int parts = team_parts(work), nt = threads_for(work), t
+        if parts > lines:
+            parts = <int>lines
+        with nogil:
+            if parts <= 1:
+                cb_qdw_lines(level, &g, src, self.wp, &e, 0, lines)
+            else:
+                for t in prange(parts, schedule='static', num_threads=nt):
+                    cb_qdw_lines(level, &g, src, self.wp, &e, (lines * t) // parts,
+                                 (lines * (t + 1)) // parts)
+        team_done(nt)
+        return out

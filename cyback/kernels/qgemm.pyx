@@ -388,7 +388,7 @@ cdef class ProductCall:
         return self.packed_ref() is packed and self.vectors_ref() is vectors
 
     def __call__(self, a, residual=None):
-        if type(a) is not np.ndarray or cnp.PyArray_TYPE(<cnp.ndarray>a) != cnp.NPY_UINT8 or \
+        if not cnp.PyArray_Check(a) or cnp.PyArray_TYPE(<cnp.ndarray>a) != cnp.NPY_UINT8 or \
                 cnp.PyArray_NDIM(<cnp.ndarray>a) != 2:
             raise TypeError("gemm: expected a 2-D uint8 array of activations, got %s"
                             % _describe(a))

@@ -529,6 +529,10 @@ def _product_call(packed, vectors, zero, activation, scale, out_zero, keep_float
     return call
 
 
+# the same for qgemm.DepthwiseCall, keyed also by the channels and the window
+_DEPTHWISE_CALLS = {}
+
+
 # (K, N) -> bytes of the packed (K, N) kernel
 _PACKED_BYTES = {}
 
@@ -824,6 +828,17 @@ class QuantizedDepthwiseConv(_ZeroPadded, _Quantized):
                                  % (self.api, self.kernel_size, self.dilation, x.shape[1:3]))
         return (x.shape[0],) + self._out_spatial(x.shape[1:3]) + (width,)
 
+    def _depthwise(self, q, packed, vectors, pads, activation, scale, zero):
+        key = (id(packed), id(vectors), q.shape[-1], self.in_zero, self.kernel_size,
+               self.strides, self.dilation, pads, activation, scale, zero)
+        call = _DEPTHWISE_CALLS.get(key)
+        if call is None or not call.matches(packed, vectors):
+            call = qgemm.DepthwiseCall(packed, vectors, q.shape[-1], self.in_zero,
+                                       self.kernel_size, self.strides, self.dilation, pads,
+                                       activation, scale, zero)
+            _remember(_DEPTHWISE_CALLS, key, call)
+        return call(q)
+
     def _takes_residual(self):
         return self.pointwise is not None
 
@@ -835,18 +850,12 @@ class QuantizedDepthwiseConv(_ZeroPadded, _Quantized):
         q = self._quantized_input(x)
         if self.multiplier > 1:
             q = np.repeat(q, self.multiplier, axis=-1)
-        pads = list(_window(self, q.shape[1:3])[1])
+        pads = _window(self, q.shape[1:3])[1]
         activation = activation or self.activation
-        act = activation if self.pointwise is None else "linear"
         if self.pointwise is None:
             scale, zero = self.out_codes or (None, None)
-            y = qgemm.depthwise_conv(q, packed, vectors, self.in_zero, self.kernel_size,
-                                     self.strides, self.dilation, pads, activation=act,
-                                     out_scale=scale, out_zero_point=zero)
-            return y
-        mid = qgemm.depthwise_conv(q, packed, vectors, self.in_zero, self.kernel_size,
-                                   self.strides, self.dilation, pads, out_scale=self.mid_scale,
-                                   out_zero_point=self.mid_zero)
+            return self._depthwise(q, packed, vectors, pads, activation, scale, zero)
+        mid = self._depthwise(q, packed, vectors, pads, "linear", self.mid_scale, self.mid_zero)
         res = _residual_rows(residual, mid.shape[:-1] + (self.pointwise,))
         y = self._product(mid.reshape(-1, mid.shape[-1]), pw_packed, pw_vectors, activation,
                           zero=self.mid_zero, residual=res)

@@ -221,3 +221,48 @@ def test_byte_taps_give_the_widening_paths_bits(n, h, w_, c):
         qgemm._depthwise_byte_taps(True)
         K.set_num_threads(saved)
     assert len(set(outs)) == 1
+
+
+def test_depthwise_call_gives_depthwise_convs_bits():
+    rs = np.random.RandomState(5)
+    w = rs.randint(-128, 128, size=(3, 3, 21)).astype(np.int8)
+    packed = qgemm.pack_depthwise(w)
+    vectors = qgemm.epilogue_vectors(0.02, rs.uniform(0.001, 0.01, 21), rs.randn(21))
+    for out in ((None, None), (0.03, 4)):
+        call = qgemm.DepthwiseCall(packed, vectors, 21, 6, (3, 3), (2, 1), (1, 1),
+                                   ((1, 1), (0, 2)), 'relu6', *out)
+        # one call over inputs of several shapes, and an empty batch
+        for shape in ((2, 9, 7, 21), (1, 4, 12, 21), (0, 5, 5, 21)):
+            x = rs.randint(0, 256, size=shape).astype(np.uint8)
+            want = qgemm.depthwise_conv(x, packed, vectors, 6, (3, 3), (2, 1), (1, 1),
+                                        ((1, 1), (0, 2)), 'relu6', *out)
+            got = call(x)
+            assert got.dtype == want.dtype and got.shape == want.shape
+            assert got.tobytes() == want.tobytes()
+        # a strided view is read as its values
+        x = rs.randint(0, 256, size=(1, 8, 16, 21)).astype(np.uint8)
+        assert call(x[:, :, ::2]).tobytes() == call(np.ascontiguousarray(x[:, :, ::2])).tobytes()
+
+
+def test_depthwise_call_knows_its_arrays_and_checks_its_input():
+    import gc
+    import weakref
+    w = np.ones((3, 3, 5), np.int8)
+    packed = qgemm.pack_depthwise(w)
+    vectors = qgemm.epilogue_vectors(1.0, np.ones(5))
+    call = qgemm.DepthwiseCall(packed, vectors, 5, 0, 3, pads=((1, 1), (1, 1)))
+    assert call.matches(packed, vectors) and not call.matches(packed.copy(), vectors)
+    with pytest.raises(TypeError, match="4-D uint8"):
+        call(np.zeros((1, 4, 4, 5), np.float32))
+    with pytest.raises(ValueError, match="expected 5 channels"):
+        call(np.zeros((1, 4, 4, 6), np.uint8))
+    with pytest.raises(ValueError, match="does not fit"):
+        qgemm.DepthwiseCall(packed, vectors, 5, 0, 3)(np.zeros((1, 1, 4, 5), np.uint8))
+    with pytest.raises(ValueError, match="pack_depthwise"):
+        qgemm.DepthwiseCall(packed, vectors, 17, 0, 3)
+    with pytest.raises(ValueError, match="pads must be >= 0"):
+        qgemm.DepthwiseCall(packed, vectors, 5, 0, 3, pads=((-1, 0), (0, 0)))
+    alive = weakref.ref(packed)
+    del packed
+    gc.collect()
+    assert alive() is None and not call.matches(qgemm.pack_depthwise(w), vectors)
