@@ -4,6 +4,8 @@
 
 cdef extern from "cyback_qpool.h" nogil:
     void cb_qp_max(uint8_t* d, const uint8_t* s, Py_ssize_t c)
+    void cb_qp_max_rows(int level, uint8_t* d, const uint8_t* src, Py_ssize_t n,
+                        Py_ssize_t inner)
 
 
 cdef void _max_pool_lines(const uint8_t* x, uint8_t* y, Py_ssize_t h, Py_ssize_t w,
@@ -61,4 +63,29 @@ def max_pool(x, pool_size, strides, pads=((0, 0), (0, 0))):
                 _max_pool_lines(src, dst, h, w, c, kh, kw, sh, sw, pt, pl, oh, ow,
                                 (lines * t) // parts, (lines * (t + 1)) // parts)
     team_done(nt)
+    return out
+
+
+def max_middle(x):
+    """The max over the middle axis of C-contiguous uint8 codes x (outer, n,
+    inner), n >= 1: (outer, inner). An int8 plan's global max pool of codes
+    (a Reduce over the spatial axes), with the few checks of a batch-1 step
+    of a few µs (``max_pool``'s window checks took longer than the max)."""
+    if not cnp.PyArray_Check(x) or cnp.PyArray_TYPE(<cnp.ndarray>x) != cnp.NPY_UINT8 or \
+            cnp.PyArray_NDIM(<cnp.ndarray>x) != 3 or \
+            not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>x):
+        raise TypeError("max_middle: expected a C-contiguous 3-D uint8 array, got %s"
+                        % _describe(x))
+    cdef Py_ssize_t outer = x.shape[0], n = x.shape[1], inner = x.shape[2], o
+    if n < 1:
+        raise ValueError("max_middle: the middle axis is empty (shape %s)" % (x.shape,))
+    cdef cnp.npy_intp dims[2]
+    dims[0], dims[1] = outer, inner
+    out = cnp.PyArray_EMPTY(2, dims, cnp.NPY_UINT8, 0)
+    cdef const uint8_t* src = <const uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>x)
+    cdef uint8_t* dst = <uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>out)
+    cdef int level = cb_q_level()
+    with nogil:
+        for o in range(outer):
+            cb_qp_max_rows(level, dst + o * inner, src + o * n * inner, n, inner)
     return out

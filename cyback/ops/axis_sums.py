@@ -85,12 +85,11 @@ def extreme_axes(x, axes, keepdims=False, want_max=True):
     a non-empty reduction; NaN wins, as in np.max."""
     x = np.asarray(x)
     if x.dtype == np.uint8 and want_max and axes is not None and x.flags.c_contiguous:
-        # an int8 plan's global max pool of codes: a max pool of one window
+        # an int8 plan's global max pool of codes
         view = middle_view(x.shape, axes)
         if view is not None:
-            outer, n, inner = view
-            y = _qgemm.max_pool(x.reshape(outer, n, 1, inner), (n, 1), (1, 1))
-            return y.reshape(_reduced(x.shape, axes, keepdims))
+            return _qgemm.max_middle(x.reshape(view)).reshape(_reduced(x.shape, axes,
+                                                                       keepdims))
     plan = _plan(x, axes, keepdims)
     if plan is None or not x.flags.c_contiguous:
         return np.asarray((np.max if want_max else np.min)(x, axis=axes, keepdims=keepdims))

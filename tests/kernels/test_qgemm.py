@@ -781,3 +781,23 @@ def test_product_call_bad_arguments(rng):
         qgemm.ProductCall(packed, vectors, 0, keep_float=True)
     with pytest.raises(ValueError, match="activation"):
         qgemm.ProductCall(packed, vectors, 0, "tanh")
+
+
+@pytest.mark.parametrize("outer,n,inner", [(1, 398, 250), (3, 1, 17), (2, 5, 64), (1, 7, 257),
+                                           (2, 3, 130), (1, 2, 1), (4, 9, 513), (0, 3, 5),
+                                           (2, 4, 0)])
+def test_max_middle_matches_numpy(each_set, rng, outer, n, inner):
+    x = rng.integers(0, 256, (outer, n, inner), dtype=np.uint8)
+    x[..., ::7] = 255
+    assert same_bits(qgemm.max_middle(x), x.max(axis=1))
+
+
+def test_max_middle_bad_arguments():
+    with pytest.raises(TypeError, match="max_middle: expected a C-contiguous 3-D uint8"):
+        qgemm.max_middle(np.zeros((2, 3, 4), np.float32))
+    with pytest.raises(TypeError, match="max_middle"):
+        qgemm.max_middle(np.zeros((2, 3), np.uint8))
+    with pytest.raises(TypeError, match="max_middle"):
+        qgemm.max_middle(np.zeros((2, 3, 8), np.uint8)[:, :, ::2])
+    with pytest.raises(ValueError, match="middle axis is empty"):
+        qgemm.max_middle(np.zeros((2, 0, 4), np.uint8))
