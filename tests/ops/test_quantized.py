@@ -271,3 +271,27 @@ def test_window_geometry_per_run_time_shape(rng, depthwise):
         for _ in range(2):
             with pytest.raises(ValueError, match="larger than the input"):
                 f([np.zeros((1, 2, 5, 4), np.float32)])
+
+
+def test_remembered_runs_follow_the_arrays_and_are_not_kept_in_copies(rng):
+    # an op remembers its prepared call per input shape and operand arrays:
+    # new arrays (new weights) are not served the old call, copies of the op
+    # (``_with``) and pickles start without them
+    import pickle
+
+    from cyback.kernels import qgemm
+    w, scale, bias = weights(rng, (12, 5))
+    op = qops.QuantizedDense(5, 0.05, 7, "relu")
+    x = rng.standard_normal((3, 12)).astype(np.float32)
+    packed = qgemm.pack_weights(w)
+    vectors = qgemm.epilogue_vectors(0.05, scale, bias)
+    first = op.compute(x, packed, vectors)[0]
+    assert "_runs" in vars(op)
+    assert same_bits(op.compute(x, packed, vectors)[0], first)
+    assert same_bits(first, ref_dense(x, w, scale, bias, 0.05, 7, "relu"))
+    w2, scale2, bias2 = weights(rng, (12, 5))
+    got = op.compute(x, qgemm.pack_weights(w2), qgemm.epilogue_vectors(0.05, scale2, bias2))[0]
+    assert same_bits(got, ref_dense(x, w2, scale2, bias2, 0.05, 7, "relu"))
+    assert "_runs" not in vars(op._with(activation="linear"))
+    assert "_runs" not in vars(pickle.loads(pickle.dumps(op)))
+    assert same_bits(pickle.loads(pickle.dumps(op)).compute(x, packed, vectors)[0], first)
