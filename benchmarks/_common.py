@@ -144,6 +144,19 @@ def handoff_probe():
     return None if ns is None else round(ns, 1)
 
 
+def handoff_settled(wait_s):
+    """``handoff_probe()``, first waiting up to ``wait_s`` seconds (probing
+    every 2 s) while it says the CPUs are far apart: a round then starts in
+    the machine's usual state, for every engine alike (they are timed in the
+    same round). Returns the last probe."""
+    ns = handoff_probe()
+    deadline = time.time() + wait_s
+    while ns is not None and ns > FAR_HANDOFF_NS and time.time() < deadline:
+        time.sleep(2.0)
+        ns = handoff_probe()
+    return ns
+
+
 def handoff_summary(values):
     """{'median_ns', 'far_rounds', 'rounds'} of the probes a run took, and a
     line to print when some rounds ran with the CPUs far apart (or None)."""

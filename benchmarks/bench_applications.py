@@ -337,6 +337,9 @@ def main(argv=None):
     p.add_argument("--batches", default="1,8")
     p.add_argument("--engines", default="cyback," + ",".join(PEERS))
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--wait-near", type=float, default=0.0, metavar="SECONDS",
+                   help="before each round, wait up to this long for the two CPUs to be near "
+                        "each other (docs/performance.md, 'Where the two CPUs are')")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "cyback-apps"),
                    help="where the exported models are kept between runs")
@@ -374,7 +377,7 @@ def main(argv=None):
             versions[engine] = head["version"]
             if "blas" in head:
                 versions["cyback_blas"] = head["blas"]
-        runs = time_interleaved(workers, models, batches, args.rounds)
+        runs = time_interleaved(workers, models, batches, args.rounds, args.wait_near)
     finally:
         for w in workers.values():
             w.close()
@@ -408,15 +411,15 @@ def main(argv=None):
     return 0
 
 
-def time_interleaved(workers, models, batches, rounds):
+def time_interleaved(workers, models, batches, rounds, wait_near=0.0):
     """{(model, batch, engine): [row per round]}: every engine timed on one
     model and batch before the next, in an order that rotates each round."""
-    from _common import handoff_probe  # cyback's env only
+    from _common import handoff_settled  # cyback's env only
     runs = {}
     engines = list(workers)
     for i, (model, b) in enumerate((m, b) for m in models for b in batches):
         for r in range(rounds):
-            handoff = handoff_probe()
+            handoff = handoff_settled(wait_near)
             for engine in rotated(engines, i + r):
                 row = dict(workers[engine].ask({"model": model, "batch": b}),
                            handoff_ns=handoff)

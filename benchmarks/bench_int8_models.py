@@ -337,10 +337,10 @@ def _spawn(python, args):
     return out.stdout
 
 
-def run_interleaved(workers, models, batches, rounds):
+def run_interleaved(workers, models, batches, rounds, wait_near=0.0):
     """Per model, every engine's accuracy (deterministic: once), then per
     batch and round every engine's times, in an order rotating each round."""
-    from _common import handoff_probe  # cyback's env only
+    from _common import handoff_settled  # cyback's env only
     times, accuracy = {}, {}
     engines = list(workers)
     for i, model in enumerate(models):
@@ -348,7 +348,7 @@ def run_interleaved(workers, models, batches, rounds):
             accuracy[(model, engine)] = workers[engine].ask({"what": "accuracy", "model": model})
         for j, b in enumerate(batches):
             for r in range(rounds):
-                handoff = handoff_probe()
+                handoff = handoff_settled(wait_near)
                 for engine in rotated(engines, i + j + r):
                     row = dict(workers[engine].ask({"what": "time", "model": model,
                                                     "batch": b}), handoff_ns=handoff)
@@ -439,6 +439,9 @@ def main(argv=None):
     p.add_argument("--batches", default="1,8")
     p.add_argument("--engines", default=",".join(ENGINES))
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--wait-near", type=float, default=0.0, metavar="SECONDS",
+                   help="before each round, wait up to this long for the two CPUs to be near "
+                        "each other (docs/performance.md, 'Where the two CPUs are')")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--calibration", type=int, default=16, help="calibration inputs")
     p.add_argument("--evaluation", type=int, default=16, help="inputs the errors are taken on")
@@ -476,7 +479,8 @@ def main(argv=None):
                for e in engines}
     try:
         engine_versions = {e: w.ask({"what": "version"})["version"] for e, w in workers.items()}
-        times, accuracy = run_interleaved(workers, models, batches, args.rounds)
+        times, accuracy = run_interleaved(workers, models, batches, args.rounds,
+                                          args.wait_near)
     finally:
         for w in workers.values():
             w.close()
