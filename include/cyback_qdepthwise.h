@@ -606,7 +606,7 @@ CB_Q_ALWAYS CB_QDW_VBMI_ATTR const uint8_t *cb_qdw_block_row(cb_qdw_block_rows *
     dst = br->rows + row_bytes * slot;
     if (br->tag[slot] == b * g->h + iy) return dst;
     br->tag[slot] = b * g->h + iy;
-    src = x + ((b * g->h + iy) * g->w - g->pl) * g->c;
+    src = x + (b * g->h + iy) * g->w * g->c;
     for (cb = 0; cb < br->nb; cb++) {
         const ptrdiff_t c0 = cb * CB_Q_NR;
         const __mmask16 mask = g->c - c0 >= CB_Q_NR ? (__mmask16)0xFFFF
@@ -616,11 +616,12 @@ CB_Q_ALWAYS CB_QDW_VBMI_ATTR const uint8_t *cb_qdw_block_row(cb_qdw_block_rows *
         if (mask == 0xFFFF)
             for (; px < hi; px++)
                 _mm_store_si128((__m128i *)(d + px * CB_Q_NR),
-                                _mm_loadu_si128((const __m128i *)(src + px * g->c + c0)));
+                                _mm_loadu_si128((const __m128i *)(src + (px - g->pl) * g->c +
+                                                                  c0)));
         else
             for (; px < hi; px++)
                 _mm_store_si128((__m128i *)(d + px * CB_Q_NR),
-                                _mm_maskz_loadu_epi8(mask, src + px * g->c + c0));
+                                _mm_maskz_loadu_epi8(mask, src + (px - g->pl) * g->c + c0));
         for (; px < br->pw; px++) _mm_store_si128((__m128i *)(d + px * CB_Q_NR), pad);
     }
     return dst;
