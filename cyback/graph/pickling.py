@@ -143,8 +143,10 @@ def _set_op_state(op, state):
 
 
 def _reduce_op(op):
+    # an op class may leave run-time caches out of its state (__getstate__)
+    own = type(op).__getstate__ is not object.__getstate__
     state = {}
-    for k, v in op.__dict__.items():
+    for k, v in (op.__getstate__() if own else op.__dict__).items():
         if isinstance(v, _LOCK_TYPES):
             v = _Lock(isinstance(v, _LOCK_TYPES[1]))
         state[k] = v

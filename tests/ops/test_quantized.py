@@ -295,3 +295,17 @@ def test_remembered_runs_follow_the_arrays_and_are_not_kept_in_copies(rng):
     assert "_runs" not in vars(op._with(activation="linear"))
     assert "_runs" not in vars(pickle.loads(pickle.dumps(op)))
     assert same_bits(pickle.loads(pickle.dumps(op)).compute(x, packed, vectors)[0], first)
+
+
+def test_a_function_pickles_after_its_int8_ops_ran(rng):
+    # an op the plan runs as built is the graph's own: once it ran it holds
+    # prepared kernel calls, which the function's pickle leaves out
+    import pickle
+    w, scale, bias = weights(rng, (10, 6))
+    x = K.placeholder(shape=(None, 10))
+    f = K.function([x], [dense_graph(x, K.variable(w, dtype="int8"), K.variable(scale),
+                                     K.variable(bias), 0.05, 3, "relu")])
+    xv = rng.standard_normal((4, 10)).astype(np.float32)
+    want = f([xv])[0]
+    g = pickle.loads(pickle.dumps(f))
+    assert same_bits(g([xv])[0], want) and same_bits(f([xv])[0], want)
