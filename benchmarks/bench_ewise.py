@@ -1,12 +1,17 @@
 """float32 softmax and exp / tanh / sigmoid / erf: cyback's vectorised rows
-(include/cyback_vmath.h) against NumPy and SciPy.
+(include/cyback_vmath.h) against NumPy and SciPy; and element-wise programs
+(kernels/ewise.pyx: a relu, a BatchNorm + ReLU) against NumPy's ufuncs.
 
 Run: python benchmarks/bench_ewise.py [--blocks N] [--quick] [--out NAME]
 
 Cases: softmax along the last axis of 4x64x64 (a self-attention block's
 scores at batch 1), 64x1000 and 1x1000 (classifier heads), and each function
-on 16K and 1M floats. Every output is checked against a float64 reference
-before anything is timed (a case whose output is off fails the run). cyback
+on 16K and 1M floats; a relu program on 4K, 16K and 1M floats (NumPy's
+np.maximum with a scalar: where a lone relu in a plan should go to the
+program, graph/fusion.py SINGLE_MAX_MIN_SIZE) and a BatchNorm + ReLU program
+on a 56x56x256 map. Every output is checked against a float64 reference
+(programs: NumPy's bits) before anything is timed (a case whose output is off
+fails the run). cyback
 and its reference are timed in alternation (cyback.bench.timing), each on the
 threads it uses by default. Prints the median microseconds per call and the
 speed-up, and writes benchmarks/results/<NAME>.json (ewise by default).
@@ -74,6 +79,39 @@ def cases(quick):
             yield ("%s %dK" % (name, n // 1024), x, mine, peer, label, want, rtol, atol)
 
 
+def _program(code, operands, kinds, shape):
+    """A function running an element-wise program over operands into a new
+    array of ``shape`` (channels on the last axis)."""
+    code = np.array(code, dtype=np.int32).reshape(-1, 6)
+    kinds = np.array(kinds, dtype=np.int32)
+    n_regs = int(code[:, 1:].max()) + 1
+    c = shape[-1]
+    p = int(np.prod(shape)) // c
+
+    def run():
+        return ewise.run(np.empty(shape, np.float32), code, n_regs, operands, kinds, p, c, 1)
+    return run
+
+
+def program_cases():
+    rng = np.random.default_rng(1)
+    mx, mul, add = (ewise.OPCODES[k][0] for k in ("maximum", "multiply", "add"))
+    zero = np.zeros(1, np.float32)
+    for n in (4096, 16 * 1024, 1024 * 1024):
+        x = rng.standard_normal((1, n)).astype(np.float32)
+        run = _program([[mx, -1, 0, 1, 0, 0]], [x, zero],
+                       [ewise.KIND_FULL, ewise.KIND_SCALAR], x.shape)
+        yield ("relu program %dK" % (n // 1024), run,
+               lambda x=x: np.maximum(x, np.float32(0)))
+    x = rng.standard_normal((1, 56, 56, 256)).astype(np.float32)
+    s, b = (rng.standard_normal(256).astype(np.float32) for _ in range(2))
+    run = _program([[mul, 4, 0, 1, 0, 0], [add, 4, 4, 2, 0, 0], [mx, -1, 4, 3, 0, 0]],
+                   [x, s, b, zero], [ewise.KIND_FULL, ewise.KIND_CHAN, ewise.KIND_CHAN,
+                                     ewise.KIND_SCALAR], x.shape)
+    yield ("bn+relu program 56x56x256", run,
+           lambda: np.maximum(x * s + b, np.float32(0)))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--blocks", type=int, default=7, help="timed blocks per engine")
@@ -93,6 +131,13 @@ def main():
         us, ref_us = stats["cyback"]["median_s"] * 1e6, stats[label]["median_s"] * 1e6
         rows.append(dict(case=case, peer=label, cyback_us=us, peer_us=ref_us,
                          speedup=ref_us / us, max_abs_err=err))
+    for case, mine, peer in program_cases():
+        if mine().tobytes() != peer().tobytes():
+            raise AssertionError("%s: the program's output is not NumPy's" % case)
+        stats = time_alternated({"cyback": mine, "numpy": peer}, blocks=blocks)
+        us, ref_us = stats["cyback"]["median_s"] * 1e6, stats["numpy"]["median_s"] * 1e6
+        rows.append(dict(case=case, peer="numpy", cyback_us=us, peer_us=ref_us,
+                         speedup=ref_us / us, max_abs_err=0.0))
     print_table(rows, ["case", "peer", "cyback_us", "peer_us", "speedup", "max_abs_err"],
                 title="float32 element-wise rows (%s, %d threads)" % (sets, get_max_threads()))
     path = write_json(args.out, rows, instruction_set=sets, threads=get_max_threads())

@@ -288,6 +288,14 @@ def _probe(op, ins, out, exact):
 #: it NumPy's loop is as quick (a relu of a batch of feature maps read by
 #: several branches, in NASNet, runs on both cores).
 SINGLE_OP_MIN_SIZE = 32768
+#: The same for a lone maximum or minimum (a relu, a clip): NumPy's float32
+#: maximum with a scalar is about five times slower than its add, and the
+#: kernel's vector loop is quicker from a few thousand elements on
+#: (benchmarks/bench_ewise.py, its relu programs).
+SINGLE_MAX_MIN_SIZE = 8192
+
+
+_MAX_MIN = (_kernel.OPCODES["maximum"][0], _kernel.OPCODES["minimum"][0])
 
 
 def _known_size(shape):
@@ -452,7 +460,8 @@ def _build(steps, members, root, exact, producer, users, keep, taken):
             inplace = j
     n_instr = len(code)
     if base is None and len(members) == 1 and n_instr == 1 and inplace is None and \
-            _known_size(root.shape) < SINGLE_OP_MIN_SIZE:
+            _known_size(root.shape) < (SINGLE_MAX_MIN_SIZE if code[0][0] in _MAX_MIN
+                                       else SINGLE_OP_MIN_SIZE):
         return None
     operands = list(b.operands)
     members_refs = []

@@ -858,6 +858,24 @@ def test_a_lone_element_wise_op_runs_on_the_kernel_when_large(shape, fused):
     np.testing.assert_array_equal(got[0], np.maximum(np.maximum(feed * 2, 0), 0))
 
 
+def test_a_lone_relu_takes_the_kernel_sooner_than_a_lone_add():
+    # NumPy's maximum with a scalar is several times slower than its add: a
+    # lone relu of a mid-sized map runs on the kernel, a lone add of the same
+    # size on NumPy (graph/fusion.py SINGLE_MAX_MIN_SIZE, SINGLE_OP_MIN_SIZE)
+    from cyback.graph import fusion
+    shape = (None, 32, 16, 24)
+    assert fusion.SINGLE_MAX_MIN_SIZE <= 32 * 16 * 24 < fusion.SINGLE_OP_MIN_SIZE
+    x = K.placeholder(shape)
+    y = x * 2.0
+    outs = [K.relu(y), y + 1.0, y * 3.0]
+    feed = np.random.default_rng(4).standard_normal((2,) + shape[1:]).astype("float32")
+    feed.flat[::5] = np.nan
+    f, got = _compare([x], outs, [feed], exact=True)
+    kinds = [type(op).__name__ for op in f.plan_ops(0)]
+    assert kinds.count("Fused") == 1 and "Relu" not in kinds, kinds
+    np.testing.assert_array_equal(got[0], np.maximum(feed * 2, 0))
+
+
 def test_conv_epilogue_stays_a_separate_pass():
     # a scalar offset is not a bias: the fused step runs the conv, then the
     # program in place
