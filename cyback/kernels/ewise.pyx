@@ -29,6 +29,7 @@ import numpy as np
 cimport numpy as cnp
 from cython.parallel cimport prange, parallel
 from libc.stdlib cimport malloc, free
+from libc.string cimport memcpy
 from libc.math cimport (sqrt, sqrtf, exp, expf, expm1, expm1f, log, logf, log1p, log1pf,
                         tanh, fabs, fabsf, erf)
 
@@ -592,3 +593,83 @@ def sigmoid_f32(x, out=None):
 def erf_f32(x, out=None):
     """erf of a float32 array, as ``exp_f32`` (absolute error <= 2e-7)."""
     return _map("erf_f32", OP_ERF, x, out)
+
+
+# ------------------------------------------------------------ concatenation
+
+DEF CONCAT_MAX = 64
+
+
+cdef inline void _copy_bytes(char* d, const char* s, Py_ssize_t n) noexcept nogil:
+    # a channel run is a few dozen to a few thousand bytes: fixed 16-byte
+    # moves the compiler turns into vector loads and stores, not a call
+    while n >= 16:
+        memcpy(d, s, 16)
+        d += 16
+        s += 16
+        n -= 16
+    if n > 0:
+        memcpy(d, s, n)
+
+
+cdef void _concat_rows(char* out, Py_ssize_t width, const char** src,
+                       const Py_ssize_t* widths, const Py_ssize_t* offsets, int n,
+                       Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
+    cdef Py_ssize_t r
+    cdef int i
+    for r in range(r0, r1):
+        for i in range(n):
+            _copy_bytes(out + r * width + offsets[i], src[i] + r * widths[i], widths[i])
+
+
+def concat_last(arrays, out):
+    """``out[..., o_i:o_i + c_i] = arrays[i]``: the concatenation of
+    C-contiguous arrays of one dtype along their last axis (the channels of
+    channels_last maps) into a C-contiguous ``out`` of their dtype and
+    leading shape, rows split over the team. Returns out. NumPy's
+    concatenate copies such narrow runs on one thread several times slower
+    than a copy (a DenseNet's dense blocks concatenate 58 times a call)."""
+    if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or \
+            not out.flags.writeable or out.ndim < 1:
+        raise ValueError("concat_last: out must be a writable C-contiguous array")
+    cdef Py_ssize_t n = len(arrays), total = 0, rows, i
+    if n < 1 or n > CONCAT_MAX:
+        raise ValueError("concat_last: expected 1 to %d arrays, got %d" % (CONCAT_MAX, n))
+    cdef Py_ssize_t nd = out.ndim
+    shape = tuple(out.shape)
+    lead = shape[:nd - 1]
+    cdef const char* src[CONCAT_MAX]
+    cdef Py_ssize_t widths[CONCAT_MAX]
+    cdef Py_ssize_t offsets[CONCAT_MAX]
+    cdef Py_ssize_t item = out.itemsize
+    for i in range(n):
+        a = arrays[i]
+        if not isinstance(a, np.ndarray) or a.dtype != out.dtype or not a.flags.c_contiguous \
+                or a.ndim != nd or tuple(a.shape)[:nd - 1] != lead:
+            raise ValueError("concat_last: array %d must be C-contiguous %s of leading shape "
+                             "%s, got %s" % (i, out.dtype, lead,
+                                             "%s %s" % (getattr(a, "dtype", type(a).__name__),
+                                                        getattr(a, "shape", ""))))
+        src[i] = <const char*> cnp.PyArray_DATA(<cnp.ndarray> a)
+        widths[i] = a.shape[nd - 1] * item
+        offsets[i] = total
+        total += widths[i]
+    if total != shape[nd - 1] * item:
+        raise ValueError("concat_last: the arrays hold %d of out's %d last-axis elements"
+                         % (total // item, shape[nd - 1]))
+    rows = out.size // shape[nd - 1] if shape[nd - 1] else 0
+    if rows == 0 or total == 0:
+        return out
+    cdef char* dst = <char*> cnp.PyArray_DATA(<cnp.ndarray> out)
+    cdef int threads = threads_for(2.0 * rows * total), t
+    if threads > rows:
+        threads = <int> rows
+    with nogil:
+        if threads <= 1:
+            _concat_rows(dst, total, src, widths, offsets, <int> n, 0, rows)
+        else:
+            for t in prange(threads, num_threads=threads, schedule='static'):
+                _concat_rows(dst, total, src, widths, offsets, <int> n,
+                             (rows * t) // threads, (rows * (t + 1)) // threads)
+    team_done(threads)
+    return out

@@ -13,6 +13,7 @@ from cyback.graph import limits
 from cyback.graph.op import Op
 from cyback.graph.shapes import format_shape
 from cyback.graph.tensor import Constant, Tensor, as_tensor, is_int_dtype
+from cyback.kernels import ewise as _ewise
 from cyback.ops import elementwise as ew
 
 # ------------------------------------------------------------------ shape of
@@ -657,6 +658,14 @@ def getitem(x, index):
 
 # ------------------------------------------------------------------ concatenate
 
+#: About the size (all inputs' bytes, estimated as the first's times their
+#: number) from which channels_last concatenations run on the team's copy
+#: kernel (kernels/ewise.pyx concat_last): NumPy copies narrow channel runs on
+#: one thread at about half a copy's speed; below it, the threads' start
+#: costs more than that.
+_CONCAT_KERNEL_BYTES = 256 << 10
+
+
 class Concatenate(Op):
     api = "concatenate"
 
@@ -687,6 +696,15 @@ class Concatenate(Op):
         return [(tuple(shape), dtype)]
 
     def compute(self, *xs):
+        x0 = xs[0]
+        nd = np.ndim(x0)
+        if nd >= 2 and self.axis in (-1, nd - 1) and 1 < len(xs) <= 64 and \
+                type(x0) is np.ndarray and x0.dtype.char in "fd" and \
+                x0.size * len(xs) * x0.itemsize >= _CONCAT_KERNEL_BYTES and \
+                all(type(x) is np.ndarray and x.dtype == x0.dtype and x.ndim == nd and
+                    x.flags.c_contiguous and x.shape[:-1] == x0.shape[:-1] for x in xs):
+            out = np.empty(x0.shape[:-1] + (sum(x.shape[-1] for x in xs),), x0.dtype)
+            return (_ewise.concat_last(xs, out),)
         return (np.concatenate(xs, axis=self.axis),)
 
     def grad(self, inputs, outputs, grads):

@@ -473,3 +473,41 @@ def test_run_rejects_an_unknown_kind():
     with pytest.raises(ValueError, match="ewise"):
         ewise.run(np.empty(6, np.float32), code, 2, [x, np.ones(1, np.float32)],
                   np.array([FULL, 7], np.int32), 1, 6, 1)
+
+
+# ------------------------------------------------------------ concat_last
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lead,widths", [((1, 56, 56), (64, 32)), ((3, 5), (1, 3, 17)),
+                                         ((2, 7, 7), (992, 32)), ((0, 4), (3, 5)),
+                                         ((4,), (0, 6)), ((9, 11), (5,) * 12)])
+def test_concat_last_matches_numpy(dtype, lead, widths):
+    rng = np.random.default_rng(sum(widths))
+    xs = [rng.standard_normal(lead + (w,)).astype(dtype) for w in widths]
+    want = np.concatenate(xs, axis=-1)
+    saved = runtime.get_max_threads()
+    try:
+        for threads in (1, 2, 3):
+            runtime.set_num_threads(threads)
+            out = np.full(want.shape, 7.0, dtype)
+            assert ewise.concat_last(xs, out) is out
+            assert out.tobytes() == want.tobytes()
+    finally:
+        runtime.set_num_threads(saved)
+
+
+def test_concat_last_bad_arguments():
+    a, b = np.zeros((2, 3), np.float32), np.zeros((2, 4), np.float32)
+    with pytest.raises(ValueError, match="writable C-contiguous"):
+        ewise.concat_last([a, b], np.zeros((2, 14), np.float32)[:, ::2])
+    with pytest.raises(ValueError, match="array 1 must be C-contiguous float32"):
+        ewise.concat_last([a, b.astype(np.float64)], np.zeros((2, 7), np.float32))
+    with pytest.raises(ValueError, match="array 1"):
+        ewise.concat_last([a, np.zeros((3, 4), np.float32)], np.zeros((2, 7), np.float32))
+    with pytest.raises(ValueError, match="array 0"):
+        ewise.concat_last([np.zeros((2, 6), np.float32)[:, ::2], b],
+                          np.zeros((2, 7), np.float32))
+    with pytest.raises(ValueError, match="hold 7 of out's 8"):
+        ewise.concat_last([a, b], np.zeros((2, 8), np.float32))
+    with pytest.raises(ValueError, match="1 to 64 arrays"):
+        ewise.concat_last([], np.zeros((2, 0), np.float32))
