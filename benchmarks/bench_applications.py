@@ -340,6 +340,9 @@ def main(argv=None):
     p.add_argument("--wait-near", type=float, default=0.0, metavar="SECONDS",
                    help="before each round, wait up to this long for the two CPUs to be near "
                         "each other (docs/performance.md, 'Where the two CPUs are')")
+    p.add_argument("--settle", type=float, default=0.5, metavar="SECONDS",
+                   help="pause before each engine's timing, so that the threads the engine "
+                        "before left spinning (ONNX Runtime's, TensorFlow's) have gone idle")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "cyback-apps"),
                    help="where the exported models are kept between runs")
@@ -377,7 +380,8 @@ def main(argv=None):
             versions[engine] = head["version"]
             if "blas" in head:
                 versions["cyback_blas"] = head["blas"]
-        runs = time_interleaved(workers, models, batches, args.rounds, args.wait_near)
+        runs = time_interleaved(workers, models, batches, args.rounds, args.wait_near,
+                                args.settle)
     finally:
         for w in workers.values():
             w.close()
@@ -411,7 +415,7 @@ def main(argv=None):
     return 0
 
 
-def time_interleaved(workers, models, batches, rounds, wait_near=0.0):
+def time_interleaved(workers, models, batches, rounds, wait_near=0.0, settle=0.0):
     """{(model, batch, engine): [row per round]}: every engine timed on one
     model and batch before the next, in an order that rotates each round."""
     from _common import handoff_settled  # cyback's env only
@@ -421,6 +425,7 @@ def time_interleaved(workers, models, batches, rounds, wait_near=0.0):
         for r in range(rounds):
             handoff = handoff_settled(wait_near)
             for engine in rotated(engines, i + r):
+                time.sleep(settle)
                 row = dict(workers[engine].ask({"model": model, "batch": b}),
                            handoff_ns=handoff)
                 runs.setdefault((model, b, engine), []).append(row)

@@ -337,7 +337,7 @@ def _spawn(python, args):
     return out.stdout
 
 
-def run_interleaved(workers, models, batches, rounds, wait_near=0.0):
+def run_interleaved(workers, models, batches, rounds, wait_near=0.0, settle=0.0):
     """Per model, every engine's accuracy (deterministic: once), then per
     batch and round every engine's times, in an order rotating each round."""
     from _common import handoff_settled  # cyback's env only
@@ -350,6 +350,7 @@ def run_interleaved(workers, models, batches, rounds, wait_near=0.0):
             for r in range(rounds):
                 handoff = handoff_settled(wait_near)
                 for engine in rotated(engines, i + j + r):
+                    time.sleep(settle)
                     row = dict(workers[engine].ask({"what": "time", "model": model,
                                                     "batch": b}), handoff_ns=handoff)
                     times.setdefault((model, b, engine), []).append(row)
@@ -442,6 +443,9 @@ def main(argv=None):
     p.add_argument("--wait-near", type=float, default=0.0, metavar="SECONDS",
                    help="before each round, wait up to this long for the two CPUs to be near "
                         "each other (docs/performance.md, 'Where the two CPUs are')")
+    p.add_argument("--settle", type=float, default=0.5, metavar="SECONDS",
+                   help="pause before each engine's timing, so that the threads the engine "
+                        "before left spinning (ONNX Runtime's, TensorFlow's) have gone idle")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--calibration", type=int, default=16, help="calibration inputs")
     p.add_argument("--evaluation", type=int, default=16, help="inputs the errors are taken on")
@@ -480,7 +484,7 @@ def main(argv=None):
     try:
         engine_versions = {e: w.ask({"what": "version"})["version"] for e, w in workers.items()}
         times, accuracy = run_interleaved(workers, models, batches, args.rounds,
-                                          args.wait_near)
+                                          args.wait_near, args.settle)
     finally:
         for w in workers.values():
             w.close()
