@@ -31,7 +31,9 @@ static double cb_handoff_now(void) {
  * spin limit. */
 static double cb_handoff_ns(long rounds) {
 #ifdef _OPENMP
-    static volatile int64_t line[16] __attribute__((aligned(64)));
+    /* the call's own cache line (shared by the region's two threads), so
+     * that calls from several threads at once do not meet */
+    volatile int64_t line[16] __attribute__((aligned(64)));
     volatile int abort_flag = 0;
     double seconds = -1.0;
     int pair = 0;

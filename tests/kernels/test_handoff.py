@@ -34,3 +34,18 @@ def test_one_thread_has_no_round_trip():
 def test_bad_rounds(rounds):
     with pytest.raises(ValueError, match="handoff_ns: rounds"):
         runtime.handoff_ns(rounds)
+
+
+def test_calls_from_two_threads_at_once_each_get_an_answer():
+    # each call exchanges its own cache line: a None or a time from each
+    import threading
+    if not runtime.openmp_enabled() or runtime.get_max_threads() < 2:
+        pytest.skip("needs OpenMP and two threads")
+    out = []
+    threads = [threading.Thread(target=lambda: out.append(runtime.handoff_ns(100)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(out) == 2 and all(ns is None or ns > 0 for ns in out)
