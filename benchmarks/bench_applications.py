@@ -330,6 +330,30 @@ def _machine(threads):
     return "%s, %d CPUs" % (model or "unknown CPU", os.cpu_count() or 0)
 
 
+def add_round_arguments(p):
+    """The options of an interleaved run's rounds (this script's and
+    bench_int8_models.py's): --wait-near and --settle."""
+    p.add_argument("--wait-near", type=float, default=0.0, metavar="SECONDS",
+                   help="before each round, wait up to this long for the two CPUs to be near "
+                        "each other (docs/performance.md, 'Where the two CPUs are')")
+    p.add_argument("--settle", type=float, default=0.5, metavar="SECONDS",
+                   help="pause before each engine's timing, so that the threads the engine "
+                        "before left spinning (ONNX Runtime's, TensorFlow's) have gone idle")
+
+
+def report_handoffs(runs, engines):
+    """The run's handoff summary (_common.handoff_summary) from the rows of
+    ``runs`` ({(model, batch, engine): [row per round]}), printing its note
+    when some rounds ran with the CPUs far apart."""
+    from _common import handoff_summary  # cyback's env only
+    # one probe per round, carried by each engine's row of it
+    handoff, warning = handoff_summary(
+        [r.get("handoff_ns") for k, rs in runs.items() if k[2] == engines[0] for r in rs])
+    if warning:
+        print(warning)
+    return handoff
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tf-python", help="a Python with tensorflow, tf_keras and the peers")
@@ -337,12 +361,7 @@ def main(argv=None):
     p.add_argument("--batches", default="1,8")
     p.add_argument("--engines", default="cyback," + ",".join(PEERS))
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--wait-near", type=float, default=0.0, metavar="SECONDS",
-                   help="before each round, wait up to this long for the two CPUs to be near "
-                        "each other (docs/performance.md, 'Where the two CPUs are')")
-    p.add_argument("--settle", type=float, default=0.5, metavar="SECONDS",
-                   help="pause before each engine's timing, so that the threads the engine "
-                        "before left spinning (ONNX Runtime's, TensorFlow's) have gone idle")
+    add_round_arguments(p)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "cyback-apps"),
                    help="where the exported models are kept between runs")
@@ -387,12 +406,7 @@ def main(argv=None):
             w.close()
     table = summarize(runs, models, batches, engines)
     print_table(table, engines)
-    from _common import handoff_summary
-    # one probe per round, carried by each engine's row of it
-    handoff, warning = handoff_summary(
-        [r.get("handoff_ns") for k, rs in runs.items() if k[2] == engines[0] for r in rs])
-    if warning:
-        print(warning)
+    handoff = report_handoffs(runs, engines)
     result = {"threads": args.threads, "rounds": args.rounds, "load_average": os.getloadavg(),
               "handoff": handoff,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

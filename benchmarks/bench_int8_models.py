@@ -440,12 +440,7 @@ def main(argv=None):
     p.add_argument("--batches", default="1,8")
     p.add_argument("--engines", default=",".join(ENGINES))
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--wait-near", type=float, default=0.0, metavar="SECONDS",
-                   help="before each round, wait up to this long for the two CPUs to be near "
-                        "each other (docs/performance.md, 'Where the two CPUs are')")
-    p.add_argument("--settle", type=float, default=0.5, metavar="SECONDS",
-                   help="pause before each engine's timing, so that the threads the engine "
-                        "before left spinning (ONNX Runtime's, TensorFlow's) have gone idle")
+    apps.add_round_arguments(p)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--calibration", type=int, default=16, help="calibration inputs")
     p.add_argument("--evaluation", type=int, default=16, help="inputs the errors are taken on")
@@ -490,12 +485,7 @@ def main(argv=None):
             w.close()
     table = summarize(times, models, batches, engines)
     print_tables(table, accuracy, engines, models)
-    from _common import handoff_summary  # cyback's env only
-    # one probe per round, carried by each engine's row of it
-    handoff, warning = handoff_summary(
-        [r.get("handoff_ns") for k, rs in times.items() if k[2] == engines[0] for r in rs])
-    if warning:
-        print(warning)
+    handoff = apps.report_handoffs(times, engines)
     peer_status = {}
     for model in models:
         path = os.path.join(args.work, model, "int8", "status.json")
