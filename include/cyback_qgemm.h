@@ -103,6 +103,11 @@ typedef struct {
     ptrdiff_t ldq;
     float q_scale, q_lo, q_hi;   /* so, -zo, 255 - zo */
     int32_t q_zero;
+    /* or, instead of any output, the running max (ext_hi) and min (ext_lo)
+     * over rows of each column's sums (padded to the panels): a reduction
+     * over the rows after the epilogue then needs the epilogue of one row
+     * only (cb_q_extremes_finish) */
+    int32_t *ext_hi, *ext_lo;
 } cb_q_epilogue;
 
 static ptrdiff_t cb_q_groups(ptrdiff_t k) { return (k + 3) / 4; }
@@ -177,6 +182,15 @@ static void cb_q_epilogue_scalar(const int32_t *acc, const int32_t *colsum, ptrd
     }
 }
 
+/* A row's 16 sums into the running column extremes (cb_q_epilogue). */
+static void cb_q_extremes_scalar(const int32_t *acc, ptrdiff_t col, const cb_q_epilogue *e) {
+    int j;
+    for (j = 0; j < CB_Q_NR; j++) {
+        if (acc[j] > e->ext_hi[col + j]) e->ext_hi[col + j] = acc[j];
+        if (acc[j] < e->ext_lo[col + j]) e->ext_lo[col + j] = acc[j];
+    }
+}
+
 static void cb_q_part_scalar(const uint8_t *a, ptrdiff_t lda, ptrdiff_t m0, ptrdiff_t m1,
                              ptrdiff_t k, const uint8_t *packed, ptrdiff_t p0, ptrdiff_t p1,
                              ptrdiff_t n, const cb_q_epilogue *e) {
@@ -195,6 +209,10 @@ static void cb_q_part_scalar(const uint8_t *a, ptrdiff_t lda, ptrdiff_t m0, ptrd
                     for (j = 0; j < CB_Q_NR; j++) acc[j] += av * bg[4 * j];
                 }
             memcpy(colsum, panel + kq * CB_Q_GROUP, sizeof colsum);
+            if (e->ext_hi) {
+                cb_q_extremes_scalar(acc, p * CB_Q_NR, e);
+                continue;
+            }
             cb_q_epilogue_scalar(acc, colsum, i, p * CB_Q_NR,
                                  (int)(n - p * CB_Q_NR < CB_Q_NR ? n - p * CB_Q_NR : CB_Q_NR), e);
         }
@@ -375,6 +393,16 @@ static inline int32_t cb_q_a4(const uint8_t *ar, ptrdiff_t g, ptrdiff_t k, int t
 
 /* ---- 256-bit epilogue: 16 sums of one row in two vectors ---- */
 
+/* The row's sums into the running column extremes instead (cb_q_epilogue). */
+CB_Q_ALWAYS CB_Q_AVX2_ATTR void cb_q_extremes_256(__m256i acc0, __m256i acc1, ptrdiff_t col,
+                                                  const cb_q_epilogue *e) {
+    __m256i *hi = (__m256i *)(e->ext_hi + col), *lo = (__m256i *)(e->ext_lo + col);
+    _mm256_storeu_si256(hi, _mm256_max_epi32(_mm256_loadu_si256(hi), acc0));
+    _mm256_storeu_si256(hi + 1, _mm256_max_epi32(_mm256_loadu_si256(hi + 1), acc1));
+    _mm256_storeu_si256(lo, _mm256_min_epi32(_mm256_loadu_si256(lo), acc0));
+    _mm256_storeu_si256(lo + 1, _mm256_min_epi32(_mm256_loadu_si256(lo + 1), acc1));
+}
+
 CB_Q_ALWAYS CB_Q_AVX2_ATTR void cb_q_epilogue_256(__m256i acc0, __m256i acc1,
                                                   const int8_t *panel_sums, ptrdiff_t row,
                                                   ptrdiff_t col, ptrdiff_t n,
@@ -513,8 +541,11 @@ CB_Q_ALWAYS CB_Q_AVX2_ATTR void cb_q_tile_avx2(const uint8_t *a, ptrdiff_t lda, 
         _Pragma("GCC unroll 4") for (u = 1; u < U; u++)
             _Pragma("GCC unroll 2") for (v = 0; v < 2; v++)
                 acc[r][v][0] = _mm256_add_epi32(acc[r][v][0], acc[r][v][u]);
-        cb_q_epilogue_256(acc[r][0][0], acc[r][1][0], panel + kq * CB_Q_GROUP, row + r, col, n,
-                          e);
+        if (e->ext_hi)
+            cb_q_extremes_256(acc[r][0][0], acc[r][1][0], col, e);
+        else
+            cb_q_epilogue_256(acc[r][0][0], acc[r][1][0], panel + kq * CB_Q_GROUP, row + r,
+                              col, n, e);
     }
 }
 
@@ -555,8 +586,11 @@ CB_Q_ALWAYS CB_Q_AVXVNNI_ATTR void cb_q_tile_avxvnni(const uint8_t *a, ptrdiff_t
         _Pragma("GCC unroll 4") for (u = 1; u < U; u++)
             _Pragma("GCC unroll 2") for (v = 0; v < 2; v++)
                 acc[r][v][0] = _mm256_add_epi32(acc[r][v][0], acc[r][v][u]);
-        cb_q_epilogue_256(acc[r][0][0], acc[r][1][0], panel + kq * CB_Q_GROUP, row + r, col, n,
-                          e);
+        if (e->ext_hi)
+            cb_q_extremes_256(acc[r][0][0], acc[r][1][0], col, e);
+        else
+            cb_q_epilogue_256(acc[r][0][0], acc[r][1][0], panel + kq * CB_Q_GROUP, row + r,
+                              col, n, e);
     }
 }
 #endif
@@ -666,6 +700,26 @@ CB_Q_ALWAYS CB_Q_AVX512_ATTR void cb_q_tile_avx512(const uint8_t *a, ptrdiff_t l
     for (; g < kfull; g++) CB_Q_512_STEP(g, 0, 0);
     if (kq > kfull) CB_Q_512_STEP(kfull, 0, 1);
 #undef CB_Q_512_STEP
+    if (e->ext_hi) {
+        /* the tile's extremes in registers, then one update per panel */
+        _Pragma("GCC unroll 2") for (p = 0; p < NP; p++) {
+            __m512i hi, lo;
+            _Pragma("GCC unroll 8") for (r = 0; r < MR; r++)
+                _Pragma("GCC unroll 4") for (u = 1; u < U; u++)
+                    acc[r][p][0] = _mm512_add_epi32(acc[r][p][0], acc[r][p][u]);
+            hi = lo = acc[0][p][0];
+            _Pragma("GCC unroll 8") for (r = 1; r < MR; r++) {
+                hi = _mm512_max_epi32(hi, acc[r][p][0]);
+                lo = _mm512_min_epi32(lo, acc[r][p][0]);
+            }
+            {
+                int32_t *h = e->ext_hi + col + p * CB_Q_NR, *l = e->ext_lo + col + p * CB_Q_NR;
+                _mm512_storeu_si512(h, _mm512_max_epi32(_mm512_loadu_si512(h), hi));
+                _mm512_storeu_si512(l, _mm512_min_epi32(_mm512_loadu_si512(l), lo));
+            }
+        }
+        return;
+    }
     {
         const cb_q_epilogue ee = *e;
         cb_q_panel512 pv[2];
@@ -971,6 +1025,60 @@ static void cb_q_conv_part(int level, const cb_q_patches *g, ptrdiff_t m0, ptrdi
         if (at.res_q) at.res_q += mb * at.ldrq;
         cb_q_patch_rows(g, mb, me, buf);
         cb_q_gemm_part(level, buf, k, 0, me - mb, k, packed, 0, np, n, &at);
+    }
+}
+
+/* Rows r0 .. r1 - 1 of segments s0 .. s1 - 1 of A (segment s's rows start
+ * seg bytes after segment s - 1's, lda apart) into the column extremes of
+ * their sums, ext + s * 2 * np16 (the maxima, then the minima; np16 = the
+ * panels' columns), which this sets first. */
+static void cb_q_extremes_part(int level, const uint8_t *a, ptrdiff_t lda, ptrdiff_t seg,
+                               ptrdiff_t s0, ptrdiff_t s1, ptrdiff_t r0, ptrdiff_t r1,
+                               ptrdiff_t k, const uint8_t *packed, ptrdiff_t n,
+                               const cb_q_epilogue *e, int32_t *ext) {
+    const ptrdiff_t np16 = cb_q_panels(n) * CB_Q_NR;
+    ptrdiff_t s, j;
+    for (s = s0; s < s1; s++) {
+        cb_q_epilogue at = *e;
+        at.ext_hi = ext + s * 2 * np16;
+        at.ext_lo = at.ext_hi + np16;
+        for (j = 0; j < np16; j++) {
+            at.ext_hi[j] = INT32_MIN;
+            at.ext_lo[j] = INT32_MAX;
+        }
+        cb_q_gemm_part(level, a + s * seg, lda, r0, r1, k, packed, 0, cb_q_panels(n), n, &at);
+    }
+}
+
+/* Output row `row` of e's outputs: the epilogue of the greatest (take_max)
+ * or least result over the rows whose extremes the parts' ext arrays hold
+ * (parts of them, part_stride int32 apart, laid out as cb_q_extremes_part's
+ * segment). The epilogue is non-decreasing in the sum where the column's
+ * scale is >= 0 and non-increasing where it is negative (each float32
+ * operation rounds monotonically), so the result is the max (min) of the
+ * rows' results, to the bit. */
+static void cb_q_extremes_finish(const int32_t *ext, ptrdiff_t parts, ptrdiff_t part_stride,
+                                 int take_max, const uint8_t *packed, ptrdiff_t k, ptrdiff_t n,
+                                 ptrdiff_t row, const cb_q_epilogue *e) {
+    const ptrdiff_t np16 = cb_q_panels(n) * CB_Q_NR, pb = cb_q_panel_bytes(k);
+    ptrdiff_t p, t;
+    int j;
+    for (p = 0; p * CB_Q_NR < n; p++) {
+        int32_t pick[CB_Q_NR], colsum[CB_Q_NR];
+        const ptrdiff_t c0 = p * CB_Q_NR;
+        for (j = 0; j < CB_Q_NR; j++) {
+            int32_t hi = INT32_MIN, lo = INT32_MAX;
+            for (t = 0; t < parts; t++) {
+                const int32_t *x = ext + t * part_stride;
+                if (x[c0 + j] > hi) hi = x[c0 + j];
+                if (x[np16 + c0 + j] < lo) lo = x[np16 + c0 + j];
+            }
+            pick[j] = (e->scale[c0 + j] < 0.0f) == (take_max != 0) ? lo : hi;
+        }
+        memcpy(colsum, packed + CB_Q_HEADER + p * pb + cb_q_groups(k) * CB_Q_GROUP,
+               sizeof colsum);
+        cb_q_epilogue_scalar(pick, colsum, row, c0,
+                             (int)(n - c0 < CB_Q_NR ? n - c0 : CB_Q_NR), e);
     }
 }
 

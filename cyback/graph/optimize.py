@@ -210,6 +210,7 @@ def optimize(steps, targets, inference, resteps):
     steps = fusion.fuse(steps, targets, exact=not inference, skip=skip)
     if inference:
         steps = join_depthwise_blocks(steps, targets)
+        steps = join_sole_readers(steps, targets)
         steps = concurrent.run_side_by_side(steps)
     return steps, targets
 
@@ -263,6 +264,37 @@ def join_depthwise_blocks(steps, targets):
         return steps
     return [placed[i] if i in placed else s for i, s in enumerate(steps)
             if i in placed or i not in taken]
+
+
+def join_sole_readers(steps, targets):
+    """Each step whose one output only the step after it reads, with that
+    reader, as one step where the maker's op takes the reader in (its
+    ``join_reader`` hook: an int8 1-D convolution and a max over its
+    positions, ops/quantized_extreme.py). The joined step takes the reader's
+    place, where every input it reads is ready."""
+    readers = {}
+    for i, (op, ins, outs) in enumerate(steps):
+        for x in ins:
+            readers.setdefault(x, []).append(i)
+    for t in targets:
+        readers.setdefault(t, []).append(None)
+    joined, taken = {}, set()
+    for i, (op, ins, outs) in enumerate(steps):
+        hook = getattr(op, "join_reader", None)
+        if hook is None or len(outs) != 1 or i in taken:
+            continue
+        found = readers.get(outs[0], [])
+        if len(found) != 1 or found[0] is None or found[0] in taken:
+            continue
+        j = found[0]
+        made = hook(steps[j][0], ins, steps[j][1])
+        if made is None:
+            continue
+        taken.update((i, j))
+        joined[j] = (made[0], made[1], list(steps[j][2]))
+    if not joined:
+        return steps
+    return [joined.get(i, s) for i, s in enumerate(steps) if i in joined or i not in taken]
 
 
 def _local_rewrites(steps, targets, hook_name):

@@ -60,6 +60,8 @@ cdef extern from "cyback_qgemm.h" nogil:
         float q_lo
         float q_hi
         int32_t q_zero
+        int32_t* ext_hi
+        int32_t* ext_lo
     int CB_Q_NR
     int CB_Q_HEADER
     int CB_Q_MAGIC
@@ -87,6 +89,13 @@ cdef extern from "cyback_qgemm.h" nogil:
                      Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw,
                      Py_ssize_t pt, Py_ssize_t pl, Py_ssize_t oh, Py_ssize_t ow, uint8_t pad,
                      uint8_t* out, Py_ssize_t r0, Py_ssize_t r1)
+    void cb_q_extremes_part(int level, const uint8_t* a, Py_ssize_t lda, Py_ssize_t seg,
+                            Py_ssize_t s0, Py_ssize_t s1, Py_ssize_t r0, Py_ssize_t r1,
+                            Py_ssize_t k, const uint8_t* packed, Py_ssize_t n,
+                            const cb_q_epilogue* e, int32_t* ext)
+    void cb_q_extremes_finish(const int32_t* ext, Py_ssize_t parts, Py_ssize_t part_stride,
+                              int take_max, const uint8_t* packed, Py_ssize_t k, Py_ssize_t n,
+                              Py_ssize_t row, const cb_q_epilogue* e)
     int cb_q_cpu()
     int cb_q_sets()
     int cb_q_level()
@@ -446,6 +455,8 @@ cdef object _epilogue(str fname, cb_q_epilogue* e, vectors, Py_ssize_t n, zero_a
     e.act = ACTIVATIONS[activation]
     e.out_f = NULL
     e.out_q = NULL
+    e.ext_hi = NULL
+    e.ext_lo = NULL
     e.ldf = e.ldq = n
     if quantized:
         if out_scale is None or out_zero_point is None:
@@ -637,6 +648,11 @@ def conv(x, packed, vectors, kernel_size, strides=(1, 1), dilation=(1, 1),
                                &e, bufs + t * mc * k)
     team_done(nt)
     return out
+
+
+# ---------------------------------------------------------------- window extremes
+
+include "qconv_extreme.pxi"
 
 
 # ---------------------------------------------------------------- depthwise

@@ -37,6 +37,7 @@ from cyback.graph.op import Op
 from cyback.graph.optimize import Context
 from cyback.kernels import conv_utils, qgemm
 from cyback.ops.manip import Pad
+from cyback.ops.quantized_extreme import QuantizedConvExtreme
 from cyback.ops.shape import reshape
 
 #: activations the product's epilogue applies itself
@@ -745,6 +746,11 @@ class QuantizedConv(_ZeroPadded, _Quantized):
         if type(y) is tuple:
             return tuple(a.reshape(out_shape) for a in y)
         return y.reshape(out_shape)
+
+    def join_reader(self, reader, ins, reader_ins):
+        """A max or min over the positions of a 1-D convolution's output as one
+        step with it (``graph/optimize.py``, ``join_sole_readers``)."""
+        return QuantizedConvExtreme.join(self, reader, ins)
 
     def _window_product(self, q, call, packed, vectors, activation, res):
         b, pads, out = q.shape[0], call.pads, call.out_shape[1:-1]
