@@ -163,16 +163,17 @@ def _use_pointwise_gemm(g, bint last, bint pointwise):
     (pointwise_gemm_min_macs). Narrow layers stay on the direct kernel: a
     tile's GEMM costs microseconds to set up.
 
-    Where the direct kernel runs its 6-pixel AVX-512 tiles (512-bit FMAs at
-    half rate, cyback_conv_direct.h) it also wins on wide kernels once a
-    call has a few hundred pixels, so there the tiles keep only calls of
-    fewer rows than _TUNE["pointwise_gemm_short_tiles_max_rows"] and those
-    the direct kernel does not take (over 1024 channels). Except for few
-    input channels and a large output, where the direct kernel does little
-    work per output it writes: from _TUNE["pointwise_gemm_stream_outputs"]
-    outputs (8M, 32 MB in float32) and up to
-    _TUNE["pointwise_gemm_stream_max_c"] channels (64) the tiles run.
-    benchmarks/bench_conv.py --pointwise measures both sides."""
+    Where the direct kernel runs AVX-512 tiles (6 pixels where 512-bit FMAs
+    run at half rate, 12 where they run at full rate: cyback_conv_direct.h)
+    it also wins on wide kernels once a call has a few hundred pixels, so
+    there the tiles keep only calls of fewer rows than
+    _TUNE["pointwise_gemm_short_tiles_max_rows"] and those the direct kernel
+    does not take (over 1024 channels). Except for few input channels and a
+    large output, where the direct kernel does little work per output it
+    writes: from _TUNE["pointwise_gemm_stream_outputs"] outputs (8M, 32 MB
+    in float32) and up to _TUNE["pointwise_gemm_stream_max_c"] channels (64)
+    the tiles run. benchmarks/bench_conv.py --pointwise measures both
+    sides."""
     if not (pointwise and last):
         return False
     force = _TUNE["pointwise_gemm"]
@@ -180,7 +181,7 @@ def _use_pointwise_gemm(g, bint last, bint pointwise):
         return bool(force)
     cf = g["C"] * g["F"]
     rows = g["N"] * g["P"]
-    if rows >= _TUNE["pointwise_gemm_short_tiles_max_rows"] and _short_avx512_tiles() and \
+    if rows >= _TUNE["pointwise_gemm_short_tiles_max_rows"] and cb_simd_has_avx512() and \
             _use_direct(g, last):
         return g["C"] <= _TUNE["pointwise_gemm_stream_max_c"] and \
             rows * g["F"] >= _TUNE["pointwise_gemm_stream_outputs"]

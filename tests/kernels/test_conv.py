@@ -602,11 +602,11 @@ def test_pointwise_tiles_epilogue(activation, dtype):
     np.testing.assert_allclose(acc, _ref_epilogue(plain, bias, activation, res), **tol(dtype))
 
 
-def test_pointwise_tiles_give_way_to_short_avx512_direct_tiles():
-    # Where the direct kernel runs 6-pixel AVX-512 tiles, a wide 1x1 with
-    # 512 rows or more runs it instead of the GEMM tiles, unless it has more
-    # channels than the direct kernel takes, or few input channels and a
-    # large output; 12-pixel tiles keep the rule by width and size.
+def test_pointwise_tiles_give_way_to_avx512_direct_tiles():
+    # Where the direct kernel runs AVX-512 tiles (6 or 12 pixels), a wide 1x1
+    # with 512 rows or more runs it instead of the GEMM tiles, unless it has
+    # more channels than the direct kernel takes, or few input channels and a
+    # large output.
     if not conv._use_avx512(True):
         pytest.skip("needs avx512: AVX-512 is off: no AVX-512F on this CPU, or CYBACK_AVX512=0")
     args = ((1, 1), (1, 1), [(0, 0), (0, 0)])
@@ -615,20 +615,23 @@ def test_pointwise_tiles_give_way_to_short_avx512_direct_tiles():
         g = conv._geometry(x_shape + (c,), (1, 1, c, f), *args, True, "t")[0]
         return conv._use_pointwise_gemm(g, True, True)
     try:
-        conv._use_wide_tiles(False)
-        assert not tiles((32, 14, 14), 256, 1024)
-        assert not tiles((1, 28, 28), 128, 512)
-        assert tiles((1, 14, 14), 256, 1024)               # 196 rows
-        assert tiles((32, 7, 7), 2048, 512)                # too wide for the direct kernel
-        # few input channels and 8M outputs or more: the tiles again
-        assert tiles((32, 56, 56), 64, 256) and tiles((32, 56, 56), 32, 128)
-        assert not tiles((32, 28, 28), 64, 256)            # 6.4M outputs
-        assert not tiles((32, 56, 56), 128, 256)           # 128 channels
-        assert not tiles((32, 56, 56), 256, 64)
-        conv._use_wide_tiles(True)
+        for wide in (False, True):
+            conv._use_wide_tiles(wide)
+            assert not tiles((32, 14, 14), 256, 1024)
+            assert not tiles((1, 28, 28), 128, 512)
+            assert tiles((1, 14, 14), 256, 1024)               # 196 rows
+            assert tiles((32, 7, 7), 2048, 512)                # too wide for the direct kernel
+            # few input channels and 8M outputs or more: the tiles again
+            assert tiles((32, 56, 56), 64, 256) and tiles((32, 56, 56), 32, 128)
+            assert not tiles((32, 28, 28), 64, 256)            # 6.4M outputs
+            assert not tiles((32, 56, 56), 128, 256)           # 128 channels
+            assert not tiles((32, 56, 56), 256, 64)
+        # below AVX-512 the rule is by width and size
+        conv._use_avx512(False)
         assert tiles((32, 14, 14), 256, 1024) and tiles((1, 28, 28), 128, 512)
     finally:
         conv._use_wide_tiles(None)
+        conv._use_avx512(True)
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, 24, 24, 64)).astype(np.float32)
     w = rng.standard_normal((1, 1, 64, 512)).astype(np.float32)
