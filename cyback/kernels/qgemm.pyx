@@ -344,7 +344,7 @@ cdef int _run_product(cb_q_epilogue* e, a, Py_ssize_t m, Py_ssize_t k, const uin
     cdef int parts = team_parts(work), nt = threads_for(work), t
     # Whole row tiles to each part where there are enough rows, else panels
     # (a batch-1 Dense layer); the sums are exact, so the cut changes no bit.
-    cdef bint by_rows = m >= 16 * parts or npan < parts
+    cdef bint by_rows = (m >= 16 * parts and not _split_panels(m, k, n)) or npan < parts
     with nogil:
         if parts <= 1:
             cb_q_gemm_part(level, ap, lda, 0, m, k, bp, 0, npan, n, e)
@@ -519,6 +519,29 @@ cdef object _residual(str fname, cb_q_epilogue* e, residual, Py_ssize_t m, Py_ss
     return residual
 
 
+# Products of at most this many rows whose packed weights take
+# _PANEL_SPLIT_BYTES or more split their panels between the threads, not
+# their rows: each thread then streams half the weights from memory instead
+# of all of them (ResNet-50's last stage at batch 1: 49 rows, 2.4 MB of
+# weights a layer). 0: never.
+cdef Py_ssize_t _panel_split_rows = 64
+cdef Py_ssize_t _PANEL_SPLIT_BYTES = 1 << 19
+
+
+cdef inline bint _split_panels(Py_ssize_t m, Py_ssize_t k, Py_ssize_t n) noexcept nogil:
+    return m <= _panel_split_rows and cb_q_packed_bytes(k, n) >= _PANEL_SPLIT_BYTES
+
+
+def _panel_split(rows=None):
+    """Set (for tests and benchmarks) the most rows of a product whose
+    large weights split by panels (0: never); returns the previous value."""
+    global _panel_split_rows
+    old = _panel_split_rows
+    if rows is not None:
+        _panel_split_rows = rows
+    return old
+
+
 cdef void _gemm_part(int level, const uint8_t* a, Py_ssize_t lda, Py_ssize_t m, Py_ssize_t k,
                      const uint8_t* packed, Py_ssize_t npan, Py_ssize_t n,
                      const cb_q_epilogue* e, int t, int parts, bint by_rows) noexcept nogil:
@@ -625,7 +648,7 @@ def conv(x, packed, vectors, kernel_size, strides=(1, 1), dilation=(1, 1),
     cdef double work = _gemm_work(m, n, k)
     cdef int parts = team_parts(work), nt = threads_for(work), t
     cdef Py_ssize_t mc = cb_q_conv_block_rows(k)
-    if m < 16 * parts or m <= mc:
+    if m < 16 * parts or m <= mc or _split_panels(m, k, n):
         # a few rows: the product splits its panels between the threads
         patches = im2col(x, (kh, kw), (sh, sw), (dh, dw), pads, e.za)
         return gemm_prepared(patches, packed, vectors, e.za, activation, out_scale,

@@ -801,3 +801,33 @@ def test_max_middle_bad_arguments():
         qgemm.max_middle(np.zeros((2, 3, 8), np.uint8)[:, :, ::2])
     with pytest.raises(ValueError, match="middle axis is empty"):
         qgemm.max_middle(np.zeros((2, 0, 4), np.uint8))
+
+
+def test_few_rows_with_large_weights_split_panels_to_the_same_bits(rng):
+    # up to 64 rows with 512 kB of packed weights or more split the panels
+    # between the threads (each streams half the weights), products and
+    # convolutions alike; the sums are exact, so the bits stay
+    a, w, sb, bias = rand_case(rng, 49, 1030, 520)
+    packed = qgemm.pack_weights(w)
+    x = rng.integers(0, 256, (1, 7, 7, 120), dtype=np.uint8)
+    wc = rng.integers(-128, 128, (9 * 120, 512), dtype=np.int8)
+    packed_c = qgemm.pack_weights(wc)
+    vectors = qgemm.epilogue_vectors(0.02, rng.uniform(1e-3, 1e-2, 512).astype(np.float32))
+    assert packed.nbytes >= 1 << 19 and packed_c.nbytes >= 1 << 19
+    want = ref_gemm(a, w, 0.02, 7, sb, bias, "relu", 0.05, 3)
+    got = {}
+    old = qgemm._panel_split()
+    saved = K.get_num_threads()
+    try:
+        for rows in (64, 0):
+            qgemm._panel_split(rows)
+            for threads in (1, 2, 3):
+                K.set_num_threads(threads)
+                assert same_bits(qgemm.gemm(a, packed, 0.02, 7, sb, bias, "relu", 0.05, 3), want)
+                y = qgemm.conv(x, packed_c, vectors, (3, 3), pads=((1, 1), (1, 1)), zero_a=5,
+                               activation="relu")
+                assert same_bits(y, got.setdefault("conv", y))
+    finally:
+        qgemm._panel_split(old)
+        K.set_num_threads(saved)
+    assert qgemm._panel_split() == old
