@@ -267,7 +267,7 @@ def join_depthwise_blocks(steps, targets):
 
 
 def join_sole_readers(steps, targets):
-    """Each step whose one output only the step after it reads, with that
+    """Each step whose one output one other step alone reads, with that
     reader, as one step where the maker's op takes the reader in (its
     ``join_reader`` hook: an int8 1-D convolution and a max over its
     positions, ops/quantized_extreme.py). The joined step takes the reader's
