@@ -477,7 +477,29 @@ cdef object _epilogue(str fname, cb_q_epilogue* e, vectors, Py_ssize_t n, zero_a
     else:
         out = np.empty(shape, dtype=np.float32)
         e.out_f = <float*>cnp.PyArray_DATA(out)
+    if quantized and not keep_float and _fold_activations and e.q_zero == 0 and \
+            (e.act == 1 or (e.act == 2 and (<float>6.0) / e.q_scale >= <float>255.0)):
+        # Codes only, of zero point 0: the codes' clamp to [0, 255] does the
+        # activation's work, to the bit. Below 0 (and NaN) both give code 0;
+        # past 6, relu6 gives 6 and 6 / out_scale already reaches 255 (the
+        # division rounds monotonically), so the code is 255 either way. The
+        # epilogue is bound by its float operations: two fewer of about eight.
+        e.act = 0
     return out
+
+
+# Whether _epilogue drops an activation the codes' clamp does (above); off,
+# to compare, in tests.
+cdef bint _fold_activations = True
+
+
+def _fold_activation(on=None):
+    """Set (True / False) or read (None) whether uint8 epilogues of zero
+    point 0 leave relu / relu6 to the codes' clamp; returns the setting."""
+    global _fold_activations
+    if on is not None:
+        _fold_activations = bool(on)
+    return bool(_fold_activations)
 
 
 cdef object _residual(str fname, cb_q_epilogue* e, residual, Py_ssize_t m, Py_ssize_t n):

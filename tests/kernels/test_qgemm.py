@@ -831,3 +831,44 @@ def test_few_rows_with_large_weights_split_panels_to_the_same_bits(rng):
         qgemm._panel_split(old)
         K.set_num_threads(saved)
     assert qgemm._panel_split() == old
+
+
+@pytest.mark.parametrize("act", ["relu", "relu6"])
+@pytest.mark.parametrize("out_scale", [6 / 255, 0.02, 0.03, 1e-3])
+def test_codes_of_zero_point_0_leave_the_activation_to_their_clamp(each_set, act, out_scale):
+    # relu, and relu6 where 6 / out_scale reaches 255, are dropped from an
+    # epilogue that writes only codes of zero point 0; the codes keep their
+    # bits: sums around 0 and 6 on either side, large ones, both signs of
+    # scale, with a residual of codes and in a depthwise convolution
+    rng = np.random.default_rng(3)
+    k, n = 8, 40
+    w = np.zeros((k, n), np.int8)
+    w[0] = np.arange(-20, 20)
+    w[1, ::3] = 127
+    a = np.array([[1] * k, [3] * k, [0] * k, [255] * k, [2] * k], np.uint8)
+    sb = np.full(n, 0.01, np.float32) * np.where(np.arange(n) % 4 == 0, -1, 1)
+    bias = np.linspace(-6.5, 6.5, n).astype(np.float32)
+    packed = qgemm.pack_weights(w)
+    res_codes = rng.integers(0, 256, (5, n), dtype=np.uint8)
+    x = rng.integers(0, 256, (1, 6, 7, n), dtype=np.uint8)
+    dw = qgemm.pack_depthwise(rng.integers(-128, 128, (3, 3, n), dtype=np.int8))
+    got = {}
+    try:
+        for fold in (True, False):
+            assert qgemm._fold_activation(fold) == fold
+            vectors = qgemm.epilogue_vectors(1.0, sb, bias)
+            call = qgemm.ProductCall(packed, vectors, 1, act, out_scale, 0)
+            dcall = qgemm.DepthwiseCall(dw, qgemm.epilogue_vectors(0.05, sb, bias), n, 9, (3, 3),
+                                        pads=((1, 1), (1, 1)), activation=act,
+                                        out_scale=out_scale, out_zero_point=0)
+            got[fold] = (qgemm.gemm(a, packed, 1.0, 1, sb, bias, act, out_scale, 0),
+                         call(a), call(a, (res_codes, 0.05, 7)), dcall(x),
+                         qgemm.gemm_prepared(a, packed, vectors, 1, act, out_scale, 0,
+                                             keep_float=True)[1])
+    finally:
+        qgemm._fold_activation(True)
+    want = ref_gemm(a, w, 1.0, 1, sb, bias, act, out_scale, 0)
+    for y in (got[True][0], got[True][1], got[True][4]):
+        assert same_bits(y, want)
+    for y, y_off in zip(got[True], got[False]):
+        assert same_bits(y, y_off)
