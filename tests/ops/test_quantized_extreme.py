@@ -1,123 +1,70 @@
 """cyback.ops.quantized_extreme: an int8 1-D convolution and the max / min
-over its positions joined into one step of an inference plan (a text CNN's
-Conv1D + GlobalMaxPooling1D). The plan's results keep their bits against
-the same plan with the two steps apart, for each padding, stride, batch
-size and output kind; the steps stay apart where the join does not hold."""
-import pickle
-
-import keras
+over its positions as one step of an inference plan, built from the ops
+(tests/quantization/test_conv_extreme_plans.py runs quantized Keras models):
+the same bits as the two steps, which stay apart where the join does not
+hold; no gradient."""
 import numpy as np
 import pytest
 
-import cyback
+import cyback as K
 from cyback.graph import optimize
+from cyback.ops import quantized as qops
 from cyback.ops.quantized_extreme import QuantizedConvExtreme
 
-K = keras.backend
+
+def _conv(x, rng, filters=9, window=(3,), strides=(1,), dilation=(1,), padding="valid"):
+    w = rng.integers(-127, 128, window + (x.shape[-1], filters), dtype=np.int8)
+    scale = (rng.uniform(1e-3, 1e-2, filters) * np.where(rng.random(filters) < 0.3, -1, 1))
+    bias = rng.standard_normal(filters).astype(np.float32)
+    op = qops.QuantizedConv(1, filters, window, strides, dilation, padding, 0.03, 77, "relu")
+    return op(x, qops.PackInt8()(K.variable(w, dtype="int8")),
+              qops.EpilogueVectors(0.03)(K.variable(scale.astype(np.float32)),
+                                         K.variable(bias)))
 
 
-def _text_cnn(padding='valid', strides=1, dilation=1, pooled=None, head=True, filters=12):
-    inp = keras.layers.Input((30,), dtype='int32')
-    x = keras.layers.Embedding(50, 8)(inp)
-    x = keras.layers.Conv1D(filters, 3, strides=strides, padding=padding,
-                            dilation_rate=dilation, activation='relu')(x)
-    x = (pooled or keras.layers.GlobalMaxPooling1D())(x)
-    if head:
-        x = keras.layers.Dense(3, activation='softmax')(x)
-    return keras.models.Model(inp, x)
-
-
-def _quantized(model, seed=5):
-    rng = np.random.RandomState(seed)
-    # a bias and kernel signs that make both the greatest and least sums matter
-    for layer in model.layers:
-        if isinstance(layer, keras.layers.Conv1D):
-            w, b = layer.get_weights()
-            layer.set_weights([w, rng.normal(0, 0.3, b.shape)])
-    data = rng.randint(0, 50, (16, 30)).astype('int32')
-    return cyback.quantize(model, data), data
-
-
-def _functions(q, monkeypatch):
-    joined = K.function(q.inputs, q.outputs)
+def _both(inputs, outputs, monkeypatch):
+    joined = K.function(inputs, outputs)
     with monkeypatch.context() as m:
-        m.setattr(optimize, 'join_sole_readers', lambda steps, targets: steps)
-        apart = K.function(q.inputs, q.outputs)
+        m.setattr(optimize, "join_sole_readers", lambda steps, targets: steps)
+        apart = K.function(inputs, outputs)
     return joined, apart
 
 
-def _joined_steps(f):
+def _joined(f):
     return [op for op in f.plan_ops() if isinstance(op, QuantizedConvExtreme)]
 
 
-@pytest.mark.parametrize('padding,strides', [('valid', 1), ('same', 1), ('causal', 1),
-                                             ('valid', 2), ('same', 3)])
-@pytest.mark.parametrize('head', [True, False], ids=['codes', 'float32'])
-def test_same_bits_as_the_two_steps(padding, strides, head, monkeypatch):
-    # with a Dense after it the pooled output is uint8 codes; as the model's
-    # output it is float32
-    q, data = _quantized(_text_cnn(padding, strides, head=head))
-    joined, apart = _functions(q, monkeypatch)
-    assert len(_joined_steps(joined)) == 1 and not _joined_steps(apart)
-    for rows in (data, data[:1], data[:3], data[:0]):
+@pytest.mark.parametrize("padding,strides", [("valid", 1), ("same", 1), ("causal", 1),
+                                             ("valid", 2), ("same", 3)])
+@pytest.mark.parametrize("kind,keepdims", [("max", False), ("min", True)])
+def test_same_bits_as_the_two_steps(padding, strides, kind, keepdims, rng, monkeypatch):
+    x = K.placeholder(shape=(None, 20, 6))
+    y = _conv(x, rng, strides=(strides,), padding=padding)
+    pooled = (K.max if kind == "max" else K.min)(y, axis=1, keepdims=keepdims)
+    joined, apart = _both([x], [pooled], monkeypatch)
+    assert len(_joined(joined)) == 1 and not _joined(apart)
+    assert _joined(joined)[0].describe().endswith("> %s over positions" % kind)
+    xv = (rng.standard_normal((4, 20, 6)) * 2).astype(np.float32)
+    for rows in (xv, xv[:1], xv[:0]):
         got, want = joined([rows])[0], apart([rows])[0]
-        assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), (padding, strides)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert got.tobytes() == want.tobytes()
 
 
-def test_a_min_over_positions_and_kept_dims(monkeypatch):
-    pooled = keras.layers.Lambda(lambda t: -K.min(t, axis=1, keepdims=True))
-    q, data = _quantized(_text_cnn(pooled=pooled, head=False))
-    joined, apart = _functions(q, monkeypatch)
-    (op,) = _joined_steps(joined)
-    assert op.reduce.kind == 'min' and op.describe().endswith('> min over positions')
-    got, want = joined([data])[0], apart([data])[0]
-    assert got.shape == (16, 1, 12) and got.tobytes() == want.tobytes()
-
-
-def test_steps_stay_apart_where_the_join_does_not_hold(monkeypatch):
-    # a dilated convolution's windows are not rows of its input
-    q, data = _quantized(_text_cnn(dilation=2))
-    assert not _joined_steps(K.function(q.inputs, q.outputs))
-    # the convolution's output read by another layer too
-    inp = keras.layers.Input((30,), dtype='int32')
-    x = keras.layers.Embedding(50, 8)(inp)
-    x = keras.layers.Conv1D(12, 3, activation='relu')(x)
-    model = keras.models.Model(inp, [keras.layers.GlobalMaxPooling1D()(x),
-                                     keras.layers.GlobalAveragePooling1D()(x)])
-    q, data = _quantized(model)
-    assert not _joined_steps(K.function(q.inputs, q.outputs))
-    # a max over the channels, not the positions
-    pooled = keras.layers.Lambda(lambda t: K.max(t, axis=2))
-    q, data = _quantized(_text_cnn(pooled=pooled, head=False))
-    assert not _joined_steps(K.function(q.inputs, q.outputs))
-
-
-def test_a_sequence_shorter_than_the_window_raises_as_before(monkeypatch):
-    inp = keras.layers.Input((None,), dtype='int32')
-    x = keras.layers.Embedding(50, 8)(inp)
-    x = keras.layers.Conv1D(6, 5, activation='relu')(x)
-    model = keras.models.Model(inp, keras.layers.GlobalMaxPooling1D()(x))
-    q, data = _quantized(model)
-    joined, apart = _functions(q, monkeypatch)
-    assert _joined_steps(joined)
-    assert joined([data[:, :9]])[0].tobytes() == apart([data[:, :9]])[0].tobytes()
-    with pytest.raises(ValueError, match="larger than the input"):
-        apart([data[:, :4]])
-    with pytest.raises(ValueError, match="larger than the input"):
-        joined([data[:, :4]])
-
-
-def test_the_function_pickles_after_the_step_ran():
-    q, data = _quantized(_text_cnn())
-    f = K.function(q.inputs, q.outputs)
-    want = f([data])[0]
-    (op,) = _joined_steps(f)
-    assert '_calls' in vars(op)
-    g = pickle.loads(pickle.dumps(f))
-    assert g([data])[0].tobytes() == want.tobytes()
+def test_steps_stay_apart_where_the_join_does_not_hold(rng):
+    x = K.placeholder(shape=(None, 20, 6))
+    # dilated windows are not rows of the input
+    y = _conv(x, rng, dilation=(2,))
+    assert not _joined(K.function([x], [K.max(y, axis=1)]))
+    # the convolution's output is read elsewhere too (here: an output)
+    y = _conv(x, rng)
+    assert not _joined(K.function([x], [K.max(y, axis=1), y]))
+    # a max over the channels
+    assert not _joined(K.function([x], [K.max(y, axis=2)]))
+    # a sum over the positions
+    assert not _joined(K.function([x], [K.sum(y, axis=1)]))
 
 
 def test_no_gradient():
-    op = QuantizedConvExtreme(None, None)
     with pytest.raises(TypeError, match="no gradient"):
-        op.grad([], [], [])
+        QuantizedConvExtreme(None, None).grad([], [], [])
