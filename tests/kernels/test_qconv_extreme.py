@@ -10,6 +10,8 @@ import pytest
 import cyback as K
 from cyback.kernels import qgemm, runtime
 
+from .test_qgemm import ref_gemm, same_bits
+
 
 @pytest.fixture(params=qgemm.INSTRUCTION_SETS)
 def each_set(request):
@@ -32,25 +34,12 @@ def ref_windows(x, kw, stride):
 
 
 def ref_extreme(x, w, sa, za, sb, bias, act, out_scale, out_zero, kw, stride, kind):
-    """The epilogue of every window's exact sum in float32, then the max / min."""
-    a = ref_windows(x, kw, stride).astype(np.int64)
-    d = a @ w.astype(np.int64) - za * w.astype(np.int64).sum(axis=0)
-    y = d.astype(np.int32).astype(np.float32) * (np.float32(sa) * sb.astype(np.float32))
-    if bias is not None:
-        y = y + bias
-    if act in ("relu", "relu6"):
-        y = np.maximum(np.float32(0), y)
-    if act == "relu6":
-        y = np.minimum(np.float32(6), y)
-    if out_scale is not None:
-        v = y / np.float32(out_scale)
-        lo, hi = np.float32(-out_zero), np.float32(255 - out_zero)
-        y = (np.rint(np.clip(v, lo, hi)).astype(np.int32) + out_zero).astype(np.uint8)
+    """The epilogue of every window's exact sum (test_qgemm's reference), then
+    the max / min over the windows."""
+    a = ref_windows(x, kw, stride)
+    y = ref_gemm(a.reshape(-1, a.shape[-1]), w, sa, za, sb, bias, act, out_scale, out_zero)
+    y = y.reshape(a.shape[0], a.shape[1], -1)
     return y.max(axis=1) if kind == "max" else y.min(axis=1)
-
-
-def same_bits(x, y):
-    return x.shape == y.shape and x.dtype == y.dtype and x.tobytes() == y.tobytes()
 
 
 def rand_case(rng, b, w, c, kw, n, negative=0.3, with_bias=True):
