@@ -56,7 +56,7 @@ class QuantizedConvExtreme(Op):
             (before, after), = conv._pads(q.shape[1:2])
             if before or after:
                 q = np.pad(q, ((0, 0), (before, after), (0, 0)), constant_values=conv.in_zero)
-        if q.ndim != 3 or q.shape[1] < conv.kernel_size[0] or q.shape[1] == 0:
+        if q.ndim != 3 or q.shape[1] < conv.kernel_size[0]:
             # no window (the convolution says why) or an odd input: the two steps
             return self.reduce.compute(conv.compute(x, packed, vectors)[0])
         y = self._call(q.shape[2], packed, vectors)(q)

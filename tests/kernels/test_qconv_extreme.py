@@ -7,10 +7,9 @@ thread and team invariance, and the argument checks."""
 import numpy as np
 import pytest
 
-import cyback as K
-from cyback.kernels import qgemm, runtime
+from cyback.kernels import qgemm
 
-from .test_qgemm import ref_gemm, same_bits
+from .test_qgemm import ref_gemm, same_bits, thread_and_team_states
 
 
 @pytest.fixture(params=qgemm.INSTRUCTION_SETS)
@@ -93,19 +92,10 @@ def test_results_do_not_depend_on_threads_or_the_team(rng):
     call = qgemm.WindowExtremeCall(packed, vectors, 20, 3, 1, 5, "relu", 0.02, 0)
     want = ref_extreme(x, wt, 0.03, 5, sb, bias, "relu", 0.02, 0, 3, 1, "max")
     one = x[1:2]
-    saved = K.get_num_threads()
-    try:
-        for threads in (1, 2, 3, 5):
-            K.set_num_threads(threads)
-            for forced in (1, 2, None):
-                runtime.force_team_threads(forced)
-                runtime.team_rest()
-                # three sequences split whole, or one split by its windows
-                assert same_bits(call(x), want)
-                assert same_bits(call(one), want[1:2])
-    finally:
-        runtime.force_team_threads(None)
-        K.set_num_threads(saved)
+    for _ in thread_and_team_states():
+        # three sequences split whole, or one split by its windows
+        assert same_bits(call(x), want)
+        assert same_bits(call(one), want[1:2])
 
 
 def test_odd_inputs(rng):

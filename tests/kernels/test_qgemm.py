@@ -304,6 +304,23 @@ def test_float_output_activation_edges(each_set):
     assert same_bits(relu, np.array([0.0, 0.0, 5.999, 6.0, 6.5, np.nan], np.float32))
 
 
+def thread_and_team_states():
+    """Each thread count (1, 2, 3, 5) with the team forced to 1 or 2 threads
+    or left to decide, from rest; the thread count and the team's setting
+    are restored after (or when the loop stops on a failure)."""
+    saved = K.get_num_threads()
+    try:
+        for threads in (1, 2, 3, 5):
+            K.set_num_threads(threads)
+            for forced in (1, 2, None):
+                runtime.force_team_threads(forced)
+                runtime.team_rest()
+                yield threads, forced
+    finally:
+        runtime.force_team_threads(None)
+        K.set_num_threads(saved)
+
+
 def test_results_do_not_depend_on_threads_or_the_team(rng):
     a, w, sb, bias = rand_case(rng, 97, 203, 150)
     packed = qgemm.pack_weights(w)
@@ -311,18 +328,10 @@ def test_results_do_not_depend_on_threads_or_the_team(rng):
     want = ref_gemm(a, w, 0.02, 7, sb, bias, "relu")
     want_row = ref_gemm(row, w, 0.02, 7, sb, bias, "relu")
     want_q = ref_gemm(a, w, 0.02, 7, sb, bias, "relu", 0.03, 0)
-    try:
-        for threads in (1, 2, 3, 5):
-            K.set_num_threads(threads)
-            for forced in (1, 2, None):
-                runtime.force_team_threads(forced)
-                runtime.team_rest()
-                assert same_bits(qgemm.gemm(a, packed, 0.02, 7, sb, bias, "relu"), want)
-                assert same_bits(qgemm.gemm(row, packed, 0.02, 7, sb, bias, "relu"), want_row)
-                assert same_bits(qgemm.gemm(a, packed, 0.02, 7, sb, bias, "relu", 0.03, 0),
-                                 want_q)
-    finally:
-        runtime.force_team_threads(None)
+    for _ in thread_and_team_states():
+        assert same_bits(qgemm.gemm(a, packed, 0.02, 7, sb, bias, "relu"), want)
+        assert same_bits(qgemm.gemm(row, packed, 0.02, 7, sb, bias, "relu"), want_row)
+        assert same_bits(qgemm.gemm(a, packed, 0.02, 7, sb, bias, "relu", 0.03, 0), want_q)
 
 
 # ---------------------------------------------------------------- packing
