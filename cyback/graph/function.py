@@ -27,11 +27,12 @@ import threading
 import numpy as np
 
 from cyback import config
-from cyback.graph import calls, collector, limits, optimize
+from cyback.graph import binding, calls, collector, limits, optimize, plan_source
 from cyback.graph import profile as _profile
 from cyback.graph import tensor as tensor_mod
 from cyback.graph.codegen import Namer, inline_call
 from cyback.graph.frozen import Frozen
+from cyback.graph.plan_source import StepSource
 from cyback.graph.shapes import format_shape
 from cyback.graph.tensor import (
     Constant,
@@ -112,6 +113,10 @@ class _Plan(object):
         self.step_lines = step_lines
         self.steps = steps
         self.large_rows = _rows_for_large_blocks(steps)
+        # generated file name -> (source, step_lines), for every variant
+        self.sources = {}
+        # the bound variants (graph/binding.py), for a plan whose steps bind
+        self.binding = None
 
     def takes_large_blocks(self, feeds):
         """Whether a call on ``feeds`` may allocate an array large enough for
@@ -305,32 +310,35 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
             last_use[x.id] = i
     keep = {t.id for t in targets}
 
-    lines = ["def run(%s):" % ", ".join(args)] + prologue
-    step_lines = {}
+    body = []
+    may_bind = n_outputs is not None and not any(isinstance(op, Assign) for op, _, _ in steps)
     for i, (op, ins, outs) in enumerate(steps):
         fname = "f%d" % i
         needed = tuple(o.id in last_use or o.id in keep for o in outs)
         node = outs[0].node
-        step_lines[len(lines) + 1] = (op, node.call if node is not None else None)
-        inline = _inline_step(op, ins, outs, ns, name_of)
-        if inline is not None:
-            lines.append("    %s = %s  # %s" % (name_of(outs[0]), inline, _op_label(op)))
-        else:
-            ns[fname] = op.compute_for(needed) if hasattr(op, "compute_for") else op.compute
-            outs_src = ", ".join(name_of(o) if n else "_" for o, n in zip(outs, needed))
-            # The comment names the op in tracebacks (see _annotate).
-            args_src = ", ".join(name_of(x) for x in ins)
-            lines.append("    %s, = %s(%s)  # %s" % (outs_src, fname, args_src, _op_label(op)))
+        where = (op, node.call if node is not None else None)
+        args_src = [name_of(x) for x in ins]
         dead = []
         for x in ins:
             if last_use.get(x.id) == i and x.id not in keep and type(x) is not Constant:
                 x_name = name_of(x)
                 if x_name not in dead:     # an input read twice is deleted once
                     dead.append(x_name)
-        if dead:
-            lines.append("    del " + ", ".join(dead))
+        inline = _inline_step(op, ins, outs, ns, name_of)
+        # The comment names the op in tracebacks (see _annotate).
+        if inline is not None:
+            body.append(StepSource("%s = %s" % (name_of(outs[0]), inline), dead,
+                                   _op_label(op), where))
+            continue
+        ns[fname] = op.compute_for(needed) if hasattr(op, "compute_for") else op.compute
+        outs_src = ", ".join(name_of(o) if n else "_" for o, n in zip(outs, needed))
+        bind = getattr(op, "bind", None) if may_bind and len(outs) == 1 and needed[0] \
+            else None
+        body.append(StepSource("%s, = %s(%s)" % (outs_src, fname, ", ".join(args_src)), dead,
+                               _op_label(op), where, bind, fname, name_of(outs[0]),
+                               args_src))
     if n_outputs is None:
-        lines.append("    return (%s)" % "".join(name_of(t) + ", " for t in targets))
+        epilogue = ["    return (%s)" % "".join(name_of(t) + ", " for t in targets)]
     else:
         ns["_out"], ns["_copy"] = _to_output, _copy_value
         outs_src = []
@@ -341,12 +349,16 @@ def _build_plan(inputs, targets, givens, name, n_outputs=None):
             if t.ndim == 0:
                 src = "_out(%s)" % src
             outs_src.append(src)
-        lines.append("    return [%s], (%s)" % (", ".join(outs_src), "".join(
-            name_of(t) + ", " for t in targets[n_outputs:])))
-    src = "\n".join(lines) + "\n"
+        epilogue = ["    return [%s], (%s)" % (", ".join(outs_src), "".join(
+            name_of(t) + ", " for t in targets[n_outputs:]))]
+    src, step_lines = plan_source.source(args, prologue, body, epilogue)
     filename = "<cyback function %s #%d>" % (name or "", next(_plan_ids))
     exec(compile(src, filename, "exec"), ns)
-    return _Plan(ns["run"], feed_slots, variables, step_lines, steps, src, frozen, targets)
+    plan = _Plan(ns["run"], feed_slots, variables, step_lines, steps, src, frozen, targets)
+    plan.sources[filename] = (src, step_lines)
+    if any(s.bind is not None for s in body):
+        plan.binding = binding.Binding(plan, ns, args, prologue, body, epilogue, filename)
+    return plan
 
 
 def _inline_step(op, ins, outs, ns, name_of):
@@ -606,7 +618,9 @@ def _run_plan(plan, feeds):
         # on a frame stack chunk of the thread's own: a plan's hundreds of
         # Python calls otherwise cost an mmap each when the caller stands near
         # the end of one of CPython's (kernels/datastack.pyx)
-        return datastack.call(plan.run, tuple(feeds))
+        bound = plan.binding
+        run = bound.run if bound is not None and binding._state["enabled"] else plan.run
+        return datastack.call(run, tuple(feeds))
     except Exception as e:
         new = _annotate(e, plan)
         if new is e:
@@ -647,13 +661,15 @@ def _annotate(e, plan):
     step, filename = None, None
     while tb is not None:
         code = tb.tb_frame.f_code
-        if code.co_name == "run" and code.co_filename.startswith("<cyback function"):
-            step, filename = plan.step_lines.get(tb.tb_lineno), code.co_filename
+        if code.co_name == "run" and code.co_filename in plan.sources:
+            filename = code.co_filename
+            step = plan.sources[filename][1].get(tb.tb_lineno)
         tb = tb.tb_next
     if filename is not None and filename not in linecache.cache:
         # Only failing plans are registered: linecache never drops such
         # entries, and most plans never fail.
-        linecache.cache[filename] = (len(plan.src), None, plan.src.splitlines(True), filename)
+        src = plan.sources[filename][0]
+        linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     if step is None:
         return e
     op, call = step

@@ -235,6 +235,30 @@ class Fused(Op):
             out = self._run_members(arrays)
         return (out,)
 
+    def bind(self, inputs):
+        """The step's direct call (Op.bind): the base op's kernel with the
+        epilogue it applies itself (``bind_epilogue``), or the element-wise
+        program of a step without a base op (called with its operands as a
+        list); None otherwise."""
+        spec = self._kernel_args
+        if spec is None:
+            if self.base is None:
+                return self.program, tuple(range(len(inputs))), True
+            return None
+        hook = getattr(self.base, "bind_epilogue", None)
+        if hook is None:
+            return None
+        bias, res, act = spec
+        made = hook(inputs[:self.n_base], None if bias is None else inputs[bias], act,
+                    None if res is None else inputs[res])
+        if made is None:
+            return None
+        call, positions, _ = made
+        # positions past the base op's inputs are its bias and residual
+        step = [p if p is None or p < self.n_base else (bias, res)[p - self.n_base]
+                for p in positions]
+        return call, tuple(step), False
+
     def block_stage(self, inputs):
         """The base op's stage of a depthwise block (its ``block_stage`` hook,
         ops/depthwise_block.py) with the epilogue its kernel applies, given

@@ -46,6 +46,17 @@ same way). Plans (``graph/function.py``, ``graph/optimize.py``):
   the step then runs its program). Conv and depthwise add after the sum, as
   the ops do; TensorDot's bias is its GEMM's initial value, and a product of
   a few rows applies relu / relu6 too, so it declines exact fusion.
+- ``bind(arrays)``: for an inference plan's later calls on arrays of the
+  shapes of ``arrays`` (the step's inputs a run just computed from): ``(call,
+  positions, listed)``, where ``call`` taking the inputs at ``positions``
+  (None passes None), as a list if ``listed``, returns what compute's one
+  output would be, through the same kernel (the same bits), or None when
+  the arrays it gets do not fit (the step then runs compute). None when the
+  op has no such call. The call must check what memory safety needs itself
+  and keep no array: a bound plan (graph/binding.py) hands it whatever a
+  later call brings. ``bind_epilogue(inputs, bias, activation, residual)``
+  is the same for ``compute_epilogue`` (a fused step's base op), positions
+  past the inputs being the bias and the residual.
 
 Loops (``ops/scan.py``: ``scan_trace``, ``scan_program``, ``scan_backward``):
 

@@ -19,7 +19,7 @@ from libc.limits cimport INT_MAX
 
 from cyback.kernels._blas cimport floating, gemm
 from cyback.kernels.runtime cimport team_done, team_parts, threads_for
-from cyback.kernels._arrays cimport fits_layout
+from cyback.kernels._arrays cimport fits, fits_layout
 from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, check_interrupt
 from cyback.kernels.conv import forward_call
 

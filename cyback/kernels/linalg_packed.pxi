@@ -96,21 +96,25 @@ def packed_product(x, packed, Py_ssize_t n, bias=None, residual=None, int act=0)
             if act == 2:
                 np.minimum(y, 6, out=y)
         return y
+    _packed_run(<const float*> cnp.PyArray_DATA(<cnp.ndarray> x),
+                x.strides[0] // 4 if m > 1 else k, m, k, n, P,
+                <const float*> cnp.PyArray_DATA(<cnp.ndarray> packed),
+                NULL if bias is None else <const float*> cnp.PyArray_DATA(<cnp.ndarray> bias),
+                NULL if residual is None else
+                <const float*> cnp.PyArray_DATA(<cnp.ndarray> residual),
+                0 if residual is None else (residual.strides[0] // 4 if m > 1 else n),
+                act, <float*> cnp.PyArray_DATA(y))
+    return y
+
+
+cdef void _packed_run(const float* x, Py_ssize_t ldx, Py_ssize_t m, Py_ssize_t k,
+                      Py_ssize_t n, Py_ssize_t P, const float* packed, const float* b,
+                      const float* res, Py_ssize_t ldr, int act, float* y):
+    # y (m, n), rows n apart, = act(x @ w + b + res) for m, k > 0
     cdef cb_pg_args g
-    g.x = <const float*> cnp.PyArray_DATA(<cnp.ndarray> x)
-    g.ldx = x.strides[0] // 4 if m > 1 else k
-    g.k, g.n, g.P = k, n, P
-    g.packed = <const float*> cnp.PyArray_DATA(<cnp.ndarray> packed)
-    g.b = NULL
-    g.res = NULL
-    if bias is not None:
-        g.b = <const float*> cnp.PyArray_DATA(<cnp.ndarray> bias)
-    if residual is not None:
-        g.res = <const float*> cnp.PyArray_DATA(<cnp.ndarray> residual)
-    g.ldr = 0 if residual is None else (residual.strides[0] // 4 if m > 1 else n)
-    g.y = <float*> cnp.PyArray_DATA(y)
-    g.ldy = n
-    g.act = act
+    g.x, g.ldx, g.k, g.n, g.P = x, ldx, k, n, P
+    g.packed, g.b, g.res, g.ldr = packed, b, res, ldr
+    g.y, g.ldy, g.act = y, n, act
     cdef cb_pg_plan q = cb_pg_plan_for(m, P)
     cdef Py_ssize_t items = cb_pg_items(&q), i
     cdef int nt = threads_for(_matmul_work(m, n, k))
@@ -124,4 +128,82 @@ def packed_product(x, packed, Py_ssize_t n, bias=None, residual=None, int act=0)
             for i in range(items):
                 cb_pg_item(&g, &q, i)
     team_done(nt)
-    return y
+
+
+@cython.final
+cdef class PackedProductCall:
+    """``call(x, packed, bias=None, residual=None)``: packed_product for
+    one shape of x (its leading axes the rows, its last ``nk`` the inner
+    axis) and one epilogue, C-contiguous arrays throughout (a bias of n
+    values, a residual shaped like the output); None when the arrays do
+    not fit, the caller then takes its own path. A plan's bound step
+    (graph/binding.py) calls it without the op's reshapes and checks."""
+    cdef tuple x_shape, p_shape
+    cdef cnp.npy_intp y_dims[32]
+    cdef int y_ndim, act
+    cdef Py_ssize_t m, k, n
+    cdef bint has_bias, has_res
+
+    def __call__(self, x, packed, bias=None, residual=None):
+        if not cb_pg_available() or not fits(x, cnp.NPY_FLOAT, self.x_shape) or \
+                not fits(packed, cnp.NPY_FLOAT, self.p_shape) or \
+                (bias is None) == self.has_bias or (residual is None) == self.has_res:
+            return None
+        if bias is not None and not (fits_layout(bias, cnp.NPY_FLOAT) and
+                                     cnp.PyArray_SIZE(<cnp.ndarray> bias) == self.n):
+            return None
+        cdef cnp.ndarray y = cnp.PyArray_EMPTY(self.y_ndim, self.y_dims, cnp.NPY_FLOAT, 0)
+        if residual is not None and not (fits_layout(residual, cnp.NPY_FLOAT) and
+                                         _same_shape(<cnp.ndarray> residual, y)):
+            return None
+        _packed_run(<const float*> cnp.PyArray_DATA(<cnp.ndarray> x), self.k, self.m, self.k,
+                    self.n, self.p_shape[0],
+                    <const float*> cnp.PyArray_DATA(<cnp.ndarray> packed),
+                    NULL if bias is None else <const float*> cnp.PyArray_DATA(<cnp.ndarray> bias),
+                    NULL if residual is None else
+                    <const float*> cnp.PyArray_DATA(<cnp.ndarray> residual),
+                    self.n, self.act, <float*> cnp.PyArray_DATA(y))
+        return y
+
+
+def packed_product_call(x_shape, Py_ssize_t k, Py_ssize_t n, y_shape, bint has_bias,
+                        bint has_res, int act):
+    """A PackedProductCall for x of ``x_shape`` (rows of ``k``) giving an
+    output of ``y_shape`` (rows of ``n``), with or without a bias and a
+    residual, and activation ``act`` (0, 1 relu, 2 relu6)."""
+    cdef PackedProductCall call = PackedProductCall()
+    cdef int i
+    x_shape = tuple(int(d) for d in x_shape)
+    y_shape = tuple(int(d) for d in y_shape)
+    if not 1 <= len(y_shape) <= 32 or act < 0 or act > 2 or k < 1 or n < 1:
+        raise ValueError("packed_product_call: output %s, k %d, n %d, act %d not supported"
+                         % (y_shape, k, n, act))
+    call.x_shape = x_shape
+    call.y_ndim = len(y_shape)
+    for i in range(call.y_ndim):
+        call.y_dims[i] = y_shape[i]
+    call.k, call.n = k, n
+    call.m = _prod(y_shape) // n
+    if call.m < 1 or call.m * n != _prod(y_shape) or call.m * k != _prod(x_shape):
+        raise ValueError("packed_product_call: x %s and output %s are not rows of %d and %d"
+                         % (x_shape, y_shape, k, n))
+    call.p_shape = ((call.n + PANEL - 1) // PANEL, k, PANEL)
+    call.has_bias, call.has_res, call.act = has_bias, has_res, act
+    return call
+
+
+cdef Py_ssize_t _prod(tuple shape) except -1:
+    cdef Py_ssize_t p = 1, d
+    for d in shape:
+        p *= d
+    return p
+
+
+cdef bint _same_shape(cnp.ndarray a, cnp.ndarray b):
+    cdef int i
+    if cnp.PyArray_NDIM(a) != cnp.PyArray_NDIM(b):
+        return False
+    for i in range(cnp.PyArray_NDIM(a)):
+        if cnp.PyArray_DIM(a, i) != cnp.PyArray_DIM(b, i):
+            return False
+    return True

@@ -322,6 +322,18 @@ _DECLARED = [
         readers=("cyback/graph/optimize.py",), in_code="cyback.set_graph_optimizer(False)",
         details="See [the optimizer](optimizer.md)."),
     Setting(
+        "CYBACK_BIND_STEPS", "choice", True,
+        "`0` keeps compiled functions on their plain plans: no step is bound to its "
+        "kernel's prepared call.",
+        group="Graphs", read=IMPORT, choices=("0", "1"), values=_ON_OFF,
+        readers=("cyback/graph/binding.py",),
+        in_code="cyback.graph.binding.set_enabled(False)",
+        details="An inference function called twice in a row on inputs of the same shapes "
+                "binds its steps: later calls of those shapes run each convolution, "
+                "pooling and packed product through the kernel call its op would reach "
+                "through a few layers of Python checks, with the same results to the bit. "
+                "See [the optimizer](optimizer.md)."),
+    Setting(
         "CYBACK_RESIZE_HALF_PIXEL_CENTERS", "flag", False,
         "`1` makes bilinear `resize_images` sample at pixel centres, as TF 2's "
         "`tf.image.resize` does.",

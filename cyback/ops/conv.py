@@ -282,6 +282,23 @@ class Geometry(object):
                 return y
         return self.forward(x, k, bias, activation, residual)
 
+    def prepared(self, x, k, bias=None, activation=None, residual=None):
+        """The prepared kernel call ``forward`` runs these arrays on (after a
+        run on them made it), or None: ``call(x, k, bias, residual)`` for
+        conv, ``call(x, k, bias)`` for depthwise."""
+        if self.family == "local" or x.dtype.char not in "fd" or k.dtype != x.dtype or \
+                (residual is not None and self.family != "conv") or 0 in x.shape:
+            return None
+        return self._calls.get((x.shape, k.shape, x.dtype, bias is None, residual is None,
+                                activation))
+
+    def packed_prepared(self, x, k, bias=None, activation=None, residual=None):
+        """The packed product's prepared call ``forward_packed`` runs these
+        arrays on, ``call(x, packed, bias, residual)``, or None (none made
+        yet, or the packed rule declines the shapes)."""
+        return self._packed_calls.get((x.shape, x.dtype, k.shape, bias is None,
+                                       residual is None, activation))
+
     def _forward_call(self, x, k, bias, residual, activation):
         """The kernel's prepared call for these arguments' shapes, after the
         checks (the Keras name in their errors)."""
@@ -458,6 +475,17 @@ class Conv(Op):
             return None
         return self.geom.forward(x, k, bias, activation, residual)
 
+    def bind(self, inputs):
+        """A plan step's direct call (Op.bind): the kernel's prepared call."""
+        return self.bind_epilogue(inputs, None, None, None)
+
+    def bind_epilogue(self, inputs, bias, activation, residual):
+        """The direct call of ``compute_epilogue(inputs, bias, activation,
+        residual)`` for arrays like these (Fused.bind): ``(call, positions,
+        False)``, the positions over ``inputs + [bias, residual]``, or None."""
+        return _bind_direct(self.geom, inputs[0], inputs[1], bias, activation, residual,
+                            len(inputs))
+
     def block_stage(self, inputs, bias=None, residual=None, activation=None):
         """What this convolution, then + bias + residual and the activation,
         can be in a depthwise block of an inference plan (ops/
@@ -485,6 +513,26 @@ class Conv(Op):
         x, k = inputs
         g = grads[0]
         return [conv_input(self.geom, g, k, x), conv_kernel(self.geom, x, g, k)]
+
+
+def _bind_direct(g, x, k, bias, activation, residual, n_inputs):
+    """``(call, positions)`` of the direct kernel's prepared call on these
+    arrays, the positions over the step's ``n_inputs`` inputs followed by
+    bias and residual; None where forward takes another path."""
+    if (bias is not None and bias.ndim != 1) or not g.epilogue_fits(x, k, bias, residual):
+        return None
+    call = g.prepared(x, k, bias, activation, residual)
+    if call is None:
+        return None
+    return call, _trimmed((0, 1, None if bias is None else n_inputs,
+                           None if residual is None else n_inputs + 1)), False
+
+
+def _trimmed(positions):
+    # trailing None arguments are the calls' defaults
+    while positions and positions[-1] is None:
+        positions = positions[:-1]
+    return positions
 
 
 def _absorbed_pads(g, made):
@@ -554,6 +602,22 @@ class PackedConv(Op):
 
     def block_stage(self, inputs, bias=None, residual=None, activation=None):
         return BlockStage.of(self.geom, inputs[0], inputs[1], bias, residual, activation)
+
+    def bind(self, inputs):
+        return self.bind_epilogue(inputs, None, None, None)
+
+    def bind_epilogue(self, inputs, bias, activation, residual):
+        """As Conv.bind_epilogue: the packed product's prepared call, or the
+        direct kernel's where the packed rule declines these shapes."""
+        x, k, packed = inputs
+        if x.dtype != np.float32 or (bias is not None and bias.ndim != 1) or \
+                not self.geom.epilogue_fits(x, k, bias, residual):
+            return None
+        call = self.geom.packed_prepared(x, k, bias, activation, residual)
+        if call is None:
+            return _bind_direct(self.geom, x, k, bias, activation, residual, 3)
+        return call, _trimmed((0, 2, None if bias is None else 3,
+                               None if residual is None else 4)), False
 
     def compute_epilogue(self, inputs, bias, activation, residual=None):
         x, k, packed = inputs

@@ -291,15 +291,23 @@ class PackedProduct(Op):
             return None
         return PackedProduct(self.nk, biased=True)(x, w, packed, b)
 
-    def _run(self, x, w, packed, bias=None, residual=None, act=0):
+    def _sizes(self, x, w, tail):
+        """(k, n, output shape, rows) when the packed kernel takes this
+        product (with a ``tail`` to apply or not), else None."""
         k = math.prod(w.shape[:self.nk])
         n = math.prod(w.shape[self.nk:])
         shape = x.shape[:x.ndim - self.nk] + w.shape[self.nk:]
         rows = math.prod(shape[:x.ndim - self.nk])
-        tail = bias is not None or residual is not None or act
         if rows > self.MAX_ROWS or (rows > self.SHORT_K_MAX_ROWS and k < self.LONG_K and
                                     not tail) or x.dtype != np.float32:
             return None
+        return k, n, shape, rows
+
+    def _run(self, x, w, packed, bias=None, residual=None, act=0):
+        sizes = self._sizes(x, w, bias is not None or residual is not None or act)
+        if sizes is None:
+            return None
+        k, n, shape, rows = sizes
         if residual is not None:
             residual = residual.reshape(rows, n)
         out = _linalg.packed_product(x.reshape(rows, k), packed, n,
@@ -328,6 +336,32 @@ class PackedProduct(Op):
         if bias is not None and bias.size != math.prod(w.shape[self.nk:]):
             return None
         return self._run(x, w, packed, bias, residual, _ACTIVATIONS[activation])
+
+    def bind(self, inputs):
+        """A plan step's direct call (Op.bind): the packed kernel's prepared
+        call for this shape of x."""
+        return self.bind_epilogue(inputs, None, None, None)
+
+    def bind_epilogue(self, inputs, bias, activation, residual):
+        """As Conv.bind_epilogue: ``(call, positions, False)`` over ``inputs
+        + [bias, residual]`` (a biased product's bias is its fourth input),
+        or None where compute_epilogue would not run the packed kernel."""
+        x, w, packed = inputs[:3]
+        bias_at = len(inputs)
+        if self.biased:
+            bias, bias_at = inputs[3], 3
+        act = _ACTIVATIONS.get(activation)
+        if act is None or (bias is not None and bias.size != math.prod(w.shape[self.nk:])) \
+                or not _linalg.packed_available():
+            return None
+        sizes = self._sizes(x, w, bias is not None or residual is not None or act)
+        if sizes is None or 0 in (sizes[0], sizes[3]) or 0 in x.shape:
+            return None
+        k, n, shape, rows = sizes
+        call = _linalg.packed_product_call(x.shape, k, n, shape, bias is not None,
+                                         residual is not None, act)
+        return call, (0, 2, None if bias is None else bias_at,
+                      None if residual is None else len(inputs) + 1), False
 
     def time_mapped(self, ins, variant):
         # x_t @ W over all steps: the same product of the (T, ...) stack

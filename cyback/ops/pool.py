@@ -122,6 +122,15 @@ class Pool(_PoolBase):
                                self.channels_last, self.mode)
         return (y.astype(x.dtype, copy=False),)
 
+    def bind(self, inputs):
+        """A plan step's direct call (Op.bind): the kernel's prepared call
+        for this window and input shape."""
+        x = inputs[0]
+        if x.dtype == np.uint8:
+            return None
+        call = _CALLS.get((self._params(), x.shape, x.dtype))
+        return None if call is None else (call, (0,), False)
+
     def _max_of_codes(self, x):
         """The max pool of uint8 codes: a kernel for channels_last 2-D, else
         NumPy, where padding takes code 0, the smallest, which never wins
