@@ -149,3 +149,57 @@ def test_the_same_bits_for_any_thread_count_and_on_every_call(rng):
         runtime.set_num_threads(saved)
     for y in two:
         np.testing.assert_array_equal(y, one)
+
+
+# ------------------------------------------------ the prepared call (bound plans)
+
+@pytest.mark.parametrize("x_shape,k,y_shape", [((1, 7), 7, (1, 5)), ((2, 3, 40), 40, (2, 3, 17)),
+                                               ((1, 4, 8), 8, (1, 4, 3, 6)),
+                                               ((5, 2, 6), 12, (5, 33))])
+@pytest.mark.parametrize("has_bias,has_res,act", [(False, False, 0), (True, False, 1),
+                                                  (True, True, 2), (False, True, 0)])
+def test_packed_product_call_gives_packed_products_bits(x_shape, k, y_shape, has_bias, has_res,
+                                                        act, rng):
+    n = int(np.prod(y_shape)) // int(np.prod(x_shape) // k)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    packed = linalg.pack_panels(w)
+    bias = rng.standard_normal(n).astype(np.float32) if has_bias else None
+    res = rng.standard_normal(y_shape).astype(np.float32) if has_res else None
+    call = linalg.packed_product_call(x_shape, k, n, y_shape, has_bias, has_res, act)
+    got = call(x, packed, bias, res)
+    rows = x.reshape(-1, k)
+    want = linalg.packed_product(rows, packed, n, bias,
+                                 None if res is None else res.reshape(-1, n), act)
+    assert got.shape == tuple(y_shape) and got.dtype == np.float32
+    np.testing.assert_array_equal(got.reshape(-1, n), want)
+    _close(got.reshape(-1, n), _reference(rows, w, bias,
+                                          None if res is None else res.reshape(-1, n), act), k)
+
+
+def test_packed_product_call_declines_arrays_that_do_not_fit(rng):
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    packed = linalg.pack_panels(rng.standard_normal((8, 5)).astype(np.float32))
+    bias = np.ones(5, np.float32)
+    call = linalg.packed_product_call((3, 8), 8, 5, (3, 5), True, False, 0)
+    assert call(x, packed, bias) is not None
+    assert call(x[:2], packed, bias) is None                       # other rows
+    assert call(x.astype(np.float64), packed, bias) is None         # other dtype
+    assert call(np.asfortranarray(x), packed, bias) is None         # not C-contiguous
+    assert call(x, packed, None) is None                            # no bias
+    assert call(x, packed, np.ones(6, np.float32)) is None          # other bias size
+    assert call(x, packed, bias, np.zeros((3, 5), np.float32)) is None   # a residual
+    wrong = linalg.pack_panels(rng.standard_normal((8, 20)).astype(np.float32))
+    assert call(x, wrong, bias) is None                             # other panels
+    with_res = linalg.packed_product_call((3, 8), 8, 5, (3, 5), False, True, 0)
+    assert with_res(x, packed, None, np.zeros((5, 3), np.float32)) is None
+
+
+@pytest.mark.parametrize("args", [((3, 8), 8, 5, (3, 5), False, False, 3),
+                                  ((3, 8), 8, 5, (4, 5), False, False, 0),
+                                  ((3, 8), 0, 5, (3, 5), False, False, 0),
+                                  ((3, 8), 8, 0, (3, 5), False, False, 0),
+                                  ((3, 8), 8, 5, (), False, False, 0)])
+def test_packed_product_call_rejects_bad_geometry(args):
+    with pytest.raises(ValueError, match="packed_product_call"):
+        linalg.packed_product_call(*args)
