@@ -26,6 +26,7 @@ library. ``exp_f32``, ``tanh_f32``, ``sigmoid_f32`` and ``erf_f32`` apply those
 rows to a whole array.
 """
 import numpy as np
+cimport cython
 cimport numpy as cnp
 from cython.parallel cimport prange, parallel
 from libc.stdlib cimport malloc, free
@@ -33,6 +34,7 @@ from libc.string cimport memcpy
 from libc.math cimport (sqrt, sqrtf, exp, expf, expm1, expm1f, log, logf, log1p, log1pf,
                         tanh, fabs, fabsf, erf)
 
+from cyback.kernels._arrays cimport fits
 from cyback.kernels._blas cimport floating
 from cyback.kernels import settings as _settings
 from cyback.kernels._omp cimport cb_get_thread_num
@@ -620,6 +622,43 @@ cdef void _concat_rows(char* out, Py_ssize_t width, const char** src,
     for r in range(r0, r1):
         for i in range(n):
             _copy_bytes(out + r * width + offsets[i], src[i] + r * widths[i], widths[i])
+
+
+@cython.final
+cdef class ConcatLastCall:
+    """``call(arrays)``: concat_last of arrays shaped as ``concat_last_call``
+    was told into a new array, or None when they do not fit (a bound plan's
+    step then runs its op)."""
+    cdef tuple shapes, out_shape
+    cdef object dtype
+    cdef int typenum
+
+    def __call__(self, list arrays):
+        cdef Py_ssize_t i, n = len(self.shapes)
+        if len(arrays) != n:
+            return None
+        for i in range(n):
+            if not fits(arrays[i], self.typenum, <tuple> self.shapes[i]):
+                return None
+        return concat_last(arrays, np.empty(self.out_shape, self.dtype))
+
+
+def concat_last_call(shapes, dtype):
+    """A ConcatLastCall for C-contiguous arrays of these ``shapes`` and
+    ``dtype`` (float32 or float64), concatenated along their last axis."""
+    cdef ConcatLastCall call = ConcatLastCall()
+    shapes = tuple([tuple([int(d) for d in s]) for s in shapes])
+    dtype = np.dtype(dtype)
+    nd = len(shapes[0]) if shapes else 0
+    if not 1 <= len(shapes) <= CONCAT_MAX or nd < 1 or \
+            dtype not in (np.float32, np.float64) or \
+            any([len(s) != nd or s[:nd - 1] != shapes[0][:nd - 1] for s in shapes]):
+        raise ValueError("concat_last_call: expected 1 to %d float shapes of one leading "
+                         "shape, got %s %s" % (CONCAT_MAX, dtype, shapes))
+    call.shapes, call.dtype = shapes, dtype
+    call.typenum = cnp.NPY_FLOAT if dtype == np.float32 else cnp.NPY_DOUBLE
+    call.out_shape = shapes[0][:nd - 1] + (sum([s[nd - 1] for s in shapes]),)
+    return call
 
 
 def concat_last(arrays, out):

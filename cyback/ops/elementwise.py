@@ -386,6 +386,15 @@ class Binary(Op):
         z = BINARY[self.name][0](x, y)
         return (np.asarray(z),)
 
+    def bind(self, inputs):
+        """A plan step's direct call (Op.bind): the NumPy ufunc itself, where
+        it returns an array (an operand of one or more dimensions)."""
+        fn = BINARY[self.name][0]
+        if type(self) is not Binary or not isinstance(fn, np.ufunc) or \
+                not any(isinstance(a, np.ndarray) and a.ndim for a in inputs):
+            return None
+        return fn, (0, 1), False
+
     def ewise(self, b, x, y):
         if self.name not in _EWISE_BINARY:
             return None

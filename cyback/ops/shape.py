@@ -5,6 +5,7 @@ and symbolic scalars (``K.shape(x)[0]``) or be a 1-D int tensor; ``shape_arg``
 turns it into a static tuple (None where unknown) plus, when something is
 symbolic, an int64 tensor holding the run-time value.
 """
+import functools
 import numbers
 
 import numpy as np
@@ -695,17 +696,31 @@ class Concatenate(Op):
             dtype = ew.result_dtype(dtype, x.dtype)
         return [(tuple(shape), dtype)]
 
-    def compute(self, *xs):
+    def _on_kernel(self, xs):
+        # whether compute takes the team's copy kernel for these arrays
         x0 = xs[0]
         nd = np.ndim(x0)
-        if nd >= 2 and self.axis in (-1, nd - 1) and 1 < len(xs) <= 64 and \
-                type(x0) is np.ndarray and x0.dtype.char in "fd" and \
-                x0.size * len(xs) * x0.itemsize >= _CONCAT_KERNEL_BYTES and \
-                all(type(x) is np.ndarray and x.dtype == x0.dtype and x.ndim == nd and
-                    x.flags.c_contiguous and x.shape[:-1] == x0.shape[:-1] for x in xs):
+        return nd >= 2 and self.axis in (-1, nd - 1) and 1 < len(xs) <= 64 and \
+            type(x0) is np.ndarray and x0.dtype.char in "fd" and \
+            x0.size * len(xs) * x0.itemsize >= _CONCAT_KERNEL_BYTES and \
+            all(type(x) is np.ndarray and x.dtype == x0.dtype and x.ndim == nd and
+                x.flags.c_contiguous and x.shape[:-1] == x0.shape[:-1] for x in xs)
+
+    def compute(self, *xs):
+        if self._on_kernel(xs):
+            x0 = xs[0]
             out = np.empty(x0.shape[:-1] + (sum(x.shape[-1] for x in xs),), x0.dtype)
             return (_ewise.concat_last(xs, out),)
         return (np.concatenate(xs, axis=self.axis),)
+
+    def bind(self, xs):
+        """A plan step's direct call (Op.bind), given its operands as a list:
+        the copy kernel's prepared call where compute takes the kernel, else
+        NumPy's concatenate along the axis."""
+        positions = tuple(range(len(xs)))
+        if self._on_kernel(xs):
+            return _ewise.concat_last_call([x.shape for x in xs], xs[0].dtype), positions, True
+        return functools.partial(np.concatenate, axis=self.axis), positions, True
 
     def grad(self, inputs, outputs, grads):
         if len(inputs) == 1:

@@ -511,3 +511,38 @@ def test_concat_last_bad_arguments():
         ewise.concat_last([a, b], np.zeros((2, 8), np.float32))
     with pytest.raises(ValueError, match="1 to 64 arrays"):
         ewise.concat_last([], np.zeros((2, 0), np.float32))
+
+
+# ------------------------------------------------ concat_last's prepared call
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shapes", [[(2, 3, 4), (2, 3, 1)], [(1, 7)], [(5, 2), (5, 0), (5, 9)],
+                                    [(1, 4, 4, 3)] * 9])
+def test_concat_last_call_gives_numpys_concatenation(dtype, shapes):
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    call = ewise.concat_last_call(shapes, dtype)
+    got = call(arrays)
+    np.testing.assert_array_equal(got, np.concatenate(arrays, axis=-1))
+    assert got.dtype == dtype
+
+
+def test_concat_last_call_declines_arrays_that_do_not_fit():
+    a = np.ones((2, 3), np.float32)
+    b = np.zeros((2, 5), np.float32)
+    call = ewise.concat_last_call([(2, 3), (2, 5)], np.float32)
+    assert call([a, b]).shape == (2, 8)
+    assert call([a]) is None                                   # fewer arrays
+    assert call([a, b, b]) is None                             # more
+    assert call([a, np.zeros((2, 4), np.float32)]) is None     # another width
+    assert call([a, b.astype(np.float64)]) is None             # another dtype
+    assert call([a, np.zeros((5, 2), np.float32).T]) is None   # not C-contiguous
+    assert call([a, "b"]) is None
+
+
+@pytest.mark.parametrize("shapes,dtype", [([], np.float32), ([(2, 3), (3, 3)], np.float32),
+                                          ([(2, 3), (2, 3, 1)], np.float32),
+                                          ([(2, 3)], np.int32), ([()], np.float32)])
+def test_concat_last_call_rejects_bad_shapes(shapes, dtype):
+    with pytest.raises(ValueError, match="concat_last_call"):
+        ewise.concat_last_call(shapes, dtype)
