@@ -30,6 +30,7 @@ from cython.parallel cimport prange
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
 from libc.string cimport memset
 
+from cyback.kernels._arrays cimport fits
 from cyback.kernels.runtime cimport team_done, team_parts, threads_for
 
 cnp.import_array()
@@ -696,6 +697,56 @@ def conv(x, packed, vectors, kernel_size, strides=(1, 1), dilation=(1, 1),
 
 
 # ---------------------------------------------------------------- window extremes
+
+@cython.final
+cdef class BoundRun:
+    """``run(codes, packed, vectors, residual=None)``: a quantized op's
+    remembered run (ops/quantized.py) as a bound plan step calls it
+    (graph/binding.py): the prepared ``call`` on the codes seen as its
+    ``rows``, the result seen as the op's output shape. None when the arrays
+    do not fit what was bound (other shapes, layouts or dtypes, or weights
+    the call was not made for): the step then runs its op."""
+    cdef object call
+    cdef tuple in_shape, rows, out_shape, res_rows, res_codes
+    cdef int res_type
+    cdef bint has_res
+
+    def __call__(self, codes, packed, vectors, residual=None):
+        if not fits(codes, cnp.NPY_UINT8, self.in_shape) or \
+                (residual is None) == self.has_res or not self.call.matches(packed, vectors):
+            return None
+        if residual is None:
+            return self.call(codes.reshape(self.rows)).reshape(self.out_shape)
+        if not fits(residual, self.res_type, self.out_shape):
+            return None
+        r = residual.reshape(self.res_rows)
+        if self.res_codes is not None:
+            r = (r,) + self.res_codes
+        return self.call(codes.reshape(self.rows), r).reshape(self.out_shape)
+
+
+def bound_run(call, in_shape, rows, out_shape, residual=None, residual_codes=None):
+    """A BoundRun of ``call`` for uint8 codes of ``in_shape``, which it
+    takes as ``rows`` (a shape), giving ``out_shape``; ``residual``: None,
+    'float32' or 'uint8' (then ``residual_codes`` is its (scale, zero
+    point)), a residual of the output's shape the call adds."""
+    cdef BoundRun run = BoundRun()
+    if residual not in (None, "float32", "uint8") or \
+            (residual == "uint8") != (residual_codes is not None):
+        raise ValueError("bound_run: residual must be None, 'float32' or 'uint8' with its "
+                         "codes' (scale, zero point), got %r %r" % (residual, residual_codes))
+    run.call = call
+    run.in_shape = tuple([int(d) for d in in_shape])
+    run.rows = tuple([int(d) for d in rows])
+    run.out_shape = tuple([int(d) for d in out_shape])
+    if not run.out_shape:
+        raise ValueError("bound_run: the output needs an axis")
+    run.has_res = residual is not None
+    run.res_type = cnp.NPY_UINT8 if residual == "uint8" else cnp.NPY_FLOAT
+    run.res_rows = (-1, run.out_shape[len(run.out_shape) - 1])
+    run.res_codes = None if residual_codes is None else tuple(residual_codes)
+    return run
+
 
 include "qconv_extreme.pxi"
 

@@ -205,6 +205,27 @@ class _Quantized(Op):
         _remember(runs, (q.shape, id(packed), id(vectors), activation),
                   (call, rows, out_shape))
 
+    def bind(self, inputs):
+        """A plan step's direct call (Op.bind): the op's remembered run
+        (``_runs``) for these codes and weights, without the op's Python
+        around it; None for an op of two outputs or one that quantizes its
+        float input itself, and where the op has no remembered run."""
+        if not self.codes_in or self.also_codes is not None or \
+                getattr(self, "multiplier", 1) > 1 or getattr(self, "pointwise", None):
+            return None
+        own, res = self._split(inputs)
+        q, packed, vectors = own[:3]
+        runs = vars(self).get("_runs")
+        run = None if runs is None else runs.get((q.shape, id(packed), id(vectors), None))
+        if run is None or not run[0].matches(packed, vectors) or \
+                (res is not None and res.shape != tuple(run[2])):
+            return None
+        call, rows, out_shape = run
+        kind = None if res is None else ("float32" if self.residual_codes is None else "uint8")
+        bound = qgemm.bound_run(call, q.shape, rows, out_shape, kind, self.residual_codes)
+        positions = (0, 1, 2) if res is None else (0, 1, 2, len(inputs) - 1)
+        return bound, positions, False
+
     def describe(self):
         """'quantized_conv + residual relu (uint8 in, float32 and uint8 out)':
         the residual and activation in the epilogue, and which side is uint8

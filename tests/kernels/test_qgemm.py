@@ -792,6 +792,42 @@ def test_product_call_bad_arguments(rng):
         qgemm.ProductCall(packed, vectors, 0, "tanh")
 
 
+# ---------------------------------------------------------------- bound_run
+
+def test_bound_run_is_its_call_on_reshaped_arrays(rng):
+    w = rng.integers(-128, 128, (6, 5), dtype=np.int8)
+    packed = qgemm.pack_weights(w)
+    vectors = qgemm.epilogue_vectors(0.03, rng.uniform(1e-3, 1e-2, 5).astype(np.float32),
+                                     rng.standard_normal(5).astype(np.float32))
+    call = qgemm.ProductCall(packed, vectors, 7, "relu", 0.05, 3)
+    codes = rng.integers(0, 256, (2, 3, 4, 6), dtype=np.uint8)
+    res = rng.integers(0, 256, (2, 3, 4, 5), dtype=np.uint8)
+    run = qgemm.bound_run(call, codes.shape, (-1, 6), (2, 3, 4, 5), "uint8", (0.02, 9))
+    got = run(codes, packed, vectors, res)
+    want = call(codes.reshape(-1, 6), (res.reshape(-1, 5), 0.02, 9))
+    assert got.shape == (2, 3, 4, 5) and same_bits(got.reshape(-1, 5), want)
+    plain = qgemm.bound_run(call, codes.shape, (-1, 6), (2, 3, 4, 5))
+    assert same_bits(plain(codes, packed, vectors).reshape(-1, 5), call(codes.reshape(-1, 6)))
+    # what does not fit is declined, never run
+    assert plain(codes[:1], packed, vectors) is None                  # another shape
+    assert plain(codes.astype(np.int8), packed, vectors) is None      # another dtype
+    assert plain(np.asfortranarray(codes), packed, vectors) is None   # another layout
+    assert plain(codes, packed.copy(), vectors) is None               # other weights
+    assert plain(codes, packed, vectors, res) is None                 # a residual
+    assert run(codes, packed, vectors) is None                        # none
+    assert run(codes, packed, vectors, res.astype(np.float32)) is None
+    assert run(codes, packed, vectors, res[:1]) is None
+
+
+@pytest.mark.parametrize("args", [((4, 6), (-1, 6), (4, 5), "int8", None),
+                                  ((4, 6), (-1, 6), (4, 5), "uint8", None),
+                                  ((4, 6), (-1, 6), (4, 5), "float32", (0.1, 0)),
+                                  ((4, 6), (-1, 6), (), None, None)])
+def test_bound_run_bad_arguments(args):
+    with pytest.raises(ValueError, match="bound_run"):
+        qgemm.bound_run(None, *args)
+
+
 @pytest.mark.parametrize("outer,n,inner", [(1, 398, 250), (3, 1, 17), (2, 5, 64), (1, 7, 257),
                                            (2, 3, 130), (1, 2, 1), (4, 9, 513), (0, 3, 5),
                                            (2, 4, 0)])
