@@ -18,6 +18,7 @@ from libc.stdlib cimport malloc, free
 from libc.string cimport memset
 from libc.math cimport INFINITY
 
+from cyback.kernels import settings as _settings
 from cyback.kernels._blas cimport floating
 from cyback.kernels.runtime cimport threads_for
 from cyback.kernels._arrays cimport fits
@@ -25,6 +26,33 @@ from cyback.kernels._interrupt cimport cb_intr, cb_intr_init, cb_intr_poll, chec
 from cyback.kernels._checks import check_float, float_dtype, int_tuple, pad_pairs, remembered
 
 cnp.import_array()
+
+
+cdef extern from "cyback_pool.h" nogil:
+    int cb_pool_window_f(const float* x, float* y, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C,
+                         Py_ssize_t d0, Py_ssize_t d1, Py_ssize_t h0, Py_ssize_t h1,
+                         Py_ssize_t w0, Py_ssize_t w1, int is_max, float inv)
+    int cb_simd_has_avx2()
+    int cb_simd_use_avx2(int on)
+    int cb_simd_use_avx512(int on)
+    void cb_simd_set_default_cap(int cap)
+
+
+cb_simd_set_default_cap(2 if _settings.get("CYBACK_AVX512") else 1)
+
+
+def _use_avx2(bint on):
+    """Run the float32 windows' AVX2 set when the CPU has it (the default),
+    or the baseline per-pixel path (for tests). Returns whether AVX2 now
+    runs."""
+    return bool(cb_simd_use_avx2(on))
+
+
+def _use_avx512(bint on):
+    """Let the float32 windows' AVX-512 set run when the CPU has it (the
+    default), or cap them at AVX2 (for tests). Returns whether AVX-512 now
+    runs."""
+    return bool(cb_simd_use_avx512(on))
 
 
 cdef inline Py_ssize_t _imax(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
@@ -316,6 +344,9 @@ cdef void _fwd(const floating[:, :, :, :, ::1] x, floating[:, :, :, :, ::1] y,
     cdef OutRow row
     cdef floating* yp
     cdef floating inv
+    # float32 windows in vector registers (include/cyback_pool.h) beat the
+    # row path too, but for rows of fewer channels than a vector holds
+    cdef bint vector_windows = cb_simd_has_avx2()
     # Work: every output element reads its window once and is written once.
     cdef int nt = threads_for(<double>(B * OD * OH * OW * C) * (kd * kh * kw + 1))
     # One task per output row: rows never share output, and B*OD*OH is large
@@ -326,14 +357,19 @@ cdef void _fwd(const floating[:, :, :, :, ::1] x, floating[:, :, :, :, ::1] y,
         row = _out_row(r, OD, OH, D, H, kd, kh, sd, sh, pd, ph)
         b, od, oh, d0, d1, h0, h1 = row.b, row.od, row.oh, row.d0, row.d1, row.h0, row.h1
         if sw == 1 and C < ROW_PATH_MAX_C and OW == W + 2 * pw - kw + 1 and \
-                d1 > d0 and h1 > h0 and kw <= W + pw and pw < kw:
+                d1 > d0 and h1 > h0 and kw <= W + pw and pw < kw and \
+                not (floating is float and vector_windows and C >= 16):
             _fwd_row_s1(x, &y[b, od, oh, 0, 0], row, kw, pw, is_max)
             continue
         for ow in range(OW):
             w0 = _imax(ow * sw - pw, 0)
             w1 = _imin(ow * sw - pw + kw, W)
             yp = &y[b, od, oh, ow, 0]
-            if C < CB_POOL_SMALL_C and \
+            if floating is float and cb_pool_window_f(
+                    &x[b, 0, 0, 0, 0], yp, H, W, C, d0, d1, h0, h1, w0, w1, is_max,
+                    <float>1 / <float>((d1 - d0) * (h1 - h0) * (w1 - w0))):
+                pass
+            elif C < CB_POOL_SMALL_C and \
                     (((b * D + d1 - 1) * H + h1 - 1) * W + w1) * C + CB_POOL_SMALL_C - C \
                     <= B * D * H * W * C:
                 # (the lanes past C of the window's last cell stay in x)

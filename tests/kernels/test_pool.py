@@ -8,6 +8,8 @@ import pytest
 from cyback.kernels import pool, runtime
 from cyback.kernels.pool import pool_backward, pool_forward
 
+from instruction_sets import instruction_set
+
 
 def same_pads(size, k, s):
     out = -(-size // s)
@@ -287,3 +289,44 @@ def test_small_channel_windows_give_the_per_pixel_bits(dtype, mode, xs, pool_siz
     ref = ref_forward(finite, pool_size, strides, pads, True, mode)
     np.testing.assert_allclose(pool_forward(finite, pool_size, strides, pads, True, mode), ref,
                                rtol=1e-6, atol=1e-6)
+
+
+# Channels_last float32 windows off the row and small-channel paths run in
+# AVX-512 or AVX2 registers (include/cyback_pool.h): the bits of the
+# baseline per-pixel path, NaNs, infinities and signed zeros included, for
+# channel counts across the 64-channel chunks and partial windows.
+@pytest.mark.parametrize("which", ["avx512", "avx2"])
+@pytest.mark.parametrize("mode", ["max", "avg"])
+@pytest.mark.parametrize("xs,pool_size,strides,pads", [
+    ((2, 9, 11), (3, 3), (1, 1), ((1, 1), (1, 1))),
+    ((1, 13, 11), (3, 3), (2, 2), ((0, 0), (0, 0))),
+    ((1, 7, 8), (2, 3), (2, 3), ((0, 1), (1, 1))),
+    ((1, 5, 5), (5, 5), (1, 2), ((2, 2), (2, 2))),
+    ((1, 4, 6, 5), (2, 3, 2), (1, 2, 1), ((1, 0), (1, 1), (0, 1))),
+])
+@pytest.mark.parametrize("channels", [64, 65, 88, 129, 176])
+def test_vector_windows_give_the_baseline_bits(which, mode, xs, pool_size, strides, pads,
+                                               channels):
+    rng = np.random.default_rng(channels)
+    x = rng.standard_normal(xs + (channels,)).astype(np.float32)
+    x[0, 0, 0, ::3] = np.nan
+    x[-1, -1, -1, ::2] = np.inf
+    x[-1, 0, -1, 1::2] = -np.inf
+    x[0, 1, 1, ::2] = 0.0
+    x[0, 1, 2, ::2] = -0.0
+    x[0, 2, 1, 1::2] = -0.0
+    with instruction_set(pool, "baseline"):
+        want = pool_forward(x, pool_size, strides, pads, True, mode)
+    with instruction_set(pool, which):
+        got = pool_forward(x, pool_size, strides, pads, True, mode)
+        call = pool.forward_call(x.shape, pool_size, strides, pads, True, mode, np.float32)
+        again = call(x)
+    for y in (got, again):
+        assert y.dtype == np.float32
+        np.testing.assert_array_equal(y, want)
+        assert np.array_equal(np.signbit(y), np.signbit(want))
+    finite = np.nan_to_num(x, nan=0.0, posinf=7.0, neginf=-7.0)
+    with instruction_set(pool, which):
+        np.testing.assert_allclose(pool_forward(finite, pool_size, strides, pads, True, mode),
+                                   ref_forward(finite, pool_size, strides, pads, True, mode),
+                                   rtol=1e-6, atol=1e-6)
