@@ -277,6 +277,13 @@ class Geometry(object):
                 self._packed_calls.clear()
             self._packed_calls[key] = call
         if call is not None:
+            # a strided or unaligned view runs the packed kernel on a copy:
+            # another kernel would sum in another order, and the same values
+            # must give the same bits whatever their layout
+            if not x.flags.carray:
+                x = np.ascontiguousarray(x)
+            if residual is not None and not residual.flags.carray:
+                residual = np.ascontiguousarray(residual)
             y = call(x, packed, bias, residual)
             if y is not None:
                 return y

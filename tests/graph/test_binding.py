@@ -269,3 +269,31 @@ def test_concatenations_and_sums_of_steps_bind(bound_plans, size):
     strided = np.repeat(xv, 2, axis=2)[:, :, ::2]
     for g, w in zip(f([strided]), _plain_outputs(f, [strided])):
         np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_feeds_of_any_layout_give_the_same_bits(on):
+    # the same values as a strided view or a contiguous array: every step
+    # runs the same kernel on them (a packed 1x1 convolution copies a view)
+    previous = binding.set_enabled(on)
+    try:
+        rng = np.random.default_rng(7)
+        for h, cin, cout, ks, stride in [(4, 8, 8, 1, 1), (9, 6, 16, 3, 1), (12, 16, 32, 3, 2),
+                                         (14, 64, 64, 3, 1)]:
+            x = K.placeholder((None, h, h, cin))
+            k = K.variable(rng.standard_normal((ks, ks, cin, cout)).astype("float32"))
+            kd = K.variable(rng.standard_normal((3, 3, cin, 1)).astype("float32"))
+            w = K.variable(rng.standard_normal((cin, 5)).astype("float32"))
+            outs = [K.relu(K.conv2d(x, k, strides=(stride, stride), padding="same")),
+                    K.depthwise_conv2d(x, kd, padding="same"),
+                    K.pool2d(x, (3, 3), (2, 2), "same", pool_mode="avg"),
+                    K.dot(x, w)]
+            f = K.function([x], outs)
+            xv = rng.standard_normal((2, h, h, cin)).astype("float32")
+            strided = np.repeat(xv, 2, axis=2)[:, :, ::2]
+            for _ in range(3):
+                want = f([xv])
+            for a, b in zip(f([strided]), want):
+                np.testing.assert_array_equal(a, b)
+    finally:
+        binding.set_enabled(previous)
