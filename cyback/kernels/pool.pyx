@@ -16,7 +16,6 @@ cimport numpy as cnp
 from cython.parallel cimport prange, parallel
 from libc.stdlib cimport malloc, free
 from libc.string cimport memset
-from libc.math cimport INFINITY
 
 from cyback.kernels import settings as _settings
 from cyback.kernels._blas cimport floating
@@ -470,8 +469,10 @@ cdef void _fwd_c1(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] y,
         row = _out_row(r, OD, OH, D, H, kd, kh, sd, sh, pd, ph)
         b, od, oh, d0, d1, h0, h1 = row.b, row.od, row.oh, row.d0, row.d1, row.h0, row.h1
         yr = &y[b, od, oh, 0]
+        # the max starts from each window's first cell, as the channels_last
+        # paths do: a window of NaNs gives NaN, not -inf
         for ow in range(OW):
-            yr[ow] = -INFINITY if is_max else 0
+            yr[ow] = x[b, d0, h0, _imax(ow * sw - pw, 0)] if is_max else 0
         for i in range(d0, d1):
             for j in range(h0, h1):
                 xr = &x[b, i, j, 0]

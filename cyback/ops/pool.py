@@ -13,6 +13,8 @@ itself is piecewise constant in x, so it contributes no gradient of x.
 'same' pads as TensorFlow does; padded cells never win a max and do not count
 in an average (the kernels skip them).
 """
+import functools
+
 import numpy as np
 
 from cyback.graph.op import Op
@@ -79,6 +81,14 @@ def _work(a):
     return a
 
 
+def _subsample(x, index, avg):
+    """The pooling of one-cell windows: x's cells at ``index``, in a new
+    array. The average adds the cell to +0.0 and divides by one, as the
+    kernel does (so -0.0 gives +0.0); the max copies it."""
+    cells = x[index]
+    return np.add(cells, x.dtype.type(0)) if avg else np.array(cells, order="C")
+
+
 # (op parameters, input shape, dtype) -> the kernel's prepared call: a
 # batch-1 pooling is over before its checks would be. Kept here, not on the
 # op, whose attributes are its identity for CSE and pickling.
@@ -104,6 +114,8 @@ class Pool(_PoolBase):
     def compute(self, x):
         if x.dtype == np.uint8 and self.mode == "max":
             return (self._max_of_codes(x),)
+        if self._subsamples(x):
+            return (_subsample(x, self._steps(x.ndim), self.mode == "avg"),)
         key = (self._params(), x.shape, x.dtype)
         call = _CALLS.get(key)
         if call is not None:
@@ -122,12 +134,27 @@ class Pool(_PoolBase):
                                self.channels_last, self.mode)
         return (y.astype(x.dtype, copy=False),)
 
+    def _subsamples(self, x):
+        # a window of one cell (NASNet's strided 1x1 average pools) takes
+        # every stride-th cell: no padding either way, no kernel needed
+        return all(k == 1 for k in self.pool_size) and x.dtype.char in "fd"
+
+    def _steps(self, ndim):
+        # the index taking every stride-th cell of each spatial axis
+        steps = tuple(slice(None, None, s) for s in self.strides)
+        if self.channels_last:
+            return (slice(None),) + steps + (slice(None),) * (ndim - 1 - len(steps))
+        return (slice(None),) * (ndim - len(steps)) + steps
+
     def bind(self, inputs):
         """A plan step's direct call (Op.bind): the kernel's prepared call
         for this window and input shape."""
         x = inputs[0]
         if x.dtype == np.uint8:
             return None
+        if self._subsamples(x):
+            return functools.partial(_subsample, index=self._steps(x.ndim),
+                                     avg=self.mode == "avg"), (0,), False
         call = _CALLS.get((self._params(), x.shape, x.dtype))
         return None if call is None else (call, (0,), False)
 

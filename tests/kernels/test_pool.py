@@ -330,3 +330,28 @@ def test_vector_windows_give_the_baseline_bits(which, mode, xs, pool_size, strid
         np.testing.assert_allclose(pool_forward(finite, pool_size, strides, pads, True, mode),
                                    ref_forward(finite, pool_size, strides, pads, True, mode),
                                    rtol=1e-6, atol=1e-6)
+
+
+# The channels_first max starts from each window's first cell, as the
+# channels_last paths do: the same bits for NaN and infinite cells (a window
+# of NaNs is NaN, never -inf).
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("xs,pool_size,strides,pads", [
+    ((2, 3, 7, 9), (3, 3), (2, 2), ((1, 1), (1, 1))),
+    ((1, 2, 6, 6), (2, 2), (2, 2), ((0, 0), (0, 0))),
+    ((1, 4, 5, 8), (1, 3), (1, 3), ((0, 0), (1, 1))),
+    ((2, 2, 5, 5), (1, 1), (2, 2), ((0, 0), (0, 0))),
+])
+def test_channels_first_max_keeps_nans_as_channels_last_does(dtype, xs, pool_size, strides,
+                                                               pads):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(xs).astype(dtype)
+    x[0, 0, :2, :2] = np.nan
+    x[..., ::3, 1::4] = np.nan
+    x[-1, -1, -1, :] = -np.inf
+    got = pool_forward(x, pool_size, strides, pads, False, 'max')
+    last = pool_forward(np.ascontiguousarray(np.moveaxis(x, 1, -1)), pool_size, strides, pads,
+                        True, 'max')
+    np.testing.assert_array_equal(got, np.moveaxis(last, -1, 1))
+    assert np.isnan(got[0, 0, 0, 0])
+    assert not np.isneginf(got[np.isnan(got)]).any()
