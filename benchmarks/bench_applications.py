@@ -335,7 +335,8 @@ def add_round_arguments(p):
     bench_int8_models.py's): --wait-near and --settle."""
     p.add_argument("--wait-near", type=float, default=0.0, metavar="SECONDS",
                    help="before each round, wait up to this long for the two CPUs to be near "
-                        "each other (docs/performance.md, 'Where the two CPUs are')")
+                        "each other, and time a round again that began or ended with them far "
+                        "apart (docs/performance.md, 'Where the two CPUs are')")
     p.add_argument("--settle", type=float, default=0.5, metavar="SECONDS",
                    help="pause before each engine's timing, so that the threads the engine "
                         "before left spinning (ONNX Runtime's, TensorFlow's) have gone idle")
@@ -432,21 +433,25 @@ def main(argv=None):
 def time_interleaved(workers, models, batches, rounds, wait_near=0.0, settle=0.0):
     """{(model, batch, engine): [row per round]}: every engine timed on one
     model and batch before the next, in an order that rotates each round."""
-    from _common import handoff_settled  # cyback's env only
+    from _common import near_round  # cyback's env only
     runs = {}
     engines = list(workers)
     for i, (model, b) in enumerate((m, b) for m in models for b in batches):
         for r in range(rounds):
-            handoff = handoff_settled(wait_near)
-            for engine in rotated(engines, i + r):
-                time.sleep(settle)
-                row = dict(workers[engine].ask({"model": model, "batch": b}),
-                           handoff_ns=handoff)
-                runs.setdefault((model, b, engine), []).append(row)
-                print("  round %d %-18s b%-2d %-9s %s  (handoff %s ns)" % (
-                    r + 1, model, b, engine, row.get("skipped") or
-                    "%.3f ms" % (1e3 * row["median_s"]), handoff), file=sys.stderr,
-                    flush=True)
+            def one_round(order=rotated(engines, i + r)):
+                rows = []
+                for engine in order:
+                    time.sleep(settle)
+                    rows.append((engine, workers[engine].ask({"model": model, "batch": b})))
+                    print("  round %d %-18s b%-2d %-9s %s" % (
+                        r + 1, model, b, engine, rows[-1][1].get("skipped") or
+                        "%.3f ms" % (1e3 * rows[-1][1]["median_s"])), file=sys.stderr,
+                        flush=True)
+                return rows
+            rows, handoff = near_round(one_round, wait_near)
+            print("    (handoff %s ns)" % handoff, file=sys.stderr, flush=True)
+            for engine, row in rows:
+                runs.setdefault((model, b, engine), []).append(dict(row, handoff_ns=handoff))
     return runs
 
 

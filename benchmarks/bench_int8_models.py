@@ -340,7 +340,7 @@ def _spawn(python, args):
 def run_interleaved(workers, models, batches, rounds, wait_near=0.0, settle=0.0):
     """Per model, every engine's accuracy (deterministic: once), then per
     batch and round every engine's times, in an order rotating each round."""
-    from _common import handoff_settled  # cyback's env only
+    from _common import near_round  # cyback's env only
     times, accuracy = {}, {}
     engines = list(workers)
     for i, model in enumerate(models):
@@ -348,16 +348,21 @@ def run_interleaved(workers, models, batches, rounds, wait_near=0.0, settle=0.0)
             accuracy[(model, engine)] = workers[engine].ask({"what": "accuracy", "model": model})
         for j, b in enumerate(batches):
             for r in range(rounds):
-                handoff = handoff_settled(wait_near)
-                for engine in rotated(engines, i + j + r):
-                    time.sleep(settle)
-                    row = dict(workers[engine].ask({"what": "time", "model": model,
-                                                    "batch": b}), handoff_ns=handoff)
-                    times.setdefault((model, b, engine), []).append(row)
-                    print("  round %d %-12s b%-2d %-9s %s  (handoff %s ns)" % (
-                        r + 1, model, b, engine, row.get("skipped") or
-                        "int8 %.3f ms" % (1e3 * row["int8_s"]), handoff), file=sys.stderr,
-                        flush=True)
+                def one_round(order=rotated(engines, i + j + r)):
+                    rows = []
+                    for engine in order:
+                        time.sleep(settle)
+                        rows.append((engine, workers[engine].ask({"what": "time",
+                                                                  "model": model, "batch": b})))
+                        print("  round %d %-12s b%-2d %-9s %s" % (
+                            r + 1, model, b, engine, rows[-1][1].get("skipped") or
+                            "int8 %.3f ms" % (1e3 * rows[-1][1]["int8_s"])), file=sys.stderr,
+                            flush=True)
+                    return rows
+                rows, handoff = near_round(one_round, wait_near)
+                print("    (handoff %s ns)" % handoff, file=sys.stderr, flush=True)
+                for engine, row in rows:
+                    times.setdefault((model, b, engine), []).append(dict(row, handoff_ns=handoff))
     return times, accuracy
 
 
