@@ -6,9 +6,10 @@ left them.
 ``q`` is (B, T, H, D), ``k`` (B, S, H, D) and ``v`` (B, S, H, Dv), the layout
 of Keras's MultiHeadAttention after its projections, which may be views (the
 three slices of one joined projection): the products take a head's rows at
-their stride through BLAS's leading dimensions, so no head is transposed or
-copied out, and the output is written as (B, T, H, Dv) for the output
-projection. The scores of a block of query rows (at most about 64 kB) are
+their stride (float32 through the register tiles of include/cyback_attention.h,
+which transpose only k into scratch; float64, and CPUs without AVX2, through
+BLAS's leading dimensions), so no head is copied out, and the output is
+written as (B, T, H, Dv) for the output projection. The scores of a block of query rows (at most about 64 kB) are
 formed, biased, turned into probabilities and multiplied by ``v`` while in
 cache; the (B, H, T, S) scores are never written. Blocks are independent, so
 the result does not depend on the thread count.
@@ -20,6 +21,7 @@ cimport numpy as cnp
 from cython.parallel cimport prange
 from libc.stdlib cimport free, malloc
 
+from cyback.kernels import settings as _settings
 from cyback.kernels._blas cimport floating, gemm
 from cyback.kernels.runtime cimport threads_for
 from cyback.kernels._softmax_row cimport softmax_row_d
@@ -29,6 +31,32 @@ cnp.import_array()
 
 cdef extern from "cyback_vmath.h" nogil:
     void cb_vm_softmax_row_f(const float* x, float* y, Py_ssize_t n)
+
+cdef extern from "cyback_attention.h" nogil:
+    Py_ssize_t CB_ATT_PAD(Py_ssize_t n)
+    int cb_att_scores_f(const float* q, Py_ssize_t qt, const float* k, Py_ssize_t ks,
+                        Py_ssize_t n, Py_ssize_t S, Py_ssize_t D, float* kt, float* scores)
+    int cb_att_values_f(const float* p, Py_ssize_t n, Py_ssize_t S, const float* v,
+                        Py_ssize_t vs, Py_ssize_t Dv, float* out, Py_ssize_t ldo)
+    int cb_simd_use_avx2(int on)
+    int cb_simd_use_avx512(int on)
+    void cb_simd_set_default_cap(int cap)
+
+
+cb_simd_set_default_cap(2 if _settings.get("CYBACK_AVX512") else 1)
+
+
+def _use_avx2(bint on):
+    """Run the float32 products' and softmax's AVX2 set when the CPU has it
+    (the default), or BLAS and the baseline softmax (for tests). Returns
+    whether AVX2 now runs."""
+    return bool(cb_simd_use_avx2(on))
+
+
+def _use_avx512(bint on):
+    """Let the float32 AVX-512 set run when the CPU has it (the default), or
+    cap it at AVX2 (for tests). Returns whether AVX-512 now runs."""
+    return bool(cb_simd_use_avx512(on))
 
 # the scores of one block of query rows stay about this size (L2-resident)
 cdef Py_ssize_t BLOCK_BYTES = 64 * 1024
@@ -53,8 +81,11 @@ cdef void _block(const floating* q, const floating* k, const floating* v,
     cdef floating* op = out + ((b * L.T + t0) * L.H + h) * L.Dv
     cdef const floating* br
     cdef floating* row
-    gemm(False, True, <int>n, <int>L.S, <int>L.D, <floating>1, qp, <int>L.qt,
-         kp, <int>L.ks, <floating>0, scores, <int>L.S)
+    # (float32: k^T in the scratch past the scores, the products in registers)
+    if not (floating is float and cb_att_scores_f(qp, L.qt, kp, L.ks, n, L.S, L.D,
+                                                  scores + L.rows * L.S, scores)):
+        gemm(False, True, <int>n, <int>L.S, <int>L.D, <floating>1, qp, <int>L.qt,
+             kp, <int>L.ks, <floating>0, scores, <int>L.S)
     for r in range(n):
         row = scores + r * L.S
         if bias != NULL:
@@ -65,8 +96,15 @@ cdef void _block(const floating* q, const floating* k, const floating* v,
             cb_vm_softmax_row_f(row, row, L.S)
         else:
             softmax_row_d(row, row, L.S)
-    gemm(False, False, <int>n, <int>L.Dv, <int>L.S, <floating>1, scores, <int>L.S,
-         vp, <int>L.vs, <floating>0, op, <int>(L.H * L.Dv))
+    if not (floating is float and cb_att_values_f(scores, n, L.S, vp, L.vs, L.Dv, op,
+                                                  L.H * L.Dv)):
+        gemm(False, False, <int>n, <int>L.Dv, <int>L.S, <floating>1, scores, <int>L.S,
+             vp, <int>L.vs, <floating>0, op, <int>(L.H * L.Dv))
+
+
+cdef inline Py_ssize_t _scratch(const Layout* L) noexcept nogil:
+    # a block's scores, then the transposed k of the float32 products
+    return L.rows * L.S + L.D * CB_ATT_PAD(L.S)
 
 
 cdef void _run(const floating* q, const floating* k, const floating* v,
@@ -76,7 +114,7 @@ cdef void _run(const floating* q, const floating* k, const floating* v,
     cdef floating* scores = NULL
     if threads > 1:
         with cython.parallel.parallel(num_threads=threads):
-            scores = <floating*>malloc(L.rows * L.S * sizeof(floating))
+            scores = <floating*>malloc(_scratch(L) * sizeof(floating))
             if scores == NULL:
                 nomem[0] = 1
             for i in prange(tasks, schedule='static'):
@@ -84,7 +122,7 @@ cdef void _run(const floating* q, const floating* k, const floating* v,
                     _block(q, k, v, bias, out, L, i, scores)
             free(scores)
     else:
-        scores = <floating*>malloc(L.rows * L.S * sizeof(floating))
+        scores = <floating*>malloc(_scratch(L) * sizeof(floating))
         if scores == NULL:
             nomem[0] = 1
             return

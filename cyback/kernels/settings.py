@@ -286,7 +286,8 @@ _DECLARED = [
                  "cyback/kernels/depthwise.pyx", "cyback/kernels/linalg.pyx",
                  "cyback/kernels/rnn_cell.pyx", "cyback/kernels/winograd.pyx",
                  "cyback/kernels/qgemm.pyx", "cyback/kernels/softmax.pyx",
-                 "cyback/kernels/ewise.pyx", "cyback/kernels/pool.pyx"),
+                 "cyback/kernels/ewise.pyx", "cyback/kernels/pool.pyx",
+                 "cyback/kernels/attention.pyx"),
         details="For hosts where 512-bit code lowers the clock of other work (the "
                 "quantized products then stop at AVX-VNNI). CPUs without AVX-512F never "
                 "run the AVX-512 kernels."),

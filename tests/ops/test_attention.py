@@ -8,6 +8,7 @@ from cyback.kernels import attention as kernel
 from cyback.ops.attention import Attention
 
 from gradcheck import check_grads
+from instruction_sets import instruction_set
 
 
 def reference(q, k, v, bias=None):
@@ -155,3 +156,31 @@ def test_second_derivatives_are_refused_clearly(rng):
     g = K.gradients(out, [q])[0]
     with pytest.raises(ValueError, match="second derivatives"):
         K.gradients(K.sum(g), [q])
+
+
+@pytest.mark.parametrize("which", ["avx512", "avx2", "baseline"])
+@pytest.mark.parametrize("shape", [(1, 64, 64, 4, 32, 32), (2, 7, 13, 3, 5, 9),
+                                   (3, 70, 33, 2, 17, 80), (1, 5, 200, 2, 64, 65),
+                                   (2, 9, 1, 2, 4, 3), (1, 3, 4, 1, 0, 2)])
+def test_kernel_products_in_every_instruction_set(rng, which, shape):
+    # float32: the products run in registers (include/cyback_attention.h) or,
+    # in the baseline set, through BLAS; rows past a tile of 4, columns past
+    # a vector and past 64, views of a joined projection, a bias
+    b, t, s, h, d, dv = shape
+    joined = rng.normal(size=(b, max(t, s), h, 2 * d + dv)).astype(np.float32)
+    q = joined[:, :t, :, :d]
+    k = joined[:, :s, :, d:2 * d]
+    v = joined[:, :s, :, 2 * d:]
+    bias = (rng.normal(size=(t, s)) * 2).astype(np.float32)
+    with instruction_set(kernel, which):
+        got = kernel.attention(q, k, v)
+        biased = kernel.attention(q, k, v, bias)
+        old = K.get_num_threads()
+        try:
+            K.set_num_threads(1)
+            one = kernel.attention(q, k, v)
+        finally:
+            K.set_num_threads(old)
+    np.testing.assert_allclose(got, reference(q, k, v), rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(biased, reference(q, k, v, bias), rtol=2e-5, atol=2e-5)
+    assert one.tobytes() == got.tobytes()
