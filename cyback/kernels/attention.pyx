@@ -242,3 +242,92 @@ def attention(q, k, v, bias=None):
     if nomem:
         raise MemoryError("attention: no memory for a block of %d x %d scores" % (L.rows, S))
     return out
+
+
+cdef bint _same_layout(object a, int typenum, tuple shape, tuple strides):
+    # an aligned ndarray of this type, shape and strides (in bytes)
+    cdef cnp.ndarray arr
+    cdef int i
+    if not isinstance(a, cnp.ndarray):
+        return False
+    arr = <cnp.ndarray> a
+    if cnp.PyArray_TYPE(arr) != typenum or cnp.PyArray_NDIM(arr) != 4 or \
+            not cnp.PyArray_ISALIGNED(arr) or not cnp.PyArray_ISNOTSWAPPED(arr):
+        return False
+    for i in range(4):
+        if cnp.PyArray_DIM(arr, i) != <Py_ssize_t> shape[i] or \
+                cnp.PyArray_STRIDE(arr, i) != <Py_ssize_t> strides[i]:
+            return False
+    return True
+
+
+@cython.final
+cdef class AttentionCall:
+    """``call(q, k, v)``: attention(q, k, v) without a bias for arrays of the
+    shapes, dtype and strides it was made for (``attention_call``: views of a
+    joined projection included), without the entry's checks and
+    conversions; None when the arrays do not fit (a bound plan's step then
+    runs its op)."""
+    cdef Layout L
+    cdef tuple shapes, strides
+    cdef int typenum
+    cdef double work
+    cdef cnp.npy_intp dims[4]
+
+    def __call__(self, q, k, v):
+        cdef cb_intr intr
+        cdef int threads, nomem = 0
+        if not (_same_layout(q, self.typenum, self.shapes[0], self.strides[0]) and
+                _same_layout(k, self.typenum, self.shapes[1], self.strides[1]) and
+                _same_layout(v, self.typenum, self.shapes[2], self.strides[2])):
+            return None
+        cdef cnp.ndarray out = cnp.PyArray_EMPTY(4, self.dims, self.typenum, 0)
+        cdef const void* qp = cnp.PyArray_DATA(<cnp.ndarray> q)
+        cdef const void* kp = cnp.PyArray_DATA(<cnp.ndarray> k)
+        cdef const void* vp = cnp.PyArray_DATA(<cnp.ndarray> v)
+        cdef void* outp = cnp.PyArray_DATA(out)
+        threads = threads_for(self.work)
+        cb_intr_init(&intr)
+        with nogil:
+            if self.typenum == cnp.NPY_FLOAT:
+                _run[float](<const float*>qp, <const float*>kp, <const float*>vp, NULL,
+                            <float*>outp, &self.L, threads, &intr, &nomem)
+            else:
+                _run[double](<const double*>qp, <const double*>kp, <const double*>vp, NULL,
+                             <double*>outp, &self.L, threads, &intr, &nomem)
+        check_interrupt(&intr)
+        if nomem:
+            raise MemoryError("attention: no memory for a block of %d x %d scores"
+                              % (self.L.rows, self.L.S))
+        return out
+
+
+def attention_call(q, k, v):
+    """An AttentionCall for arrays like ``q``, ``k``, ``v`` (as attention
+    takes them, without a bias), or None where attention would copy one of
+    them first or has nothing to compute (an empty size)."""
+    cdef AttentionCall call = AttentionCall()
+    if not all(isinstance(a, np.ndarray) and a.ndim == 4 for a in (q, k, v)) or \
+            q.dtype not in (np.float32, np.float64) or k.dtype != q.dtype or \
+            v.dtype != q.dtype or 0 in q.shape or 0 in k.shape or 0 in v.shape:
+        return None
+    sts = [_strides(a, a.itemsize) for a in (q, k, v)]
+    if any(st is None or any(n > 2 ** 31 - 1 for n in st) for st in sts):
+        return None
+    qs, ks, vs = sts
+    B, T, H, D = q.shape
+    S, Dv = k.shape[1], v.shape[3]
+    if k.shape != (B, S, H, D) or v.shape != (B, S, H, Dv):
+        return None
+    call.L.bb = call.L.bh = 0
+    call.L.B, call.L.T, call.L.S, call.L.H, call.L.D, call.L.Dv = B, T, S, H, D, Dv
+    call.L.qb, call.L.qt, call.L.qh = qs[0], qs[1], qs[2]
+    call.L.kb, call.L.ks, call.L.kh = ks[0], ks[1], ks[2]
+    call.L.vb, call.L.vs, call.L.vh = vs[0], vs[1], vs[2]
+    call.L.rows = max(1, min(T, BLOCK_BYTES // (S * q.itemsize)))
+    call.work = 2.0 * B * H * T * S * (D + Dv)
+    call.shapes = (tuple(q.shape), tuple(k.shape), tuple(v.shape))
+    call.strides = (tuple(q.strides), tuple(k.strides), tuple(v.strides))
+    call.typenum = cnp.NPY_FLOAT if q.dtype == np.float32 else cnp.NPY_DOUBLE
+    call.dims[0], call.dims[1], call.dims[2], call.dims[3] = B, T, H, Dv
+    return call

@@ -16,11 +16,13 @@ are added in a fixed order. The split depends on the shape alone, so the
 result is the same for any thread count.
 """
 import numpy as np
+cimport cython
 cimport numpy as cnp
 from cython.parallel cimport prange
 from libc.math cimport sqrt
 from libc.stdlib cimport free, malloc
 
+from cyback.kernels._arrays cimport fits
 from cyback.kernels._blas cimport floating
 from cyback.kernels.runtime cimport team_done, threads_for
 
@@ -210,6 +212,19 @@ def extreme_middle(x, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner, bint wan
 
 # ---------------------------------------------------------------- layer normalization
 
+cdef extern from "cyback_layernorm.h" nogil:
+    int cb_ln_row_f(const float* x, float* y, const float* gamma, const float* beta,
+                    float eps, Py_ssize_t n)
+    int cb_simd_use_avx2(int on)
+
+
+def _use_avx2(bint on):
+    """Run the float32 layer-normalization rows' AVX2 set when the CPU has it
+    (the default), or the baseline loop (for tests; the same bits). Returns
+    whether AVX2 now runs."""
+    return bool(cb_simd_use_avx2(on))
+
+
 cdef enum:
     LANES = 8
 
@@ -240,6 +255,9 @@ cdef floating _lane_sum(const floating* x, floating shift, bint square,
 
 cdef void _normalize_row(const floating* x, floating* y, const floating* gamma,
                          const floating* beta, floating eps, Py_ssize_t n) noexcept nogil:
+    if floating is float:
+        if cb_ln_row_f(x, y, gamma, beta, eps, n):
+            return
     cdef floating mean = _lane_sum(x, 0, False, n) / n
     # the variance of the centred values: no cancellation for rows far from 0
     cdef floating var = _lane_sum(x, mean, True, n) / n
@@ -316,3 +334,67 @@ def layer_norm_last(x, gamma, beta, double epsilon):
                             <const double*> gp, <const double*> bp, epsilon, rows, n, threads)
     team_done(threads)
     return out
+
+
+@cython.final
+cdef class LayerNormCall:
+    """``call(x, gamma=None, beta=None)``: layer_norm_last for one shape and
+    dtype of C-contiguous arrays (gamma and beta as given to
+    ``layer_norm_call``), without its conversions and checks; None when the
+    arrays do not fit (a bound plan's step then runs its op)."""
+    cdef tuple x_shape, v_shape
+    cdef Py_ssize_t n, rows
+    cdef int typenum, ndim
+    cdef cnp.npy_intp dims[32]
+    cdef bint has_gamma, has_beta
+    cdef double eps
+
+    def __call__(self, x, gamma=None, beta=None):
+        if not fits(x, self.typenum, self.x_shape) or (gamma is None) == self.has_gamma or \
+                (beta is None) == self.has_beta or \
+                (gamma is not None and not fits(gamma, self.typenum, self.v_shape)) or \
+                (beta is not None and not fits(beta, self.typenum, self.v_shape)):
+            return None
+        cdef cnp.ndarray out = cnp.PyArray_EMPTY(self.ndim, self.dims, self.typenum, 0)
+        cdef char* gp = NULL if gamma is None else <char*> cnp.PyArray_DATA(<cnp.ndarray> gamma)
+        cdef char* bp = NULL if beta is None else <char*> cnp.PyArray_DATA(<cnp.ndarray> beta)
+        cdef char* xp = <char*> cnp.PyArray_DATA(<cnp.ndarray> x)
+        cdef int threads = threads_for(8.0 * self.rows * self.n)
+        if self.typenum == cnp.NPY_FLOAT:
+            with nogil:
+                _normalize_rows(<const float*> xp, <float*> cnp.PyArray_DATA(out),
+                                <const float*> gp, <const float*> bp, <float> self.eps,
+                                self.rows, self.n, threads)
+        else:
+            with nogil:
+                _normalize_rows(<const double*> xp, <double*> cnp.PyArray_DATA(out),
+                                <const double*> gp, <const double*> bp, self.eps, self.rows,
+                                self.n, threads)
+        team_done(threads)
+        return out
+
+
+def layer_norm_call(x_shape, dtype, bint has_gamma, bint has_beta, double epsilon):
+    """A LayerNormCall: layer_norm_last(x, gamma, beta, epsilon) for x of
+    ``x_shape`` and ``dtype`` (float32 or float64, at least one element),
+    with or without gamma and beta."""
+    cdef LayerNormCall call = LayerNormCall()
+    cdef int i
+    x_shape = tuple([int(d) for d in x_shape])
+    dtype = np.dtype(dtype)
+    if not 1 <= len(x_shape) <= 32 or dtype not in (np.float32, np.float64) or \
+            not epsilon >= 0 or 0 in x_shape:
+        raise ValueError("layer_norm_call: expected a non-empty float shape of rank 1 to 32 "
+                         "and epsilon >= 0, got %s %s and %r" % (dtype, x_shape, epsilon))
+    call.x_shape = x_shape
+    call.ndim = len(x_shape)
+    for i in range(call.ndim):
+        call.dims[i] = x_shape[i]
+    call.n = x_shape[call.ndim - 1]
+    call.rows = 1
+    for i in range(call.ndim - 1):
+        call.rows *= x_shape[i]
+    call.v_shape = (call.n,)
+    call.typenum = cnp.NPY_FLOAT if dtype == np.float32 else cnp.NPY_DOUBLE
+    call.has_gamma, call.has_beta, call.eps = has_gamma, has_beta, epsilon
+    return call

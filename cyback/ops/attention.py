@@ -63,6 +63,14 @@ class Attention(Op):
         q, k, v = (np.asarray(a, dtype) for a in (q, k, v))
         return (_attention.attention(q, k, v, bias[0] if bias else None),)
 
+    def bind(self, inputs):
+        """A plan step's direct call (Op.bind): the kernel's prepared call for
+        these shapes and strides (without a bias)."""
+        if len(inputs) != 3:
+            return None
+        call = _attention.attention_call(*inputs)
+        return None if call is None else (call, (0, 1, 2), False)
+
     def grad(self, inputs, outputs, grads):
         if grads[0] is None:
             return [None] * len(inputs)

@@ -61,6 +61,20 @@ class LayerNorm(Op):
                                     self.epsilon)
         return (y.astype(x.dtype),)
 
+    def bind(self, inputs):
+        """A plan step's direct call (Op.bind): the kernel's prepared call for
+        this shape of x, with gamma and beta at their positions."""
+        x = inputs[0]
+        if x.dtype.char not in "fd" or x.size == 0:
+            return None
+        gamma, beta = self._params(inputs[1:])
+        if any(v is not None and v.dtype != x.dtype for v in (gamma, beta)):
+            return None
+        call = _reduce.layer_norm_call(x.shape, x.dtype, gamma is not None, beta is not None,
+                                       self.epsilon)
+        return call, (0, 1 if self.scale else None,
+                      len(inputs) - 1 if self.center else None), False
+
     def grad(self, inputs, outputs, grads):
         x = inputs[0]
         gamma, _ = self._params(inputs[1:])

@@ -297,3 +297,25 @@ def test_feeds_of_any_layout_give_the_same_bits(on):
                 np.testing.assert_array_equal(a, b)
     finally:
         binding.set_enabled(previous)
+
+
+def test_layer_norm_and_attention_steps_bind(bound_plans):
+    from cyback.ops.attention import Attention
+    from cyback.ops.normalization import layer_norm
+    rng = np.random.default_rng(8)
+    x = K.placeholder((None, 6, 3, 12))
+    gamma = K.variable(rng.standard_normal(4).astype("float32"))
+    beta = K.variable(rng.standard_normal(4).astype("float32"))
+    att = Attention()(x[..., :4], x[..., 4:8], x[..., 8:])
+    f = K.function([x], [layer_norm(att, gamma, beta), layer_norm(att, None, beta, 1e-5)])
+    xv = rng.standard_normal((2, 6, 3, 12)).astype("float32")
+    want = _plain_outputs(f, [xv])
+    for _ in range(3):
+        got = f([xv])
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    src = _bound_source(f)
+    for label in ("(Attention)", "(LayerNorm)"):
+        lines = [line for line in src.splitlines() if label in line and
+                 not line.startswith("        ")]
+        assert lines and all(" = K" in line for line in lines), src

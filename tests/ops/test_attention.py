@@ -184,3 +184,24 @@ def test_kernel_products_in_every_instruction_set(rng, which, shape):
     np.testing.assert_allclose(got, reference(q, k, v), rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(biased, reference(q, k, v, bias), rtol=2e-5, atol=2e-5)
     assert one.tobytes() == got.tobytes()
+
+
+def test_prepared_call_gives_the_kernels_bits_and_declines_what_does_not_fit(rng):
+    joined = rng.normal(size=(2, 7, 3, 12)).astype(np.float32)    # one q|k|v projection
+    q, k, v = joined[..., :4], joined[..., 4:8], joined[..., 8:]
+    call = kernel.attention_call(q, k, v)
+    got = call(q, k, v)
+    assert got.shape == (2, 7, 3, 4) and got.tobytes() == kernel.attention(q, k, v).tobytes()
+    contiguous = [np.ascontiguousarray(a) for a in (q, k, v)]
+    assert call(*contiguous) is None                               # other strides
+    assert call(q[:1], k[:1], v[:1]) is None                       # other shapes
+    assert call(*[a.astype(np.float64) for a in (q, k, v)]) is None
+    assert call(q, k, "v") is None
+    again = kernel.attention_call(*contiguous)
+    assert again(*contiguous).tobytes() == kernel.attention(*contiguous).tobytes()
+    one = operands(rng, 1, 1, 1, 1, 3, 2, np.float64)               # length-1 axes
+    assert kernel.attention_call(*one)(*one).tobytes() == kernel.attention(*one).tobytes()
+    # nothing to prepare: empty sizes, other dtypes, mismatched shapes
+    assert kernel.attention_call(*operands(rng, 0, 4, 3, 2, 5, 6, np.float32)) is None
+    assert kernel.attention_call(*operands(rng, 1, 4, 3, 2, 5, 6, np.float16)) is None
+    assert kernel.attention_call(q, k[:, :3], v) is None

@@ -9,6 +9,7 @@ from cyback.kernels import runtime
 from cyback.ops.normalization import LayerNorm, layer_norm
 
 from gradcheck import check_grads
+from instruction_sets import instruction_set
 
 
 def np_layer_norm(x, gamma=None, beta=None, eps=1e-3):
@@ -35,6 +36,24 @@ def test_kernel_matches_numpy(dtype, tol, shape, params):
     y = kreduce.layer_norm_last(x, gamma, beta, 1e-3)
     assert y.dtype == x.dtype and y.shape == x.shape
     np.testing.assert_allclose(y, np_layer_norm(x, gamma, beta), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("shape", [(3, 7), (2, 4, 128), (1, 8), (5, 1), (2, 3, 17), (4, 100)])
+@pytest.mark.parametrize("params", ["both", "gamma", "beta", "none"])
+def test_avx2_rows_give_the_baseline_bits(shape, params):
+    # include/cyback_layernorm.h: the baseline loop's lanes and roundings
+    rs = np.random.RandomState(1)
+    x = (rs.randn(*shape) * 30 - 7).astype(np.float32)
+    x.flat[::5] = 0.0
+    n = shape[-1]
+    gamma = rs.uniform(-1.5, 1.5, n).astype(np.float32) if params in ("both", "gamma") else None
+    beta = rs.randn(n).astype(np.float32) if params in ("both", "beta") else None
+    with instruction_set(kreduce, "baseline"):
+        want = kreduce.layer_norm_last(x, gamma, beta, 1e-5)
+    with instruction_set(kreduce, "avx2"):
+        got = kreduce.layer_norm_last(x, gamma, beta, 1e-5)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got, np_layer_norm(x, gamma, beta, 1e-5), rtol=2e-5, atol=2e-5)
 
 
 def test_kernel_takes_non_contiguous_input_and_gives_the_same_bits_at_any_thread_count():
@@ -121,3 +140,33 @@ def test_op_bad_arguments():
         layer_norm(K.placeholder((None, 3), dtype="int32"))
     with pytest.raises(ValueError, match="rank >= 1"):
         layer_norm(K.placeholder(()))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("params", ["both", "gamma", "beta", "none"])
+def test_prepared_call_gives_the_kernels_bits_and_declines_what_does_not_fit(dtype, params):
+    rs = np.random.RandomState(2)
+    x = (rs.randn(3, 5, 17) * 4 + 2).astype(dtype)
+    gamma = rs.randn(17).astype(dtype) if params in ("both", "gamma") else None
+    beta = rs.randn(17).astype(dtype) if params in ("both", "beta") else None
+    call = kreduce.layer_norm_call(x.shape, dtype, gamma is not None, beta is not None, 1e-4)
+    got = call(x, gamma, beta)
+    assert got.dtype == dtype and got.shape == x.shape
+    assert got.tobytes() == kreduce.layer_norm_last(x, gamma, beta, 1e-4).tobytes()
+    assert call(x[:1], gamma, beta) is None                     # another shape
+    assert call(np.asfortranarray(x), gamma, beta) is None      # another layout
+    assert call(x.astype(np.float16), gamma, beta) is None      # another dtype
+    other = rs.randn(17).astype(dtype)
+    assert call(x, None if gamma is not None else other, beta) is None
+    assert call(x, gamma, None if beta is not None else other) is None
+    if gamma is not None:
+        assert call(x, gamma[:16], beta) is None
+
+
+@pytest.mark.parametrize("args", [((0, 4), np.float32, True, True, 1e-3),
+                                  ((2, 4), np.int32, True, True, 1e-3),
+                                  ((2, 4), np.float32, True, True, -1.0), ((), np.float32,
+                                                                          False, False, 1e-3)])
+def test_prepared_call_bad_arguments(args):
+    with pytest.raises(ValueError, match="layer_norm_call"):
+        kreduce.layer_norm_call(*args)
