@@ -22,6 +22,7 @@ from cython.parallel cimport prange
 from libc.math cimport sqrt
 from libc.stdlib cimport free, malloc
 
+from cyback.kernels import settings as _settings
 from cyback.kernels._arrays cimport fits
 from cyback.kernels._blas cimport floating
 from cyback.kernels.runtime cimport team_done, threads_for
@@ -142,6 +143,37 @@ def sum_middle(x, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner, bint mean=Fa
     return out
 
 
+# float32 rows in vector registers (include/cyback_layernorm.h,
+# include/cyback_extreme.h): the baseline loops' bits
+cdef extern from "cyback_layernorm.h" nogil:
+    int cb_ln_row_f(const float* x, float* y, const float* gamma, const float* beta,
+                    float eps, Py_ssize_t n)
+    int cb_simd_use_avx2(int on)
+    int cb_simd_use_avx512(int on)
+    void cb_simd_set_default_cap(int cap)
+
+cdef extern from "cyback_extreme.h" nogil:
+    int cb_extreme_strip_f(const float* x, float* out, Py_ssize_t n, Py_ssize_t inner,
+                           Py_ssize_t width, int want_max)
+
+
+cb_simd_set_default_cap(2 if _settings.get("CYBACK_AVX512") else 1)
+
+
+def _use_avx2(bint on):
+    """Run the float32 layer-normalization rows and max / min strips in AVX2
+    (or wider) when the CPU has it (the default), or the baseline loops (for
+    tests; the same bits). Returns whether AVX2 now runs."""
+    return bool(cb_simd_use_avx2(on))
+
+
+def _use_avx512(bint on):
+    """Let the max / min strips' AVX-512 set run when the CPU has it (the
+    default), or cap them at AVX2 (for tests). Returns whether AVX-512 now
+    runs."""
+    return bool(cb_simd_use_avx512(on))
+
+
 # ---------------------------------------------------------------- max / min
 
 cdef void _extreme_strip(const floating* x, floating* out, Py_ssize_t n, Py_ssize_t inner,
@@ -152,6 +184,9 @@ cdef void _extreme_strip(const floating* x, floating* out, Py_ssize_t n, Py_ssiz
     cdef floating v, b
     cdef Py_ssize_t r, j
     cdef const floating* row
+    if floating is float:
+        if cb_extreme_strip_f(x, out, n, inner, width, want_max):
+            return
     for j in range(width):
         best[j] = x[j]
     for r in range(1, n):
@@ -212,17 +247,6 @@ def extreme_middle(x, Py_ssize_t outer, Py_ssize_t n, Py_ssize_t inner, bint wan
 
 # ---------------------------------------------------------------- layer normalization
 
-cdef extern from "cyback_layernorm.h" nogil:
-    int cb_ln_row_f(const float* x, float* y, const float* gamma, const float* beta,
-                    float eps, Py_ssize_t n)
-    int cb_simd_use_avx2(int on)
-
-
-def _use_avx2(bint on):
-    """Run the float32 layer-normalization rows' AVX2 set when the CPU has it
-    (the default), or the baseline loop (for tests; the same bits). Returns
-    whether AVX2 now runs."""
-    return bool(cb_simd_use_avx2(on))
 
 
 cdef enum:

@@ -287,7 +287,7 @@ _DECLARED = [
                  "cyback/kernels/rnn_cell.pyx", "cyback/kernels/winograd.pyx",
                  "cyback/kernels/qgemm.pyx", "cyback/kernels/softmax.pyx",
                  "cyback/kernels/ewise.pyx", "cyback/kernels/pool.pyx",
-                 "cyback/kernels/attention.pyx"),
+                 "cyback/kernels/attention.pyx", "cyback/kernels/reduce.pyx"),
         details="For hosts where 512-bit code lowers the clock of other work (the "
                 "quantized products then stop at AVX-VNNI). CPUs without AVX-512F never "
                 "run the AVX-512 kernels."),

@@ -6,6 +6,8 @@ import pytest
 
 from cyback.kernels import reduce, runtime
 
+from instruction_sets import instruction_set
+
 
 def _reference(x, mean):
     s = x.astype(np.float64).sum(axis=1)
@@ -128,3 +130,25 @@ def test_extreme_middle_takes_nan_and_inf_as_numpy_does(want_max):
 def test_extreme_middle_bad_arguments(x, view, error):
     with pytest.raises(error, match="extreme_middle"):
         reduce.extreme_middle(x, *view)
+
+
+@pytest.mark.parametrize("which", ["avx512", "avx2"])
+@pytest.mark.parametrize("want_max", [True, False])
+@pytest.mark.parametrize("shape", [(1, 398, 250), (3, 5, 7), (2, 1, 70), (4, 33, 129), (1, 7, 1),
+                                   (2, 9, 64), (1, 3, 65)])
+def test_extreme_strips_in_registers_give_the_baseline_bits(which, want_max, shape):
+    # include/cyback_extreme.h: a NaN wins, infinities and signed zeros keep
+    # the baseline loop's choice
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal(shape).astype(np.float32)
+    x.flat[::17] = np.nan
+    x.flat[::13] = -0.0
+    x.flat[::19] = 0.0
+    x.flat[::23] = np.inf
+    x.flat[::29] = -np.inf
+    with instruction_set(reduce, "baseline"):
+        want = reduce.extreme_middle(x, *shape, want_max)
+    with instruction_set(reduce, which):
+        got = reduce.extreme_middle(x, *shape, want_max)
+    assert got.tobytes() == want.tobytes()
+    np.testing.assert_array_equal(got, (np.max if want_max else np.min)(x, axis=1))
