@@ -96,7 +96,7 @@ def main(argv=None):
                 raise SystemExit("%s b%d: the bound plan's outputs differ from the plain "
                                  "plan's" % (name, b))
             plan = f._plan(0)
-            src = next((s for n, (s, _) in plan.sources.items() if n.endswith("bound>")), "")
+            src = (plan.binding.source() or "") if plan.binding is not None else ""
             handoff = handoff_probe()
             plain, bound, calls = measure(f, x, args.rounds)
             rows.append({"model": name, "batch": b, "steps": len(plan.steps),

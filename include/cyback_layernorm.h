@@ -4,6 +4,8 @@
  * sums (element i in lane i % 8, one ymm register), added lane by lane in
  * order, then the tail; every product and sum is rounded on its own: this
  * code is built for AVX2 without FMA, so that no multiply-add is contracted.
+ * (A CYBACK_NATIVE=1 build lets the compiler contract the baseline loop's
+ * multiply-add on an FMA CPU, and then the two differ in the last bits.)
  * Returns 0 where AVX2 does not run (the caller then takes its loop). */
 #ifndef CYBACK_LAYERNORM_H
 #define CYBACK_LAYERNORM_H

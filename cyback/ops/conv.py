@@ -277,13 +277,13 @@ class Geometry(object):
                 self._packed_calls.clear()
             self._packed_calls[key] = call
         if call is not None:
-            # a strided or unaligned view runs the packed kernel on a copy:
+            # a strided or unaligned array runs the packed kernel on a copy:
             # another kernel would sum in another order, and the same values
             # must give the same bits whatever their layout
             if not x.flags.carray:
-                x = np.ascontiguousarray(x)
+                x = np.require(x, requirements=("C", "A"))
             if residual is not None and not residual.flags.carray:
-                residual = np.ascontiguousarray(residual)
+                residual = np.require(residual, requirements=("C", "A"))
             y = call(x, packed, bias, residual)
             if y is not None:
                 return y
@@ -614,15 +614,18 @@ class PackedConv(Op):
         return self.bind_epilogue(inputs, None, None, None)
 
     def bind_epilogue(self, inputs, bias, activation, residual):
-        """As Conv.bind_epilogue: the packed product's prepared call, or the
-        direct kernel's where the packed rule declines these shapes."""
+        """As Conv.bind_epilogue: the packed product's prepared call (None
+        where the packed rule declines these shapes)."""
         x, k, packed = inputs
         if x.dtype != np.float32 or (bias is not None and bias.ndim != 1) or \
                 not self.geom.epilogue_fits(x, k, bias, residual):
             return None
         call = self.geom.packed_prepared(x, k, bias, activation, residual)
         if call is None:
-            return _bind_direct(self.geom, x, k, bias, activation, residual, 3)
+            # the packed rule declined these shapes; the direct call runs
+            # whatever it is given, so a step whose shapes could change (a
+            # shape read from a fed value) would no longer ask the rule
+            return None
         return call, _trimmed((0, 2, None if bias is None else 3,
                                None if residual is None else 4)), False
 

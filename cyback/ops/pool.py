@@ -83,8 +83,11 @@ def _work(a):
 
 def _subsample(x, index, avg):
     """The pooling of one-cell windows: x's cells at ``index``, in a new
-    array. The average adds the cell to +0.0 and divides by one, as the
-    kernel does (so -0.0 gives +0.0); the max copies it."""
+    array (None for an array of another rank: a bound step's decline). The
+    average adds the cell to +0.0 and divides by one, as the kernel does (so
+    -0.0 gives +0.0); the max copies it."""
+    if np.ndim(x) != len(index):
+        return None
     cells = x[index]
     return np.add(cells, x.dtype.type(0)) if avg else np.array(cells, order="C")
 

@@ -50,7 +50,7 @@ def test_int8_steps_bind_and_keep_the_bits(quantized):
             x = data[:batch]
             np.testing.assert_array_equal(f([x])[0], _plain(f, x))
         plan = f._plan(0)
-        src = next(s for n, (s, _) in plan.sources.items() if n.endswith('bound>'))
+        src = plan.binding.source()
     finally:
         binding.set_enabled(previous)
     bound = [line for line in src.splitlines() if ' = K' in line and 'quantized' in line]
