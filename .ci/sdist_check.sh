@@ -48,8 +48,9 @@ echo "wheel $(basename "$wheel"): ${wheel_kb} kB"
 site=$("$work/venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['platlib'])")
 installed_kb=$(du -sk "$site/cyback" | cut -f1)
 echo "installed cyback: ${installed_kb} kB"
-# Unzipped, the same modules come to ~7.3 MB of kernels plus the Python and its bytecode.
-[ "$installed_kb" -lt 12288 ] || fail "installed package is ${installed_kb} kB, over 12 MB"
+# Unzipped, the same modules come to ~7.5 MB of kernels plus the Python and its bytecode
+# (~12 MB in all; debug symbols or sources would add several MB).
+[ "$installed_kb" -lt 13312 ] || fail "installed package is ${installed_kb} kB, over 13 MB"
 
 cd "$work"
 "$work/venv/bin/python" - "$site" $kernels <<'PY'
