@@ -11,7 +11,7 @@ guard; two such calls in a row with the same shapes record again, for them
 weights record again too.
 
 ``set_enabled(False)`` makes every plan run plain (the A/B of
-benchmarks/bench_plan_overhead.py, and a way out should a bound step ever
+benchmarks/bench_plan_binding.py, and a way out should a bound step ever
 misbehave); ``CYBACK_BIND_STEPS=0`` in the environment does the same from the
 start.
 """
