@@ -162,17 +162,23 @@ def handoff_settled(wait_s):
     return ns
 
 
-def near_round(run_round, wait_near, retries=2):
-    """``(result, handoff_ns)`` of ``run_round()`` (one round: every engine
-    timed once) taken between two handoff probes; the handoff is the larger
-    of the two. With ``wait_near`` (seconds, > 0), a round that began or
-    ended with the CPUs far apart (the state can change while the engines
-    are timed) is timed again, after waiting for the near state, up to
-    ``retries`` times; the last try is kept whatever its state, and its
-    handoff says which it was."""
+def near_round(workers, order, request, settle, wait_near, describe, retries=2):
+    """``([(engine, reply)], handoff_ns)``: one round of an interleaved
+    benchmark, ``request`` asked of each engine of ``order`` in turn after a
+    pause of ``settle`` seconds (``describe(engine, reply)`` the line printed
+    for it), between two handoff probes; the handoff is the larger of the
+    two. With ``wait_near`` (seconds, > 0), a round that began or ended with
+    the CPUs far apart (the state can change while the engines are timed) is
+    timed again, after waiting for the near state, up to ``retries`` times;
+    the last try is kept whatever its state, and its handoff says which it
+    was."""
     for attempt in range(retries + 1):
         before = handoff_settled(wait_near)
-        result = run_round()
+        rows = []
+        for engine in order:
+            time.sleep(settle)
+            rows.append((engine, workers[engine].ask(request)))
+            print("  " + describe(engine, rows[-1][1]), file=sys.stderr, flush=True)
         after = handoff_probe()
         probes = [v for v in (before, after) if v is not None]
         handoff = max(probes) if probes else None
@@ -180,7 +186,8 @@ def near_round(run_round, wait_near, retries=2):
             break
         print("  (the CPUs were far apart during the round: %s ns; timing it again)"
               % handoff, file=sys.stderr, flush=True)
-    return result, handoff
+    print("    (handoff %s ns)" % handoff, file=sys.stderr, flush=True)
+    return rows, handoff
 
 
 def handoff_summary(values):

@@ -438,18 +438,11 @@ def time_interleaved(workers, models, batches, rounds, wait_near=0.0, settle=0.0
     engines = list(workers)
     for i, (model, b) in enumerate((m, b) for m in models for b in batches):
         for r in range(rounds):
-            def one_round(order=rotated(engines, i + r)):
-                rows = []
-                for engine in order:
-                    time.sleep(settle)
-                    rows.append((engine, workers[engine].ask({"model": model, "batch": b})))
-                    print("  round %d %-18s b%-2d %-9s %s" % (
-                        r + 1, model, b, engine, rows[-1][1].get("skipped") or
-                        "%.3f ms" % (1e3 * rows[-1][1]["median_s"])), file=sys.stderr,
-                        flush=True)
-                return rows
-            rows, handoff = near_round(one_round, wait_near)
-            print("    (handoff %s ns)" % handoff, file=sys.stderr, flush=True)
+            rows, handoff = near_round(
+                workers, rotated(engines, i + r), {"model": model, "batch": b}, settle,
+                wait_near, lambda engine, row: "round %d %-18s b%-2d %-9s %s" % (
+                    r + 1, model, b, engine,
+                    row.get("skipped") or "%.3f ms" % (1e3 * row["median_s"])))
             for engine, row in rows:
                 runs.setdefault((model, b, engine), []).append(dict(row, handoff_ns=handoff))
     return runs

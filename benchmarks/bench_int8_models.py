@@ -348,19 +348,12 @@ def run_interleaved(workers, models, batches, rounds, wait_near=0.0, settle=0.0)
             accuracy[(model, engine)] = workers[engine].ask({"what": "accuracy", "model": model})
         for j, b in enumerate(batches):
             for r in range(rounds):
-                def one_round(order=rotated(engines, i + j + r)):
-                    rows = []
-                    for engine in order:
-                        time.sleep(settle)
-                        rows.append((engine, workers[engine].ask({"what": "time",
-                                                                  "model": model, "batch": b})))
-                        print("  round %d %-12s b%-2d %-9s %s" % (
-                            r + 1, model, b, engine, rows[-1][1].get("skipped") or
-                            "int8 %.3f ms" % (1e3 * rows[-1][1]["int8_s"])), file=sys.stderr,
-                            flush=True)
-                    return rows
-                rows, handoff = near_round(one_round, wait_near)
-                print("    (handoff %s ns)" % handoff, file=sys.stderr, flush=True)
+                rows, handoff = near_round(
+                    workers, rotated(engines, i + j + r),
+                    {"what": "time", "model": model, "batch": b}, settle, wait_near,
+                    lambda engine, row: "round %d %-12s b%-2d %-9s %s" % (
+                        r + 1, model, b, engine,
+                        row.get("skipped") or "int8 %.3f ms" % (1e3 * row["int8_s"])))
                 for engine, row in rows:
                     times.setdefault((model, b, engine), []).append(dict(row, handoff_ns=handoff))
     return times, accuracy
