@@ -255,6 +255,89 @@ ATTR static void CB_TYPED(cb_depthwise_kgrad_cl_row_)(const T *const *xr, const 
                                               o + c - pw, 1, CV, C, bias, act);           \
     }
 
+/* NP (4 or 8) interior pixels from ow: every tap valid, each kernel vector
+ * loaded once for all of them; the sums of pixels past NP are dead code. */
+#define CB_DEPTHWISE_INTERIOR(NP)                                                         \
+    for (c = 0; c < CV; c = CB_DW_NEXT_C(c)) {                                            \
+        V a0 = (V){0}, a1, a2, a3, a4, a5, a6, a7;                                        \
+        if (bias) a0 = *(const V *)(bias + c);                                            \
+        a1 = a0; a2 = a0; a3 = a0; a4 = a0; a5 = a0; a6 = a0; a7 = a0;                    \
+        for (ky = 0; ky < KH; ky++) {                                                     \
+            const T *xb, *kb;                                                             \
+            if (!xr[ky]) continue;                                                        \
+            xb = xr[ky] + (ow * sw - pw) * xs + c;                                        \
+            kb = k + ky * KW * C + c;                                                     \
+            for (kx = 0; kx < KW; kx++) {                                                 \
+                V kv = *(const V *)(kb + kx * C);                                         \
+                const T *xp = xb + kx * dil_w * xs;                                       \
+                a0 += *(const V *)(xp) * kv;                                              \
+                a1 += *(const V *)(xp + sC) * kv;                                         \
+                a2 += *(const V *)(xp + 2 * sC) * kv;                                     \
+                a3 += *(const V *)(xp + 3 * sC) * kv;                                     \
+                if ((NP) == 8) {                                                          \
+                    a4 += *(const V *)(xp + 4 * sC) * kv;                                 \
+                    a5 += *(const V *)(xp + 5 * sC) * kv;                                 \
+                    a6 += *(const V *)(xp + 6 * sC) * kv;                                 \
+                    a7 += *(const V *)(xp + 7 * sC) * kv;                                 \
+                }                                                                         \
+            }                                                                             \
+        }                                                                                 \
+        CB_VACT(a0, act); CB_VACT(a1, act); CB_VACT(a2, act); CB_VACT(a3, act);           \
+        *(V *)(y + ow * C + c) = a0;                                                      \
+        *(V *)(y + (ow + 1) * C + c) = a1;                                                \
+        *(V *)(y + (ow + 2) * C + c) = a2;                                                \
+        *(V *)(y + (ow + 3) * C + c) = a3;                                                \
+        if ((NP) == 8) {                                                                  \
+            CB_VACT(a4, act); CB_VACT(a5, act); CB_VACT(a6, act); CB_VACT(a7, act);       \
+            *(V *)(y + (ow + 4) * C + c) = a4;                                            \
+            *(V *)(y + (ow + 5) * C + c) = a5;                                            \
+            *(V *)(y + (ow + 6) * C + c) = a6;                                            \
+            *(V *)(y + (ow + 7) * C + c) = a7;                                            \
+        }                                                                                 \
+    }                                                                                     \
+    if (CV < C)                                                                           \
+        for (c = 0; c < (NP); c++)                                                        \
+            CB_TYPED(cb_depthwise_pixel_)(xr, k, y + (ow + c) * C, C, xs, W, KH, KW,      \
+                                          (ow + c) * sw - pw, dil_w, CV, C, bias, act)
+
+/* N (1 to 4) pixels from o at a row's ends, where some taps fall on padding:
+ * each pixel's valid taps in (ky, kx) order, as CB_DEPTHWISE_ONE_PIXEL sums
+ * them, but four chains at a time instead of one (the edge pixels of a 5x5
+ * or 7x7 row otherwise take as long as its interior). */
+#define CB_DEPTHWISE_VALID(iw) ((iw) >= 0 && (iw) < W)
+#define CB_DEPTHWISE_EDGE(o, N)                                                           \
+    for (c = 0; c < CV; c = CB_DW_NEXT_C(c)) {                                            \
+        V a0 = (V){0}, a1, a2, a3;                                                        \
+        if (bias) a0 = *(const V *)(bias + c);                                            \
+        a1 = a0; a2 = a0; a3 = a0;                                                        \
+        for (ky = 0; ky < KH; ky++) {                                                     \
+            const T *xb, *kb;                                                             \
+            if (!xr[ky]) continue;                                                        \
+            xb = xr[ky] + c;                                                              \
+            kb = k + ky * KW * C + c;                                                     \
+            for (kx = 0; kx < KW; kx++) {                                                 \
+                const V kv = *(const V *)(kb + kx * C);                                   \
+                iw = (o) * sw - pw + kx * dil_w;                                          \
+                if (CB_DEPTHWISE_VALID(iw)) a0 += *(const V *)(xb + iw * xs) * kv;        \
+                if ((N) > 1 && CB_DEPTHWISE_VALID(iw + sw))                               \
+                    a1 += *(const V *)(xb + (iw + sw) * xs) * kv;                         \
+                if ((N) > 2 && CB_DEPTHWISE_VALID(iw + 2 * sw))                           \
+                    a2 += *(const V *)(xb + (iw + 2 * sw) * xs) * kv;                     \
+                if ((N) > 3 && CB_DEPTHWISE_VALID(iw + 3 * sw))                           \
+                    a3 += *(const V *)(xb + (iw + 3 * sw) * xs) * kv;                     \
+            }                                                                             \
+        }                                                                                 \
+        CB_VACT(a0, act);                                                                 \
+        *(V *)(y + (o) * C + c) = a0;                                                     \
+        if ((N) > 1) { CB_VACT(a1, act); *(V *)(y + ((o) + 1) * C + c) = a1; }           \
+        if ((N) > 2) { CB_VACT(a2, act); *(V *)(y + ((o) + 2) * C + c) = a2; }           \
+        if ((N) > 3) { CB_VACT(a3, act); *(V *)(y + ((o) + 3) * C + c) = a3; }           \
+    }                                                                                     \
+    if (CV < C)                                                                           \
+        for (c = 0; c < (N); c++)                                                         \
+            CB_TYPED(cb_depthwise_pixel_)(xr, k, y + ((o) + c) * C, C, xs, W, KH, KW,     \
+                                          ((o) + c) * sw - pw, dil_w, CV, C, bias, act)
+
 /* BLOCK with the activation code act as a constant, so that its tests leave
  * the loops. */
 #define CB_DEPTHWISE_BY_ACT(BLOCK)                                                        \
@@ -294,46 +377,37 @@ ATTR static void CB_TYPED(cb_depthwise_fwd_cl_row_)(const T *const *xr, const T 
         return;
     }
     for (ow = 0; ow < OW; ow++) {
+        /* Eight interior pixels where they fit: eight multiply-add chains   */
+        /* in flight (four leave the FMA units waiting on their latency at   */
+        /* 5x5 and 7x7 taps and at stride 2), one kernel load each.          */
+        if (ow >= lo && ow + 8 <= hi) {
+            CB_DEPTHWISE_INTERIOR(8);
+            ow += 7;
+            continue;
+        }
         /* The last interior pixels, fewer than a block, run as a block that  */
         /* ends at hi (as above).                                              */
         if (ow >= lo && ow < hi && ow + 4 > hi && hi - lo >= 4) ow = hi - 4;
         if (ow >= lo && ow + 4 <= hi) {
-            /* Four interior pixels: every tap valid, one kernel load each. */
-            for (c = 0; c < CV; c = CB_DW_NEXT_C(c)) {
-                V a0 = (V){0}, a1, a2, a3;
-                if (bias) a0 = *(const V *)(bias + c);
-                a1 = a0; a2 = a0; a3 = a0;
-                for (ky = 0; ky < KH; ky++) {
-                    const T *xb, *kb;
-                    if (!xr[ky]) continue;
-                    xb = xr[ky] + (ow * sw - pw) * xs + c;
-                    kb = k + ky * KW * C + c;
-                    for (kx = 0; kx < KW; kx++) {
-                        V kv = *(const V *)(kb + kx * C);
-                        const T *xp = xb + kx * dil_w * xs;
-                        a0 += *(const V *)(xp) * kv;
-                        a1 += *(const V *)(xp + sC) * kv;
-                        a2 += *(const V *)(xp + 2 * sC) * kv;
-                        a3 += *(const V *)(xp + 3 * sC) * kv;
-                    }
-                }
-                CB_VACT(a0, act);
-                CB_VACT(a1, act);
-                CB_VACT(a2, act);
-                CB_VACT(a3, act);
-                *(V *)(y + ow * C + c) = a0;
-                *(V *)(y + (ow + 1) * C + c) = a1;
-                *(V *)(y + (ow + 2) * C + c) = a2;
-                *(V *)(y + (ow + 3) * C + c) = a3;
-            }
-            if (CV < C)
-                for (c = 0; c < 4; c++)
-                    CB_TYPED(cb_depthwise_pixel_)(xr, k, y + (ow + c) * C, C, xs, W, KH, KW,
-                                                  (ow + c) * sw - pw, dil_w, CV, C, bias, act);
+            CB_DEPTHWISE_INTERIOR(4);
             ow += 3;
             continue;
         }
-        CB_DEPTHWISE_ONE_PIXEL(ow);
+        {
+            /* Edge pixels, up to four of them together. */
+            const ptrdiff_t end = ow < lo ? (lo < OW ? lo : OW) : OW;
+            const ptrdiff_t n = end - ow < 4 ? end - ow : 4;
+            if (n == 4) {
+                CB_DEPTHWISE_EDGE(ow, 4);
+            } else if (n == 3) {
+                CB_DEPTHWISE_EDGE(ow, 3);
+            } else if (n == 2) {
+                CB_DEPTHWISE_EDGE(ow, 2);
+            } else {
+                CB_DEPTHWISE_EDGE(ow, 1);
+            }
+            ow += n - 1;
+        }
     }
 }
 

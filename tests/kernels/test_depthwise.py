@@ -301,6 +301,29 @@ def test_stride1_pads_beyond_kernel(isa, cl):
                                    atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kw,sw,dw", [(5, 1, 1), (7, 1, 1), (5, 2, 1), (7, 2, 1), (3, 2, 1),
+                                      (3, 3, 1), (5, 1, 2), (3, 1, 3)])
+def test_channels_last_rows_of_every_width(isa, kw, sw, dw, dtype):
+    # Rows of 1 to 26 outputs: interior blocks of eight and four pixels, the
+    # edge pixels in groups of up to four, rows with no interior at all, and
+    # pads up to past the kernel's span; channels below, at and past a vector.
+    rng = np.random.default_rng(kw * 100 + sw * 10 + dw)
+    span = (kw - 1) * dw + 1
+    for w in range(1, 27, 1 if dtype == np.float32 else 5):
+        for c in (3, 13, 44):
+            for pl, pr in ((span // 2, span - 1 - span // 2), (span - 1, 0), (span + 1, 2)):
+                if (w + pl + pr - span) // sw + 1 < 1:
+                    continue
+                x = rng.standard_normal((2, 3, w, c)).astype(dtype)
+                k = rng.standard_normal((2, kw, c, 1)).astype(dtype)
+                b = rng.standard_normal(c).astype(dtype)
+                ps = ((1, 0), (pl, pr))
+                y = depthwise_forward(x, k, (1, sw), (1, dw), ps, True, bias=b, activation="relu")
+                yr = np.maximum(ref_forward(x, k, (1, sw), (1, dw), ps, True) + b, 0)
+                np.testing.assert_allclose(y, yr, **tol(dtype))
+
+
 @pytest.mark.parametrize("activation", [None, "linear", "relu", "relu6"])
 @pytest.mark.parametrize("cl", [True, False])
 def test_bias_and_activation_epilogue(isa, cl, activation):
