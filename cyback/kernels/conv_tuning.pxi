@@ -86,10 +86,11 @@ _TUNE = _Tuning({
     "short_im2col": True, "short_im2col_bytes": 4 << 20,
     # Packed kernels (_use_packed, conv_packed.pxi): on/off; the largest
     # patch matrix; the most positions and the fewest input channels of the
-    # Winograd layers they take (and their fewest outputs), and of the 1x1
-    # layers of more than CB_PG_MAX_ROWS positions.
+    # Winograd layers they take (and their fewest outputs), how much more
+    # than a map Winograd's tiles must cover for the packed product to take
+    # it, and of the 1x1 layers of more than CB_PG_MAX_ROWS positions.
     "packed": True, "packed_im2col_bytes": 16 << 20,
     "packed_over_winograd_rows": 200, "packed_over_winograd_min_c": 128,
-    "packed_over_winograd_min_f": 64,
+    "packed_over_winograd_min_f": 64, "packed_over_winograd_waste": 1.25,
     "packed_pointwise_max_rows": 2048, "packed_pointwise_min_c": 256,
 })

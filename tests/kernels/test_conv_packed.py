@@ -95,6 +95,24 @@ def test_it_takes_winograds_layers_of_few_positions_and_many_channels(rng):
     _check(call(x, _packed(k)), ref_forward(x, k, (1, 1), (1, 1), pads), k)
 
 
+def test_it_takes_small_odd_maps_winograds_tiles_overcover(rng):
+    # 7x7 maps: 4x4 Winograd tiles compute 64 outputs for 49, so up to
+    # CB_PG_MAX_ROWS positions run packed (ResNet-50's last stage at batch 8)
+    pads = ((1, 1), (1, 1))
+    assert conv.packed_forward_call((8, 7, 7, 512), (3, 3, 512, 512), (1, 1), (1, 1), pads,
+                                    True, np.float32) is not None
+    assert conv.packed_forward_call((11, 7, 7, 512), (3, 3, 512, 512), (1, 1), (1, 1), pads,
+                                    True, np.float32) is None       # 539 positions
+    assert conv.packed_forward_call((2, 14, 14, 256), (3, 3, 256, 256), (1, 1), (1, 1), pads,
+                                    True, np.float32) is None       # even: covered exactly
+    xs, ks = (3, 7, 7, 128), (3, 3, 128, 64)
+    call = conv.packed_forward_call(xs, ks, (1, 1), (1, 1), pads, True, np.float32)
+    assert call is not None
+    x = rng.standard_normal(xs).astype(np.float32)
+    k = rng.standard_normal(ks).astype(np.float32)
+    _check(call(x, _packed(k)), ref_forward(x, k, (1, 1), (1, 1), pads), k)
+
+
 @pytest.mark.parametrize("case,why", [
     (((1, 7, 7, 32), (3, 3, 32, 64), (1, 1), (1, 1), ((1, 1), (1, 1))), "winograd"),
     (((1, 17, 17, 128), (3, 3, 128, 64), (1, 1), (1, 1), ((1, 1), (1, 1))), "winograd"),
