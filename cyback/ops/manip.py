@@ -339,7 +339,15 @@ class Pad(Op):
     def compute(self, x):
         shape = tuple(d + b + a for d, (b, a) in zip(x.shape, self.pads))
         limits.check_shape(self.api, shape, x.dtype)
-        out = np.zeros(shape, dtype=x.dtype)
+        # only the border is zeroed: np.zeros would write the whole array
+        # once more before x is copied in (NASNet's pads of 12 MB at batch 8)
+        out = np.empty(shape, dtype=x.dtype)
+        for axis, (d, (b, a)) in enumerate(zip(x.shape, self.pads)):
+            lead = (slice(None),) * axis
+            if b:
+                out[lead + (slice(0, b),)] = 0
+            if a:
+                out[lead + (slice(b + d, None),)] = 0
         out[tuple(slice(b, b + d) for d, (b, a) in zip(x.shape, self.pads))] = x
         return (out,)
 

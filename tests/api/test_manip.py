@@ -545,6 +545,25 @@ def test_spatial_3d_padding(rng, data_format):
         K.spatial_3d_padding(K.placeholder((2, 3, 4, 5)))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+def test_padding_writes_every_border_cell_over_reused_memory(rng, dtype):
+    # the padded array is allocated uninitialised and only its border zeroed:
+    # memory just freed full of other values must not show through
+    cases = [((2, 5, 7, 3), ((0, 0), (2, 1), (0, 3), (0, 0))),
+             ((1, 4, 4, 2), ((0, 0), (0, 1), (0, 1), (0, 0))),
+             ((3, 0, 2, 2), ((0, 0), (1, 1), (1, 0), (0, 0))),
+             ((0, 3, 3, 1), ((0, 0), (1, 1), (1, 1), (0, 0)))]
+    for shape, pads in cases:
+        x = (rng.standard_normal(shape) * 10).astype(dtype)
+        padded = tuple(d + b + a for d, (b, a) in zip(shape, pads))
+        for _ in range(3):
+            junk = np.full(padded, 7, dtype)
+            del junk
+            got = K.eval(K.spatial_2d_padding(K.constant(x, dtype=dtype), pads[1:3],
+                                              "channels_last"))
+            np.testing.assert_array_equal(got, np.pad(x, pads))
+
+
 # ------------------------------------------------------------------ one_hot, reverse, slice
 
 def test_one_hot():
