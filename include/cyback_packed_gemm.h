@@ -199,12 +199,13 @@ static void cb_pg_tile(const cb_pg_args *g, ptrdiff_t r0, int mr, ptrdiff_t p0) 
 }
 #endif
 
-/* The work items of an m-row product over P panels: the full row blocks of
- * MR rows (``blocks`` of them, ``groups`` panel groups each), taken in
- * chunks of CB_PG_CHUNK blocks, and then the remainder block of m % MR rows
- * (``rgroups`` groups). */
+/* The work items of an m-row product over P panels: the row blocks
+ * (``blocks`` of them, ``groups`` panel groups each), taken in chunks of
+ * CB_PG_CHUNK blocks, and then a remainder block of ``rest`` rows
+ * (``rgroups`` groups of its own). Blocks hold ``mr`` rows, the first
+ * ``extra`` of them one more. */
 typedef struct {
-    ptrdiff_t blocks, groups, rest, rgroups;
+    ptrdiff_t blocks, groups, rest, rgroups, extra;
     int mr, np, rnp;
 } cb_pg_plan;
 
@@ -212,13 +213,41 @@ typedef struct {
  * stay in L2 while its items sweep every panel group over them. */
 #define CB_PG_CHUNK 16
 
+/* 1: rows in blocks of nearly equal sizes where that saves a remainder
+ * block (49 rows: 10, 10, 10, 10, 9, see below); 0: full blocks of the most
+ * rows and a remainder (12 x 4 + 1). Tests set it (linalg.pyx,
+ * _use_balanced_blocks). */
+static int cb_pg_balanced = 1;
+
+static int cb_pg_use_balanced_blocks(int on) {
+    cb_pg_balanced = on;
+    return on;
+}
+
 static cb_pg_plan cb_pg_plan_for(ptrdiff_t m, ptrdiff_t P) {
     cb_pg_plan q;
-    q.mr = cb_pg_mr();
-    q.np = cb_pg_np(q.mr);
-    q.blocks = m / q.mr;
+    const int most = cb_pg_mr();
+    const ptrdiff_t k = (m + most - 1) / most;
+    q.extra = 0;
+    /* A remainder of one to three rows would read every panel again on its
+     * own (one row: the whole kernel, in about the time 12 rows take), so in
+     * a product of one chunk the rows go in k blocks of base or base + 1 rows
+     * where both tile sizes sweep the same panel groups (49 rows, a 7x7 map:
+     * 1.05-1.1x). Larger remainders cost little more than their share. */
+    if (cb_pg_balanced && k > 1 && k <= CB_PG_CHUNK && m % most && m % most <= 3 &&
+            cb_pg_np((int)(m / k)) == cb_pg_np((int)(m / k + (m % k != 0)))) {
+        q.mr = (int)(m / k);
+        q.extra = m % k;
+        q.np = cb_pg_np(q.mr + (q.extra != 0));
+        q.blocks = k;
+        q.rest = 0;
+    } else {
+        q.mr = most;
+        q.np = cb_pg_np(q.mr);
+        q.blocks = m / q.mr;
+        q.rest = m % q.mr;
+    }
     q.groups = (P + q.np - 1) / q.np;
-    q.rest = m % q.mr;
     q.rnp = q.rest ? cb_pg_np((int)q.rest) : 1;
     q.rgroups = q.rest ? (P + q.rnp - 1) / q.rnp : 0;
     return q;
@@ -228,16 +257,19 @@ static ptrdiff_t cb_pg_items(const cb_pg_plan *q) {
     return q->blocks * q->groups + q->rgroups;
 }
 
-/* Item i: chunk-major over the full blocks, panel group major within a
- * chunk (a thread's run of items reads a group's panels once for the
- * chunk's blocks), then the remainder's groups. */
+/* Item i: chunk-major over the blocks, panel group major within a chunk (a
+ * thread's run of items reads a group's panels once for the chunk's
+ * blocks), then the remainder's groups. A tile's sums run over k in order
+ * whatever its rows, so the blocks change no bits. */
 static void cb_pg_item(const cb_pg_args *g, const cb_pg_plan *q, ptrdiff_t i) {
     ptrdiff_t full = q->blocks * q->groups;
     if (i < full) {
         ptrdiff_t per = CB_PG_CHUNK * q->groups, c = i / per, j = i % per;
-        ptrdiff_t first = c * CB_PG_CHUNK, nb = q->blocks - first;
+        ptrdiff_t first = c * CB_PG_CHUNK, nb = q->blocks - first, b;
         if (nb > CB_PG_CHUNK) nb = CB_PG_CHUNK;
-        cb_pg_tile(g, (first + j % nb) * q->mr, q->mr, (j / nb) * q->np);
+        b = first + j % nb;
+        cb_pg_tile(g, b * q->mr + (b < q->extra ? b : q->extra), q->mr + (b < q->extra),
+                   (j / nb) * q->np);
     } else {
         cb_pg_tile(g, q->blocks * q->mr, (int)q->rest, (i - full) * q->rnp);
     }

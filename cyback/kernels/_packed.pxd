@@ -22,5 +22,6 @@ cdef extern from "cyback_packed_gemm.h" nogil:
     void cb_pg_pack(const float* w, Py_ssize_t k, Py_ssize_t n, float* packed)
     int cb_pg_available()
     cb_pg_plan cb_pg_plan_for(Py_ssize_t m, Py_ssize_t P)
+    int cb_pg_use_balanced_blocks(int on)
     Py_ssize_t cb_pg_items(const cb_pg_plan* q)
     void cb_pg_item(const cb_pg_args* g, const cb_pg_plan* q, Py_ssize_t i)

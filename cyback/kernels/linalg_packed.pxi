@@ -5,7 +5,7 @@
 
 from cyback.kernels._packed cimport (CB_PG_MAX_ROWS, CB_PG_NR, cb_pg_args, cb_pg_available,
                                      cb_pg_item, cb_pg_items, cb_pg_pack, cb_pg_plan,
-                                     cb_pg_plan_for)
+                                     cb_pg_plan_for, cb_pg_use_balanced_blocks)
 
 
 # Panel width: the columns of w in one panel of the packed layout.
@@ -19,6 +19,14 @@ def packed_available():
     tests lower the set with _use_avx2 / _use_avx512). Where it does not, the
     caller multiplies by its BLAS path."""
     return bool(cb_pg_available())
+
+
+def _use_balanced_blocks(bint on=True):
+    """Let packed products split their rows into blocks of nearly equal
+    sizes where those share a tile's panel count (True, the default), or
+    into full blocks and a remainder (False): the same sums either way; for
+    tests and benchmarks. Returns ``on``."""
+    return bool(cb_pg_use_balanced_blocks(on))
 
 
 def pack_panels(w):

@@ -133,6 +133,28 @@ def test_arrays_it_cannot_take_give_none(rng):
         assert linalg.packed_product(x, packed, 20) is None
 
 
+@pytest.mark.parametrize("which", SETS)
+def test_balanced_row_blocks_give_the_remainder_blocks_bits(which, rng):
+    # rows that would leave a remainder of 1-3 go in blocks of nearly equal
+    # sizes (49: 10 x 4 + 9): the same sums, so the same bits, as full
+    # blocks and a remainder, with the epilogue
+    w = rng.standard_normal((70, 100)).astype(np.float32)
+    packed = linalg.pack_panels(w)
+    bias = rng.standard_normal(100).astype(np.float32)
+    with instruction_set(linalg, which):
+        for m in (1, 2, 7, 13, 14, 25, 37, 49, 50, 51, 61, 98, 99, 193, 194, 195, 196):
+            x = rng.standard_normal((m, 70)).astype(np.float32)
+            res = rng.standard_normal((m, 100)).astype(np.float32)
+            try:
+                linalg._use_balanced_blocks(False)
+                want = linalg.packed_product(x, packed, 100, bias, res, 1)
+            finally:
+                linalg._use_balanced_blocks(True)
+            got = linalg.packed_product(x, packed, 100, bias, res, 1)
+            np.testing.assert_array_equal(got, want)
+            _close(got, _reference(x, w, bias, res, 1), 70)
+
+
 def test_the_same_bits_for_any_thread_count_and_on_every_call(rng):
     m, k, n = 64, 96, 300
     x = rng.standard_normal((m, k)).astype(np.float32)
