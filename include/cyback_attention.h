@@ -23,12 +23,23 @@
 
 #define CB_ATT_PAD(n) (((n) + 15) / 16 * 16)
 
+/* Every row of one column strip through TILE: 4 rows at a time, then one;
+ * nv (1-4) vectors of columns, a constant in each case of the switch. */
+#define CB_ATT_TILE_NV(TILE, ROWS)                                                       \
+    switch (nv) {                                                                        \
+    case 1: TILE(ROWS, 1); break;                                                        \
+    case 2: TILE(ROWS, 2); break;                                                        \
+    case 3: TILE(ROWS, 3); break;                                                        \
+    default: TILE(ROWS, 4); break;                                                       \
+    }
+#define CB_ATT_ROWS(TILE)                                                                \
+    do {                                                                                 \
+        for (i = 0; i + 4 <= rows; i += 4) CB_ATT_TILE_NV(TILE, 4)                       \
+        for (; i < rows; i++) CB_ATT_TILE_NV(TILE, 1)                                    \
+    } while (0)
+
 #if CB_SIMD_AVX512
 #include <immintrin.h>
-
-static inline __mmask16 cb_att_mask16(ptrdiff_t left) {
-    return left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-}
 
 /* 4 rows (or 1) of c's columns [j0, j0 + 16 NV): NV a constant at each call,
  * so that the accumulators stay in registers */
@@ -65,25 +76,10 @@ CB_AVX512_ATTR static void cb_att_product_512(const float *a, ptrdiff_t lda, con
         __mmask16 m[4];
         int nv = 0;
         for (v = 0; v < 4; v++) {
-            m[v] = cb_att_mask16(cols - j0 - 16 * v);
+            m[v] = cb_simd_mask16(cols - j0 - 16 * v);
             if (m[v]) nv = v + 1;
         }
-        for (i = 0; i + 4 <= rows; i += 4) {
-            switch (nv) {
-            case 1: CB_ATT_TILE_512(4, 1); break;
-            case 2: CB_ATT_TILE_512(4, 2); break;
-            case 3: CB_ATT_TILE_512(4, 3); break;
-            default: CB_ATT_TILE_512(4, 4); break;
-            }
-        }
-        for (; i < rows; i++) {
-            switch (nv) {
-            case 1: CB_ATT_TILE_512(1, 1); break;
-            case 2: CB_ATT_TILE_512(1, 2); break;
-            case 3: CB_ATT_TILE_512(1, 3); break;
-            default: CB_ATT_TILE_512(1, 4); break;
-            }
-        }
+        CB_ATT_ROWS(CB_ATT_TILE_512);
     }
 }
 #endif
@@ -117,31 +113,12 @@ CB_AVX2_ATTR static void cb_att_product_256(const float *a, ptrdiff_t lda, const
                                             ptrdiff_t ldb, ptrdiff_t rows, ptrdiff_t cols,
                                             ptrdiff_t K, float *c, ptrdiff_t ldc) {
     ptrdiff_t i, j0;
-    int v, l;
+    int v;
     for (j0 = 0; j0 < cols; j0 += 32) {
         __m256i m[4];
         int nv = (int)((cols - j0 < 32 ? cols - j0 : 32) + 7) / 8;
-        for (v = 0; v < 4; v++) {
-            int lanes[8];
-            for (l = 0; l < 8; l++) lanes[l] = j0 + 8 * v + l < cols ? -1 : 0;
-            m[v] = _mm256_loadu_si256((const __m256i *)lanes);
-        }
-        for (i = 0; i + 4 <= rows; i += 4) {
-            switch (nv) {
-            case 1: CB_ATT_TILE_256(4, 1); break;
-            case 2: CB_ATT_TILE_256(4, 2); break;
-            case 3: CB_ATT_TILE_256(4, 3); break;
-            default: CB_ATT_TILE_256(4, 4); break;
-            }
-        }
-        for (; i < rows; i++) {
-            switch (nv) {
-            case 1: CB_ATT_TILE_256(1, 1); break;
-            case 2: CB_ATT_TILE_256(1, 2); break;
-            case 3: CB_ATT_TILE_256(1, 3); break;
-            default: CB_ATT_TILE_256(1, 4); break;
-            }
-        }
+        for (v = 0; v < 4; v++) m[v] = cb_simd_mask8(cols - j0 - 8 * v);
+        CB_ATT_ROWS(CB_ATT_TILE_256);
     }
 }
 #endif

@@ -23,9 +23,7 @@ CB_AVX512_ATTR static void cb_extreme_strip_512(const float *x, float *out, ptrd
         __mmask16 m[4];
         __m512 best[4];
         for (v = 0; v < 4; v++) {
-            ptrdiff_t left = width - j0 - 16 * v;
-            m[v] = left >= 16 ? (__mmask16)0xffff
-                              : left > 0 ? (__mmask16)((1u << left) - 1) : (__mmask16)0;
+            m[v] = cb_simd_mask16(width - j0 - 16 * v);
             best[v] = _mm512_maskz_loadu_ps(m[v], x + j0 + 16 * v);
         }
         for (r = 1; r < n; r++) {
@@ -48,15 +46,13 @@ CB_AVX512_ATTR static void cb_extreme_strip_512(const float *x, float *out, ptrd
 CB_AVX2_ATTR static void cb_extreme_strip_256(const float *x, float *out, ptrdiff_t n,
                                               ptrdiff_t inner, ptrdiff_t width, int want_max) {
     ptrdiff_t j0, r;
-    int v, l;
+    int v;
     for (j0 = 0; j0 < width; j0 += 32) {
         __m256i m[4];
         __m256 best[4];
         int nv = (int)((width - j0 < 32 ? width - j0 : 32) + 7) / 8;
         for (v = 0; v < nv; v++) {
-            int lanes[8];
-            for (l = 0; l < 8; l++) lanes[l] = j0 + 8 * v + l < width ? -1 : 0;
-            m[v] = _mm256_loadu_si256((const __m256i *)lanes);
+            m[v] = cb_simd_mask8(width - j0 - 8 * v);
             best[v] = _mm256_maskload_ps(x + j0 + 8 * v, m[v]);
         }
         for (r = 1; r < n; r++) {

@@ -34,9 +34,7 @@ CB_AVX512_ATTR static void cb_pool_window_512(const float *x, float *y, ptrdiff_
         __mmask16 m[4];
         __m512 acc[4];
         for (v = 0; v < 4; v++) {
-            ptrdiff_t left = n - 16 * v;
-            m[v] = left >= 16 ? (__mmask16)0xffff
-                              : left > 0 ? (__mmask16)((1u << left) - 1) : (__mmask16)0;
+            m[v] = cb_simd_mask16(n - 16 * v);
             acc[v] = is_max ? _mm512_maskz_loadu_ps(
                                   m[v], x + ((d0 * H + h0) * W + w0) * C + c0 + 16 * v)
                             : _mm512_setzero_ps();
@@ -65,16 +63,14 @@ CB_AVX2_ATTR static void cb_pool_window_256(const float *x, float *y, ptrdiff_t 
                                             ptrdiff_t w0, ptrdiff_t w1, int is_max,
                                             float inv) {
     ptrdiff_t c0, i, j, k;
-    int v, l;
+    int v;
     for (c0 = 0; c0 < C; c0 += 32) {
         ptrdiff_t n = C - c0 < 32 ? C - c0 : 32;
         __m256i m[4];
         __m256 acc[4];
         int nv = (int)((n + 7) / 8);
         for (v = 0; v < nv; v++) {
-            int lanes[8];
-            for (l = 0; l < 8; l++) lanes[l] = 8 * v + l < n ? -1 : 0;
-            m[v] = _mm256_loadu_si256((const __m256i *)lanes);
+            m[v] = cb_simd_mask8(n - 8 * v);
             acc[v] = is_max ? _mm256_maskload_ps(
                                   x + ((d0 * H + h0) * W + w0) * C + c0 + 8 * v, m[v])
                             : _mm256_setzero_ps();

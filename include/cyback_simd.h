@@ -54,6 +54,7 @@ typedef double cb_v2d __attribute__((vector_size(16), aligned(8)));
 
 #if CB_SIMD_VECTOR && (defined(__x86_64__) || defined(__i386__))
 #include <cpuid.h>
+#include <immintrin.h>
 #define CB_SIMD_AVX2 1
 #define CB_SIMD_AVX512 1
 #define CB_AVX2_ATTR __attribute__((target("avx2,fma")))
@@ -114,6 +115,20 @@ static int cb_simd_half_rate_512(void) {
         cb_simd_half_rate = amd && family == 0x19;
     }
     return cb_simd_half_rate;
+}
+
+/* The tails of the hand-written AVX-512 / AVX2 loops (attention, pooling,
+ * extremes, vector math): the lanes below `left`, none for left <= 0 and
+ * all from a vector's width on. */
+static inline __mmask16 cb_simd_mask16(ptrdiff_t left) {
+    return left >= 16 ? (__mmask16)0xffff
+                      : left > 0 ? (__mmask16)((1u << left) - 1) : (__mmask16)0;
+}
+
+/* As cb_simd_mask16, for 8-lane maskload / maskstore. */
+CB_AVX2_ATTR static inline __m256i cb_simd_mask8(ptrdiff_t left) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(left < 0 ? 0 : left < 8 ? left : 8)),
+                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 /* The block width of a kernel with an AVX-512 set for n output columns: twice

@@ -162,12 +162,6 @@ CB_AVX2_ATTR static inline __m256 cb_vm_avx2_scale2(__m256 p, __m256 t) {
 #include "cyback_vmath_body.h"
 #include "cyback_vmath_end.h"
 
-/* The lanes below `left` (1..8) of a masked load or store. */
-CB_AVX2_ATTR static inline __m256i cb_vm_avx2_tail(ptrdiff_t left) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)left),
-                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 /* ------------------------------------------------------------- AVX-512 set */
 
 CB_AVX512_ATTR static inline __m512 cb_vm_avx512_scale2(__m512 p, __m512 t) {
@@ -205,10 +199,6 @@ CB_AVX512_ATTR static inline __m512 cb_vm_avx512_withsign(__m512 y, __m512 x) {
 #define SCALE2 cb_vm_avx512_scale2
 #include "cyback_vmath_body.h"
 #include "cyback_vmath_end.h"
-
-static inline __mmask16 cb_vm_avx512_tail(ptrdiff_t left) {
-    return (__mmask16)((1u << left) - 1u);
-}
 #endif  /* CB_SIMD_AVX2 */
 
 /* ------------------------------------------------------ element-wise rows */
@@ -222,7 +212,7 @@ CB_AVX512_ATTR static void cb_vm_##name##_row_avx512(const float* x, float* y,  
     for (; i + 16 <= n; i += 16)                                                          \
         _mm512_storeu_ps(y + i, cb_vm_##name##_avx512(_mm512_loadu_ps(x + i)));           \
     if (i < n) {                                                                          \
-        __mmask16 m = cb_vm_avx512_tail(n - i);                                           \
+        __mmask16 m = cb_simd_mask16(n - i);                                           \
         _mm512_mask_storeu_ps(y + i, m,                                                   \
                               cb_vm_##name##_avx512(_mm512_maskz_loadu_ps(m, x + i)));    \
     }                                                                                     \
@@ -232,7 +222,7 @@ CB_AVX2_ATTR static void cb_vm_##name##_row_avx2(const float* x, float* y, ptrdi
     for (; i + 8 <= n; i += 8)                                                            \
         _mm256_storeu_ps(y + i, cb_vm_##name##_avx2(_mm256_loadu_ps(x + i)));             \
     if (i < n) {                                                                          \
-        __m256i m = cb_vm_avx2_tail(n - i);                                               \
+        __m256i m = cb_simd_mask8(n - i);                                               \
         _mm256_maskstore_ps(y + i, m, cb_vm_##name##_avx2(_mm256_maskload_ps(x + i, m))); \
     }                                                                                     \
 }                                                                                         \
@@ -322,7 +312,7 @@ CB_AVX2_ATTR static float cb_vm_rowmax_avx2(const float* x, ptrdiff_t n, int* na
         m = _mm256_max_ps(m, v);
     }
     if (i < n) {
-        __m256i t = cb_vm_avx2_tail(n - i);
+        __m256i t = cb_simd_mask8(n - i);
         v = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(x + i, t),
                              _mm256_castsi256_ps(t));
         bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
@@ -352,13 +342,13 @@ CB_AVX2_ATTR static float cb_vm_expsum_avx2(const float* x, float* y, ptrdiff_t 
         acc0 = _mm256_add_ps(acc0, e);
         i += 8;
         if (i < n) {
-            __m256i t = cb_vm_avx2_tail(n - i);
+            __m256i t = cb_simd_mask8(n - i);
             e = cb_vm_exp_avx2(_mm256_sub_ps(_mm256_maskload_ps(x + i, t), mv));
             _mm256_maskstore_ps(y + i, t, e);
             acc1 = _mm256_add_ps(acc1, _mm256_and_ps(e, _mm256_castsi256_ps(t)));
         }
     } else if (i < n) {
-        __m256i t = cb_vm_avx2_tail(n - i);
+        __m256i t = cb_simd_mask8(n - i);
         e = cb_vm_exp_avx2(_mm256_sub_ps(_mm256_maskload_ps(x + i, t), mv));
         _mm256_maskstore_ps(y + i, t, e);
         acc0 = _mm256_add_ps(acc0, _mm256_and_ps(e, _mm256_castsi256_ps(t)));
@@ -371,7 +361,7 @@ CB_AVX2_ATTR static void cb_vm_scale_avx2(float* y, ptrdiff_t n, float c) {
     ptrdiff_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(y + i), cv));
     if (i < n) {
-        __m256i t = cb_vm_avx2_tail(n - i);
+        __m256i t = cb_simd_mask8(n - i);
         _mm256_maskstore_ps(y + i, t, _mm256_mul_ps(_mm256_maskload_ps(y + i, t), cv));
     }
 }
@@ -386,7 +376,7 @@ CB_AVX512_ATTR static float cb_vm_rowmax_avx512(const float* x, ptrdiff_t n, int
         m = _mm512_max_ps(m, v);
     }
     if (i < n) {
-        __mmask16 t = cb_vm_avx512_tail(n - i);
+        __mmask16 t = cb_simd_mask16(n - i);
         v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), t, x + i);
         bad |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
         m = _mm512_max_ps(m, v);
@@ -406,7 +396,7 @@ CB_AVX512_ATTR static float cb_vm_expsum_avx512(const float* x, float* y, ptrdif
         acc = _mm512_add_ps(acc, e);
     }
     if (i < n) {
-        __mmask16 t = cb_vm_avx512_tail(n - i);
+        __mmask16 t = cb_simd_mask16(n - i);
         e = cb_vm_exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, x + i), mv));
         _mm512_mask_storeu_ps(y + i, t, e);
         acc = _mm512_mask_add_ps(acc, t, acc, e);
@@ -421,7 +411,7 @@ CB_AVX512_ATTR static void cb_vm_scale_avx512(float* y, ptrdiff_t n, float c) {
     ptrdiff_t i = 0;
     for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(y + i), cv));
     if (i < n) {
-        __mmask16 t = cb_vm_avx512_tail(n - i);
+        __mmask16 t = cb_simd_mask16(n - i);
         _mm512_mask_storeu_ps(y + i, t, _mm512_mul_ps(_mm512_maskz_loadu_ps(t, y + i), cv));
     }
 }
