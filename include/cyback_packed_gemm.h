@@ -95,7 +95,7 @@ ATTR static void cb_pg_tile_##SUF##_##MR(const cb_pg_args *g, ptrdiff_t r0, ptrd
             _Pragma("GCC unroll 4") for (u = 0; u < VPP; u++)                             \
                 bv[j][u] = *(const V *)(pp[j] + kk * CB_PG_NR + u * VL);                  \
         _Pragma("GCC unroll 12") for (r = 0; r < MR; r++) {                               \
-            const V a = (V){0} + xr[r][kk];                                               \
+            const V a = xr[r][kk] - (V){0};                                               \
             _Pragma("GCC unroll 8") for (j = 0; j < NP; j++)                              \
                 _Pragma("GCC unroll 4") for (u = 0; u < VPP; u++)                         \
                     acc[r][j][u] += a * bv[j][u];                                         \
