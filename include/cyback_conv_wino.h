@@ -29,8 +29,8 @@
  * the N * OD * TH * TW tiles (rows, planes and samples run on, so that an
  * item's tiles share the kernel blocks however narrow the image): their
  * inputs V[xi][t][K] go to the thread's scratch (in L2), then for each
- * channel block and each group of up to 6 tiles the 16 products run with a
- * 6 x FB register tile (as in
+ * channel block and each group of up to 6 tiles (12 where 512-bit FMAs run
+ * at full rate) the 16 products run with a tiles x FB register tile (as in
  * cyback_conv_direct.h) into M[xi][t][FB] (in L1), and the output transform
  * adds the epilogue (bias, residual, relu / relu6) and stores the pixels that
  * exist (odd output sizes compute a tile's missing row or column and drop it).
@@ -47,8 +47,12 @@
 #define CB_WG_MAX_C 1024
 /* Widest block of output channels (the AVX-512 set's). */
 #define CB_WG_MAX_FB 32
-/* Tiles per register tile. */
-#define CB_WG_TILE 6
+/* Most tiles per register tile: 12 (24 sums) in the AVX-512 set where
+ * 512-bit FMAs run at full rate, else 6 (cb_wg_tile_rows). Each product
+ * step loads two vectors of U for every tile row, so a 6-row tile asks the
+ * cache for as many bytes of U as it does multiply-adds' worth of work and
+ * waits on them where U does not fit in L2 (256 channels and more). */
+#define CB_WG_TILE 12
 
 typedef struct {
     ptrdiff_t N, H, W, C, F;  /* input (N, D, H, W, C) (D = 1 in 2-D), output channels */
@@ -69,7 +73,7 @@ static ptrdiff_t cb_wg_block(ptrdiff_t F) {
     return cb_simd_block(cb_simd_has_avx2() ? 16 : 8, F);
 }
 
-/* Floats of a thread's scratch: V (16 x TG x K) and M (16 x 6 x FB). */
+/* Floats of a thread's scratch: V (16 x TG x K) and M (16 x CB_WG_TILE x FB). */
 static ptrdiff_t cb_wg_scratch(const cb_wg_geom *g) {
     return 16 * g->TG * g->K + 16 * CB_WG_TILE * g->FB;
 }
@@ -143,6 +147,23 @@ static void cb_wg_relayout(const float *src, float *dst, ptrdiff_t C, ptrdiff_t 
 
 static float cb_wg_zeros[CB_WG_MAX_C];
 
+/* 1: the AVX-512 products take 12-tile groups where 512-bit FMAs run at
+ * full rate, 0: 6-tile ones everywhere, -1: by the CPU (as the direct
+ * kernel's tiles, cb_cd_wide_tiles). Tests and benchmarks set it
+ * (winograd.pyx, _use_wide_tiles). */
+static int cb_wg_wide = -1;
+
+static int cb_wg_use_wide_tiles(int w) {
+    cb_wg_wide = w;
+    return w;
+}
+
+/* Tiles per register tile for vectors of VL floats (see CB_WG_TILE). */
+static ptrdiff_t cb_wg_tile_rows(int VL) {
+    const int wide = cb_wg_wide >= 0 ? cb_wg_wide : !cb_simd_half_rate_512();
+    return VL == 16 && wide ? 12 : 6;
+}
+
 /* B^T d B on 16 vectors d[4 * row + col], in place. */
 #define CB_WG_BTDB(d)                                                                     \
     do {                                                                                  \
@@ -157,7 +178,14 @@ static float cb_wg_zeros[CB_WG_MAX_C];
         }                                                                                 \
     } while (0)
 
-#define CB_WG_FNS(V, VL, SUF, ATTR)                                                       \
+/* The products of an N-tile group: sizes above the set's most rows (TM)
+ * never come, and compile to nothing. */
+#define CB_WG_CASE(SUF, TM, N)                                                            \
+    case N:                                                                               \
+        if (N <= TM) cb_wg_products_##SUF(N, vt + t0 * K, vs, ub, m, K);                  \
+        break;
+
+#define CB_WG_FNS(V, VL, SUF, ATTR, TM)                                                     \
 /* V[xi][t][kd C + c] for the nt tiles from t0 (over N * OD * TH * TW) on. */             \
 ATTR static void cb_wg_input_##SUF(const float *x, float *vt, const cb_wg_geom *g,         \
                                    ptrdiff_t t0, ptrdiff_t nt) {                          \
@@ -204,16 +232,16 @@ ATTR static inline __attribute__((always_inline)) void cb_wg_products_##SUF(cons
     for (xi = 0; xi < 16; xi++) {                                                         \
         const float *vx = vt + xi * vs, *ux = u + xi * C * 2 * VL;                        \
         V a[CB_WG_TILE], b[CB_WG_TILE];                                                   \
-        _Pragma("GCC unroll 6") for (p = 0; p < NP; p++) a[p] = b[p] = (V){0};            \
+        _Pragma("GCC unroll 12") for (p = 0; p < NP; p++) a[p] = b[p] = (V){0};           \
         for (c = 0; c < C; c++) {                                                         \
             const V w0 = *(const V *)(ux + c * 2 * VL), w1 = *(const V *)(ux + c * 2 * VL + VL); \
-            _Pragma("GCC unroll 6") for (p = 0; p < NP; p++) {                            \
+            _Pragma("GCC unroll 12") for (p = 0; p < NP; p++) {                           \
                 const float xv = vx[p * C + c];                                           \
                 a[p] += xv * w0;                                                          \
                 b[p] += xv * w1;                                                          \
             }                                                                             \
         }                                                                                 \
-        _Pragma("GCC unroll 6") for (p = 0; p < NP; p++) {                                \
+        _Pragma("GCC unroll 12") for (p = 0; p < NP; p++) {                               \
             *(V *)(m + (xi * CB_WG_TILE + p) * 2 * VL) = a[p];                            \
             *(V *)(m + (xi * CB_WG_TILE + p) * 2 * VL + VL) = b[p];                       \
         }                                                                                 \
@@ -278,19 +306,19 @@ ATTR static void cb_wg_item_##SUF(const float *x, const float *u, const float *b
     const ptrdiff_t tiles = g->N * g->OD * g->TH * g->TW, first = it * g->TG;             \
     const ptrdiff_t nt = tiles - first < g->TG ? tiles - first : g->TG;                   \
     const ptrdiff_t K = g->K, vs = nt * K;                                                \
+    const ptrdiff_t rows = cb_wg_tile_rows(VL);                                           \
     float *vt = scratch, *m = scratch + 16 * g->TG * K;                                   \
     ptrdiff_t b, t0, np;                                                                  \
     cb_wg_input_##SUF(x, vt, g, first, nt);                                            \
     for (b = 0; b < g->nfb; b++) {                                                        \
         const float *ub = u + b * 16 * K * 2 * VL;                                        \
         for (t0 = 0; t0 < nt; t0 += np) {                                                 \
-            np = nt - t0 < CB_WG_TILE ? nt - t0 : CB_WG_TILE;                             \
+            np = nt - t0 < rows ? nt - t0 : rows;                                         \
             switch (np) {                                                                 \
-            case 6: cb_wg_products_##SUF(6, vt + t0 * K, vs, ub, m, K); break;            \
-            case 5: cb_wg_products_##SUF(5, vt + t0 * K, vs, ub, m, K); break;            \
-            case 4: cb_wg_products_##SUF(4, vt + t0 * K, vs, ub, m, K); break;            \
-            case 3: cb_wg_products_##SUF(3, vt + t0 * K, vs, ub, m, K); break;            \
-            case 2: cb_wg_products_##SUF(2, vt + t0 * K, vs, ub, m, K); break;            \
+            CB_WG_CASE(SUF, TM, 12) CB_WG_CASE(SUF, TM, 11) CB_WG_CASE(SUF, TM, 10)       \
+            CB_WG_CASE(SUF, TM, 9) CB_WG_CASE(SUF, TM, 8) CB_WG_CASE(SUF, TM, 7)          \
+            CB_WG_CASE(SUF, TM, 6) CB_WG_CASE(SUF, TM, 5) CB_WG_CASE(SUF, TM, 4)          \
+            CB_WG_CASE(SUF, TM, 3) CB_WG_CASE(SUF, TM, 2)                                 \
             default: cb_wg_products_##SUF(1, vt + t0 * K, vs, ub, m, K); break;           \
             }                                                                             \
             cb_wg_output_##SUF(m, bp, res, act, y, g, first + t0, np, b);               \
@@ -298,10 +326,10 @@ ATTR static void cb_wg_item_##SUF(const float *x, const float *u, const float *b
     }                                                                                     \
 }
 
-CB_WG_FNS(cb_v4f, 4, base, )
+CB_WG_FNS(cb_v4f, 4, base, , 6)
 #if CB_SIMD_AVX2
-CB_WG_FNS(cb_v8f, 8, avx2, CB_AVX2_ATTR)
-CB_WG_FNS(cb_v16f, 16, avx512, CB_AVX512_ATTR)
+CB_WG_FNS(cb_v8f, 8, avx2, CB_AVX2_ATTR, 6)
+CB_WG_FNS(cb_v16f, 16, avx512, CB_AVX512_ATTR, 12)
 #endif
 
 static void cb_wg_item(const float *x, const float *u, const float *bp, const float *res,

@@ -41,6 +41,8 @@ cdef extern from "cyback_conv_wino.h" nogil:
     void cb_wg_item(const float* x, const float* u, const float* bp, const float* res, int act,
                     float* y, const cb_wg_geom* g, Py_ssize_t it, float* scratch)
     enum: CB_WG_COPY_PIXELS
+    int cb_wg_use_wide_tiles(int w)
+    Py_ssize_t cb_wg_tile_rows(int VL)
     void cb_wg_relayout(const float* src, float* dst, Py_ssize_t C, Py_ssize_t P, Py_ssize_t it,
                         int to_last)
 
@@ -48,16 +50,29 @@ cdef extern from "cyback_conv_wino.h" nogil:
 cb_simd_set_default_cap(2 if _settings.get("CYBACK_AVX512") else 1)
 
 
-# Tiles per work item: two register tiles. Their transformed inputs (16 x 12
-# x C floats, 48 KB at 64 channels) stay in L1/L2 while every block of the
-# transformed kernel passes over them; larger items leave those caches.
+# Tiles per work item: one register tile of 12, or two of 6. Their
+# transformed inputs (16 x 12 x C floats, 48 KB at 64 channels) stay in L1/L2
+# while every block of the transformed kernel passes over them; larger items
+# leave those caches.
 DEF TILES_PER_ITEM = 12
 
 MAX_CHANNELS = CB_WG_MAX_C
 
-# Largest kernel a KernelCache keeps with its transform (kernel, copy and
-# transform: 3.8x its size per prepared call): 3x3 x 64 x 128.
-DEF MAX_CACHED_KERNEL_BYTES = 9 * 64 * 128 * 4
+# Largest kernel a KernelCache keeps with its transform (kernel copy and
+# transform: 2.8x its size per prepared call). Every 3x3 layer of the Keras
+# applications fits (3x3 x 512 x 512 is 9.4 MB): transforming a 256 -> 256
+# kernel takes as long as a batch-8 14x14 layer's products, so a limit that
+# left it out made ResNet-50 4-5% slower at batch 1 and 8.
+cdef Py_ssize_t max_cached_kernel_bytes = 16 << 20
+
+
+def _max_cached_kernel_bytes(n=None):
+    """The largest kernel a KernelCache keeps (set to n when given; for
+    tests and benchmarks). Returns the value in force."""
+    global max_cached_kernel_bytes
+    if n is not None:
+        max_cached_kernel_bytes = n
+    return max_cached_kernel_bytes
 
 
 def available():
@@ -75,6 +90,16 @@ def _use_avx512(bint on):
     """Let the AVX-512 kernel set run when the CPU has it (the default), or
     cap the kernels at AVX2 (for tests). Returns whether AVX-512 now runs."""
     return bool(cb_simd_use_avx512(on))
+
+
+def _use_wide_tiles(wide=None):
+    """Run the AVX-512 products in groups of 12 tiles (True), of 6 (False) or
+    as the CPU suits (None, the default: 6 where 512-bit FMAs run at half
+    rate, include/cyback_conv_wino.h). The same sums either way; for tests
+    and benchmarks. Returns how many tiles a group of the AVX-512 set now
+    takes."""
+    cb_wg_use_wide_tiles(-1 if wide is None else int(bool(wide)))
+    return int(cb_wg_tile_rows(16))
 
 
 def tiles(Py_ssize_t N, Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t OD=1):
@@ -193,7 +218,7 @@ cdef class Winograd:
         parts = g.nfb * g.K
         if residual is not None:
             rs = <const float*> cnp.PyArray_DATA(<cnp.ndarray> residual)
-        if cache is not None and kbytes <= MAX_CACHED_KERNEL_BYTES:
+        if cache is not None and kbytes <= max_cached_kernel_bytes:
             entry = cache.entry
             if entry is not None and entry[2] == g.FB and \
                     memcmp(cnp.PyArray_DATA(<cnp.ndarray> entry[0]), ks, kbytes) == 0:

@@ -29,12 +29,17 @@ def _close(y, ref):
     np.testing.assert_allclose(y, ref, rtol=0, atol=2e-5 * scale)
 
 
-@pytest.fixture(params=["avx512", "avx2", "baseline"])
+@pytest.fixture(params=["avx512", "avx512-6", "avx2", "baseline"])
 def wino_isa(request):
-    """The AVX-512 kernels (32 output channels per block where F > 16), the
-    AVX2 ones (16) and the baseline ones (8)."""
-    with instruction_set(winograd, request.param) as which:
-        yield which
+    """The AVX-512 kernels (32 output channels per block where F > 16) with
+    products in groups of 12 tiles and of 6, the AVX2 ones (16) and the
+    baseline ones (8)."""
+    winograd._use_wide_tiles(request.param == "avx512")
+    try:
+        with instruction_set(winograd, request.param.split("-")[0]) as which:
+            yield which
+    finally:
+        winograd._use_wide_tiles(None)
 
 
 # (N, H, W), C, F, pads: odd output sizes drop a tile's last row / column;
@@ -85,6 +90,29 @@ def test_avx512_and_avx2_agree_bit_for_bit():
         narrow = conv.conv_forward(x, k, *STRIDE1, pads, bias=b)
     _close(wide, ref_forward(x, k, (1, 1), (1, 1), pads) + b)
     assert np.array_equal(wide, narrow)
+
+
+def test_tile_groups_of_12_and_6_agree_bit_for_bit():
+    # Each tile's sums run over the channels in the same order whatever group
+    # it is in: the 63 tiles go in items of 11, one group each against 6 + 5,
+    # with a residual and relu6 in the output transform.
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((1, 13, 17, 70)).astype(np.float32)
+    k = rng.standard_normal((3, 3, 70, 40)).astype(np.float32)
+    b = rng.standard_normal(40).astype(np.float32)
+    pads = [(1, 1), (1, 1)]
+    res = rng.standard_normal((1, 13, 17, 40)).astype(np.float32)
+    got = {}
+    with instruction_set(winograd, "avx512"):
+        for wide in (True, False):
+            try:
+                assert winograd._use_wide_tiles(wide) == (12 if wide else 6)
+                got[wide] = conv.conv_forward(x, k, *STRIDE1, pads, bias=b, residual=res,
+                                              activation="relu6")
+            finally:
+                winograd._use_wide_tiles(None)
+    _close(got[True], _ref_epilogue(ref_forward(x, k, (1, 1), (1, 1), pads), b, "relu6", res))
+    assert np.array_equal(got[True], got[False])
 
 
 def test_thread_count_does_not_change_results():
@@ -279,10 +307,25 @@ def test_random_geometries(geo, seed):
     _close(y, ref_forward(x, k, (1, 1), (1, 1), pads))
 
 
-def test_prepared_call_reuses_the_transform_only_for_the_same_kernel_values():
+@pytest.fixture(params=["cached", "uncached"])
+def kernel_cache(request):
+    """Prepared calls keeping their kernel's transform, and (the limit at 0)
+    transforming it on every call."""
+    old = winograd._max_cached_kernel_bytes()
+    if request.param == "uncached":
+        winograd._max_cached_kernel_bytes(0)
+    try:
+        yield request.param
+    finally:
+        winograd._max_cached_kernel_bytes(old)
+
+
+@pytest.mark.parametrize("c, f", [(32, 48), (136, 150)])
+def test_prepared_call_reuses_the_transform_only_for_the_same_kernel_values(kernel_cache, c, f):
+    # 136 x 150 channels: a 734 KB kernel, above what the cache once kept.
     rng = np.random.default_rng(8)
-    x = rng.standard_normal((1, 10, 10, 32)).astype(np.float32)
-    k = rng.standard_normal((3, 3, 32, 48)).astype(np.float32)
+    x = rng.standard_normal((1, 10, 10, c)).astype(np.float32)
+    k = rng.standard_normal((3, 3, c, f)).astype(np.float32)
     pads = [(1, 1), (1, 1)]
     call = conv.forward_call(x.shape, k.shape, (1, 1), (1, 1), pads, True, np.float32)
 
