@@ -53,8 +53,13 @@ cb_simd_set_default_cap(2 if _settings.get("CYBACK_AVX512") else 1)
 # Tiles per work item: one register tile of 12, or two of 6. Their
 # transformed inputs (16 x 12 x C floats, 48 KB at 64 channels) stay in L1/L2
 # while every block of the transformed kernel passes over them; larger items
-# leave those caches.
+# leave those caches. From WIDE_ITEM_K products' inner length on, an item
+# takes twice as many: the transformed kernel (16 x K x F floats, 4 MB at
+# 256 x 256) then no longer fits in L2 and is read once per item, which
+# costs more than V's leaving L1 (at 192 and 256 channels; at 64 and 128
+# the smaller items are faster).
 DEF TILES_PER_ITEM = 12
+DEF WIDE_ITEM_K = 192
 
 MAX_CHANNELS = CB_WG_MAX_C
 
@@ -205,13 +210,14 @@ cdef class Winograd:
         nt = max(nt, 1)
         g.FB = cb_wg_block(g.F)
         g.nfb = (g.F + g.FB - 1) // g.FB
-        # Items of at most TILES_PER_ITEM tiles, as many as make equal rounds
+        # Items of at most per_item tiles, as many as make equal rounds
         # of the team (threads of equal speed then take the same number of
         # tiles, within one): a (1, 14, 14) layer has 49 tiles, and 5 items
         # of 12 would give one thread 36 tiles and the other 13. Each
         # tile's sums are the same whatever item holds it, so results do
         # not depend on the thread count.
-        g.items = nt * ((tiles + TILES_PER_ITEM * nt - 1) // (TILES_PER_ITEM * nt))
+        cdef Py_ssize_t per_item = TILES_PER_ITEM * (2 if g.K >= WIDE_ITEM_K else 1)
+        g.items = nt * ((tiles + per_item * nt - 1) // (per_item * nt))
         g.TG = (tiles + g.items - 1) // g.items
         g.items = (tiles + g.TG - 1) // g.TG
         u_size, scratch_size = cb_wg_kernel_size(&g), cb_wg_scratch(&g)

@@ -115,6 +115,19 @@ def test_tile_groups_of_12_and_6_agree_bit_for_bit():
     assert np.array_equal(got[True], got[False])
 
 
+def test_items_of_24_tiles_from_192_channels():
+    # From 192 channels an item holds up to 24 tiles (90 tiles: 4 items of
+    # 23 or 22 on two threads); the sums and so the bits are the same on
+    # every thread count.
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((2, 17, 19, 200)).astype(np.float32)
+    k = rng.standard_normal((3, 3, 200, 24)).astype(np.float32)
+    b = rng.standard_normal(24).astype(np.float32)
+    pads = [(1, 1), (1, 1)]
+    y = same_on_threads(lambda: conv.conv_forward(x, k, *STRIDE1, pads, bias=b))
+    _close(y, ref_forward(x, k, (1, 1), (1, 1), pads) + b)
+
+
 def test_thread_count_does_not_change_results():
     # The tiles of a work item and the order of every sum are fixed by the
     # shapes; threads only take whole items.
