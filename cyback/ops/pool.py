@@ -21,28 +21,43 @@ from cyback.graph.op import Op
 from cyback.graph.shapes import format_shape
 from cyback.kernels import conv_utils, qgemm
 from cyback.kernels import pool as _pool
+from cyback.ops.manip import Pad
+from cyback.ops.nn import Relu
 
 
 class _PoolBase(Op):
-    def __init__(self, api, pool_size, strides, padding, channels_last, mode):
+    #: pads taken in from a zero padding before a max pool (Pool.rewrite):
+    #: one (before, after) pair per spatial axis, added to ``padding``'s own;
+    #: None without (and in the state of older pickles)
+    extra_pads = None
+
+    def __init__(self, api, pool_size, strides, padding, channels_last, mode, extra_pads=None):
         self.api = api
         self.pool_size = tuple(pool_size)
         self.strides = tuple(strides)
         self.padding = padding
         self.channels_last = bool(channels_last)
         self.mode = mode
+        self.extra_pads = None if extra_pads is None else \
+            tuple((int(b), int(a)) for b, a in extra_pads)
 
     def _params(self):
         return (self.api, self.pool_size, self.strides, self.padding, self.channels_last,
-                self.mode)
+                self.mode, self.extra_pads)
 
     def spatial(self, shape):
         return tuple(shape[1:-1]) if self.channels_last else tuple(shape[2:])
 
+    def _padded(self, sizes):
+        # the spatial sizes with the extra pads in (what ``padding`` applies to)
+        if self.extra_pads is None:
+            return sizes
+        return tuple(None if n is None else n + b + a for n, (b, a) in zip(sizes, self.extra_pads))
+
     def out_shape(self, shape):
         sizes = self.spatial(shape)
         out = []
-        for n, k, s in zip(sizes, self.pool_size, self.strides):
+        for n, k, s in zip(self._padded(sizes), self.pool_size, self.strides):
             if n is not None and self.padding == "valid" and n < k:
                 raise ValueError("%s: pool_size %s is larger than the input's spatial shape %s "
                                  "with padding='valid' (input %s)"
@@ -54,8 +69,12 @@ class _PoolBase(Op):
         return (shape[0], shape[1]) + tuple(out)
 
     def pads(self, shape):
-        return tuple(conv_utils.conv_pads(n, k, s, 1, self.padding)
-                     for n, k, s in zip(self.spatial(shape), self.windows(shape), self.strides))
+        own = tuple(conv_utils.conv_pads(n, k, s, 1, self.padding)
+                    for n, k, s in zip(self._padded(self.spatial(shape)), self.windows(shape),
+                                       self.strides))
+        if self.extra_pads is None:
+            return own
+        return tuple((b + b0, a + a0) for (b, a), (b0, a0) in zip(own, self.extra_pads))
 
     def windows(self, shape):
         """The pool size the kernels get for an input of ``shape``: with
@@ -67,10 +86,19 @@ class _PoolBase(Op):
         if self.padding != "same":
             return self.pool_size
         out = []
-        for n, k, s in zip(self.spatial(shape), self.pool_size, self.strides):
+        for n, k, s in zip(self._padded(self.spatial(shape)), self.pool_size, self.strides):
             whole = (conv_utils.conv_output_length(n, k, s, 1, "same") - 1) * s + n
             out.append(k if k <= whole else whole + (k - whole) % 2)
         return tuple(out)
+
+
+def _non_negative(made):
+    """Whether the step ``made`` = (op, inputs) (or None: a leaf) gives
+    values >= 0 only: a relu with no negative slope nor threshold."""
+    if made is None or not isinstance(made[0], Relu):
+        return False
+    op = made[0]
+    return op.alpha == 0 and op.threshold >= 0 and (op.max_value is None or op.max_value >= 0)
 
 
 def _work(a):
@@ -113,6 +141,33 @@ class Pool(_PoolBase):
         if self.mode != "max" or not ctx.inference:
             return None
         return ctx.codes_through(self, inputs)
+
+    def rewrite(self, inputs, ctx):
+        """In an inference plan, a zero padding of a relu's output before a
+        max pool (Keras's ZeroPadding before ResNet50's and DenseNet's first
+        pool) goes into the pool's own pads: the kernels skip padded cells,
+        which gives the same maxima where the real cells are >= 0 and every
+        window holds one, and the padded copy costs a pass over a large
+        tensor."""
+        # 'valid' only: with 'same' the pads of both together could reach
+        # the window, past what the kernels take
+        if not ctx.inference or self.mode != "max" or self.padding != "valid" or \
+                self.extra_pads is not None:
+            return None
+        made = ctx.producer(inputs[0])
+        if made is None or not isinstance(made[0], Pad) or len(made[1]) != 1:
+            return None
+        pads = made[0].pads
+        spatial = pads[1:-1] if self.channels_last else pads[2:]
+        channel = len(pads) - 1 if self.channels_last else 1
+        if pads[0] != (0, 0) or pads[channel] != (0, 0) or len(spatial) != len(self.pool_size) \
+                or any(b < 0 or a < 0 or b >= k or a >= k
+                       for (b, a), k in zip(spatial, self.pool_size)):
+            return None
+        if not _non_negative(ctx.producer(made[1][0])):
+            return None
+        return [Pool(self.api, self.pool_size, self.strides, self.padding, self.channels_last,
+                     self.mode, spatial)(made[1][0])]
 
     def compute(self, x):
         if x.dtype == np.uint8 and self.mode == "max":
