@@ -19,3 +19,13 @@ def run_unoptimized(inputs, outputs, feeds):
     """``K.function(inputs, outputs)(feeds)`` with the optimizer off."""
     with optimizer_off():
         return K.function(inputs, outputs)(feeds)
+
+
+def optimized_and_plain(inputs, output, feeds):
+    """(the optimized function's result, the graph as written's, the class
+    names of the optimized plan's ops, the optimized function) for one
+    output."""
+    optimized = K.function(inputs, [output])
+    got = optimized(feeds)[0]
+    want = run_unoptimized(inputs, [output], feeds)[0]
+    return got, want, [type(op).__name__ for op in optimized.plan_ops()], optimized

@@ -5,21 +5,20 @@ import pickle
 
 import numpy as np
 import pytest
+from unoptimized import optimized_and_plain
 
 import cyback as K
 from cyback.ops import conv as cv
 from cyback.ops.manip import Pad
 
 
-def _plan_and_plain(inputs, output, feeds):
-    optimized = K.function(inputs, [output])
-    K.set_graph_optimizer(False)
-    try:
-        plain = K.function(inputs, [output])
-    finally:
-        K.set_graph_optimizer(True)
-    ops = [type(op).__name__ for op in optimized.plan_ops()]
-    return optimized(feeds)[0], plain(feeds)[0], ops
+def _same_sums(got, want):
+    # float32 inference plans may run a convolution on the packed kernel,
+    # whose sums BLAS's im2col product (the graph as written) orders otherwise
+    if got.dtype == np.float64:
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 def _pad(x, rank, pads, fmt):
@@ -68,10 +67,10 @@ def test_padding_goes_into_the_convolution(fmt, padding, rank, size, pads, strid
     k = K.variable(rng.standard_normal(kshape), dtype=dtype)
     y = _conv(_pad(x, rank, pads, fmt), k, rank, strides, padding, fmt, depthwise)
     feed = rng.standard_normal((2,) + shape[1:]).astype(dtype)
-    got, want, ops = _plan_and_plain([x], y, [feed])
+    got, want, ops, _ = optimized_and_plain([x], y, [feed])
     assert "Pad" not in ops
     assert got.dtype == want.dtype and got.shape == want.shape
-    np.testing.assert_array_equal(got, want)
+    _same_sums(got, want)
 
 
 def test_with_batchnorm_bias_and_relu_fused():
@@ -83,7 +82,7 @@ def test_with_batchnorm_bias_and_relu_fused():
     y = K.depthwise_conv2d(K.spatial_2d_padding(x, ((0, 1), (0, 1))), k, strides=(2, 2))
     y = K.relu(y * gamma + beta, max_value=6.0)
     feed = rng.standard_normal((3, 8, 8, 4)).astype("float32")
-    got, want, ops = _plan_and_plain([x], y, [feed])
+    got, want, ops, _ = optimized_and_plain([x], y, [feed])
     assert "Pad" not in ops
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
@@ -113,9 +112,9 @@ def test_a_padding_of_the_channels_stays_a_padding():
     k = K.variable(rng.standard_normal((3, 3, 4, 3)).astype("float32"))
     y = K.conv2d(p, k)
     feed = rng.standard_normal((1, 4, 4, 2)).astype("float32")
-    got, want, ops = _plan_and_plain([x], y, [feed])
+    got, want, ops, _ = optimized_and_plain([x], y, [feed])
     assert "Pad" in ops
-    np.testing.assert_array_equal(got, want)
+    _same_sums(got, want)
 
 
 def test_training_plans_keep_the_padding():

@@ -6,20 +6,10 @@ import pickle
 
 import numpy as np
 import pytest
+from unoptimized import optimized_and_plain
 
 import cyback as K
 from cyback.ops import pool as pool_ops
-
-
-def _plan_and_plain(inputs, output, feeds):
-    optimized = K.function(inputs, [output])
-    K.set_graph_optimizer(False)
-    try:
-        plain = K.function(inputs, [output])
-    finally:
-        K.set_graph_optimizer(True)
-    ops = [type(op).__name__ for op in optimized.plan_ops()]
-    return optimized(feeds)[0], plain(feeds)[0], ops, optimized
 
 
 def _pad(x, rank, pads, fmt):
@@ -59,7 +49,7 @@ def test_padding_of_a_relu_goes_into_the_max_pool(fmt, rank, size, pads, window,
               "valid", fmt)
     # mostly negative inputs: many windows' real cells are all 0 after the relu
     feed = (rng.standard_normal((2,) + shape[1:]) * 4 - 2).astype(dtype)
-    got, want, ops, f = _plan_and_plain([x], y, [feed])
+    got, want, ops, f = optimized_and_plain([x], y, [feed])
     assert "Pad" not in ops
     assert got.dtype == want.dtype and got.shape == want.shape
     np.testing.assert_array_equal(got, want)
@@ -72,7 +62,7 @@ def _kept(y_of, shape=(None, 9, 10, 3), feed_scale=4.0):
     rng = np.random.default_rng(3)
     x = K.placeholder(shape)
     feed = (rng.standard_normal((2,) + shape[1:]) * feed_scale).astype("float32")
-    got, want, ops, _ = _plan_and_plain([x], y_of(x), [feed])
+    got, want, ops, _ = optimized_and_plain([x], y_of(x), [feed])
     np.testing.assert_array_equal(got, want)
     return ops
 
