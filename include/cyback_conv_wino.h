@@ -49,9 +49,9 @@
 #define CB_WG_MAX_FB 32
 /* Most tiles per register tile: 12 (24 sums) in the AVX-512 set where
  * 512-bit FMAs run at full rate, else 6 (cb_wg_tile_rows). Each product
- * step loads two vectors of U for every tile row, so a 6-row tile asks the
- * cache for as many bytes of U as it does multiply-adds' worth of work and
- * waits on them where U does not fit in L2 (256 channels and more). */
+ * step loads two vectors of U for the tile's rows: 12 rows halve those loads
+ * per multiply-add, which full-rate FMAs otherwise wait on; where a 512-bit
+ * FMA takes both 256-bit halves the wider tile adds no throughput. */
 #define CB_WG_TILE 12
 
 typedef struct {

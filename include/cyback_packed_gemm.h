@@ -95,6 +95,9 @@ ATTR static void cb_pg_tile_##SUF##_##MR(const cb_pg_args *g, ptrdiff_t r0, ptrd
             _Pragma("GCC unroll 4") for (u = 0; u < VPP; u++)                             \
                 bv[j][u] = *(const V *)(pp[j] + kk * CB_PG_NR + u * VL);                  \
         _Pragma("GCC unroll 12") for (r = 0; r < MR; r++) {                               \
+            /* x - 0, not 0 + x: GCC may fold only the first (0 + -0 is +0), and  */       \
+            /* the second compiles to a scalar add and a register broadcast, on   */       \
+            /* an FMA port on Intel: half speed there. This is one broadcast load. */      \
             const V a = xr[r][kk] - (V){0};                                               \
             _Pragma("GCC unroll 8") for (j = 0; j < NP; j++)                              \
                 _Pragma("GCC unroll 4") for (u = 0; u < VPP; u++)                         \
