@@ -28,7 +28,7 @@ from cyback.kernels import local as _local
 from cyback.ops import shape as shp
 from cyback.ops.depthwise_block import BlockStage
 from cyback.ops.linalg import PackPanels
-from cyback.ops.manip import Pad
+from cyback.ops.manip import spatial_zero_padding
 
 
 class Geometry(object):
@@ -546,13 +546,8 @@ def _absorbed_pads(g, made):
     """(geometry with the pads of a zero padding ``made`` = (op, inputs)
     taken in, the padding's input) when ``made`` is a zero padding of the
     spatial axes only (Conv.rewrite), else None."""
-    if made is None or not isinstance(made[0], Pad) or len(made[1]) != 1:
-        return None
-    pads = made[0].pads
-    channel = len(pads) - 1 if g.channels_last else 1
-    spatial = pads[1:-1] if g.channels_last else pads[2:]
-    if pads[0] != (0, 0) or pads[channel] != (0, 0) or len(spatial) != g.rank or \
-            any(b < 0 or a < 0 for b, a in spatial):
+    spatial = spatial_zero_padding(made, g.channels_last, g.rank)
+    if spatial is None:
         return None
     return g.with_extra_pads(spatial), made[1][0]
 

@@ -356,6 +356,22 @@ class Pad(Op):
         return [GetItem(spec)(grads[0])]
 
 
+def spatial_zero_padding(made, channels_last, rank):
+    """The (before, after) pads of the ``rank`` spatial axes when the step
+    ``made`` = (op, inputs) (or None) is a zero padding of those axes only
+    (none of the batch or channel axis, none negative), else None: what an
+    inference plan's rewrites take into a convolution's or pool's own pads."""
+    if made is None or not isinstance(made[0], Pad) or len(made[1]) != 1:
+        return None
+    pads = made[0].pads
+    channel = len(pads) - 1 if channels_last else 1
+    spatial = pads[1:-1] if channels_last else pads[2:]
+    if pads[0] != (0, 0) or pads[channel] != (0, 0) or len(spatial) != rank or \
+            any(b < 0 or a < 0 for b, a in spatial):
+        return None
+    return tuple(spatial)
+
+
 # ------------------------------------------------------------------ reverse
 
 class Reverse(Op):

@@ -21,7 +21,7 @@ from cyback.graph.op import Op
 from cyback.graph.shapes import format_shape
 from cyback.kernels import conv_utils, qgemm
 from cyback.kernels import pool as _pool
-from cyback.ops.manip import Pad
+from cyback.ops.manip import spatial_zero_padding
 from cyback.ops.nn import Relu
 
 
@@ -155,14 +155,8 @@ class Pool(_PoolBase):
                 self.extra_pads is not None:
             return None
         made = ctx.producer(inputs[0])
-        if made is None or not isinstance(made[0], Pad) or len(made[1]) != 1:
-            return None
-        pads = made[0].pads
-        spatial = pads[1:-1] if self.channels_last else pads[2:]
-        channel = len(pads) - 1 if self.channels_last else 1
-        if pads[0] != (0, 0) or pads[channel] != (0, 0) or len(spatial) != len(self.pool_size) \
-                or any(b < 0 or a < 0 or b >= k or a >= k
-                       for (b, a), k in zip(spatial, self.pool_size)):
+        spatial = spatial_zero_padding(made, self.channels_last, len(self.pool_size))
+        if spatial is None or any(b >= k or a >= k for (b, a), k in zip(spatial, self.pool_size)):
             return None
         if not _non_negative(ctx.producer(made[1][0])):
             return None

@@ -36,7 +36,7 @@ import numpy as np
 from cyback.graph.op import Op
 from cyback.graph.optimize import Context
 from cyback.kernels import conv_utils, qgemm
-from cyback.ops.manip import Pad
+from cyback.ops.manip import spatial_zero_padding
 from cyback.ops.quantized_extreme import QuantizedConvExtreme
 from cyback.ops.shape import reshape
 
@@ -671,13 +671,10 @@ class _ZeroPadded:
         if not ctx.inference:
             return None
         made = ctx.producer(inputs[0])
-        if made is None or not isinstance(made[0], Pad) or len(made[1]) != 1:
+        spatial = spatial_zero_padding(made, True, len(self.kernel_size))
+        if spatial is None:
             return None
-        pads = made[0].pads
-        if len(pads) != len(self.kernel_size) + 2 or pads[0] != (0, 0) or \
-                pads[-1] != (0, 0) or any(b < 0 or a < 0 for b, a in pads[1:-1]):
-            return None
-        extra = tuple(self._with_extra(pads[1:-1]))
+        extra = tuple(self._with_extra(spatial))
         return [self._with(extra_pads=extra)(made[1][0], *inputs[1:])]
 
 
